@@ -1,0 +1,93 @@
+/* Ferry error codes: 0 is success, every failure is a negative FERRY_E*.
+ *
+ * One X-macro table generates the enum, ferry_strerror() and
+ * ferry_err_name(). System errors are negated errno values; Ferry's own
+ * codes live at -1000 and below, each foreign library (gRPC, CUDA, UCX,
+ * TurboJPEG, zlib) is translated into them at one boundary. Never renumber
+ * a code: they cross the wire in error messages and journals.
+ */
+#ifndef FERRY_ERROR_H
+#define FERRY_ERROR_H
+
+#include <errno.h>
+#include <stddef.h>
+
+#if defined(__GNUC__)
+#define FERRY_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define FERRY_PRINTF(fmt, args)
+#endif
+
+#define FERRY_ERRNO_MAP(XX)                                                   \
+  XX(ENOMEM, -ENOMEM, "out of memory")                                        \
+  XX(EINVAL, -EINVAL, "invalid argument")                                     \
+  XX(ENOENT, -ENOENT, "no such file or directory")                            \
+  XX(EIO, -EIO, "i/o error")                                                  \
+  XX(EACCES, -EACCES, "permission denied")                                    \
+  XX(ERANGE, -ERANGE, "value out of range")                                   \
+  XX(ENOSPC, -ENOSPC, "no space left on device")                              \
+  XX(ETIMEDOUT, -ETIMEDOUT, "timed out")                                      \
+  XX(ECANCELED, -ECANCELED, "operation canceled")                             \
+  XX(EOF, -1000, "end of file")                                               \
+  XX(ETRUNCLEN, -1001, "truncated record length")                             \
+  XX(ETRUNCDATA, -1002, "truncated record data")                              \
+  XX(ELENCRC, -1003, "record length CRC mismatch")                            \
+  XX(EDATACRC, -1004, "record data CRC mismatch")                             \
+  XX(ETOOLONG, -1005, "record length over the maximum")                       \
+  XX(ECOMPRESS, -1006, "corrupt compressed stream")                           \
+  XX(EINDEX, -1007, "malformed index file")                                   \
+  XX(EVARINT, -1010, "malformed Example: bad varint")                         \
+  XX(EWIRETYPE, -1011, "malformed Example: bad wire type")                    \
+  XX(EOVERRUN, -1012, "malformed Example: length past the end")               \
+  XX(ENOFEATURE, -1013, "missing feature")                                    \
+  XX(EFEATTYPE, -1014, "feature has the wrong type")                          \
+  XX(EIMGSIZE, -1020, "raw image has the wrong size")                         \
+  XX(EJPEG, -1021, "corrupt JPEG")                                            \
+  XX(EJPEGTRUNC, -1022, "truncated JPEG")                                     \
+  XX(ETOOSMALL, -1023, "image too small for the op")                          \
+  XX(ESHAPE, -1024, "image shape does not fit the batch")                     \
+  XX(ESPEC, -1030, "invalid pipeline spec")                                   \
+  XX(EOPTION, -1031, "invalid option")                                        \
+  XX(ENOTSUP, -1032, "not supported")
+
+typedef enum {
+#define XX(name, value, text) FERRY_##name = (value),
+  FERRY_ERRNO_MAP(XX)
+#undef XX
+  FERRY_OK = 0
+} ferry_errno_t;
+
+/* An error with its context. Functions that can fail on bad input take a
+ * `ferry_error_t *` (which may be NULL) and fill it with the code and a
+ * message naming the file, byte offset, peer or field at fault. */
+typedef struct ferry_error_s {
+  int code;
+  char msg[512];
+} ferry_error_t;
+
+/* Returns a static description of `code` ("unknown error" for codes not in
+ * the table). Thread-safe. */
+const char *ferry_strerror(int code);
+
+/* Returns the code's name without the FERRY_ prefix, e.g. "EDATACRC". */
+const char *ferry_err_name(int code);
+
+/* Maps an errno value (positive) to a Ferry code: known values to their
+ * FERRY_E* twin, anything else to FERRY_EIO. */
+int ferry_err_from_errno(int errnum);
+
+/* Fills `err` (if not NULL) with `code` and the formatted message, and
+ * returns `code` so callers can write `return ferry__seterr(err, ...)`. */
+int ferry__seterr(ferry_error_t *err, int code, const char *fmt, ...)
+    FERRY_PRINTF(3, 4);
+
+/* Prepends "prefix: " to the message already in `err` (if not NULL) and
+ * returns its code. Used to add the file name or record offset as an error
+ * travels up. */
+int ferry__prefixerr(ferry_error_t *err, const char *fmt, ...)
+    FERRY_PRINTF(2, 3);
+
+/* Clears `err` (code 0, empty message). */
+void ferry_error_clear(ferry_error_t *err);
+
+#endif /* FERRY_ERROR_H */

@@ -1,0 +1,79 @@
+/* Image ops on uint8 HWC images, with TensorFlow's exact semantics
+ * (../shared/OPS.md, docs/ARCHITECTURE.md). Each vectorised op has a
+ * portable scalar path and AVX2 / AVX-512 paths chosen at run time from
+ * the CPU's features; all paths give the same result (bitwise for dilate,
+ * within +-1 on uint8 for blur against the direct 2-D reference).
+ */
+#ifndef FERRY_IMGOPS_H
+#define FERRY_IMGOPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/error.h"
+
+/* tf.io.decode_raw: `len` must equal h*w*c, else FERRY_EIMGSIZE with the
+ * expected and actual sizes. Copies into `dst`. */
+int ferry_decode_raw(const uint8_t *src, size_t len, int h, int w, int c,
+                     uint8_t *dst, ferry_error_t *err);
+
+/* JPEG decoding with TurboJPEG, as tf.io.decode_jpeg does by default: fast
+ * integer DCT, fancy upsampling, RGB output. One decoder per thread. */
+typedef struct ferry_jpeg_s ferry_jpeg_t;
+int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err);
+void ferry_jpeg_free(ferry_jpeg_t *j);
+
+/* Reads the image size without decoding. FERRY_EJPEG when not a JPEG. */
+int ferry_jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                      int *h, int *w, ferry_error_t *err);
+
+/* Decodes into `dst` (capacity `cap` bytes, at least h*w*3) and sets *h,
+ * *w. Returns 0, FERRY_EJPEG (corrupt), FERRY_EJPEGTRUNC (data ends early)
+ * or FERRY_ERANGE (dst too small). */
+int ferry_jpeg_decode(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                      uint8_t *dst, size_t cap, int *h, int *w,
+                      ferry_error_t *err);
+
+/* dilate(3): tf.nn.dilation2d with a zero 3x3xC filter, SAME, stride 1:
+ * the max over the in-image 3x3 neighbourhood, per channel. `dst` must
+ * not alias `src`. */
+void ferry_dilate3x3(const uint8_t *src, uint8_t *dst, int h, int w, int c);
+
+/* Gaussian blur (tfa.image.gaussian_filter2d): separable float32 kernel of
+ * odd `size` and `sigma`, REFLECT padding without the edge, truncated back
+ * to uint8. A blur object holds the kernel and its scratch rows; one per
+ * thread. */
+typedef struct ferry_blur_s ferry_blur_t;
+int ferry_blur_new(int size, float sigma, ferry_blur_t **out,
+                   ferry_error_t *err);
+void ferry_blur_free(ferry_blur_t *b);
+
+/* Blurs src into dst (no aliasing). FERRY_ETOOSMALL when h or w is not
+ * larger than size/2 (REFLECT needs it), naming the size. */
+int ferry_blur_apply(ferry_blur_t *b, const uint8_t *src, uint8_t *dst,
+                     int h, int w, int c, ferry_error_t *err);
+
+/* The normalised 1-D kernel of `size` taps (size <= 31) as float32. */
+void ferry_blur_kernel(int size, float sigma, float *out);
+
+/* A direct 2-D float reference (size*size taps per pixel), slow: the
+ * baseline for tests and benchmarks. */
+int ferry_blur_reference(int size, float sigma, const uint8_t *src,
+                         uint8_t *dst, int h, int w, int c);
+
+/* A plain scalar dilate, the baseline for tests and benchmarks. */
+void ferry_dilate3x3_reference(const uint8_t *src, uint8_t *dst, int h,
+                               int w, int c);
+
+/* resize(H, W): tf.image.resize bilinear, half-pixel centres, antialias
+ * off, rounded back to uint8. */
+void ferry_resize_bilinear(const uint8_t *src, int sh, int sw, int c,
+                           uint8_t *dst, int dh, int dw);
+
+/* SIMD level in use: "avx512", "avx2" or "scalar". ferry_imgops_set_isa
+ * forces a lower level (tests and benchmarks); returns FERRY_ENOTSUP when
+ * the CPU lacks it. Not thread-safe: call before ops run. */
+const char *ferry_imgops_isa(void);
+int ferry_imgops_set_isa(const char *name);
+
+#endif /* FERRY_IMGOPS_H */

@@ -1,0 +1,52 @@
+/* The per-record data path of a worker: parse the Example, take the image
+ * and label features, decode, run the image ops in spec order. One
+ * ferry_pipeline_t is shared (read-only) by many threads; each thread owns
+ * a ferry_pipeline_ctx_t with its scratch buffers, so a steady-state
+ * record allocates nothing. */
+#ifndef FERRY_PIPELINE_H
+#define FERRY_PIPELINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/error.h"
+#include "ferry/spec.h"
+
+typedef struct ferry_pipeline_s ferry_pipeline_t;
+typedef struct ferry_pipeline_ctx_s ferry_pipeline_ctx_t;
+
+/* Stage timings, accumulated by a ctx when timing is on (benchmarks). */
+typedef enum {
+  FERRY_STAGE_PARSE = 0,
+  FERRY_STAGE_DECODE,
+  FERRY_STAGE_OPS,    /* resize + dilate + blur */
+  FERRY_STAGE_DILATE, /* part of OPS */
+  FERRY_STAGE_BLUR,   /* part of OPS */
+  FERRY_STAGE_COUNT
+} ferry_stage_t;
+
+/* Compiles a validated spec (copied: the caller keeps its spec). */
+int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
+                       ferry_error_t *err);
+void ferry_pipeline_free(ferry_pipeline_t *p);
+
+/* Output shape; FERRY_ESHAPE when it varies per record. */
+int ferry_pipeline_shape(const ferry_pipeline_t *p, int *h, int *w, int *c);
+
+int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
+                           ferry_pipeline_ctx_t **out, ferry_error_t *err);
+void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx);
+void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on);
+void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
+                              double seconds[FERRY_STAGE_COUNT]);
+
+/* Runs one record. On success the image is at *pixels (h*w*c bytes owned
+ * by the ctx, valid until its next call) and the label in *label (0 when
+ * the spec has none). Errors (missing feature, wrong type, bad image, too
+ * small) name the feature or the op; callers prefix file and offset. */
+int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
+                           size_t len, const uint8_t **pixels, int *h,
+                           int *w, int *c, int64_t *label,
+                           ferry_error_t *err);
+
+#endif /* FERRY_PIPELINE_H */

@@ -1,0 +1,104 @@
+/* The pipeline spec: what a dataset is. Two equivalent forms, the protobuf
+ * ferry.v1.PipelineSpec (proto/ferry/v1/common.proto) and a one-line text
+ * form for the CLI and config files:
+ *
+ *   tfrecord("/data/train-*.tfrecord") | decode(raw, 32, 32, 3) |
+ *   dilate(3) | blur(11, 0.8) | shuffle(seed=7, buffer=10000) | batch(1024)
+ *
+ * Grammar and every stage's arguments: docs/PROTOCOL.md. The canonical
+ * text (ferry_spec_format) and the canonical serialization
+ * (ferry_spec_pack) are deterministic, and the fingerprint is a hash of
+ * the latter, so registering the same spec twice yields one dataset.
+ */
+#ifndef FERRY_SPEC_H
+#define FERRY_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/error.h"
+#include "ferry/tfrecord.h"
+
+typedef enum { FERRY_IMAGE_RAW = 0, FERRY_IMAGE_JPEG = 1 } ferry_image_format_t;
+
+typedef enum {
+  FERRY_OP_RESIZE = 1,
+  FERRY_OP_DILATE = 2,
+  FERRY_OP_BLUR = 3
+} ferry_op_kind_t;
+
+typedef struct ferry_image_op_s {
+  ferry_op_kind_t kind;
+  int a;       /* resize: height; dilate: size; blur: size */
+  int b;       /* resize: width */
+  float sigma; /* blur */
+} ferry_image_op_t;
+
+#define FERRY_SPEC_MAX_OPS 16
+
+typedef struct ferry_spec_s {
+  char **patterns;      /* file globs, at least one */
+  size_t n_patterns;
+  ferry_compression_t compression; /* default NONE */
+
+  ferry_image_format_t format;
+  int height, width, channels; /* raw: required; jpeg: 0 = any, channels 3 */
+  char *image_key;             /* default "image" */
+  char *label_key;             /* default "label"; NULL: no label */
+
+  ferry_image_op_t ops[FERRY_SPEC_MAX_OPS]; /* in order, after decode */
+  size_t n_ops;
+
+  bool shuffle;
+  uint64_t shuffle_seed;
+  uint32_t shuffle_buffer;
+
+  uint32_t batch_size; /* 0: no batch stage (a client must then set one) */
+  bool drop_remainder;
+  int64_t repeat;      /* epochs, >= 1; -1 infinite */
+} ferry_spec_t;
+
+/* Sets the defaults (no patterns, raw, keys "image" and "label",
+ * repeat 1). */
+void ferry_spec_init(ferry_spec_t *spec);
+/* Frees what the spec owns (patterns, keys); the struct itself is the
+ * caller's. Safe on an init'ed or parsed spec. */
+void ferry_spec_close(ferry_spec_t *spec);
+
+/* Parses the text form into `spec` (which it initialises first). Errors
+ * give FERRY_ESPEC with "column N: expected X, found Y" (1-based column)
+ * or which argument is out of range. On error `spec` holds nothing to
+ * free. */
+int ferry_spec_parse(const char *text, ferry_spec_t *spec, ferry_error_t *err);
+
+/* Checks the spec's semantics (decode sizes, op arguments, blur needing
+ * images larger than its radius when sizes are known). */
+int ferry_spec_validate(const ferry_spec_t *spec, ferry_error_t *err);
+
+/* Canonical text form in a ferry_free()-able string; parse(format(s)) == s. */
+int ferry_spec_format(const ferry_spec_t *spec, char **out);
+
+/* Canonical protobuf serialization (ferry.v1.PipelineSpec) in a
+ * ferry_free()-able buffer, and its inverse (which validates). */
+int ferry_spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len);
+int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
+                      ferry_error_t *err);
+
+/* 64-bit fingerprint of the canonical serialization; stable across
+ * versions for the same spec. */
+uint64_t ferry_spec_fingerprint(const ferry_spec_t *spec);
+
+/* Output image shape after decode and ops: returns 0 and sets h, w, c, or
+ * FERRY_ESHAPE when it depends on the record (JPEG of any size and no
+ * resize). */
+int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c);
+
+/* Expands the patterns (glob(3), sorted, deduplicated) into a
+ * ferry_free()-able array of ferry_free()-able paths. No match for a
+ * pattern is FERRY_ENOENT naming the pattern. */
+int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
+                            size_t *n, ferry_error_t *err);
+void ferry_spec_free_files(char **files, size_t n);
+
+#endif /* FERRY_SPEC_H */

@@ -1,0 +1,127 @@
+/* TFRecord files: reader and writer, uncompressed, GZIP and ZLIB, and DALI
+ * index files.
+ *
+ * Framing of each record: uint64 length (LE), uint32 masked crc32c of the 8
+ * length bytes, the data, uint32 masked crc32c of the data. Compression
+ * wraps the whole stream. Offsets reported by the reader are byte offsets
+ * in the uncompressed stream (the file itself when uncompressed).
+ */
+#ifndef FERRY_TFRECORD_H
+#define FERRY_TFRECORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/error.h"
+
+typedef enum {
+  FERRY_COMPRESSION_NONE = 0,
+  FERRY_COMPRESSION_GZIP = 1,
+  FERRY_COMPRESSION_ZLIB = 2,
+  FERRY_COMPRESSION_AUTO = 3 /* reader only: detect from the first bytes */
+} ferry_compression_t;
+
+typedef enum {
+  FERRY_ON_ERROR_FAIL = 0, /* stop at the first bad record */
+  FERRY_ON_ERROR_SKIP = 1  /* skip bad records, count them, go on */
+} ferry_error_policy_t;
+
+#define FERRY_TFR_DEFAULT_MAX_RECORD (256u << 20)
+
+typedef struct ferry_tfr_options_s {
+  ferry_compression_t compression; /* default AUTO */
+  uint64_t max_record_len;         /* default FERRY_TFR_DEFAULT_MAX_RECORD */
+  ferry_error_policy_t on_error;   /* default FAIL */
+  bool verify_crc;                 /* default true */
+  uint64_t start_offset;   /* first record's byte offset (uncompressed: a
+                              seek; compressed: decompress and discard) */
+  uint64_t start_index;    /* index the first record is numbered with */
+  uint64_t max_records;    /* stop after this many; 0 = no limit */
+} ferry_tfr_options_t;
+
+/* Fills `opts` with the defaults above. */
+void ferry_tfr_options_init(ferry_tfr_options_t *opts);
+
+typedef struct ferry_record_s {
+  const uint8_t *data; /* valid until the next call on the reader */
+  size_t len;
+  uint64_t offset;     /* byte offset of the record's length field */
+  uint64_t index;      /* record number in the file (0-based) */
+} ferry_record_t;
+
+typedef struct ferry_tfr_stats_s {
+  uint64_t records;       /* good records returned */
+  uint64_t bytes;         /* their data bytes */
+  uint64_t skipped;       /* bad records skipped (policy SKIP) */
+  ferry_error_t last_bad; /* the most recent bad-record error, if any */
+} ferry_tfr_stats_t;
+
+typedef struct ferry_tfr_reader_s ferry_tfr_reader_t;
+
+/* Opens `path`. Uncompressed files are memory-mapped, so records are
+ * returned without copying. Returns 0 and sets *out, or a negative code
+ * with `err` naming the file. The reader is owned by the caller (free with
+ * ferry_tfr_reader_free) and used by one thread at a time. */
+int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
+                          ferry_tfr_reader_t **out, ferry_error_t *err);
+
+/* Like ferry_tfr_reader_open over an in-memory stream (not copied: `buf`
+ * must outlive the reader). `name` is used in error messages. */
+int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
+                              const ferry_tfr_options_t *opts,
+                              ferry_tfr_reader_t **out, ferry_error_t *err);
+
+/* Reads the next record into *rec. Returns 0, FERRY_EOF at the clean end
+ * (or after max_records), or a negative code with `err` naming the file,
+ * the byte offset and the fault (FERRY_ETRUNCLEN, ETRUNCDATA, ELENCRC,
+ * EDATACRC, ETOOLONG, ECOMPRESS, EIO). Under policy SKIP bad records are
+ * counted and skipped; a bad length CRC makes the reader scan forward for
+ * the next plausible header. After an error under FAIL, further calls
+ * return the same error. */
+int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
+                          ferry_error_t *err);
+
+void ferry_tfr_reader_stats(const ferry_tfr_reader_t *r,
+                            ferry_tfr_stats_t *out);
+void ferry_tfr_reader_free(ferry_tfr_reader_t *r);
+
+typedef struct ferry_tfr_writer_s ferry_tfr_writer_t;
+
+/* Creates (truncates) `path` and writes records to it, compressed as asked
+ * (AUTO is invalid here). Close with ferry_tfr_writer_close, which flushes
+ * and reports the first write error. */
+int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
+                          ferry_tfr_writer_t **out, ferry_error_t *err);
+int ferry_tfr_writer_write(ferry_tfr_writer_t *w, const void *data,
+                           size_t len, ferry_error_t *err);
+int ferry_tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err);
+
+/* Writes the 12-byte header and 4-byte footer of a record of `len` bytes
+ * with data CRC computed over `data`. */
+void ferry_tfr_frame_header(uint64_t len, uint8_t out[12]);
+void ferry_tfr_frame_footer(const void *data, size_t len, uint8_t out[4]);
+
+/* DALI index entries: "<offset> <size incl. 16 framing bytes>" per line. */
+typedef struct ferry_tfr_index_entry_s {
+  uint64_t offset;
+  uint64_t size;
+} ferry_tfr_index_entry_t;
+
+/* Scans an uncompressed TFRecord file (verifying both CRCs) and returns
+ * its index in a ferry_free()-able array. Compressed files: FERRY_ENOTSUP. */
+int ferry_tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
+                          size_t *n, ferry_error_t *err);
+int ferry_tfr_index_write(const char *path,
+                          const ferry_tfr_index_entry_t *entries, size_t n,
+                          ferry_error_t *err);
+/* Reads an index file; a malformed line gives FERRY_EINDEX naming the file
+ * and line. */
+int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
+                         size_t *n, ferry_error_t *err);
+
+/* Parses "none", "gzip", "zlib", "auto"; returns the value or -1. */
+int ferry_compression_parse(const char *name);
+const char *ferry_compression_name(ferry_compression_t c);
+
+#endif /* FERRY_TFRECORD_H */

@@ -1,0 +1,81 @@
+#include "ferry/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *ferry_strerror(int code) {
+  switch (code) {
+  case 0:
+    return "success";
+#define XX(name, value, text)                                                 \
+  case (value):                                                               \
+    return text;
+    FERRY_ERRNO_MAP(XX)
+#undef XX
+  default:
+    return "unknown error";
+  }
+}
+
+const char *ferry_err_name(int code) {
+  switch (code) {
+  case 0:
+    return "OK";
+#define XX(name, value, text)                                                 \
+  case (value):                                                               \
+    return #name;
+    FERRY_ERRNO_MAP(XX)
+#undef XX
+  default:
+    return "UNKNOWN";
+  }
+}
+
+int ferry_err_from_errno(int errnum) {
+  switch (errnum) {
+  case ENOMEM: return FERRY_ENOMEM;
+  case EINVAL: return FERRY_EINVAL;
+  case ENOENT: return FERRY_ENOENT;
+  case EACCES: return FERRY_EACCES;
+  case EPERM: return FERRY_EACCES;
+  case ERANGE: return FERRY_ERANGE;
+  case ENOSPC: return FERRY_ENOSPC;
+  case ETIMEDOUT: return FERRY_ETIMEDOUT;
+  case ECANCELED: return FERRY_ECANCELED;
+  default: return FERRY_EIO;
+  }
+}
+
+int ferry__seterr(ferry_error_t *err, int code, const char *fmt, ...) {
+  if (err != NULL) {
+    va_list ap;
+    err->code = code;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+int ferry__prefixerr(ferry_error_t *err, const char *fmt, ...) {
+  char prefix[256];
+  char old[sizeof(err->msg)];
+  va_list ap;
+
+  if (err == NULL)
+    return 0;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  va_end(ap);
+  memcpy(old, err->msg, sizeof(old));
+  snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+  return err->code;
+}
+
+void ferry_error_clear(ferry_error_t *err) {
+  if (err != NULL) {
+    err->code = 0;
+    err->msg[0] = '\0';
+  }
+}
