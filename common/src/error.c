@@ -60,16 +60,28 @@ int ferry__seterr(ferry_error_t *err, int code, const char *fmt, ...) {
 
 int ferry__prefixerr(ferry_error_t *err, const char *fmt, ...) {
   char prefix[256];
-  char old[sizeof(err->msg)];
+  size_t plen, mlen, cap;
   va_list ap;
+  int n;
 
   if (err == NULL)
     return 0;
   va_start(ap, fmt);
-  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  n = vsnprintf(prefix, sizeof(prefix), fmt, ap);
   va_end(ap);
-  memcpy(old, err->msg, sizeof(old));
-  snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+  plen = n < 0 ? 0 : (size_t)n < sizeof(prefix) ? (size_t)n : sizeof(prefix) - 1;
+  /* The message moves right by "prefix: " and is cut at the end if need be. */
+  cap = sizeof(err->msg) - 1;
+  if (plen + 2 > cap)
+    plen = cap - 2;
+  mlen = strnlen(err->msg, cap);
+  if (plen + 2 + mlen > cap)
+    mlen = cap - plen - 2;
+  memmove(err->msg + plen + 2, err->msg, mlen);
+  memcpy(err->msg, prefix, plen);
+  err->msg[plen] = ':';
+  err->msg[plen + 1] = ' ';
+  err->msg[plen + 2 + mlen] = '\0';
   return err->code;
 }
 

@@ -1,0 +1,164 @@
+/* Tests of the options table: defaults, flags, config files, bounds. */
+#include <criterion/criterion.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/options.h"
+
+struct settings {
+  bool verbose;
+  int64_t threads;
+  uint64_t buffer;
+  double ratio;
+  char *name;
+  int mode;
+};
+
+static const ferry_option_t table[] = {
+    {"verbose", FERRY_OPT_BOOL, offsetof(struct settings, verbose), "false",
+     0, 0, NULL, "log more"},
+    {"threads", FERRY_OPT_INT, offsetof(struct settings, threads), "4", 1, 64,
+     NULL, "pipeline threads"},
+    {"buffer-bytes", FERRY_OPT_SIZE, offsetof(struct settings, buffer), "64M",
+     0, 0, NULL, "chunk buffer"},
+    {"ratio", FERRY_OPT_DOUBLE, offsetof(struct settings, ratio), "0.5", 0, 1,
+     NULL, "a fraction"},
+    {"name", FERRY_OPT_STRING, offsetof(struct settings, name), "ferry", 0, 0,
+     NULL, "a name"},
+    {"mode", FERRY_OPT_ENUM, offsetof(struct settings, mode), "gzip", 0, 0,
+     "none|gzip|zlib", "compression"},
+};
+#define N (sizeof(table) / sizeof(table[0]))
+
+Test(options, defaults) {
+  struct settings s = {0};
+  cr_assert_eq(ferry_options_defaults(table, N, &s, NULL), 0);
+  cr_assert_eq(s.verbose, false);
+  cr_assert_eq(s.threads, 4);
+  cr_assert_eq(s.buffer, 64u << 20);
+  cr_assert_float_eq(s.ratio, 0.5, 1e-12);
+  cr_assert_str_eq(s.name, "ferry");
+  cr_assert_eq(s.mode, 1);
+  ferry_options_free(table, N, &s);
+  cr_assert_null(s.name);
+}
+
+Test(options, argv_forms_and_positionals) {
+  struct settings s = {0};
+  char *argv[] = {"file1", "--threads=8", "--buffer-bytes", "1.5G",
+                  "--verbose", "--name", "x y", "file2", "--mode=zlib",
+                  "--", "--not-an-option"};
+  int npos = -1;
+  ferry_error_t err;
+  ferry_options_defaults(table, N, &s, NULL);
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 11, argv, &npos, &err),
+               0, "%s", err.msg);
+  cr_assert_eq(npos, 3);
+  cr_assert_str_eq(argv[0], "file1");
+  cr_assert_str_eq(argv[1], "file2");
+  cr_assert_str_eq(argv[2], "--not-an-option");
+  cr_assert_eq(s.threads, 8);
+  cr_assert_eq(s.buffer, (uint64_t)(1.5 * 1024 * 1024 * 1024));
+  cr_assert(s.verbose);
+  cr_assert_str_eq(s.name, "x y");
+  cr_assert_eq(s.mode, 2);
+  char *argv2[] = {"--no-verbose"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, argv2, &npos, NULL),
+               0);
+  cr_assert_not(s.verbose);
+  ferry_options_free(table, N, &s);
+}
+
+Test(options, errors_name_the_option) {
+  struct settings s = {0};
+  ferry_error_t err;
+  ferry_options_defaults(table, N, &s, NULL);
+  char *a1[] = {"--threads=0"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a1, NULL, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "threads") && strstr(err.msg, "1..64"), "%s",
+            err.msg);
+  char *a2[] = {"--bogus"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a2, NULL, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "--bogus"), "%s", err.msg);
+  char *a3[] = {"--mode=lz4"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a3, NULL, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "none|gzip|zlib"), "%s", err.msg);
+  char *a4[] = {"--threads"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a4, NULL, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "needs a value"), "%s", err.msg);
+  char *a5[] = {"--buffer-bytes=12Q"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a5, NULL, &err),
+               FERRY_EOPTION);
+  char *a6[] = {"--threads=7x"};
+  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a6, NULL, &err),
+               FERRY_EOPTION);
+  cr_assert_eq(s.threads, 4, "a failed set leaves the old value");
+  ferry_options_free(table, N, &s);
+}
+
+Test(options, config_file) {
+  struct settings s = {0};
+  ferry_error_t err;
+  char path[] = "/tmp/ferry-opts-XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fputs("# a comment\n  threads = 16  \n\nname = worker-a # trailing\n"
+        "ratio=0.25\n",
+        f);
+  fclose(f);
+  ferry_options_defaults(table, N, &s, NULL);
+  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(s.threads, 16);
+  cr_assert_str_eq(s.name, "worker-a");
+  cr_assert_float_eq(s.ratio, 0.25, 1e-12);
+
+  f = fopen(path, "w");
+  fputs("threads = 2\nthreads 3\n", f);
+  fclose(f);
+  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, ":2:"), "message names the line: %s", err.msg);
+  f = fopen(path, "w");
+  fputs("ratio = 2\n", f);
+  fclose(f);
+  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, path) && strstr(err.msg, "ratio"), "%s",
+            err.msg);
+  unlink(path);
+  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+               FERRY_ENOENT);
+  ferry_options_free(table, N, &s);
+}
+
+Test(options, help_lists_everything) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ferry_options_help(table, N, f);
+  fclose(f);
+  cr_assert(strstr(buf, "--threads N") && strstr(buf, "[1..64]") &&
+                strstr(buf, "(default 64M)") && strstr(buf, "none|gzip|zlib"),
+            "%s", buf);
+  free(buf);
+}
+
+Test(options, parse_size) {
+  uint64_t v;
+  cr_assert_eq(ferry_parse_size("4096", &v), 0);
+  cr_assert_eq(v, 4096);
+  cr_assert_eq(ferry_parse_size("2KiB", &v), 0);
+  cr_assert_eq(v, 2048);
+  cr_assert_eq(ferry_parse_size("1g", &v), 0);
+  cr_assert_eq(v, 1u << 30);
+  cr_assert_eq(ferry_parse_size("-1", &v), FERRY_EINVAL);
+  cr_assert_eq(ferry_parse_size("", &v), FERRY_EINVAL);
+}
