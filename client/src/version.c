@@ -1,0 +1,3 @@
+#include "ferry/version.h"
+
+const char *ferry_version(void) { return FERRY_VERSION_STRING; }

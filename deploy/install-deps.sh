@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package Ferry's build, tests and benchmarks need.
+# Run as root; non-interactive and idempotent (a second run installs
+# nothing). CUDA is not a Debian package: the build uses nvcc when it finds
+# one (/usr/local/cuda) and builds the CPU path alone otherwise.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+  libuv1-dev libturbojpeg0-dev libucx-dev libcriterion-dev zlib1g-dev
+  clang libclang-rt-14-dev          # libFuzzer and sanitizer runtimes
+  python3 python3-venv python3-grpcio  # interop tests
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo -E "$0" "$@"
+  fi
+  echo "install-deps.sh: run as root (or install sudo)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
