@@ -84,6 +84,9 @@ int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
 
 void ferry_tfr_reader_stats(const ferry_tfr_reader_t *r,
                             ferry_tfr_stats_t *out);
+/* The compression in use: the configured one, or what AUTO detected
+ * (never AUTO). */
+ferry_compression_t ferry_tfr_reader_compression(const ferry_tfr_reader_t *r);
 void ferry_tfr_reader_free(ferry_tfr_reader_t *r);
 
 typedef struct ferry_tfr_writer_s ferry_tfr_writer_t;
