@@ -3,11 +3,73 @@
 #ifndef FERRY_CTL_H
 #define FERRY_CTL_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ferry/error.h"
+#include "ferry/options.h"
+
 int ferryctl_records(int argc, char **argv); /* records inspect|index */
 int ferryctl_gen(int argc, char **argv);     /* gen */
 int ferryctl_bench(int argc, char **argv);   /* bench pipeline */
 
 /* True when stdout is a terminal (progress bars and colours). */
 int ferryctl_isatty(void);
+
+/* Shared helpers (ctl_util.c). */
+
+/* Exit statuses every subcommand uses. */
+#define FERRYCTL_EXIT_OK 0
+#define FERRYCTL_EXIT_BAD 1   /* ran, and found bad input */
+#define FERRYCTL_EXIT_USAGE 2 /* usage error, unreadable or unusable file */
+
+/* Parses a subcommand's flags with the options table `t` into `base`
+ * (defaults first). Positional arguments end up at the front of argv, their
+ * count in *n_positional. "--help" (give the table a bool option named
+ * "help" at `help_offset`) or a lone "-h" prints `usage`, the table's help
+ * and `footer` (may be NULL) to stdout. Returns FERRYCTL_CONTINUE to go
+ * on, or the exit status to return right away: 0 after help, 2 after a
+ * usage error, which is printed to stderr as "ferryctl CMD: message". */
+#define FERRYCTL_CONTINUE (-1)
+int ferryctl_parse_options(const char *cmd, const char *usage,
+                           const char *footer, const ferry_option_t *t,
+                           size_t n, void *base, size_t help_offset,
+                           int argc, char **argv, int *n_positional);
+
+/* Writes `len` bytes at `s` as a JSON string literal, quotes included.
+ * Control characters and invalid UTF-8 bytes are escaped (an invalid byte
+ * b becomes \u00bb), so the output is always valid JSON. */
+void ferryctl_json_string(FILE *out, const void *s, size_t len);
+
+/* Detects the compression of the file at `path` from its first bytes: a
+ * valid TFRecord length header means none (even if it happens to start
+ * with a gzip or zlib magic), else the gzip magic 1f 8b, else a valid zlib
+ * header, else none. Returns the ferry_compression_t or a negative code
+ * with `err` naming the file. */
+int ferryctl_sniff_compression(const char *path, ferry_error_t *err);
+
+/* Formats `n` bytes for people ("512 B", "1.5 MiB") into buf. */
+const char *ferryctl_human_bytes(uint64_t n, char *buf, size_t cap);
+
+/* Monotonic seconds. */
+double ferryctl_now(void);
+
+/* A one-line progress bar on stderr, redrawn at most ten times a second,
+ * only when `enabled`. */
+typedef struct ferryctl_progress_s {
+  bool enabled;
+  const char *label;
+  uint64_t total;
+  double start;
+  double last_draw;
+} ferryctl_progress_t;
+
+void ferryctl_progress_init(ferryctl_progress_t *p, const char *label,
+                            uint64_t total, bool enabled);
+void ferryctl_progress_update(ferryctl_progress_t *p, uint64_t done);
+/* Draws the final state and ends the line (if enabled). */
+void ferryctl_progress_finish(ferryctl_progress_t *p, uint64_t done);
 
 #endif /* FERRY_CTL_H */
