@@ -48,7 +48,23 @@
   XX(ESHAPE, -1024, "image shape does not fit the batch")                     \
   XX(ESPEC, -1030, "invalid pipeline spec")                                   \
   XX(EOPTION, -1031, "invalid option")                                        \
-  XX(ENOTSUP, -1032, "not supported")
+  XX(ENOTSUP, -1032, "not supported")                                       \
+  XX(EGRPC_CANCELLED, -1101, "gRPC: cancelled")                               \
+  XX(EGRPC_UNKNOWN, -1102, "gRPC: unknown error")                             \
+  XX(EGRPC_INVALID_ARGUMENT, -1103, "gRPC: invalid argument")                 \
+  XX(EGRPC_DEADLINE_EXCEEDED, -1104, "gRPC: deadline exceeded")               \
+  XX(EGRPC_NOT_FOUND, -1105, "gRPC: not found")                               \
+  XX(EGRPC_ALREADY_EXISTS, -1106, "gRPC: already exists")                     \
+  XX(EGRPC_PERMISSION_DENIED, -1107, "gRPC: permission denied")               \
+  XX(EGRPC_RESOURCE_EXHAUSTED, -1108, "gRPC: resource exhausted")             \
+  XX(EGRPC_FAILED_PRECONDITION, -1109, "gRPC: failed precondition")           \
+  XX(EGRPC_ABORTED, -1110, "gRPC: aborted")                                   \
+  XX(EGRPC_OUT_OF_RANGE, -1111, "gRPC: out of range")                         \
+  XX(EGRPC_UNIMPLEMENTED, -1112, "gRPC: unimplemented")                       \
+  XX(EGRPC_INTERNAL, -1113, "gRPC: internal error")                           \
+  XX(EGRPC_UNAVAILABLE, -1114, "gRPC: unavailable")                           \
+  XX(EGRPC_DATA_LOSS, -1115, "gRPC: data loss")                               \
+  XX(EGRPC_UNAUTHENTICATED, -1116, "gRPC: unauthenticated")
 
 typedef enum {
 #define XX(name, value, text) FERRY_##name = (value),

@@ -1,0 +1,124 @@
+/* What the server and the client side share: library start-up, malloc
+ * tuning, status-code translation and channel arguments. */
+#include <grpc/support/log.h>
+#include <malloc.h>
+
+#include "ferry/error.h"
+#include "ferry/log.h"
+#include "rpc_internal.h"
+
+#define DEFAULT_KEEPALIVE_TIME_MS 30000
+#define DEFAULT_KEEPALIVE_TIMEOUT_MS 10000
+#define DEFAULT_REQUEST_SLOTS 8
+
+/* gRPC logs through gpr_log, to stderr by default; the library never
+ * writes there, so its lines join Ferry's log. Its errors are warnings
+ * here: whatever matters also comes back as an error code. */
+static void log_to_ferry(gpr_log_func_args *a) {
+  int level = FERRY_LOG_DEBUG;
+  if (a->severity == GPR_LOG_SEVERITY_ERROR)
+    level = FERRY_LOG_WARN;
+  else if (a->severity == GPR_LOG_SEVERITY_INFO)
+    level = FERRY_LOG_INFO;
+  FERRY_LOG(level, "grpc: %s:%d: %s", a->file, a->line, a->message);
+}
+
+void ferry_rpc_init(void) {
+  gpr_set_log_function(log_to_ferry);
+  grpc_init();
+}
+
+void ferry_rpc_shutdown(void) { grpc_shutdown(); }
+
+int ferry_rpc_tune_malloc(void) {
+  int ok = 1;
+  /* 32 MiB is glibc's largest mmap threshold on 64-bit systems: gRPC's
+   * read buffers and control messages then always come from the heap,
+   * which is neither trimmed nor unmapped between reads. */
+  ok &= mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ok &= mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  ok &= mallopt(M_TOP_PAD, 64 << 20);
+  /* Sanitizer runtimes replace malloc and refuse mallopt. */
+  return ok ? 0 : FERRY_ENOTSUP;
+}
+
+int ferry_rpc_err_from_status(int status) {
+  if (status == GRPC_STATUS_OK)
+    return 0;
+  if (status < 1 || status > 16)
+    return FERRY_EGRPC_UNKNOWN;
+  return -1100 - status;
+}
+
+int ferry_rpc_status_from_err(int code) {
+  if (code == 0)
+    return GRPC_STATUS_OK;
+  if (code <= FERRY_EGRPC_CANCELLED && code >= FERRY_EGRPC_UNAUTHENTICATED)
+    return -1100 - code;
+  switch (code) {
+  case FERRY_EINVAL:
+  case FERRY_ESPEC:
+  case FERRY_EOPTION:
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  case FERRY_ENOENT: return GRPC_STATUS_NOT_FOUND;
+  case FERRY_EACCES: return GRPC_STATUS_PERMISSION_DENIED;
+  case FERRY_ENOMEM:
+  case FERRY_ENOSPC:
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case FERRY_ETIMEDOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
+  case FERRY_ECANCELED: return GRPC_STATUS_CANCELLED;
+  case FERRY_ERANGE: return GRPC_STATUS_OUT_OF_RANGE;
+  case FERRY_ENOTSUP: return GRPC_STATUS_UNIMPLEMENTED;
+  default: return GRPC_STATUS_INTERNAL;
+  }
+}
+
+int ferry__rpc_options(const ferry_rpc_options_t *opts,
+                       ferry_rpc_options_t *out, ferry_error_t *err) {
+  ferry_rpc_options_t o = {0};
+  if (opts != NULL)
+    o = *opts;
+  if (o.tls != NULL)
+    return ferry__seterr(err, FERRY_ENOTSUP, "rpc: TLS is not supported yet");
+  if (o.max_message_bytes < -1 || o.keepalive_time_ms < 0 ||
+      o.keepalive_timeout_ms < 0 || o.request_slots < 0)
+    return ferry__seterr(err, FERRY_EINVAL, "rpc: negative option value");
+  if (o.max_message_bytes == 0)
+    o.max_message_bytes = FERRY_RPC_DEFAULT_MAX_MESSAGE;
+  if (o.keepalive_time_ms == 0)
+    o.keepalive_time_ms = DEFAULT_KEEPALIVE_TIME_MS;
+  if (o.keepalive_timeout_ms == 0)
+    o.keepalive_timeout_ms = DEFAULT_KEEPALIVE_TIMEOUT_MS;
+  if (o.request_slots == 0)
+    o.request_slots = DEFAULT_REQUEST_SLOTS;
+  *out = o;
+  return 0;
+}
+
+static void set_int(grpc_arg *a, const char *key, int value) {
+  a->type = GRPC_ARG_INTEGER;
+  a->key = (char *)key;
+  a->value.integer = value;
+}
+
+size_t ferry__rpc_channel_args(const ferry_rpc_options_t *o, bool server,
+                               grpc_arg *args) {
+  size_t n = 0;
+  set_int(&args[n++], GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+          o->max_message_bytes);
+  set_int(&args[n++], GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, o->max_message_bytes);
+  set_int(&args[n++], GRPC_ARG_KEEPALIVE_TIME_MS, o->keepalive_time_ms);
+  set_int(&args[n++], GRPC_ARG_KEEPALIVE_TIMEOUT_MS, o->keepalive_timeout_ms);
+  /* Both sides ping idle connections, so that a dead dispatcher or worker
+   * is noticed without a call in flight; the server must then accept
+   * pings without data at the client's rate, or it answers GOAWAY
+   * "too_many_pings" after two strikes. */
+  set_int(&args[n++], GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  set_int(&args[n++], GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  set_int(&args[n++], GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
+          o->keepalive_time_ms);
+  if (server)
+    set_int(&args[n++], GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+            o->keepalive_time_ms / 2);
+  return n;
+}

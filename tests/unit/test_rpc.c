@@ -1,0 +1,774 @@
+/* Tests of the gRPC layer: a real server on 127.0.0.1 (port 0) whose libuv
+ * loop runs on its own thread, and the blocking client on the test thread.
+ * Every wait is bounded (a condition variable with a deadline, or a call
+ * deadline), every server is shut down, and every test ends by checking
+ * that Ferry's own allocations all came back. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define WAIT_MS 10000
+#define MIB (1 << 20)
+
+/* ---- Fixture: the server's loop on a thread ---------------------------- */
+
+typedef void (*loop_fn)(void *arg);
+
+static struct {
+  uv_loop_t loop;
+  uv_async_t wake; /* runs `task` on the loop */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  loop_fn task;
+  void *task_arg;
+  bool task_done;
+  ferry_rpc_server_t *server;
+  int port;
+  char target[64];
+  ferry_rpc_channel_t *ch;
+  atomic_bool server_done;
+  double shutdown_ms;
+  struct timespec shutdown_t0;
+  ferry_alloc_stats_t baseline;
+} F;
+
+static double ms_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) * 1e3 +
+         (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* Wakes the test thread after shared state changed. */
+static void notify(void) {
+  pthread_mutex_lock(&F.mu);
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+/* Waits until pred() holds, at most WAIT_MS. */
+static bool wait_for(bool (*pred)(void)) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += WAIT_MS / 1000;
+  pthread_mutex_lock(&F.mu);
+  bool ok = pred();
+  while (!ok && pthread_cond_timedwait(&F.cv, &F.mu, &dl) == 0)
+    ok = pred();
+  ok = pred();
+  pthread_mutex_unlock(&F.mu);
+  return ok;
+}
+
+static void on_wake(uv_async_t *h) {
+  pthread_mutex_lock(&F.mu);
+  loop_fn fn = F.task;
+  void *arg = F.task_arg;
+  F.task = NULL;
+  pthread_mutex_unlock(&F.mu);
+  if (fn == NULL)
+    return;
+  fn(arg);
+  pthread_mutex_lock(&F.mu);
+  F.task_done = true;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+static bool task_finished(void) { return F.task_done; }
+
+/* Runs fn(arg) on the loop thread and waits for it. */
+static void run_on_loop(loop_fn fn, void *arg) {
+  pthread_mutex_lock(&F.mu);
+  F.task = fn;
+  F.task_arg = arg;
+  F.task_done = false;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.wake);
+  cr_assert(wait_for(task_finished), "loop task did not run");
+}
+
+static void *loop_thread(void *arg) {
+  uv_run(&F.loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static void on_server_done(void *arg) {
+  F.shutdown_ms = ms_since(&F.shutdown_t0);
+  uv_close((uv_handle_t *)&F.wake, NULL);
+  atomic_store(&F.server_done, true);
+  notify();
+}
+
+static void do_shutdown(void *arg) {
+  clock_gettime(CLOCK_MONOTONIC, &F.shutdown_t0);
+  ferry_rpc_server_shutdown(F.server, on_server_done, NULL);
+}
+
+static bool server_gone(void) { return atomic_load(&F.server_done); }
+
+static void register_methods(ferry_rpc_server_t *s);
+
+/* Starts a server with the test methods and a channel to it. */
+static void fx_start(const ferry_rpc_options_t *opts) {
+  ferry_error_t err = {0};
+  ferry__alloc_stats(&F.baseline);
+  ferry_rpc_init();
+  pthread_mutex_init(&F.mu, NULL);
+  pthread_cond_init(&F.cv, NULL);
+  cr_assert_eq(uv_loop_init(&F.loop), 0);
+  cr_assert_eq(uv_async_init(&F.loop, &F.wake, on_wake), 0);
+  cr_assert_eq(ferry_rpc_server_new(&F.loop, opts, &F.server, &err), 0,
+               "%s", err.msg);
+  register_methods(F.server);
+  cr_assert_eq(ferry_rpc_server_start(F.server, "127.0.0.1:0", &F.port, &err),
+               0, "%s", err.msg);
+  cr_assert_gt(F.port, 0);
+  snprintf(F.target, sizeof(F.target), "127.0.0.1:%d", F.port);
+  cr_assert_eq(ferry_rpc_channel_new(F.target, opts, &F.ch, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(pthread_create(&F.thread, NULL, loop_thread, NULL), 0);
+}
+
+/* Shuts the server down (on its loop), joins the loop thread and checks
+ * that nothing Ferry allocated is left. */
+static void fx_stop(void) {
+  ferry_alloc_stats_t now;
+  if (F.ch != NULL)
+    ferry_rpc_channel_free(F.ch);
+  F.ch = NULL;
+  run_on_loop(do_shutdown, NULL);
+  cr_assert(wait_for(server_gone), "server shutdown did not finish");
+  pthread_join(F.thread, NULL);
+  cr_assert_eq(uv_loop_close(&F.loop), 0, "a handle was left open");
+  ferry_rpc_shutdown();
+  ferry__alloc_stats(&now);
+  cr_assert_eq(now.blocks, F.baseline.blocks, "%lld blocks leaked",
+               (long long)(now.blocks - F.baseline.blocks));
+}
+
+/* ---- Unary methods ----------------------------------------------------- */
+
+static atomic_int cancels_seen;
+
+static void echo(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                 void *user) {
+  ferry_rpc_reply(call, req, len);
+}
+
+static void fail(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                 void *user) {
+  ferry_rpc_reply_error(call, FERRY_RPC_FAILED_PRECONDITION,
+                        "no split for you");
+}
+
+/* Answers from a timer, after the handler returned. */
+struct later {
+  uv_timer_t timer;
+  ferry_rpc_call_t *call;
+  size_t len;
+  uint8_t bytes[64];
+};
+
+static void free_handle(uv_handle_t *h) { free(h->data); }
+
+static void later_fire(uv_timer_t *t) {
+  struct later *l = t->data;
+  ferry_rpc_reply(l->call, l->bytes, l->len);
+  uv_close((uv_handle_t *)t, free_handle);
+}
+
+static void later(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                  void *user) {
+  struct later *l = calloc(1, sizeof(*l));
+  l->call = call;
+  l->len = len < sizeof(l->bytes) ? len : sizeof(l->bytes);
+  memcpy(l->bytes, req, l->len);
+  uv_timer_init(&F.loop, &l->timer);
+  l->timer.data = l;
+  uv_timer_start(&l->timer, later_fire, 1, 0);
+}
+
+/* Never answers on its own: only when told the call is over. */
+static void never_cancelled(ferry_rpc_call_t *call, void *arg) {
+  atomic_fetch_add(&cancels_seen, 1);
+  ferry_rpc_reply_error(call, FERRY_RPC_CANCELLED, "gave up");
+  notify();
+}
+
+static void never(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                  void *user) {
+  ferry_rpc_call_on_cancel(call, never_cancelled, NULL);
+}
+
+/* ---- A streaming method ------------------------------------------------ */
+
+/* What the streaming handler does: `total` messages (< 0: until the peer
+ * goes away) of a small hand-written protobuf header (field 1: index,
+ * field 2: the payload's tag and length) and a payload piece. */
+static struct {
+  int total;
+  size_t payload_len;
+  bool distinct; /* a fresh payload per message, else one shared buffer */
+  uint8_t *shared;
+  int sent;
+  atomic_int frees;     /* free_fn calls, any thread */
+  atomic_int cancelled; /* cancel callback runs */
+  atomic_int send_failed;
+  atomic_int finished;
+} S;
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static void fill_payload(uint8_t *p, size_t n, int index) {
+  uint64_t x = (uint64_t)index * 7919u + 1;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v = splitmix(&x);
+    memcpy(p + i, &v, 8);
+  }
+  for (size_t i = n & ~(size_t)7; i < n; i++)
+    p[i] = (uint8_t)(index + i);
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+static size_t get_varint(const uint8_t *p, size_t len, uint64_t *v) {
+  *v = 0;
+  for (size_t i = 0; i < len && i < 10; i++) {
+    *v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+    if ((p[i] & 0x80) == 0)
+      return i + 1;
+  }
+  return 0;
+}
+
+static void count_free(void *p) {
+  atomic_fetch_add(&S.frees, 1);
+  notify();
+}
+
+static void free_and_count(void *p) {
+  free(p);
+  count_free(NULL);
+}
+
+static void finish(ferry_rpc_call_t *call, int status, const char *msg) {
+  ferry_rpc_stream_finish(call, status, msg);
+  atomic_store(&S.finished, 1);
+  notify();
+}
+
+static void send_next(ferry_rpc_call_t *call);
+
+static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
+  if (!ok) {
+    atomic_fetch_add(&S.send_failed, 1);
+    finish(call, FERRY_RPC_CANCELLED, "peer gone");
+    return;
+  }
+  send_next(call);
+}
+
+static void send_next(ferry_rpc_call_t *call) {
+  ferry_rpc_piece_t pieces[2];
+  uint8_t *hdr, *payload;
+  size_t n = 0;
+  if (S.total >= 0 && S.sent == S.total) {
+    finish(call, FERRY_RPC_OK, "done");
+    return;
+  }
+  hdr = malloc(24);
+  hdr[n++] = 0x08;
+  n += put_varint(hdr + n, (uint64_t)S.sent);
+  hdr[n++] = 0x12;
+  n += put_varint(hdr + n, S.payload_len);
+  payload = S.shared;
+  if (S.distinct) {
+    payload = malloc(S.payload_len);
+    fill_payload(payload, S.payload_len, S.sent);
+  }
+  pieces[0] = (ferry_rpc_piece_t){hdr, n, free_and_count, hdr};
+  pieces[1] = (ferry_rpc_piece_t){payload, S.payload_len,
+                                  S.distinct ? free_and_count : count_free,
+                                  payload};
+  S.sent++;
+  if (ferry_rpc_stream_send(call, pieces, 2, on_sent, NULL) != 0)
+    finish(call, FERRY_RPC_INTERNAL, "send failed");
+}
+
+static void stream_cancelled(ferry_rpc_call_t *call, void *arg) {
+  atomic_fetch_add(&S.cancelled, 1);
+  notify();
+}
+
+static void chunks(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                   void *user) {
+  ferry_rpc_call_on_cancel(call, stream_cancelled, NULL);
+  send_next(call);
+}
+
+static void register_methods(ferry_rpc_server_t *s) {
+  static const struct {
+    const char *name;
+    ferry_rpc_kind_t kind;
+    ferry_rpc_handler_cb fn;
+  } methods[] = {
+      {"/test.Echo/Echo", FERRY_RPC_UNARY, echo},
+      {"/test.Echo/Fail", FERRY_RPC_UNARY, fail},
+      {"/test.Echo/Later", FERRY_RPC_UNARY, later},
+      {"/test.Echo/Never", FERRY_RPC_UNARY, never},
+      {"/test.Stream/Chunks", FERRY_RPC_SERVER_STREAM, chunks},
+  };
+  ferry_error_t err = {0};
+  for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++)
+    cr_assert_eq(ferry_rpc_server_register(s, methods[i].name,
+                                           methods[i].kind, methods[i].fn,
+                                           NULL, &err),
+                 0, "%s", err.msg);
+  const char *services[] = {"ferry.v1.Dispatcher"};
+  cr_assert_eq(ferry_rpc_health_register(s, services, 1, &err), 0, "%s",
+               err.msg);
+}
+
+/* ---- Unary tests ------------------------------------------------------- */
+
+static void unary_ok(const char *method, const void *req, size_t len) {
+  ferry_error_t err = {0};
+  uint8_t *reply;
+  size_t reply_len;
+  int rc = ferry_rpc_unary(F.ch, method, req, len, 5000, 0, &reply,
+                           &reply_len, &err);
+  cr_assert_eq(rc, 0, "%s: %s", ferry_err_name(rc), err.msg);
+  cr_assert_not_null(reply);
+  cr_assert_eq(reply_len, len);
+  cr_assert(len == 0 || memcmp(reply, req, len) == 0);
+  ferry_free(reply);
+}
+
+Test(rpc, unary_echo, .timeout = 60) {
+  fx_start(NULL);
+  unary_ok("/test.Echo/Echo", "hello", 5);
+  unary_ok("/test.Echo/Echo", "", 0);
+  unary_ok("/test.Echo/Later", "answered later", 14);
+  fx_stop();
+}
+
+Test(rpc, messages_over_4mib_pass, .timeout = 60) {
+  size_t len = 6 * MIB + 123; /* over gRPC's 4 MiB default, both ways */
+  uint8_t *req = malloc(len);
+  fill_payload(req, len, 42);
+  fx_start(NULL);
+  unary_ok("/test.Echo/Echo", req, len);
+  fx_stop();
+  free(req);
+}
+
+Test(rpc, error_status_and_message_reach_client, .timeout = 60) {
+  ferry_error_t err = {0};
+  uint8_t *reply = (uint8_t *)"x";
+  size_t reply_len = 7;
+  fx_start(NULL);
+  int rc = ferry_rpc_unary(F.ch, "/test.Echo/Fail", "a", 1, 5000, 0, &reply,
+                           &reply_len, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_FAILED_PRECONDITION, "%s", ferry_err_name(rc));
+  cr_assert_eq(err.code, rc);
+  cr_assert_str_eq(err.msg, "/test.Echo/Fail: no split for you");
+  cr_assert_null(reply);
+  cr_assert_eq(reply_len, 0);
+  fx_stop();
+}
+
+Test(rpc, unknown_method_is_unimplemented, .timeout = 60) {
+  ferry_error_t err = {0};
+  uint8_t *reply;
+  size_t reply_len;
+  fx_start(NULL);
+  int rc = ferry_rpc_unary(F.ch, "/test.Nope/Missing", "a", 1, 5000, 0,
+                           &reply, &reply_len, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_UNIMPLEMENTED, "%s", ferry_err_name(rc));
+  cr_assert(strstr(err.msg, "unknown method /test.Nope/Missing") != NULL,
+            "%s", err.msg);
+  fx_stop();
+}
+
+static bool one_cancel(void) { return atomic_load(&cancels_seen) == 1; }
+
+Test(rpc, deadline_exceeded_then_clean_shutdown, .timeout = 60) {
+  ferry_error_t err = {0};
+  uint8_t *reply;
+  size_t reply_len;
+  struct timespec t0;
+  fx_start(NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = ferry_rpc_unary(F.ch, "/test.Echo/Never", "a", 1, 200, 0, &reply,
+                           &reply_len, &err);
+  double ms = ms_since(&t0);
+  cr_assert_eq(rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%s", ferry_err_name(rc));
+  cr_assert(ms >= 150 && ms < 5000, "took %.0f ms", ms);
+  /* The server learns of the deadline too and tells the handler. */
+  cr_assert(wait_for(one_cancel), "cancel callback did not run");
+  fx_stop();
+  cr_assert_lt(F.shutdown_ms, 1000.0);
+}
+
+Test(rpc, stream_next_times_out_and_stays_usable, .timeout = 60) {
+  ferry_error_t err = {0};
+  ferry_rpc_stream_t *st;
+  ferry_rpc_msg_t msg;
+  fx_start(NULL);
+  /* Never answers: nothing arrives, the wait ends, the stream lives on. */
+  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Echo/Never", "a", 1, -1, 0,
+                                     &st, &err),
+               0);
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
+  cr_assert_eq(ferry_rpc_stream_status(st), 1);
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
+  ferry_rpc_stream_cancel(st);
+  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_CANCELLED, "%s", ferry_err_name(rc));
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), rc);
+  ferry_rpc_stream_free(st);
+  cr_assert(wait_for(one_cancel), "the server did not see the cancel");
+  fx_stop();
+}
+
+Test(rpc, idle_shutdown_under_a_second, .timeout = 60) {
+  fx_start(NULL);
+  unary_ok("/test.Echo/Echo", "warm", 4); /* a connection is open */
+  fx_stop();
+  cr_log_info("idle shutdown: %.1f ms", F.shutdown_ms);
+  cr_assert_lt(F.shutdown_ms, 1000.0, "shutdown took %.0f ms",
+               F.shutdown_ms);
+}
+
+Test(rpc, no_server_unavailable_or_wait_for_ready, .timeout = 60) {
+  ferry_error_t err = {0};
+  uint8_t *reply;
+  size_t reply_len;
+  fx_start(NULL);
+  int port = F.port;
+  fx_stop();
+  /* The port is closed now: fail fast, or wait for the server until the
+   * deadline with FERRY_RPC_WAIT_FOR_READY. */
+  ferry_rpc_init();
+  ferry_rpc_channel_t *ch;
+  char target[64];
+  snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0);
+  int rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "a", 1, 5000, 0, &reply,
+                           &reply_len, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_UNAVAILABLE, "%s", ferry_err_name(rc));
+  rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "a", 1, 200,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%s", ferry_err_name(rc));
+  ferry_rpc_channel_free(ch);
+  ferry_rpc_shutdown();
+}
+
+static void noop_done(void *arg) {
+  *(bool *)arg = true;
+}
+
+Test(rpc, bind_failure_names_address_and_unstarted_shutdown, .timeout = 60) {
+  ferry_error_t err = {0};
+  uv_loop_t loop;
+  ferry_rpc_server_t *s;
+  bool done = false;
+  ferry_rpc_init();
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  cr_assert_eq(ferry_rpc_server_new(&loop, NULL, &s, &err), 0);
+  int rc = ferry_rpc_server_start(s, "not-an-address:xyz", NULL, &err);
+  cr_assert_eq(rc, FERRY_EIO);
+  cr_assert(strstr(err.msg, "not-an-address:xyz") != NULL, "%s", err.msg);
+  ferry_rpc_server_shutdown(s, noop_done, &done);
+  for (int i = 0; i < 1000 && !done; i++)
+    uv_run(&loop, UV_RUN_ONCE);
+  cr_assert(done);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+  ferry_rpc_shutdown();
+}
+
+Test(rpc, status_code_mapping) {
+  cr_assert_eq(ferry_rpc_err_from_status(0), 0);
+  cr_assert_eq(ferry_rpc_err_from_status(14), FERRY_EGRPC_UNAVAILABLE);
+  cr_assert_eq(ferry_rpc_err_from_status(16), FERRY_EGRPC_UNAUTHENTICATED);
+  cr_assert_eq(ferry_rpc_err_from_status(99), FERRY_EGRPC_UNKNOWN);
+  for (int s = 0; s <= 16; s++)
+    cr_assert_eq(ferry_rpc_status_from_err(ferry_rpc_err_from_status(s)), s);
+  cr_assert_eq(ferry_rpc_status_from_err(FERRY_EINVAL),
+               FERRY_RPC_INVALID_ARGUMENT);
+  cr_assert_eq(ferry_rpc_status_from_err(FERRY_EDATACRC), FERRY_RPC_INTERNAL);
+  cr_assert_str_eq(ferry_err_name(FERRY_EGRPC_DEADLINE_EXCEEDED),
+                   "EGRPC_DEADLINE_EXCEEDED");
+  int rc = ferry_rpc_tune_malloc();
+  cr_assert(rc == 0 || rc == FERRY_ENOTSUP, "%s", ferry_err_name(rc));
+}
+
+/* ---- Health ------------------------------------------------------------ */
+
+static int health(const char *service, int *status) {
+  Grpc__Health__V1__HealthCheckRequest req =
+      GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  ferry_error_t err = {0};
+  uint8_t buf[128], *reply;
+  size_t reply_len;
+  req.service = (char *)service;
+  size_t n = grpc__health__v1__health_check_request__pack(&req, buf);
+  int rc = ferry_rpc_unary(F.ch, "/grpc.health.v1.Health/Check", buf, n,
+                           5000, 0, &reply, &reply_len, &err);
+  if (rc != 0)
+    return rc;
+  Grpc__Health__V1__HealthCheckResponse *r =
+      grpc__health__v1__health_check_response__unpack(NULL, reply_len, reply);
+  cr_assert_not_null(r);
+  *status = r->status;
+  grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+  ferry_free(reply);
+  return 0;
+}
+
+#define SERVING GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+#define NOT_SERVING                                                           \
+  GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+
+static void drain(void *arg) { ferry_rpc_health_set_serving(F.server, 0); }
+
+Test(rpc, health_check, .timeout = 60) {
+  int st = -1;
+  fx_start(NULL);
+  cr_assert_eq(health("", &st), 0);
+  cr_assert_eq(st, SERVING);
+  cr_assert_eq(health("ferry.v1.Dispatcher", &st), 0);
+  cr_assert_eq(st, SERVING);
+  cr_assert_eq(health("ferry.v1.Nothing", &st), FERRY_EGRPC_NOT_FOUND);
+  run_on_loop(drain, NULL);
+  cr_assert_eq(health("", &st), 0);
+  cr_assert_eq(st, NOT_SERVING);
+  fx_stop();
+}
+
+/* ---- Streaming tests --------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* Reads the header at the front of `msg`; returns the payload offset. */
+static size_t parse_header(const ferry_rpc_msg_t *msg, uint64_t *index,
+                           uint64_t *payload_len) {
+  uint8_t hdr[24];
+  size_t n = ferry_rpc_msg_copy(msg, 0, hdr, sizeof(hdr)), off = 0, k;
+  cr_assert_eq(hdr[off++], 0x08);
+  cr_assert_gt(k = get_varint(hdr + off, n - off, index), 0);
+  off += k;
+  cr_assert_eq(hdr[off++], 0x12);
+  cr_assert_gt(k = get_varint(hdr + off, n - off, payload_len), 0);
+  return off + k;
+}
+
+static bool all_freed_64(void) { return atomic_load(&S.frees) == 128; }
+
+Test(rpc, stream_64_messages_of_4mib_zero_copy, .timeout = 120) {
+  ferry_error_t err = {0};
+  ferry_rpc_stream_t *st;
+  ferry_rpc_msg_t msg;
+  size_t plen = 4 * MIB;
+  uint8_t *got = malloc(plen), *want = malloc(plen);
+  S.total = 64;
+  S.payload_len = plen;
+  S.distinct = true;
+  fx_start(NULL);
+  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
+                                     60000, 0, &st, &err),
+               0, "%s", err.msg);
+  for (int i = 0; i < 64; i++) {
+    uint64_t index, len;
+    int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+    cr_assert_eq(rc, 0, "message %d: %s %s", i, ferry_err_name(rc), err.msg);
+    size_t off = parse_header(&msg, &index, &len);
+    cr_assert_eq(index, (uint64_t)i);
+    cr_assert_eq(len, plen);
+    cr_assert_eq(msg.len, off + plen);
+    cr_assert_gt(msg.nslices, 1, "expected gRPC's ~64 KiB slices");
+    /* Walk the slices without copying, then gather-copy the payload. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    size_t total = 0;
+    for (size_t j = 0; j < msg.nslices; j++) {
+      size_t slen;
+      const uint8_t *p = ferry_rpc_msg_slice(&msg, j, &slen);
+      h = fnv1a(h, p, slen);
+      total += slen;
+    }
+    cr_assert_eq(total, msg.len);
+    cr_assert_eq(ferry_rpc_msg_copy(&msg, off, got, plen), plen);
+    ferry_rpc_msg_release(&msg);
+    fill_payload(want, plen, i);
+    cr_assert(memcmp(got, want, plen) == 0, "message %d differs", i);
+    uint8_t hdr[24];
+    size_t hn = 0;
+    hdr[hn++] = 0x08;
+    hn += put_varint(hdr + hn, (uint64_t)i);
+    hdr[hn++] = 0x12;
+    hn += put_varint(hdr + hn, plen);
+    cr_assert_eq(h, fnv1a(fnv1a(0xcbf29ce484222325ull, hdr, hn), want, plen),
+                 "checksum of message %d", i);
+  }
+  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  cr_assert_eq(rc, FERRY_EOF, "%s %s", ferry_err_name(rc), err.msg);
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
+  cr_assert_eq(ferry_rpc_stream_status(st), 0);
+  ferry_rpc_stream_free(st);
+  cr_assert(wait_for(all_freed_64), "%d of 128 pieces freed",
+            atomic_load(&S.frees));
+  fx_stop();
+  cr_assert_eq(atomic_load(&S.frees), 128, "a piece was freed twice");
+  cr_assert_eq(atomic_load(&S.cancelled), 0);
+  cr_assert_eq(atomic_load(&S.send_failed), 0);
+  free(got);
+  free(want);
+}
+
+static bool server_saw_cancel(void) {
+  return atomic_load(&S.cancelled) == 1 && atomic_load(&S.finished) == 1;
+}
+
+static bool pieces_all_freed(void) {
+  return atomic_load(&S.frees) == 2 * S.sent;
+}
+
+Test(rpc, client_cancel_mid_stream, .timeout = 60) {
+  ferry_error_t err = {0};
+  ferry_rpc_stream_t *st;
+  ferry_rpc_msg_t msg;
+  S.total = -1; /* until the peer goes */
+  S.payload_len = 256 * 1024;
+  S.shared = calloc(1, S.payload_len);
+  fx_start(NULL);
+  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
+                                     0, &st, &err),
+               0);
+  for (int i = 0; i < 5; i++) {
+    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    ferry_rpc_msg_release(&msg);
+  }
+  ferry_rpc_stream_cancel(st);
+  int rc;
+  do /* messages already received may still come first */
+    rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  while (rc == 0 && (ferry_rpc_msg_release(&msg), 1));
+  cr_assert_eq(rc, FERRY_EGRPC_CANCELLED, "%s", ferry_err_name(rc));
+  cr_assert_eq(ferry_rpc_stream_status(st), FERRY_EGRPC_CANCELLED);
+  ferry_rpc_stream_free(st);
+  cr_assert(wait_for(server_saw_cancel), "cancelled %d finished %d",
+            atomic_load(&S.cancelled), atomic_load(&S.finished));
+  cr_assert_eq(atomic_load(&S.send_failed), 1, "on_sent did not fail");
+  fx_stop();
+  cr_assert(pieces_all_freed(), "%d of %d pieces freed",
+            atomic_load(&S.frees), 2 * S.sent);
+  free(S.shared);
+}
+
+Test(rpc, server_shutdown_mid_stream_ends_client_stream, .timeout = 60) {
+  ferry_error_t err = {0};
+  ferry_rpc_stream_t *st;
+  ferry_rpc_msg_t msg;
+  S.total = -1;
+  S.payload_len = 256 * 1024;
+  S.shared = calloc(1, S.payload_len);
+  fx_start(NULL);
+  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
+                                     0, &st, &err),
+               0);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    ferry_rpc_msg_release(&msg);
+  }
+  run_on_loop(do_shutdown, NULL);
+  int rc, n = 0;
+  do {
+    rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+    ferry_rpc_msg_release(&msg);
+  } while (rc == 0 && ++n < 100000);
+  cr_assert(rc != 0 && rc != FERRY_EOF && rc != FERRY_ETIMEDOUT,
+            "stream ended with %s", ferry_err_name(rc));
+  cr_log_info("client saw %s: %s", ferry_err_name(rc), err.msg);
+  ferry_rpc_stream_free(st);
+  cr_assert(wait_for(server_gone), "server shutdown did not finish");
+  cr_assert_eq(atomic_load(&S.cancelled), 1);
+  cr_assert_eq(atomic_load(&S.finished), 1);
+  /* fx_stop's own shutdown request must not run twice: finish by hand. */
+  ferry_rpc_channel_free(F.ch);
+  pthread_join(F.thread, NULL);
+  cr_assert_eq(uv_loop_close(&F.loop), 0);
+  ferry_rpc_shutdown();
+  cr_assert(pieces_all_freed());
+  free(S.shared);
+}
+
+static bool stream_done_freed(void) {
+  return atomic_load(&S.frees) == 2 * S.total;
+}
+
+Test(rpc, stream_throughput, .timeout = 120) {
+  ferry_error_t err = {0};
+  ferry_rpc_stream_t *st;
+  ferry_rpc_msg_t msg;
+  struct timespec t0;
+  int n = 256;
+  size_t plen = 4 * MIB;
+  uint8_t *dst = malloc(plen);
+  S.total = n;
+  S.payload_len = plen;
+  S.shared = malloc(plen);
+  fill_payload(S.shared, plen, 1);
+  /* Set FERRY_TEST_NO_MALLOC_TUNE=1 to compare against glibc's defaults. */
+  if (getenv("FERRY_TEST_NO_MALLOC_TUNE") == NULL)
+    ferry_rpc_tune_malloc();
+  fx_start(NULL);
+  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
+                                     60000, 0, &st, &err),
+               0);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  size_t bytes = 0;
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    bytes += ferry_rpc_msg_copy(&msg, msg.len - plen, dst, plen);
+    ferry_rpc_msg_release(&msg);
+  }
+  double ms = ms_since(&t0);
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
+  cr_assert(memcmp(dst, S.shared, plen) == 0);
+  ferry_rpc_stream_free(st);
+  cr_assert(wait_for(stream_done_freed));
+  fx_stop();
+  printf("rpc stream throughput: %d x 4 MiB in %.0f ms = %.2f GB/s\n", n, ms,
+         (double)bytes / ms / 1e6);
+  fflush(stdout);
+  free(S.shared);
+  free(dst);
+}
