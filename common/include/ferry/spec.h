@@ -60,11 +60,22 @@ typedef struct ferry_spec_s {
 } ferry_spec_t;
 
 /* Sets the defaults (no patterns, raw, keys "image" and "label",
- * repeat 1). */
+ * shuffle off with buffer 10000, repeat 1). Allocates nothing: the
+ * default keys are static strings that ferry_spec_close recognises and
+ * does not free; any other pattern or key must be ferry__malloc'd. */
 void ferry_spec_init(ferry_spec_t *spec);
-/* Frees what the spec owns (patterns, keys); the struct itself is the
- * caller's. Safe on an init'ed or parsed spec. */
+/* Frees what the spec owns (patterns, keys) and re-initialises it; the
+ * struct itself is the caller's. Safe on an init'ed, parsed or already
+ * closed spec. */
 void ferry_spec_close(ferry_spec_t *spec);
+
+/* Deep copy into `dst` (not initialised first: its old contents are not
+ * freed). Returns 0 or FERRY_ENOMEM (then `dst` holds nothing to free). */
+int ferry_spec_copy(ferry_spec_t *dst, const ferry_spec_t *src);
+
+/* Field-by-field equality of what the spec means: shuffle seed and buffer
+ * only count when shuffling, op fields only those of the op's kind. */
+bool ferry_spec_equal(const ferry_spec_t *a, const ferry_spec_t *b);
 
 /* Parses the text form into `spec` (which it initialises first). Errors
  * give FERRY_ESPEC with "column N: expected X, found Y" (1-based column)
@@ -76,17 +87,20 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec, ferry_error_t *err);
  * images larger than its radius when sizes are known). */
 int ferry_spec_validate(const ferry_spec_t *spec, ferry_error_t *err);
 
-/* Canonical text form in a ferry_free()-able string; parse(format(s)) == s. */
+/* Canonical text form in a ferry_free()-able string; parse(format(s)) == s.
+ * FERRY_ESPEC when the spec does not validate, FERRY_ENOMEM. */
 int ferry_spec_format(const ferry_spec_t *spec, char **out);
 
 /* Canonical protobuf serialization (ferry.v1.PipelineSpec) in a
- * ferry_free()-able buffer, and its inverse (which validates). */
+ * ferry_free()-able buffer (FERRY_ESPEC when the spec does not validate),
+ * and its inverse (which validates, and refuses unknown fields). */
 int ferry_spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len);
 int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
                       ferry_error_t *err);
 
 /* 64-bit fingerprint of the canonical serialization; stable across
- * versions for the same spec. */
+ * versions for the same spec. Allocates nothing; 0 for a spec that does
+ * not validate. */
 uint64_t ferry_spec_fingerprint(const ferry_spec_t *spec);
 
 /* Output image shape after decode and ops: returns 0 and sets h, w, c, or

@@ -1,0 +1,4 @@
+
+
+/data/train-*.tfrecord   *image
+label""	ÍÌL?*N0€@
