@@ -1,0 +1,371 @@
+/* JPEG decoding: conformance over ../shared/testdata/jpeg (outcomes as
+ * MANIFEST.md section C, under Ferry's TF-like policy: truncation fails,
+ * other warnings are accepted), and generated images: round trip, corrupt
+ * and truncated data, small buffers, CMYK and grayscale. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+#include "ferry/imgops.h"
+#include "../../common/src/imgops_internal.h"
+
+enum { OK, TRUNC, FAIL };
+
+typedef struct {
+  const char *name;
+  int want, w, h;
+} jcase_t;
+
+/* C1 must decode; C2 decodes with warnings (accepted) or is truncated
+ * (refused, as TF does by default); C3 and C4 must fail. */
+static const jcase_t cases[] = {
+    {"ljt_testorig.jpg", OK, 227, 149},
+    {"ljt_testimgint.jpg", OK, 227, 149},
+    {"ljt_testimgari.jpg", OK, 227, 149},
+    {"ljt_testimgp.jpg", OK, 227, 149},
+    {"ljt_testimggray.jpg", OK, 227, 149},
+    {"tf_jpeg_merge_test1.jpg", OK, 128, 256},
+    {"tf_jpeg_merge_test1_cmyk.jpg", OK, 128, 256},
+    {"jd_jpg-cmyk-1.jpg", OK, 32, 32},
+    {"jd_ycck.jpg", OK, 500, 333},
+    {"jd_jpg-gray.jpg", OK, 32, 32},
+    {"jd_jpg-srgb-icc.jpg", OK, 1, 1},
+    {"jd_grayscale_16x24_sampling2x2.jpg", OK, 16, 24},
+    {"jd_jpg-progressive.jpg", OK, 32, 32},
+    {"jd_non-interleaved-mcu.jpg", OK, 64, 16},
+    {"jd_progressive-missing-ac.jpg", OK, 8, 8},
+    {"jd_restarts.jpg", OK, 33, 33},
+    {"jd_jpg-size-1x1.jpg", OK, 1, 1},
+    {"jd_jpg-size-15x15.jpg", OK, 15, 15},
+    {"jd_jpg-size-33x33.jpg", OK, 33, 33},
+    {"jd_16bit-qtables.jpg", OK, 1, 1},
+    {"jd_multiple-0xff-before-eoi.jpg", OK, 640, 480},
+    {"tf_bad_huffman.jpg", OK, 1024, 768},
+    {"tf_corrupt34_2.jpg", TRUNC, 2544, 3300},
+    {"tf_corrupt34_3.jpg", TRUNC, 2544, 3300},
+    {"tf_corrupt34_4.jpg", TRUNC, 2544, 3300},
+    {"jd_194531363df5b73f59c4c0517422f917.jpg", TRUNC, 193, 31423},
+    {"jd_dc-predictor-overflow.jpg", OK, 144, 144},
+    {"jd_extraneous-data.jpg", OK, 16, 16},
+    {"jd_partial_progressive.jpg", OK, 4, 4},
+    {"jd_progressive-missing-dc.jpg", OK, 8, 8},
+    {"jd_subtract-with-overflow.jpg", OK, 546, 340},
+    {"jd_empty.jpg", FAIL, 0, 0},
+    {"jd_missing-frame-image-1410.jpg", FAIL, 0, 0},
+    {"jd_missing-sof.jpg", FAIL, 0, 0},
+    {"jd_missing-sos.jpg", FAIL, 0, 0},
+    {"jd_f012a4321f00f12af6b1eee7580ffb9c.jpg", FAIL, 0, 0},
+    {"jd_invalid-dimensions.jpg", FAIL, 0, 0},
+    {"jd_null_height.jpg", FAIL, 0, 0},
+    {"jd_28968137f4fc75fbf56f16d7a7a8551a.jpg", FAIL, 0, 0},
+    {"jd_max_size.jpg", FAIL, 0, 0},
+    {"jd_derive-huffman-codes-overflow.jpg", FAIL, 0, 0},
+    {"jd_c52ffdd6a0346c4d09271f8ccbdfd5a3.jpg", FAIL, 0, 0},
+    {"jd_21a84b8472f6d18f5bb5c0026e97cfaa.jpg", FAIL, 0, 0},
+    {"jd_3ea649db8e81a46ca4f92fb3238f78ff.jpg", FAIL, 0, 0},
+    {"tf_corrupt.jpg", FAIL, 0, 0},
+    {"ljt_monkey12.jpg", FAIL, 0, 0},
+    {"ljt_testorig12.jpg", FAIL, 0, 0},
+    {"jd_jpeg_lossless_sel1.jpg", FAIL, 0, 0},
+    {"jd_invalid-prediction-shift.jpg", FAIL, 0, 0},
+};
+
+static uint8_t *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  uint8_t *b;
+  long n;
+  if (f == NULL)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  b = malloc((size_t)n + 1);
+  if (fread(b, 1, (size_t)n, f) != (size_t)n) {
+    fclose(f);
+    free(b);
+    return NULL;
+  }
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static int have_testdata(char *dir, size_t cap) {
+  snprintf(dir, cap, "%s/jpeg", FERRY_TESTDATA_DIR);
+  char probe[600];
+  snprintf(probe, sizeof(probe), "%s/ljt_testorig.jpg", dir);
+  FILE *f = fopen(probe, "rb");
+  if (f == NULL)
+    return 0;
+  fclose(f);
+  return 1;
+}
+
+Test(jpeg, conformance_testdata) {
+  char dir[512];
+  if (!have_testdata(dir, sizeof(dir))) {
+    printf("skip: %s/jpeg is absent\n", FERRY_TESTDATA_DIR);
+    cr_skip_test("%s/jpeg is absent", FERRY_TESTDATA_DIR);
+  }
+  size_t cap = 32u << 20;
+  uint8_t *dst = malloc(cap);
+  ferry_jpeg_t *j;
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char path[700];
+    size_t len;
+    int h = -1, w = -1, rc;
+    ferry_error_t err = {0};
+    snprintf(path, sizeof(path), "%s/%s", dir, cases[i].name);
+    uint8_t *b = slurp(path, &len);
+    cr_assert_not_null(b, "cannot read %s", path);
+    rc = ferry_jpeg_decode(j, b, len, dst, cap, &h, &w, &err);
+    switch (cases[i].want) {
+    case OK:
+      cr_assert_eq(rc, 0, "%s: %s", cases[i].name, err.msg);
+      cr_assert(h == cases[i].h && w == cases[i].w, "%s: %dx%d",
+                cases[i].name, w, h);
+      break;
+    case TRUNC:
+      cr_assert_eq(rc, FERRY_EJPEGTRUNC, "%s: %s", cases[i].name, err.msg);
+      cr_assert(h == cases[i].h && w == cases[i].w);
+      break;
+    default:
+      cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "%s: rc %d",
+                cases[i].name, rc);
+      cr_assert_eq(err.code, rc);
+      cr_assert(strlen(err.msg) > 6, "%s: message", cases[i].name);
+      break;
+    }
+    free(b);
+  }
+  ferry_jpeg_free(j);
+  free(dst);
+}
+
+static uint8_t *decode_file(ferry_jpeg_t *j, const char *dir,
+                            const char *name, int accurate, int *h, int *w) {
+  char path[700];
+  size_t len, cap = 4u << 20;
+  uint8_t *dst = malloc(cap);
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  uint8_t *b = slurp(path, &len);
+  cr_assert_not_null(b);
+  cr_assert_eq(
+      ferry__jpeg_decode_dct(j, b, len, dst, cap, h, w, accurate, NULL), 0);
+  free(b);
+  return dst;
+}
+
+/* MANIFEST: testimgint, testimgari (arithmetic) and testimgp (progressive)
+ * decode to identical pixels; also TF's test: the CMYK version of
+ * jpeg_merge_test1 is within mean error 4 of the RGB one. */
+Test(jpeg, testdata_pixel_relations) {
+  char dir[512];
+  int h, w, h2, w2;
+  if (!have_testdata(dir, sizeof(dir)))
+    cr_skip_test("%s/jpeg is absent", FERRY_TESTDATA_DIR);
+  ferry_jpeg_t *j;
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  for (int acc = 0; acc <= 1; acc++) {
+    uint8_t *a = decode_file(j, dir, "ljt_testimgint.jpg", acc, &h, &w);
+    uint8_t *b = decode_file(j, dir, "ljt_testimgari.jpg", acc, &h2, &w2);
+    uint8_t *c = decode_file(j, dir, "ljt_testimgp.jpg", acc, &h2, &w2);
+    cr_assert(memcmp(a, b, (size_t)h * w * 3) == 0, "int vs ari");
+    cr_assert(memcmp(a, c, (size_t)h * w * 3) == 0, "int vs progressive");
+    free(a);
+    free(b);
+    free(c);
+  }
+  uint8_t *rgb = decode_file(j, dir, "tf_jpeg_merge_test1.jpg", 0, &h, &w);
+  uint8_t *cm = decode_file(j, dir, "tf_jpeg_merge_test1_cmyk.jpg", 0, &h2,
+                            &w2);
+  cr_assert(h == h2 && w == w2);
+  double sum = 0;
+  for (size_t i = 0; i < (size_t)h * w * 3; i++)
+    sum += fabs((double)rgb[i] - cm[i]);
+  cr_assert_lt(sum / ((double)h * w * 3), 4.0);
+  free(rgb);
+  free(cm);
+  /* Grayscale comes out as RGB with equal channels. */
+  uint8_t *g = decode_file(j, dir, "ljt_testimggray.jpg", 0, &h, &w);
+  for (size_t i = 0; i < (size_t)h * w; i++)
+    cr_assert(g[3 * i] == g[3 * i + 1] && g[3 * i] == g[3 * i + 2]);
+  free(g);
+  ferry_jpeg_free(j);
+}
+
+/* A smooth synthetic photo-like image. */
+static void synth(uint8_t *img, int h, int w) {
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t *p = img + ((size_t)y * w + x) * 3;
+      p[0] = (uint8_t)(128 + 100 * sin(x * 0.11) * cos(y * 0.07));
+      p[1] = (uint8_t)(x * 255 / (w - 1));
+      p[2] = (uint8_t)(y * 255 / (h - 1));
+    }
+}
+
+static uint8_t *encode(const uint8_t *img, int h, int w, int pf, int samp,
+                       int q, size_t *len) {
+  tjhandle t = tjInitCompress();
+  unsigned char *out = NULL;
+  unsigned long n = 0;
+  cr_assert_not_null(t);
+  cr_assert_eq(tjCompress2(t, img, w, 0, h, pf, &out, &n, samp, q, 0), 0,
+               "%s", tjGetErrorStr2(t));
+  tjDestroy(t);
+  uint8_t *copy = malloc(n);
+  memcpy(copy, out, n);
+  tjFree(out);
+  *len = n;
+  return copy;
+}
+
+static double psnr(const uint8_t *a, const uint8_t *b, size_t n) {
+  double se = 0;
+  for (size_t i = 0; i < n; i++)
+    se += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+  if (se == 0)
+    return 99.0;
+  return 10 * log10(255.0 * 255.0 / (se / n));
+}
+
+Test(jpeg, round_trip_and_header) {
+  enum { H = 48, W = 64 };
+  static uint8_t img[H * W * 3], out[H * W * 3];
+  static const int samps[] = {TJSAMP_444, TJSAMP_420, TJSAMP_422};
+  ferry_jpeg_t *j;
+  int h, w;
+  synth(img, H, W);
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  for (int s = 0; s < 3; s++) {
+    size_t len;
+    uint8_t *jp = encode(img, H, W, TJPF_RGB, samps[s], 95, &len);
+    cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, NULL), 0);
+    cr_assert(h == H && w == W);
+    cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w,
+                                   NULL), 0);
+    cr_assert(h == H && w == W);
+    double p = psnr(img, out, sizeof(out));
+    cr_assert_gt(p, 30.0, "sampling %d: PSNR %.1f dB", samps[s], p);
+    free(jp);
+  }
+  ferry_jpeg_free(j);
+}
+
+Test(jpeg, gray_and_cmyk_generated) {
+  enum { H = 16, W = 24 };
+  static uint8_t gray[H * W], cmyk[H * W * 4], out[H * W * 3];
+  ferry_jpeg_t *j;
+  size_t len;
+  int h, w;
+  for (int i = 0; i < H * W; i++)
+    gray[i] = 90;
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  uint8_t *jp = encode(gray, H, W, TJPF_GRAY, TJSAMP_GRAY, 95, &len);
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
+               0);
+  for (int i = 0; i < H * W * 3; i++)
+    cr_assert(abs(out[i] - 90) <= 1, "%d", out[i]);
+  free(jp);
+  /* Constant CMYK stored as written (TurboJPEG adds an Adobe marker, so
+   * TF's inverted formula applies: r = k * c / 255). */
+  for (int i = 0; i < H * W; i++) {
+    cmyk[4 * i] = 200;
+    cmyk[4 * i + 1] = 100;
+    cmyk[4 * i + 2] = 50;
+    cmyk[4 * i + 3] = 255;
+  }
+  jp = encode(cmyk, H, W, TJPF_CMYK, TJSAMP_444, 100, &len);
+  /* A buffer too small for 4 channels uses the decoder's scratch. */
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
+               0);
+  for (int i = 0; i < H * W; i++) {
+    cr_assert(abs(out[3 * i] - 200) <= 2, "r %d", out[3 * i]);
+    cr_assert(abs(out[3 * i + 1] - 100) <= 2, "g %d", out[3 * i + 1]);
+    cr_assert(abs(out[3 * i + 2] - 50) <= 2, "b %d", out[3 * i + 2]);
+  }
+  free(jp);
+  ferry_jpeg_free(j);
+}
+
+Test(jpeg, corrupt_truncated_and_small_buffer) {
+  enum { H = 48, W = 64 };
+  static uint8_t img[H * W * 3], out[H * W * 3];
+  ferry_jpeg_t *j;
+  ferry_error_t err;
+  size_t len;
+  int h, w, rc;
+  synth(img, H, W);
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  uint8_t *jp = encode(img, H, W, TJPF_RGB, TJSAMP_420, 90, &len);
+  uint8_t *bad = malloc(len);
+
+  /* Not a JPEG at all, or a PNG. */
+  static const uint8_t png[] = {0x89, 'P', 'N', 'G', 13, 10, 26, 10, 0, 0};
+  cr_assert_eq(ferry_jpeg_decode(j, png, sizeof(png), out, sizeof(out), &h,
+                                 &w, &err), FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "Not a JPEG") != NULL, "%s", err.msg);
+  cr_assert_eq(ferry_jpeg_header(j, png, sizeof(png), &h, &w, &err),
+               FERRY_EJPEG);
+  cr_assert_eq(ferry_jpeg_decode(j, jp, 0, out, sizeof(out), &h, &w, &err),
+               FERRY_EJPEG);
+
+  /* A broken SOI and a destroyed frame header. */
+  memcpy(bad, jp, len);
+  bad[1] = 0x00;
+  cr_assert_eq(ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w,
+                                 &err), FERRY_EJPEG);
+  memcpy(bad, jp, len);
+  for (size_t i = 2; i < 200 && i < len; i++)
+    bad[i] = 0xFF;
+  rc = ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
+  cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "rc %d", rc);
+
+  /* The handle still works after errors. */
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+               0, "%s", err.msg);
+
+  /* Truncated anywhere: an error, never a crash; inside the entropy-coded
+   * data it is EJPEGTRUNC. */
+  for (size_t cut = 1; cut < len; cut += len / 37 + 1) {
+    rc = ferry_jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
+    cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC,
+              "cut %zu of %zu: rc %d", cut, len, rc);
+  }
+  for (int k = 6; k <= 9; k++) {
+    size_t cut = len * k / 10;
+    rc = ferry_jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
+    cr_assert_eq(rc, FERRY_EJPEGTRUNC, "cut %zu: %s", cut, err.msg);
+  }
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len - 2, out, sizeof(out), &h, &w,
+                                 &err), FERRY_EJPEGTRUNC, "%s", err.msg);
+
+  /* Random byte damage: any outcome but a crash (a damaged frame header
+   * can also claim a size the buffer cannot hold). */
+  uint32_t s = 7;
+  for (int t = 0; t < 200; t++) {
+    memcpy(bad, jp, len);
+    for (int q = 0; q < 4; q++) {
+      s = s * 1103515245u + 12345u;
+      bad[(s >> 8) % len] = (uint8_t)(s >> 20);
+    }
+    rc = ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
+    cr_assert(rc == 0 || rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC ||
+                  rc == FERRY_ERANGE,
+              "rc %d", rc);
+  }
+
+  /* Capacity too small: ERANGE, sizes still reported. */
+  h = w = 0;
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out) - 1, &h, &w,
+                                 &err), FERRY_ERANGE);
+  cr_assert(h == H && w == W);
+  free(bad);
+  free(jp);
+  ferry_jpeg_free(j);
+}
