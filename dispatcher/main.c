@@ -1,0 +1,254 @@
+/* ferry-dispatcher: the control-plane daemon. One libuv loop owns the
+ * state machine (state.c); the gRPC layer hands it calls (rpc_handlers.c),
+ * a timer runs timeouts and GC, and SIGTERM/SIGINT shut it down. */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#include "ferry/log.h"
+#include "ferry/options.h"
+#include "ferry/rpc.h"
+#include "journal.h"
+#include "rpc_handlers.h"
+#include "state.h"
+
+#ifndef FERRY_VERSION
+#define FERRY_VERSION "0.0.0"
+#endif
+
+#define TICK_MS 100
+
+typedef struct settings_s {
+  int64_t port;
+  char *host;
+  char *work_dir;
+  char *config;
+  int64_t worker_timeout_ms;
+  int64_t client_timeout_ms;
+  int64_t job_gc_ms;
+  int64_t records_per_split;
+  int64_t heartbeat_ms;
+  int log_level;
+  bool help;
+} settings_t;
+
+#define OPT(name, type, field, def, lo, hi, choices, help)                    \
+  { name, type, offsetof(settings_t, field), def, lo, hi, choices, help }
+
+static const ferry_option_t options[] = {
+    OPT("port", FERRY_OPT_INT, port, "5050", 0, 65535, NULL,
+        "TCP port to listen on (0: any free port)"),
+    OPT("host", FERRY_OPT_STRING, host, "127.0.0.1", 0, 0, NULL,
+        "address to bind"),
+    OPT("work-dir", FERRY_OPT_STRING, work_dir, NULL, 0, 0, NULL,
+        "directory of the journal (required)"),
+    OPT("config", FERRY_OPT_STRING, config, NULL, 0, 0, NULL,
+        "config file of 'name = value' lines; flags override it"),
+    OPT("worker-timeout-ms", FERRY_OPT_INT, worker_timeout_ms, "10000", 1,
+        86400000, NULL, "a worker without heartbeat this long is lost"),
+    OPT("client-timeout-ms", FERRY_OPT_INT, client_timeout_ms, "10000", 1,
+        86400000, NULL, "a client without heartbeat this long is lost"),
+    OPT("job-gc-ms", FERRY_OPT_INT, job_gc_ms, "60000", 0, 86400000, NULL,
+        "drop finished or client-less jobs after this long"),
+    OPT("records-per-split", FERRY_OPT_INT, records_per_split, "1024", 1,
+        1 << 30, NULL, "default split size in records"),
+    OPT("heartbeat-ms", FERRY_OPT_INT, heartbeat_ms, "1000", 10, 600000, NULL,
+        "heartbeat interval told to workers"),
+    OPT("log-level", FERRY_OPT_ENUM, log_level, "info", 0, 0,
+        "error|warn|info|debug", "log verbosity"),
+    OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
+        "print this help"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+typedef struct daemon_s {
+  uv_loop_t loop;
+  uv_timer_t tick;
+  uv_signal_t sigterm, sigint;
+  ferry_rpc_server_t *rpc;
+  ferry_disp_t *state;
+  ferry_journal_t *journal;
+  ferry_disp_service_t svc;
+  bool stopping;
+  int exit_code;
+} daemon_t;
+
+/* Flags, then the config file they name, then the flags again so that
+ * they win over the file. */
+static int parse_settings(settings_t *s, int argc, char **argv,
+                          ferry_error_t *err) {
+  int npos = 0, rc;
+
+  if ((rc = ferry_options_defaults(options, N_OPTIONS, s, err)) != 0 ||
+      (rc = ferry_options_parse_argv(options, N_OPTIONS, s, argc - 1,
+                                     argv + 1, &npos, err)) != 0)
+    return rc;
+  if (npos > 0)
+    return ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
+                         argv[1]);
+  if (s->config != NULL && !s->help) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", s->config);
+    if ((rc = ferry_options_parse_file(options, N_OPTIONS, s, path, err)) ||
+        (rc = ferry_options_parse_argv(options, N_OPTIONS, s, argc - 1,
+                                       argv + 1, &npos, err)))
+      return rc;
+  }
+  if (!s->help && (s->work_dir == NULL || s->work_dir[0] == '\0'))
+    return ferry__seterr(err, FERRY_EOPTION, "--work-dir is required");
+  return 0;
+}
+
+static void close_cb(uv_handle_t *h) {}
+
+static void on_rpc_done(void *arg) {
+  FERRY_LOG(FERRY_LOG_INFO, "dispatcher stopped");
+}
+
+/* Stops accepting calls and lets the loop run dry: the timer and signal
+ * handles close, and the RPC server finishes the calls in flight. */
+static void stop(daemon_t *d, int code) {
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  d->exit_code = code;
+  uv_close((uv_handle_t *)&d->tick, close_cb);
+  uv_close((uv_handle_t *)&d->sigterm, close_cb);
+  uv_close((uv_handle_t *)&d->sigint, close_cb);
+  ferry_rpc_health_set_serving(d->rpc, false);
+  ferry_rpc_server_shutdown(d->rpc, on_rpc_done, d);
+}
+
+static void on_tick(uv_timer_t *t) {
+  daemon_t *d = t->data;
+  if (d->svc.failed) {
+    stop(d, 1);
+    return;
+  }
+  ferry__disp_tick(d->state, ferry__disp_now_ms());
+  ferry__disp_rpc_sync(&d->svc);
+}
+
+/* The journal failed inside a handler: stop from the timer, outside it. */
+static void on_fatal(const ferry_error_t *err, void *arg) {
+  daemon_t *d = arg;
+  FERRY_LOG(FERRY_LOG_ERROR, "stopping: %s", err->msg);
+  if (!d->stopping)
+    uv_timer_start(&d->tick, on_tick, 0, TICK_MS);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  daemon_t *d = h->data;
+  FERRY_LOG(FERRY_LOG_INFO, "%s: shutting down",
+            signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  stop(d, 0);
+}
+
+static int replay_entry(const uint8_t *e, size_t len, void *arg,
+                        ferry_error_t *err) {
+  return ferry__disp_apply(arg, e, len, ferry__disp_now_ms(), err);
+}
+
+/* Creates the state and rebuilds it from the journal. */
+static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
+  ferry_disp_config_t cfg;
+  uint64_t n = 0;
+  int rc;
+
+  ferry__disp_config_init(&cfg);
+  cfg.worker_timeout_ms = s->worker_timeout_ms;
+  cfg.client_timeout_ms = s->client_timeout_ms;
+  cfg.job_gc_ms = s->job_gc_ms;
+  cfg.records_per_split = (uint32_t)s->records_per_split;
+  cfg.heartbeat_ms = (uint32_t)s->heartbeat_ms;
+  if ((rc = ferry__disp_new(&cfg, ferry__disp_now_ms(), &d->state)) != 0)
+    return ferry__seterr(err, rc, "out of memory");
+  if ((rc = ferry__journal_open(s->work_dir, &d->journal, err)) != 0 ||
+      (rc = ferry__journal_replay(d->journal, replay_entry, d->state, &n,
+                                  err)) != 0)
+    return rc;
+  ferry__disp_replayed(d->state, ferry__disp_now_ms());
+  ferry__disp_set_sink(d->state, ferry__journal_sink, d->journal);
+  FERRY_LOG(FERRY_LOG_INFO, "journal %s/journal: %" PRIu64 " entries replayed",
+            s->work_dir, n);
+  return 0;
+}
+
+/* Starts the RPC server, the timer and the signal handlers. */
+static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
+  char addr[300];
+  int port = 0, rc;
+  bool v6 = strchr(s->host, ':') != NULL;
+
+  d->svc.state = d->state;
+  d->svc.journal = d->journal;
+  d->svc.version = FERRY_VERSION;
+  d->svc.fatal = on_fatal;
+  d->svc.fatal_arg = d;
+  if ((rc = ferry_rpc_server_new(&d->loop, NULL, &d->rpc, err)) != 0)
+    return rc;
+  snprintf(addr, sizeof(addr), v6 ? "[%s]:%" PRId64 : "%s:%" PRId64, s->host,
+           s->port);
+  if ((rc = ferry__disp_rpc_register(&d->svc, d->rpc, err)) != 0 ||
+      (rc = ferry_rpc_server_start(d->rpc, addr, &port, err)) != 0)
+    return rc;
+  uv_timer_init(&d->loop, &d->tick);
+  uv_signal_init(&d->loop, &d->sigterm);
+  uv_signal_init(&d->loop, &d->sigint);
+  d->tick.data = d->sigterm.data = d->sigint.data = d;
+  uv_timer_start(&d->tick, on_tick, TICK_MS, TICK_MS);
+  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d->sigint, on_signal, SIGINT);
+  printf(v6 ? "ferry-dispatcher listening on [%s]:%d\n"
+            : "ferry-dispatcher listening on %s:%d\n",
+         s->host, port);
+  fflush(stdout);
+  return 0;
+}
+
+static void on_failed_start(void *arg) {}
+
+int main(int argc, char **argv) {
+  static daemon_t d;
+  settings_t s;
+  ferry_error_t err = {0};
+  int rc;
+
+  signal(SIGPIPE, SIG_IGN);
+  ferry_log_set_callback(ferry_log_to_stderr, NULL);
+  memset(&s, 0, sizeof(s));
+  if ((rc = parse_settings(&s, argc, argv, &err)) != 0) {
+    fprintf(stderr, "ferry-dispatcher: %s\n(--help lists the options)\n",
+            err.msg);
+    ferry_options_free(options, N_OPTIONS, &s);
+    return 2;
+  }
+  if (s.help) {
+    printf("usage: ferry-dispatcher --work-dir DIR [options]\n");
+    ferry_options_help(options, N_OPTIONS, stdout);
+    ferry_options_free(options, N_OPTIONS, &s);
+    return 0;
+  }
+  ferry_log_set_level(s.log_level);
+  ferry_rpc_tune_malloc();
+  ferry_rpc_init();
+  uv_loop_init(&d.loop);
+  if ((rc = open_state(&d, &s, &err)) != 0 ||
+      (rc = start(&d, &s, &err)) != 0) {
+    FERRY_LOG(FERRY_LOG_ERROR, "%s", err.msg);
+    d.exit_code = 1;
+    if (d.rpc != NULL)
+      ferry_rpc_server_shutdown(d.rpc, on_failed_start, NULL);
+  }
+  uv_run(&d.loop, UV_RUN_DEFAULT);
+  ferry__journal_close(d.journal);
+  ferry__disp_free(d.state);
+  uv_loop_close(&d.loop);
+  ferry_rpc_shutdown();
+  ferry_options_free(options, N_OPTIONS, &s);
+  return d.exit_code;
+}

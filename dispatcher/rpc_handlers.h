@@ -1,0 +1,47 @@
+/* The dispatcher's gRPC glue: unpacks each request, runs the state
+ * machine, makes its journal entries durable and answers. Loop thread
+ * only. */
+#ifndef FERRY_DISPATCHER_RPC_HANDLERS_H
+#define FERRY_DISPATCHER_RPC_HANDLERS_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "ferry/error.h"
+#include "ferry/rpc.h"
+#include "journal.h"
+#include "state.h"
+
+typedef struct ferry_disp_service_s ferry_disp_service_t;
+
+/* Called once when the journal cannot be written: the daemon must stop. */
+typedef void (*ferry_disp_fatal_cb)(const ferry_error_t *err, void *arg);
+
+typedef struct ferry_disp_binding_s {
+  ferry_disp_service_t *svc;
+  int method;
+} ferry_disp_binding_t;
+
+struct ferry_disp_service_s {
+  ferry_disp_t *state;
+  ferry_journal_t *journal; /* NULL: no journal (tests) */
+  const char *version;
+  ferry_disp_fatal_cb fatal;
+  void *fatal_arg;
+  bool failed;
+  ferry_disp_binding_t bindings[5];
+};
+
+/* Registers the five Dispatcher methods and the health service on
+ * `server` (before it starts). `svc` must outlive the server. */
+int ferry__disp_rpc_register(ferry_disp_service_t *svc,
+                             ferry_rpc_server_t *server, ferry_error_t *err);
+
+/* Syncs the journal after work done outside an RPC (the timer); calls
+ * the fatal callback on failure. Returns 0 or the journal's error. */
+int ferry__disp_rpc_sync(ferry_disp_service_t *svc);
+
+/* Milliseconds of the monotonic clock the state machine runs on. */
+int64_t ferry__disp_now_ms(void);
+
+#endif /* FERRY_DISPATCHER_RPC_HANDLERS_H */

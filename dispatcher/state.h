@@ -1,0 +1,141 @@
+/* The dispatcher's state machine: datasets and their split lists, jobs
+ * with the split table of their current epoch, clients and workers.
+ *
+ * Single-threaded and I/O-free except for the header-only scan of the data
+ * files at registration. Time is an argument (`now_ms`, any monotonic
+ * clock), so tests drive it with a fake clock.
+ *
+ * Every change goes through one path: a journal entry
+ * (proto/ferry/v1/journal.proto) is built, applied to the state, then
+ * handed to the sink (the journal) in serialized form. Replaying the same
+ * entries with ferry__disp_apply rebuilds the same state; decisions (which
+ * row goes to which worker, when an epoch ends) are only ever taken by the
+ * live calls below, never during replay.
+ *
+ * Requests and responses are the protobuf-c messages of
+ * ferry/v1/dispatcher.proto. Responses are built in a caller-owned arena:
+ * everything they point to lives until ferry__arena_free.
+ */
+#ifndef FERRY_DISPATCHER_STATE_H
+#define FERRY_DISPATCHER_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/error.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+
+/* ---- Arena: response memory freed in one go ---------------------------- */
+
+typedef struct ferry_arena_s {
+  void *head; /* private: singly linked list of blocks */
+} ferry_arena_t;
+
+/* Zeroed memory that lives until ferry__arena_free; NULL when out of
+ * memory. */
+void *ferry__arena_alloc(ferry_arena_t *a, size_t size);
+/* Frees every block; the arena is then empty and reusable. */
+void ferry__arena_free(ferry_arena_t *a);
+
+/* ---- Configuration ------------------------------------------------------ */
+
+typedef struct ferry_disp_config_s {
+  int64_t worker_timeout_ms; /* a worker without heartbeat is lost */
+  int64_t client_timeout_ms; /* a client without heartbeat is lost */
+  int64_t job_gc_ms;         /* finished or client-less jobs are dropped */
+  uint32_t records_per_split; /* default split size */
+  uint32_t heartbeat_ms;      /* told to workers */
+  uint64_t max_record_len;    /* the scan ends a file at a longer header */
+} ferry_disp_config_t;
+
+/* Fills `cfg` with the defaults (10 s, 10 s, 60 s, 1024, 1000 ms,
+ * FERRY_TFR_DEFAULT_MAX_RECORD). */
+void ferry__disp_config_init(ferry_disp_config_t *cfg);
+
+typedef struct ferry_disp_s ferry_disp_t;
+
+/* Receives each applied entry (a serialized ferry.v1.JournalEntry), valid
+ * during the call only. */
+typedef void (*ferry_disp_sink_cb)(const uint8_t *entry, size_t len,
+                                   void *arg);
+
+/* Creates an empty state; `cfg` is copied. Returns 0 or FERRY_ENOMEM. */
+int ferry__disp_new(const ferry_disp_config_t *cfg, int64_t now_ms,
+                    ferry_disp_t **out);
+void ferry__disp_free(ferry_disp_t *d);
+
+/* Installs the journal sink (NULL: none, e.g. while replaying). */
+void ferry__disp_set_sink(ferry_disp_t *d, ferry_disp_sink_cb cb, void *arg);
+
+/* Replays one serialized journal entry. Fails with FERRY_EINVAL when the
+ * entry is malformed or does not fit the state (an unknown job, a row out
+ * of range), FERRY_ESPEC for a bad stored spec, FERRY_ENOMEM. */
+int ferry__disp_apply(ferry_disp_t *d, const uint8_t *entry, size_t len,
+                      int64_t now_ms, ferry_error_t *err);
+
+/* Ends a replay: every live worker and client counts as heartbeated at
+ * `now_ms`, and idle jobs start their GC delay from there. */
+void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms);
+
+/* ---- RPCs ----------------------------------------------------------------
+ * Each returns 0 with the response filled (in `a`), or a negative code
+ * with `err` saying why for the client: FERRY_ESPEC (bad spec),
+ * FERRY_ENOENT (missing file, empty glob, unknown dataset/job/client),
+ * FERRY_EINVAL (bad options), FERRY_ENOMEM. */
+
+/* Scans the spec's files into splits (or finds the dataset already
+ * registered under the same fingerprint). */
+int ferry__disp_register_dataset(ferry_disp_t *d,
+                                 const Ferry__V1__RegisterDatasetRequest *req,
+                                 Ferry__V1__RegisterDatasetResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err);
+
+/* Joins the running job named in the options, or creates one (always for
+ * an anonymous job); the caller becomes a new client of it. */
+int ferry__disp_get_or_create_job(ferry_disp_t *d,
+                                  const Ferry__V1__GetOrCreateJobRequest *req,
+                                  Ferry__V1__GetOrCreateJobResponse *resp,
+                                  ferry_arena_t *a, int64_t now_ms,
+                                  ferry_error_t *err);
+
+/* Records progress, binds up to want_splits more rows, answers with every
+ * row bound to the client. */
+int ferry__disp_client_heartbeat(ferry_disp_t *d,
+                                 const Ferry__V1__ClientHeartbeatRequest *req,
+                                 Ferry__V1__ClientHeartbeatResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err);
+
+/* Registers (worker_id 0 or an id the dispatcher does not know as live),
+ * records task progress and answers with the diff of leases. */
+int ferry__disp_worker_heartbeat(ferry_disp_t *d,
+                                 const Ferry__V1__WorkerHeartbeatRequest *req,
+                                 Ferry__V1__WorkerHeartbeatResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err);
+
+/* Cluster status. `version` is copied into the response. */
+int ferry__disp_status(ferry_disp_t *d, const char *version,
+                       Ferry__V1__GetStatusResponse *resp, ferry_arena_t *a,
+                       int64_t now_ms);
+
+/* Timeouts (lost workers and clients), job GC, epoch transitions and
+ * leasing of rows waiting for a worker. Call periodically. */
+void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms);
+
+/* ---- Helpers shared with tests ------------------------------------------ */
+
+/* The split order of an epoch: out[0..n) becomes a permutation of 0..n-1.
+ * Without shuffle it is the identity; with shuffle a Fisher-Yates shuffle
+ * driven by splitmix64 seeded with seed ^ (epoch * golden ratio), taking
+ * each index modulo i+1 (the bias is below 2^-40 for n < 2^24). */
+void ferry__disp_split_order(bool shuffle, uint64_t seed, uint32_t epoch,
+                             uint32_t *out, uint32_t n);
+
+/* Protobuf-c allocators: the Ferry heap, and an arena (free is a no-op). */
+void ferry__disp_pb_allocator(ProtobufCAllocator *out);
+void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out);
+
+#endif /* FERRY_DISPATCHER_STATE_H */

@@ -1,0 +1,81 @@
+/* Shared helpers of the dispatcher's tests: temporary TFRecord files,
+ * specs, and one-call wrappers around the state machine's RPCs whose
+ * responses live in a per-test arena. */
+#ifndef FERRY_DISPATCHER_TEST_FIXTURE_H
+#define FERRY_DISPATCHER_TEST_FIXTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ferry/tfrecord.h"
+#include "ferry/v1/journal.pb-c.h"
+#include "state.h"
+
+extern ferry_arena_t fx_arena; /* responses; freed by fx_teardown */
+extern char fx_dir[64];        /* this test's temporary directory */
+
+/* Creates the temporary directory; fx_teardown removes it and frees the
+ * arena. */
+void fx_setup(void);
+void fx_teardown(void);
+
+/* Writes `n` records (record i holds 1 + (i * 7) % 50 bytes) to DIR/name
+ * and returns the path (static buffer rotation: copy it if kept). */
+const char *fx_write(const char *name, int n, ferry_compression_t c);
+
+/* A state with the given timeouts (ms), records per split and a sink that
+ * keeps every entry (fx_entries). */
+ferry_disp_t *fx_state(int64_t worker_to, int64_t client_to, int64_t gc,
+                       uint32_t per_split);
+
+/* Every entry the state committed so far, serialized. */
+typedef struct fx_entries_s {
+  uint8_t **e;
+  size_t *len;
+  size_t n;
+} fx_entries_t;
+extern fx_entries_t fx_entries;
+
+/* Registers the spec text; returns the code and fills *resp. */
+int fx_register(ferry_disp_t *d, const char *spec_text, uint32_t per_split,
+                Ferry__V1__RegisterDatasetResponse **resp, int64_t now,
+                ferry_error_t *err);
+
+/* The splits of the last RegisterDataset entry committed (arena). */
+Ferry__V1__JournalRegisterDataset *fx_last_dataset(void);
+
+Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
+                                          const char *name, int mode,
+                                          int64_t epochs, int policy,
+                                          int64_t now);
+
+/* A client heartbeat with `n` progress reports (epoch, split, delivered,
+ * worker) given as a flat array of 4-tuples. */
+Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
+                                              uint64_t client, uint32_t want,
+                                              const uint64_t *prog, size_t n,
+                                              bool leaving, int64_t now);
+
+/* One task as a worker reports it. */
+typedef struct fx_task_s {
+  uint64_t job;
+  uint32_t epoch, split;
+  uint64_t lease, produced, skipped;
+  bool finished;
+  int32_t error_code;
+  const char *error;
+} fx_task_t;
+
+Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,
+                                              const char *addr,
+                                              const fx_task_t *tasks,
+                                              size_t n, bool draining,
+                                              int64_t now);
+
+Ferry__V1__GetStatusResponse *fx_status(ferry_disp_t *d, int64_t now);
+
+/* The status with its volatile fields (times, load, client stats)
+ * zeroed, serialized: equal for equal journaled state. */
+uint8_t *fx_status_bytes(ferry_disp_t *d, int64_t now, size_t *len);
+
+#endif /* FERRY_DISPATCHER_TEST_FIXTURE_H */

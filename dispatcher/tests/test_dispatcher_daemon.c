@@ -1,0 +1,227 @@
+/* Smoke test of the ferry-dispatcher binary: it starts on a free port,
+ * prints its listening line, answers Health/Check, GetStatus and
+ * RegisterDataset over gRPC, keeps its datasets across a restart (the
+ * journal) and exits 0 within a second of SIGTERM. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "ferry/spec.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+#include "fixture.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define WAIT_MS 10000
+
+extern char **environ;
+
+typedef struct daemon_s {
+  pid_t pid;
+  int out; /* read end of its stdout */
+  int port;
+} daemon_t;
+
+static void setup(void) {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGCHLD);
+  /* Before any thread exists, so that sigtimedwait sees the child exit. */
+  pthread_sigmask(SIG_BLOCK, &s, NULL);
+  fx_setup();
+}
+
+TestSuite(daemon, .init = setup, .fini = fx_teardown);
+
+static double ms_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) * 1e3 +
+         (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* Starts the daemon and waits (bounded) for its listening line. */
+static void start(daemon_t *d) {
+  char wd[128], log[128], line[256] = {0};
+  char *argv[] = {FERRY_DISPATCHER_BIN, "--port", "0", "--host", "127.0.0.1",
+                  "--work-dir", wd, "--log-level", "debug", NULL};
+  posix_spawn_file_actions_t fa;
+  int p[2];
+  size_t got = 0;
+  struct timespec t0;
+
+  snprintf(wd, sizeof(wd), "%s/work", fx_dir);
+  snprintf(log, sizeof(log), "%s/stderr.log", fx_dir);
+  cr_assert_eq(pipe(p), 0);
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  cr_assert_eq(posix_spawn(&d->pid, argv[0], &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  d->out = p[0];
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (strchr(line, '\n') == NULL && got < sizeof(line) - 1) {
+    struct pollfd pfd = {d->out, POLLIN, 0};
+    int left = WAIT_MS - (int)ms_since(&t0);
+    ssize_t n;
+    cr_assert_gt(left, 0, "no listening line within %d ms", WAIT_MS);
+    cr_assert_geq(poll(&pfd, 1, left), 0);
+    n = read(d->out, line + got, sizeof(line) - 1 - got);
+    cr_assert_gt(n, 0, "the daemon exited before listening");
+    got += (size_t)n;
+  }
+  cr_assert_eq(sscanf(line, "ferry-dispatcher listening on 127.0.0.1:%d",
+                      &d->port),
+               1, "bad line: %s", line);
+  cr_assert_gt(d->port, 0);
+}
+
+/* SIGTERM, then the exit status within 1 s. */
+static void stop(daemon_t *d) {
+  sigset_t s;
+  struct timespec t0, limit = {1, 0};
+  siginfo_t si;
+  int status = -1;
+
+  sigemptyset(&s);
+  sigaddset(&s, SIGCHLD);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(kill(d->pid, SIGTERM), 0);
+  while (waitpid(d->pid, &status, WNOHANG) == 0) {
+    if (sigtimedwait(&s, &si, &limit) < 0) {
+      kill(d->pid, SIGKILL);
+      waitpid(d->pid, &status, 0);
+      cr_assert_fail("no exit within 1 s of SIGTERM");
+    }
+  }
+  cr_assert_lt(ms_since(&t0), 1000.0);
+  cr_assert(WIFEXITED(status), "killed by signal %d", WTERMSIG(status));
+  cr_assert_eq(WEXITSTATUS(status), 0);
+  close(d->out);
+}
+
+static ferry_rpc_channel_t *channel(const daemon_t *d) {
+  char target[64];
+  ferry_rpc_channel_t *ch;
+  ferry_error_t err = {0};
+  snprintf(target, sizeof(target), "127.0.0.1:%d", d->port);
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
+               err.msg);
+  return ch;
+}
+
+static Ferry__V1__GetStatusResponse *status(ferry_rpc_channel_t *ch) {
+  Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
+  uint8_t buf[16], *reply;
+  size_t n = ferry__v1__get_status_request__pack(&req, buf), len;
+  ferry_error_t err = {0};
+  Ferry__V1__GetStatusResponse *s;
+  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", buf, n,
+                               WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
+                               &err),
+               0, "%s", err.msg);
+  s = ferry__v1__get_status_response__unpack(NULL, len, reply);
+  ferry_free(reply);
+  cr_assert_not_null(s);
+  return s;
+}
+
+/* RegisterDataset of "tfrecord(DIR/pattern)"; returns the code. */
+static int register_ds(ferry_rpc_channel_t *ch, const char *pattern,
+                       char *id, ferry_error_t *err) {
+  Ferry__V1__RegisterDatasetRequest req =
+      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
+  Ferry__V1__RegisterDatasetResponse *resp;
+  ferry_spec_t spec;
+  char text[512];
+  uint8_t *sb, *buf, *reply;
+  size_t sl, n, len;
+  int rc;
+
+  snprintf(text, sizeof(text), "tfrecord(\"%s/%s\") | decode(raw, 1, 1, 1)",
+           fx_dir, pattern);
+  cr_assert_eq(ferry_spec_parse(text, &spec, err), 0);
+  cr_assert_eq(ferry_spec_pack(&spec, &sb, &sl), 0);
+  ferry_spec_close(&spec);
+  req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
+  n = ferry__v1__register_dataset_request__get_packed_size(&req);
+  buf = malloc(n);
+  ferry__v1__register_dataset_request__pack(&req, buf);
+  rc = ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/RegisterDataset", buf, n,
+                       WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len, err);
+  if (rc == 0) {
+    resp = ferry__v1__register_dataset_response__unpack(NULL, len, reply);
+    cr_assert_not_null(resp);
+    cr_assert_eq(resp->num_records, 20);
+    snprintf(id, 17, "%s", resp->dataset_id);
+    ferry__v1__register_dataset_response__free_unpacked(resp, NULL);
+    ferry_free(reply);
+  }
+  ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
+  ferry_free(sb);
+  free(buf);
+  return rc;
+}
+
+Test(daemon, serves_and_stops_on_sigterm) {
+  daemon_t d;
+  ferry_rpc_channel_t *ch;
+  Grpc__Health__V1__HealthCheckRequest hreq =
+      GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  Grpc__Health__V1__HealthCheckResponse *h;
+  Ferry__V1__GetStatusResponse *s;
+  ferry_error_t err = {0};
+  uint8_t buf[64], *reply;
+  size_t n, len;
+  char id[17] = {0};
+
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  start(&d);
+  ch = channel(&d);
+  n = grpc__health__v1__health_check_request__pack(&hreq, buf);
+  cr_assert_eq(ferry_rpc_unary(ch, "/grpc.health.v1.Health/Check", buf, n,
+                               WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
+                               &err),
+               0, "%s", err.msg);
+  h = grpc__health__v1__health_check_response__unpack(NULL, len, reply);
+  cr_assert_not_null(h);
+  cr_assert_eq(h->status,
+               GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  grpc__health__v1__health_check_response__free_unpacked(h, NULL);
+  ferry_free(reply);
+
+  s = status(ch);
+  cr_assert_str_neq(s->version, "");
+  cr_assert_eq(s->datasets, 0);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+
+  cr_assert_eq(register_ds(ch, "missing-*.tfrecord", id, &err),
+               FERRY_EGRPC_NOT_FOUND);
+  cr_assert(strstr(err.msg, "missing-*.tfrecord") != NULL, "%s", err.msg);
+  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+
+  /* The journal brings the dataset back. */
+  start(&d);
+  ch = channel(&d);
+  s = status(ch);
+  cr_assert_eq(s->datasets, 1);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+  ferry_rpc_shutdown();
+}

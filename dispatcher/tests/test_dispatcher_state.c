@@ -1,0 +1,977 @@
+/* Tests of the dispatcher's state machine with a fake clock: dataset
+ * registration (the header scan), assignment and leasing, worker and
+ * client loss, epochs, failure, skip counts, GC and status, and an
+ * exactly-once simulation with workers and clients coming and going. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include <sys/stat.h>
+
+#include "fixture.h"
+
+#define TASK(j, e, s, l)                                                      \
+  { .job = (j), .epoch = (e), .split = (s), .lease = (l) }
+
+#define DIST FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH
+#define PARALLEL FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
+#define FAIL FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL
+#define SKIP FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
+#define RUNNING FERRY__V1__JOB_STATE__JOB_STATE_RUNNING
+#define FINISHED FERRY__V1__JOB_STATE__JOB_STATE_FINISHED
+#define FAILED FERRY__V1__JOB_STATE__JOB_STATE_FAILED
+
+static ferry_alloc_stats_t baseline;
+static ferry_disp_t *D;
+
+static void setup(void) {
+  ferry__alloc_stats(&baseline);
+  fx_setup();
+}
+
+/* Frees the state and checks that everything Ferry allocated came back. */
+static void teardown(void) {
+  ferry_alloc_stats_t now;
+  ferry__disp_free(D);
+  D = NULL;
+  fx_teardown();
+  ferry__alloc_stats(&now);
+  cr_expect_eq(now.blocks, baseline.blocks, "%lld blocks leaked",
+               (long long)(now.blocks - baseline.blocks));
+}
+
+TestSuite(dispatcher, .init = setup, .fini = teardown);
+
+/* Registers "tfrecord(DIR/pattern)" and returns the dataset id. */
+static const char *reg(const char *pattern, const char *extra, uint32_t per,
+                       Ferry__V1__RegisterDatasetResponse **out) {
+  char spec[512];
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  snprintf(spec, sizeof(spec), "tfrecord(\"%s/%s\"%s) | decode(raw, 1, 1, 1)",
+           fx_dir, pattern, extra);
+  cr_assert_eq(fx_register(D, spec, per, &r, 0, &err), 0, "%s", err.msg);
+  if (out != NULL)
+    *out = r;
+  return r->dataset_id;
+}
+
+/* ---- Registration ------------------------------------------------------- */
+
+Test(dispatcher, splits_match_the_index) {
+  ferry_tfr_index_entry_t *idx;
+  size_t n;
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalRegisterDataset *ds;
+  const char *a;
+
+  D = fx_state(1000, 1000, 1000, 1024);
+  a = fx_write("a.tfrecord", 2500, FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry_tfr_index_build(a, &idx, &n, &err), 0, "%s", err.msg);
+  fx_write("b.tfrecord", 10, FERRY_COMPRESSION_NONE);
+  reg("*.tfrecord", "", 0, &r);
+  cr_assert_eq(r->num_files, 2);
+  cr_assert_eq(r->num_splits, 4);
+  cr_assert_eq(r->num_records, 2510);
+  cr_assert_eq(strlen(r->dataset_id), 16);
+  ds = fx_last_dataset();
+  cr_assert_eq(ds->n_splits, 4);
+  for (int s = 0; s < 3; s++) {
+    size_t first = (size_t)s * 1024, last = s < 2 ? first + 1023 : 2499;
+    cr_assert_eq(ds->splits[s]->index, (uint32_t)s);
+    cr_assert_eq(ds->splits[s]->file_index, 0);
+    cr_assert_eq(ds->splits[s]->byte_offset, idx[first].offset);
+    cr_assert_eq(ds->splits[s]->first_record, first);
+    cr_assert_eq(ds->splits[s]->num_records, last - first + 1);
+    cr_assert_eq(ds->splits[s]->byte_end, idx[last].offset + idx[last].size);
+  }
+  cr_assert_eq(ds->splits[3]->file_index, 1);
+  cr_assert_eq(ds->splits[3]->num_records, 10);
+  ferry_free(idx);
+}
+
+Test(dispatcher, compressed_file_is_one_split_of_unknown_count) {
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalRegisterDataset *ds;
+
+  D = fx_state(1000, 1000, 1000, 16);
+  fx_write("g.tfrecord", 100, FERRY_COMPRESSION_GZIP);
+  reg("g.tfrecord", ", compression=gzip", 0, &r);
+  cr_assert_eq(r->num_splits, 1);
+  cr_assert_eq(r->num_records, 0);
+  ds = fx_last_dataset();
+  cr_assert_eq(ds->splits[0]->num_records, 0);
+  cr_assert_eq(ds->splits[0]->byte_offset, 0);
+  cr_assert_eq(ds->splits[0]->byte_end, 0);
+
+  /* AUTO detects a zlib stream, and scans a plain file normally. */
+  fx_write("z.tfrecord", 100, FERRY_COMPRESSION_ZLIB);
+  fx_write("p.tfrecord", 100, FERRY_COMPRESSION_NONE);
+  reg("[pz].tfrecord", ", compression=auto", 0, &r);
+  ds = fx_last_dataset();
+  cr_assert_eq(r->num_splits, 8); /* p: 7 splits of 16 or less, z: 1 */
+  cr_assert_eq(r->num_records, 100);
+  cr_assert_eq(ds->splits[7]->file_index, 1);
+  cr_assert_eq(ds->splits[7]->num_records, 0);
+}
+
+Test(dispatcher, corrupt_header_ends_the_scan_with_a_tail_split) {
+  ferry_tfr_index_entry_t *idx;
+  size_t n;
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalRegisterDataset *ds;
+  const char *p;
+  FILE *f;
+
+  D = fx_state(1000, 1000, 1000, 16);
+  p = fx_write("c.tfrecord", 100, FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry_tfr_index_build(p, &idx, &n, &err), 0, "%s", err.msg);
+  f = fopen(p, "r+b");
+  fseek(f, (long)idx[40].offset + 9, SEEK_SET); /* inside the length CRC */
+  fputc(0x5a ^ fgetc(f), f);
+  fseek(f, (long)idx[40].offset + 9, SEEK_SET);
+  fputc(0xff, f);
+  fclose(f);
+  reg("c.tfrecord", "", 0, &r);
+  ds = fx_last_dataset();
+  cr_assert_eq(r->num_splits, 4, "16 + 16 + 8 records, then the tail");
+  cr_assert_eq(r->num_records, 40);
+  cr_assert_eq(ds->splits[2]->num_records, 8);
+  cr_assert_eq(ds->splits[2]->byte_end, idx[40].offset);
+  cr_assert_eq(ds->splits[3]->byte_offset, idx[40].offset);
+  cr_assert_eq(ds->splits[3]->first_record, 40);
+  cr_assert_eq(ds->splits[3]->num_records, 0);
+  cr_assert_eq(ds->splits[3]->byte_end, 0);
+  ferry_free(idx);
+}
+
+Test(dispatcher, truncated_file_gets_a_tail_split) {
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalRegisterDataset *ds;
+  const char *p;
+  struct stat st;
+
+  D = fx_state(1000, 1000, 1000, 64);
+  p = fx_write("t.tfrecord", 50, FERRY_COMPRESSION_NONE);
+  cr_assert_eq(stat(p, &st), 0);
+  cr_assert_eq(truncate(p, st.st_size - 3), 0);
+  reg("t.tfrecord", "", 0, &r);
+  ds = fx_last_dataset();
+  cr_assert_eq(r->num_splits, 2);
+  cr_assert_eq(ds->splits[0]->num_records, 49);
+  cr_assert_eq(ds->splits[1]->first_record, 49);
+  cr_assert_eq(ds->splits[1]->num_records, 0);
+}
+
+Test(dispatcher, missing_file_is_named) {
+  Ferry__V1__RegisterDatasetResponse *r;
+  ferry_error_t err = {0};
+  char spec[512];
+
+  D = fx_state(1000, 1000, 1000, 64);
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/nope-*.tfrecord\") | decode(raw, 1, 1, 1)", fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), FERRY_ENOENT);
+  cr_assert(strstr(err.msg, "nope-*.tfrecord") != NULL, "%s", err.msg);
+  cr_assert_eq(fx_entries.n, 0, "a failed registration is not journaled");
+
+  fx_write("empty.tfrecord", 0, FERRY_COMPRESSION_NONE);
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/empty.tfrecord\") | decode(raw, 1, 1, 1)", fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "no records") != NULL, "%s", err.msg);
+}
+
+Test(dispatcher, same_spec_same_id) {
+  Ferry__V1__RegisterDatasetResponse *r1, *r2;
+  ferry_error_t err = {0};
+  char spec[512];
+
+  D = fx_state(1000, 1000, 1000, 64);
+  fx_write("a.tfrecord", 100, FERRY_COMPRESSION_NONE);
+  reg("a.tfrecord", "", 0, &r1);
+  snprintf(spec, sizeof(spec),
+           "tfrecord( \"%s/a.tfrecord\" )|decode(raw,1,1,1)", fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r2, 0, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(r1->dataset_id, r2->dataset_id);
+  cr_assert_eq(r2->num_splits, r1->num_splits);
+  cr_assert_eq(fx_entries.n, 1, "registered once");
+  cr_assert_eq(fx_status(D, 0)->datasets, 1);
+}
+
+/* ---- Assignment and leasing -------------------------------------------- */
+
+/* A dataset of `splits` splits of 10 records each. */
+static const char *dataset(int splits) {
+  D = fx_state(1000, 1000, 5000, 10);
+  fx_write("d.tfrecord", splits * 10, FERRY_COMPRESSION_NONE);
+  return reg("d.tfrecord", "", 0, NULL);
+}
+
+static uint32_t worker_tasks(Ferry__V1__GetStatusResponse *s, uint64_t id) {
+  for (size_t i = 0; i < s->n_workers; i++)
+    if (s->workers[i]->worker_id == id)
+      return s->workers[i]->tasks;
+  cr_assert_fail("worker %llu not in status", (unsigned long long)id);
+  return 0;
+}
+
+Test(dispatcher, leases_balance_over_workers) {
+  const char *id = dataset(8);
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__WorkerHeartbeatResponse *w1, *w2;
+  Ferry__V1__GetStatusResponse *s;
+
+  w1 = fx_worker(D, 0, "w1:1", NULL, 0, false, 0);
+  w2 = fx_worker(D, 0, "w2:1", NULL, 0, false, 0);
+  cr_assert_neq(w1->worker_id, w2->worker_id);
+  j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  cr_assert(j->created);
+  cr_assert_eq(j->records_per_epoch, 80);
+  cr_assert_not_null(j->spec);
+  c = fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 10);
+  cr_assert_eq(c->n_assignments, 4);
+  cr_assert_eq(c->epoch, 0);
+  cr_assert_not(c->epoch_exhausted);
+  cr_assert_eq(c->n_workers, 2);
+  for (size_t i = 0; i < 4; i++) {
+    cr_assert_eq(c->assignments[i]->lease, 1);
+    cr_assert_eq(c->assignments[i]->num_records, 10);
+    cr_assert_neq(c->assignments[i]->worker_id, 0);
+    cr_assert_str_neq(c->assignments[i]->worker_address, "");
+  }
+  s = fx_status(D, 10);
+  cr_assert_eq(worker_tasks(s, w1->worker_id), 2);
+  cr_assert_eq(worker_tasks(s, w2->worker_id), 2);
+
+  w1 = fx_worker(D, w1->worker_id, "w1:1", NULL, 0, false, 20);
+  cr_assert_eq(w1->n_new_tasks, 2);
+  cr_assert_eq(w1->heartbeat_ms, 1000);
+  for (size_t i = 0; i < 2; i++) {
+    Ferry__V1__Task *t = w1->new_tasks[i];
+    cr_assert_eq(t->job_id, j->job_id);
+    cr_assert_eq(t->client_id, j->client_id);
+    cr_assert_eq(t->start, 0);
+    cr_assert_eq(t->lease, 1);
+    cr_assert_eq(t->split->num_records, 10);
+    cr_assert_eq(t->split->first_record, t->split->index * 10);
+    cr_assert(strstr(t->file, "d.tfrecord") != NULL);
+    cr_assert_gt(t->spec.len, 0);
+  }
+  /* Listed tasks are not sent again. */
+  {
+    fx_task_t t[2] = {TASK(j->job_id, 0, w1->new_tasks[0]->split->index, 1),
+                      TASK(j->job_id, 0, w1->new_tasks[1]->split->index, 1)};
+    w1 = fx_worker(D, w1->worker_id, "w1:1", t, 2, false, 30);
+    cr_assert_eq(w1->n_new_tasks, 0);
+    cr_assert_eq(w1->n_cancelled, 0);
+  }
+}
+
+Test(dispatcher, rows_wait_for_a_worker) {
+  const char *id = dataset(4);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__WorkerHeartbeatResponse *w;
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  cr_assert_eq(c->assignments[0]->worker_id, 0);
+  cr_assert_eq(c->assignments[0]->lease, 0);
+  w = fx_worker(D, 0, "w:1", NULL, 0, false, 10);
+  cr_assert_eq(w->n_new_tasks, 2, "bound rows are leased at registration");
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, 2);
+  cr_assert_eq(c->assignments[0]->worker_id, w->worker_id);
+  cr_assert_eq(c->assignments[0]->lease, 1);
+}
+
+Test(dispatcher, draining_worker_gets_no_new_leases) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatResponse *w1 = fx_worker(D, 0, "a", NULL, 0,
+                                                     true, 0);
+  Ferry__V1__WorkerHeartbeatResponse *w2 = fx_worker(D, 0, "b", NULL, 0,
+                                                     false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 0);
+  for (size_t i = 0; i < c->n_assignments; i++)
+    cr_assert_eq(c->assignments[i]->worker_id, w2->worker_id);
+  cr_assert_str_eq(fx_status(D, 0)->workers[0]->state, "draining");
+  (void)w1;
+}
+
+Test(dispatcher, lost_worker_rows_are_released_from_delivered) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint32_t split_a = 0;
+  uint64_t prog[4];
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  for (size_t i = 0; i < 2; i++)
+    if (c->assignments[i]->worker_id == a->worker_id)
+      split_a = c->assignments[i]->split;
+  prog[0] = 0, prog[1] = split_a, prog[2] = 7, prog[3] = 0;
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 500);
+  b = fx_worker(D, b->worker_id, "b", NULL, 0, false, 900);
+  cr_assert_eq(b->n_new_tasks, 1);
+  {
+    fx_task_t t = TASK(j->job_id, 0, b->new_tasks[0]->split->index, 1);
+    fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1100);
+    b = fx_worker(D, b->worker_id, "b", &t, 1, false, 1200);
+    ferry__disp_tick(D, 1200); /* a: no heartbeat since 0 */
+    b = fx_worker(D, b->worker_id, "b", &t, 1, false, 1300);
+  }
+  cr_assert_eq(b->n_new_tasks, 1);
+  cr_assert_eq(b->new_tasks[0]->split->index, split_a);
+  cr_assert_eq(b->new_tasks[0]->start, 7, "resumes at delivered");
+  cr_assert_eq(b->new_tasks[0]->lease, 2);
+  cr_assert_eq(b->new_tasks[0]->client_id, j->client_id);
+  cr_assert_str_eq(fx_status(D, 1300)->workers[0]->state, "lost");
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1300);
+  cr_assert_eq(c->n_assignments, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_assert_eq(c->assignments[i]->worker_id, b->worker_id);
+  /* The lost worker comes back: a new identity, its old task cancelled. */
+  {
+    fx_task_t t = TASK(j->job_id, 0, split_a, 1);
+    a = fx_worker(D, a->worker_id, "a", &t, 1, false, 1400);
+    cr_assert_neq(a->worker_id, 1);
+    cr_assert_eq(a->n_cancelled, 1);
+    cr_assert_eq(a->cancelled[0]->lease, 1);
+  }
+}
+
+Test(dispatcher, lost_client_rows_return_to_the_pool) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j1 = fx_job(D, id, "shared", DIST, 1,
+                                                 FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *j2;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t prog[4] = {0, 0, 5, 0};
+  fx_task_t t[2] = {TASK(j1->job_id, 0, 0, 1), TASK(j1->job_id, 0, 1, 1)};
+
+  c = fx_client(D, j1->job_id, j1->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  prog[1] = c->assignments[0]->split;
+  fx_client(D, j1->job_id, j1->client_id, 0, prog, 1, false, 100);
+  j2 = fx_job(D, id, "shared", DIST, 1, FAIL, 200);
+  cr_assert_not(j2->created);
+  cr_assert_eq(j2->job_id, j1->job_id);
+  cr_assert_neq(j2->client_id, j1->client_id);
+  c = fx_client(D, j2->job_id, j2->client_id, 2, NULL, 0, false, 300);
+  cr_assert_eq(c->n_assignments, 0, "both rows held by client 1");
+  cr_assert(c->epoch_exhausted);
+  w = fx_worker(D, w->worker_id, "w", t, 2, false, 1000);
+  fx_client(D, j2->job_id, j2->client_id, 0, NULL, 0, false, 1000);
+  ferry__disp_tick(D, 1100); /* client 1: last heartbeat at 100 */
+  w = fx_worker(D, w->worker_id, "w", t, 2, false, 1150);
+  cr_assert_eq(w->n_cancelled, 2, "their stream's client is gone");
+  c = fx_client(D, j2->job_id, j2->client_id, 2, NULL, 0, false, 1200);
+  cr_assert_eq(c->n_assignments, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_assert_eq(c->assignments[i]->lease, 2);
+  w = fx_worker(D, w->worker_id, "w", NULL, 0, false, 1250);
+  cr_assert_eq(w->n_new_tasks, 2);
+  for (size_t i = 0; i < 2; i++) {
+    Ferry__V1__Task *task = w->new_tasks[i];
+    cr_assert_eq(task->client_id, j2->client_id);
+    cr_assert_eq(task->start, task->split->index == prog[1] ? 5 : 0);
+  }
+}
+
+Test(dispatcher, leaving_client_releases_at_once) {
+  const char *id = dataset(2);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "x", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *j2;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__GetStatusResponse *s;
+
+  fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  j2 = fx_job(D, id, "x", DIST, 1, FAIL, 0);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, true, 10);
+  cr_assert_eq(c->n_assignments, 0);
+  s = fx_status(D, 10);
+  cr_assert_eq(s->jobs[0]->n_clients, 1);
+  cr_assert_eq(s->jobs[0]->clients[0]->client_id, j2->client_id);
+  c = fx_client(D, j2->job_id, j2->client_id, 5, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, 2);
+}
+
+Test(dispatcher, anonymous_jobs_are_private) {
+  const char *id = dataset(2);
+  Ferry__V1__GetOrCreateJobResponse *a = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *b = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobRequest req =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__GetOrCreateJobResponse resp =
+      FERRY__V1__GET_OR_CREATE_JOB_RESPONSE__INIT;
+  Ferry__V1__JobOptions o = FERRY__V1__JOB_OPTIONS__INIT;
+  ferry_error_t err = {0};
+
+  cr_assert_neq(a->job_id, b->job_id);
+  cr_assert(a->created && b->created);
+  req.dataset_id = "0123456789abcdef";
+  req.options = &o;
+  cr_assert_eq(ferry__disp_get_or_create_job(D, &req, &resp, &fx_arena, 0,
+                                             &err),
+               FERRY_ENOENT);
+  cr_assert(strstr(err.msg, "0123456789abcdef") != NULL);
+  req.dataset_id = (char *)id;
+  o.num_epochs = -2;
+  cr_assert_eq(ferry__disp_get_or_create_job(D, &req, &resp, &fx_arena, 0,
+                                             &err),
+               FERRY_EINVAL);
+}
+
+/* ---- Epochs, modes, failure --------------------------------------------- */
+
+/* Completes every row the client holds: the worker lists them and the
+ * client reports them fully delivered. Returns the rows completed. */
+static size_t complete_all(uint64_t job, uint64_t client, uint64_t wid,
+                           const char *waddr, int64_t now) {
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, job, client, 1000, NULL, 0, false, now);
+  size_t n = c->n_assignments;
+  uint64_t *prog = calloc(4 * n + 1, sizeof(uint64_t));
+  for (size_t i = 0; i < n; i++) {
+    prog[4 * i] = c->assignments[i]->epoch;
+    prog[4 * i + 1] = c->assignments[i]->split;
+    prog[4 * i + 2] = c->assignments[i]->num_records;
+    prog[4 * i + 3] = c->assignments[i]->worker_id;
+  }
+  fx_worker(D, wid, waddr, NULL, 0, false, now);
+  fx_client(D, job, client, 0, prog, n, false, now);
+  free(prog);
+  return n;
+}
+
+Test(dispatcher, epochs_advance_then_finish) {
+  const char *id = dataset(3);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 2, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__GetStatusResponse *s;
+
+  cr_assert_eq(j->num_epochs, 2);
+  cr_assert_eq(complete_all(j->job_id, j->client_id, w->worker_id, "w", 10),
+               3);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 20);
+  cr_assert_eq(c->epochs_done, 1);
+  cr_assert_eq(c->epoch, 1);
+  cr_assert_eq(c->state, RUNNING);
+  s = fx_status(D, 20);
+  cr_assert_eq(s->jobs[0]->delivered_all, 30);
+  cr_assert_eq(s->jobs[0]->delivered, 0);
+  cr_assert_eq(s->jobs[0]->total, 30);
+  cr_assert_eq(complete_all(j->job_id, j->client_id, w->worker_id, "w", 30),
+               3);
+  c = fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 40);
+  cr_assert_eq(c->state, FINISHED);
+  cr_assert_eq(c->epochs_done, 2);
+  cr_assert(c->epoch_exhausted);
+  cr_assert_eq(c->n_assignments, 0);
+  cr_assert_eq(fx_status(D, 40)->jobs[0]->delivered_all, 60);
+}
+
+Test(dispatcher, infinite_epochs_keep_going) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, -1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c = NULL;
+
+  cr_assert_eq(j->num_epochs, -1);
+  for (int e = 0; e < 5; e++) {
+    cr_assert_eq(complete_all(j->job_id, j->client_id, w->worker_id, "w",
+                              10 * e),
+                 2);
+    c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 10 * e + 5);
+    cr_assert_eq(c->epochs_done, (uint32_t)e + 1);
+  }
+  cr_assert_eq(c->state, RUNNING);
+  cr_assert_eq(c->epoch, 5);
+}
+
+Test(dispatcher, spec_repeat_sets_the_epochs) {
+  Ferry__V1__GetOrCreateJobResponse *j;
+  char spec[512];
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+
+  D = fx_state(1000, 1000, 1000, 10);
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/d.tfrecord\") | decode(raw, 1, 1, 1) | repeat(3)",
+           fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), 0, "%s", err.msg);
+  j = fx_job(D, r->dataset_id, "", DIST, 0, FAIL, 0);
+  cr_assert_eq(j->num_epochs, 3);
+}
+
+Test(dispatcher, shuffled_split_order) {
+  uint32_t a[100], b[100], c[100];
+  bool seen[100] = {false};
+  ferry__disp_split_order(true, 7, 0, a, 100);
+  ferry__disp_split_order(true, 7, 0, b, 100);
+  ferry__disp_split_order(true, 7, 1, c, 100);
+  cr_assert_arr_eq(a, b, sizeof(a), "deterministic");
+  cr_assert(memcmp(a, c, sizeof(a)) != 0, "differs across epochs");
+  for (int i = 0; i < 100; i++) {
+    cr_assert_lt(a[i], 100);
+    cr_assert_not(seen[a[i]]);
+    seen[a[i]] = true;
+  }
+  ferry__disp_split_order(false, 7, 3, c, 100);
+  for (uint32_t i = 0; i < 100; i++)
+    cr_assert_eq(c[i], i);
+}
+
+Test(dispatcher, shuffled_job_hands_out_the_permutation) {
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__RegisterDatasetResponse *r;
+  ferry_error_t err = {0};
+  uint32_t perm[10];
+  char spec[512];
+
+  D = fx_state(1000, 1000, 1000, 10);
+  fx_write("d.tfrecord", 100, FERRY_COMPRESSION_NONE);
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/d.tfrecord\") | decode(raw, 1, 1, 1) | "
+           "shuffle(seed=42)",
+           fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), 0, "%s", err.msg);
+  j = fx_job(D, r->dataset_id, "", DIST, 1, FAIL, 0);
+  c = fx_client(D, j->job_id, j->client_id, 3, NULL, 0, false, 0);
+  ferry__disp_split_order(true, 42, 0, perm, 10);
+  cr_assert_eq(c->n_assignments, 3);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(c->assignments[i]->split, perm[i]);
+}
+
+Test(dispatcher, parallel_epochs_rows_per_worker) {
+  const char *id = dataset(3);
+  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", PARALLEL, 1, FAIL,
+                                                0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t prog[3 * 4];
+  int on_a = 0, n = 0;
+
+  c = fx_client(D, j->job_id, j->client_id, 100, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 6, "3 splits x 2 workers");
+  for (size_t i = 0; i < 6; i++)
+    on_a += c->assignments[i]->worker_id == a->worker_id;
+  cr_assert_eq(on_a, 3);
+  cr_assert_eq(fx_status(D, 0)->jobs[0]->total, 60);
+  /* Worker a's rows are delivered; b is lost: its rows are dropped. */
+  for (size_t i = 0; i < 6; i++) {
+    if (c->assignments[i]->worker_id != a->worker_id)
+      continue;
+    prog[4 * n] = 0;
+    prog[4 * n + 1] = c->assignments[i]->split;
+    prog[4 * n + 2] = 10;
+    prog[4 * n + 3] = a->worker_id;
+    n++;
+  }
+  a = fx_worker(D, a->worker_id, "a", NULL, 0, false, 900);
+  cr_assert_eq(a->n_new_tasks, 3);
+  fx_client(D, j->job_id, j->client_id, 0, prog, 3, false, 900);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 950);
+  cr_assert_eq(c->n_assignments, 3, "b's rows remain");
+  ferry__disp_tick(D, 1000);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1000);
+  cr_assert_eq(c->state, FINISHED, "a lost worker cannot hang the job");
+  (void)b;
+}
+
+Test(dispatcher, parallel_epoch_waits_for_a_worker) {
+  const char *id = dataset(2);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", PARALLEL, 1, FAIL,
+                                                0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 10, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 0);
+  cr_assert_not(c->epoch_exhausted);
+  fx_worker(D, 0, "a", NULL, 0, false, 10);
+  c = fx_client(D, j->job_id, j->client_id, 10, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, 2);
+}
+
+Test(dispatcher, worker_error_fails_the_job) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  fx_task_t t[2] = {TASK(j->job_id, 0, 0, 1), TASK(j->job_id, 0, 1, 1)};
+
+  fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  t[1].error_code = FERRY_EDATACRC;
+  t[1].error = "d.tfrecord: record 12 at byte offset 400: data CRC mismatch";
+  w = fx_worker(D, w->worker_id, "w", t, 2, false, 10);
+  cr_assert_eq(w->n_cancelled, 2, "the failed job's tasks are cancelled");
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 20);
+  cr_assert_eq(c->state, FAILED);
+  cr_assert_eq(c->error_code, FERRY_EDATACRC);
+  cr_assert_str_eq(c->error, t[1].error);
+  cr_assert_eq(c->n_assignments, 0);
+  cr_assert_str_eq(fx_status(D, 20)->jobs[0]->error, t[1].error);
+}
+
+Test(dispatcher, skipped_counts_per_job_and_file) {
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__WorkerHeartbeatResponse *w;
+  Ferry__V1__GetStatusResponse *s;
+  Ferry__V1__JobStatus *js;
+  const char *id;
+  fx_task_t t[2];
+
+  D = fx_state(1000, 1000, 1000, 10);
+  fx_write("a.tfrecord", 10, FERRY_COMPRESSION_NONE);
+  fx_write("b.tfrecord", 10, FERRY_COMPRESSION_NONE);
+  id = reg("*.tfrecord", "", 0, NULL);
+  w = fx_worker(D, 0, "w", NULL, 0, false, 0);
+  j = fx_job(D, id, "", DIST, 1, SKIP, 0);
+  fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  t[0] = (fx_task_t){j->job_id, 0, 0, 1, 5, 3, false, 0, NULL};
+  t[1] = (fx_task_t){j->job_id, 0, 1, 1, 5, 1, false, 0, NULL};
+  fx_worker(D, w->worker_id, "w", t, 2, false, 10);
+  t[0].skipped = 4; /* cumulative: one more */
+  fx_worker(D, w->worker_id, "w", t, 2, false, 20);
+  fx_worker(D, w->worker_id, "w", t, 2, false, 30); /* repeated: no change */
+  s = fx_status(D, 30);
+  js = s->jobs[0];
+  cr_assert_eq(js->skipped, 5);
+  cr_assert_eq(js->n_skipped_by_file, 2);
+  cr_assert(strstr(js->skipped_by_file[0]->file, "a.tfrecord") != NULL);
+  cr_assert_eq(js->skipped_by_file[0]->skipped, 4);
+  cr_assert_eq(js->skipped_by_file[1]->skipped, 1);
+  /* A stale lease's counts are ignored. */
+  t[0].lease = 9;
+  t[0].skipped = 100;
+  fx_worker(D, w->worker_id, "w", t, 2, false, 40);
+  cr_assert_eq(fx_status(D, 40)->jobs[0]->skipped, 5);
+}
+
+Test(dispatcher, unknown_count_known_when_finished) {
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__WorkerHeartbeatResponse *w;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  const char *id;
+  uint64_t prog[4] = {0, 0, 100, 0};
+  fx_task_t t = {0};
+
+  D = fx_state(1000, 1000, 1000, 10);
+  fx_write("g.tfrecord", 100, FERRY_COMPRESSION_GZIP);
+  id = reg("g.tfrecord", ", compression=gzip", 0, NULL);
+  w = fx_worker(D, 0, "w", NULL, 0, false, 0);
+  j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  c = fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 0);
+  cr_assert_eq(c->assignments[0]->num_records, 0);
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 10);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 10);
+  cr_assert_eq(c->n_assignments, 1, "not done while the total is unknown");
+  t = (fx_task_t){j->job_id, 0, 0, 1, 100, 0, true, 0, NULL};
+  fx_worker(D, w->worker_id, "w", &t, 1, false, 20);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 30);
+  cr_assert_eq(c->state, FINISHED);
+  cr_assert_eq(fx_status(D, 30)->jobs[0]->delivered_all, 100);
+}
+
+/* ---- GC and status ------------------------------------------------------ */
+
+Test(dispatcher, finished_and_abandoned_jobs_are_collected) {
+  const char *id = dataset(1); /* job GC after 5000 ms */
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *done = fx_job(D, id, "", DIST, 1, FAIL,
+                                                   0);
+  Ferry__V1__GetOrCreateJobResponse *left = fx_job(D, id, "", DIST, 1, FAIL,
+                                                   0);
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse resp =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  ferry_error_t err = {0};
+
+  complete_all(done->job_id, done->client_id, w->worker_id, "w", 100);
+  fx_client(D, left->job_id, left->client_id, 0, NULL, 0, true, 100);
+  ferry__disp_tick(D, 4000);
+  cr_assert_eq(fx_status(D, 4000)->n_jobs, 2);
+  ferry__disp_tick(D, 5100);
+  cr_assert_eq(fx_status(D, 5100)->n_jobs, 0);
+  req.job_id = done->job_id;
+  req.client_id = done->client_id;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 5200,
+                                            &err),
+               FERRY_ENOENT);
+  cr_assert(strstr(err.msg, "not found") != NULL);
+}
+
+Test(dispatcher, status_contents) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "host:7070", NULL,
+                                                    0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "train", DIST, 3,
+                                                FAIL, 0);
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse resp =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__ClientStats st = FERRY__V1__CLIENT_STATS__INIT;
+  Ferry__V1__GetStatusResponse *s;
+  ferry_error_t err = {0};
+  uint64_t prog[4] = {0, 0, 4, 0};
+
+  req.job_id = j->job_id;
+  req.client_id = j->client_id;
+  req.want_splits = 2;
+  req.stats = &st;
+  st.stall_fraction = 0.25;
+  st.batches = 17;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 100,
+                                            &err),
+               0, "%s", err.msg);
+  prog[1] = resp.assignments[0]->split;
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 200);
+  s = fx_status(D, 700);
+  cr_assert_str_eq(s->version, "test");
+  cr_assert_eq(s->uptime_ms, 700);
+  cr_assert_eq(s->datasets, 1);
+  cr_assert_eq(s->n_workers, 1);
+  cr_assert_eq(s->workers[0]->worker_id, w->worker_id);
+  cr_assert_str_eq(s->workers[0]->address, "host:7070");
+  cr_assert_str_eq(s->workers[0]->state, "alive");
+  cr_assert_eq(s->workers[0]->tasks, 2);
+  cr_assert_eq(s->workers[0]->threads, 4);
+  cr_assert_eq(s->workers[0]->last_heartbeat_ms_ago, 700);
+  cr_assert_eq(s->n_jobs, 1);
+  cr_assert_str_eq(s->jobs[0]->name, "train");
+  cr_assert_str_eq(s->jobs[0]->dataset_id, id);
+  cr_assert_eq(s->jobs[0]->num_epochs, 3);
+  cr_assert_eq(s->jobs[0]->delivered, 4);
+  cr_assert_eq(s->jobs[0]->total, 40);
+  cr_assert_eq(s->jobs[0]->n_clients, 1);
+  cr_assert_eq(s->jobs[0]->clients[0]->splits_in_flight, 2);
+  cr_assert_eq(s->jobs[0]->clients[0]->last_heartbeat_ms_ago, 500);
+  cr_assert_eq(s->jobs[0]->clients[0]->stats->batches, 17);
+  cr_assert_float_eq(s->jobs[0]->clients[0]->stats->stall_fraction, 0.25,
+                     1e-9);
+}
+
+/* ---- Exactly-once simulation ------------------------------------------- */
+
+#define SIM_WORKERS 4
+#define SIM_CLIENTS 3
+#define SIM_SPLITS 64
+#define SIM_EPOCHS 2
+#define SIM_MAX_RECORDS 64
+
+typedef struct sim_task_s {
+  uint32_t epoch, split;
+  uint64_t lease, start, count;
+} sim_task_t;
+
+typedef struct sim_worker_s {
+  uint64_t id;
+  char addr[16];
+  bool alive;
+  sim_task_t tasks[256];
+  size_t n;
+} sim_worker_t;
+
+typedef struct sim_slot_s {
+  uint32_t epoch, split;
+  int64_t pos; /* next position to deliver; -1: not started */
+} sim_slot_t;
+
+typedef struct sim_client_s {
+  uint64_t job, id;
+  bool alive;
+  sim_slot_t slots[SIM_SPLITS];
+  size_t n;
+} sim_client_t;
+
+static sim_worker_t SW[SIM_WORKERS];
+static sim_client_t SC[SIM_CLIENTS];
+/* Times each (epoch, split, position) reached a trainer. */
+static uint8_t seen[SIM_EPOCHS][SIM_SPLITS][SIM_MAX_RECORDS];
+static uint64_t true_count[SIM_SPLITS];
+static int releases_mid_split; /* re-leases that resumed past position 0 */
+static int tasks_on_late_worker;
+
+static void sim_worker_hb(sim_worker_t *w, uint64_t job, int64_t now) {
+  fx_task_t t[256];
+  Ferry__V1__WorkerHeartbeatResponse *r;
+  for (size_t i = 0; i < w->n; i++) {
+    sim_task_t *s = &w->tasks[i];
+    /* Workers produce instantly: every task is finished. */
+    t[i] = (fx_task_t){job, s->epoch, s->split, s->lease, s->count, 0, true,
+                       0, NULL};
+  }
+  r = fx_worker(D, w->id, w->addr, t, w->n, false, now);
+  w->id = r->worker_id;
+  for (size_t c = 0; c < r->n_cancelled; c++)
+    for (size_t i = 0; i < w->n; i++)
+      if (w->tasks[i].split == r->cancelled[c]->split &&
+          w->tasks[i].epoch == r->cancelled[c]->epoch &&
+          w->tasks[i].lease == r->cancelled[c]->lease) {
+        w->tasks[i] = w->tasks[--w->n];
+        break;
+      }
+  for (size_t i = 0; i < r->n_new_tasks; i++) {
+    Ferry__V1__Task *nt = r->new_tasks[i];
+    cr_assert_lt(w->n, 256);
+    releases_mid_split += nt->lease > 1 && nt->start > 0;
+    tasks_on_late_worker += w == &SW[3];
+    w->tasks[w->n++] = (sim_task_t){nt->epoch, nt->split->index, nt->lease,
+                                    nt->start, true_count[nt->split->index]};
+  }
+}
+
+static sim_task_t *sim_find_task(uint64_t worker, uint32_t epoch,
+                                 uint32_t split, uint64_t lease) {
+  for (int w = 0; w < SIM_WORKERS; w++) {
+    if (SW[w].id != worker || !SW[w].alive)
+      continue;
+    for (size_t i = 0; i < SW[w].n; i++)
+      if (SW[w].tasks[i].epoch == epoch && SW[w].tasks[i].split == split &&
+          SW[w].tasks[i].lease == lease)
+        return &SW[w].tasks[i];
+  }
+  return NULL;
+}
+
+/* One client step: heartbeat, then (if `deliver`) hand up to 3 records
+ * per split to the trainer from the worker streams it can reach; they are
+ * reported on the next step. */
+static bool sim_client_step(sim_client_t *c, int64_t now, bool deliver) {
+  uint64_t prog[4 * SIM_SPLITS];
+  size_t np = 0;
+  Ferry__V1__ClientHeartbeatResponse *r;
+  sim_slot_t keep[SIM_SPLITS];
+  size_t nk = 0;
+
+  for (size_t i = 0; i < c->n; i++)
+    if (c->slots[i].pos > 0) {
+      prog[4 * np] = c->slots[i].epoch;
+      prog[4 * np + 1] = c->slots[i].split;
+      prog[4 * np + 2] = (uint64_t)c->slots[i].pos;
+      prog[4 * np + 3] = 0;
+      np++;
+    }
+  r = fx_client(D, c->job, c->id, 1, prog, np, false, now);
+  if (r->state != RUNNING)
+    return false;
+  /* Slots follow the assignments: new ones start unknown, dropped ones
+   * (done, or lost to the pool) go away. */
+  for (size_t i = 0; i < r->n_assignments; i++) {
+    Ferry__V1__Assignment *as = r->assignments[i];
+    sim_slot_t s = {as->epoch, as->split, -1};
+    sim_task_t *t;
+    for (size_t k = 0; k < c->n; k++)
+      if (c->slots[k].epoch == as->epoch && c->slots[k].split == as->split)
+        s = c->slots[k];
+    t = sim_find_task(as->worker_id, as->epoch, as->split, as->lease);
+    if (t != NULL && deliver) {
+      if (s.pos < 0)
+        s.pos = (int64_t)t->start;
+      /* Positions below the client's count are dropped; a stream only
+       * resumes at or below it. */
+      cr_assert_leq(t->start, (uint64_t)s.pos, "a lease skipped records");
+      for (int k = 0; k < 3 && (uint64_t)s.pos < t->count; k++, s.pos++) {
+        cr_assert_lt(as->epoch, SIM_EPOCHS);
+        seen[as->epoch][as->split][s.pos]++;
+      }
+    }
+    keep[nk++] = s;
+  }
+  memcpy(c->slots, keep, nk * sizeof(sim_slot_t));
+  c->n = nk;
+  return true;
+}
+
+Test(dispatcher, exactly_once_with_failures) {
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__GetStatusResponse *s;
+  const char *id;
+  int64_t now = 0;
+  int step;
+  bool running = true;
+
+  D = fx_state(1000, 1000, 1000000, 8);
+  /* Plain files with 8-record splits plus a gzip file of unknown count. */
+  fx_write("a.tfrecord", 200, FERRY_COMPRESSION_NONE); /* 25 splits */
+  fx_write("b.tfrecord", 301, FERRY_COMPRESSION_NONE); /* 38 splits */
+  fx_write("c.tfrecord", 50, FERRY_COMPRESSION_GZIP);  /* 1 split */
+  id = reg("*.tfrecord", ", compression=auto", 0, NULL);
+  for (int i = 0; i < SIM_SPLITS; i++)
+    true_count[i] = i < 25 ? 8 : i < 62 ? 8 : i == 62 ? 5 : 50;
+  memset(SW, 0, sizeof(SW));
+  memset(SC, 0, sizeof(SC));
+  memset(seen, 0, sizeof(seen));
+  releases_mid_split = tasks_on_late_worker = 0;
+  for (int w = 0; w < 3; w++) {
+    snprintf(SW[w].addr, sizeof(SW[w].addr), "w%d:1", w);
+    SW[w].alive = true;
+  }
+  snprintf(SW[3].addr, sizeof(SW[3].addr), "w3:1");
+  for (int c = 0; c < SIM_CLIENTS; c++) {
+    j = fx_job(D, id, "sim", DIST, SIM_EPOCHS, FAIL, 0);
+    SC[c] = (sim_client_t){j->job_id, j->client_id, true, {{0}}, 0};
+  }
+  for (step = 0; running && step < 3000; step++) {
+    now += 100;
+    if (step == 5)
+      SW[1].alive = false; /* stops heartbeating: lost at ~1 s */
+    if (step == 12) {
+      /* A trainer dies right after a heartbeat (records it took after
+       * its last report would be the documented duplicates). */
+      sim_client_step(&SC[0], now, false);
+      SC[0].alive = false;
+    }
+    if (step == 15)
+      SW[3].alive = true; /* a new worker joins */
+    for (int w = 0; w < SIM_WORKERS; w++)
+      if (SW[w].alive)
+        sim_worker_hb(&SW[w], SC[0].job, now);
+    running = false;
+    for (int c = 0; c < SIM_CLIENTS; c++)
+      if (SC[c].alive)
+        running |= sim_client_step(&SC[c], now, true);
+    ferry__disp_tick(D, now);
+  }
+  cr_assert_not(running, "the job did not finish in %d steps", step);
+  cr_assert_gt(step, 30, "finished too early to exercise the failures");
+  s = fx_status(D, now);
+  cr_assert_eq(s->jobs[0]->state, FINISHED);
+  cr_assert_eq(s->jobs[0]->delivered_all, SIM_EPOCHS * 551);
+  for (int e = 0; e < SIM_EPOCHS; e++)
+    for (int sp = 0; sp < SIM_SPLITS; sp++)
+      for (uint64_t p = 0; p < SIM_MAX_RECORDS; p++)
+        cr_assert_eq(seen[e][sp][p], p < true_count[sp] ? 1 : 0,
+                     "epoch %d split %d position %llu delivered %d times", e,
+                     sp, (unsigned long long)p, seen[e][sp][p]);
+  cr_assert_str_eq(s->workers[1]->state, "lost");
+  cr_assert_gt(releases_mid_split, 0, "no split was re-leased mid-way");
+  cr_assert_gt(tasks_on_late_worker, 0, "the late worker got no task");
+}
