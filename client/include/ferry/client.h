@@ -7,7 +7,7 @@
  *   ferry_client_options_t o;
  *   ferry_client_options_init(&o);
  *   o.dispatcher = "127.0.0.1:5050";
- *   o.spec = "tfrecord(\"/data/*.tfrecord\") | decode(raw, 32, 32, 3) | "
+ *   o.spec = "tfrecord(\"/data/train-*.tfrecord\") | decode(raw, 32, 32, 3) | "
  *            "dilate(3) | blur(11, 0.8) | batch(1024)";
  *   ferry_client_t *c;
  *   if (ferry_client_new(&o, &c, &err) != 0) ...
@@ -22,10 +22,29 @@
  *   }
  *   ferry_client_free(c);
  *
- * Threads: ferry_next, ferry_batch_release and ferry_client_stats may be
- * called from any one thread at a time (the trainer's); the library runs
- * its own heartbeat and stream-reader threads. ferry_client_free must not
- * race with the others.
+ * Threads. The library runs a heartbeat thread (every heartbeat_ms: asks
+ * the dispatcher for splits, reports what the trainer received, opens one
+ * stream per worker) and one reader thread per worker stream (parses each
+ * chunk's header and copies its records straight into the batch being
+ * assembled). ferry_next, ferry_batch_release, ferry_client_stats and
+ * ferry_client_job_id/ferry_client_id are thread-safe against those
+ * threads and each other, but a client has one consumer: call ferry_next
+ * from one thread at a time. ferry_client_free must not race with any
+ * other call on the same client, and no batch may be used after it.
+ *
+ * Ownership. The client copies every string of the options. Batches are
+ * the client's memory (preallocated once: `prefetch` slots of batch_size
+ * records); the trainer borrows one from ferry_next until
+ * ferry_batch_release. The library never prints: install a log callback
+ * (ferry/log.h) to see warnings such as a lost worker.
+ *
+ * Exactly once. In distributed_epoch mode each record reaches the trainers
+ * of a job once per epoch, also when workers die: the client drops any
+ * record position of a split it already received. A record counts as
+ * delivered when ferry_next hands out its batch; a trainer that dies
+ * after that but before the next heartbeat may see those records again
+ * in another client (docs/ARCHITECTURE.md, "Jobs, epochs and the split
+ * table").
  */
 #ifndef FERRY_CLIENT_H
 #define FERRY_CLIENT_H
@@ -52,20 +71,26 @@ typedef struct ferry_client_options_s {
   const char *job_name;   /* NULL or "": an anonymous, private job */
   ferry_job_mode_t mode;
   int64_t num_epochs;     /* 0: the spec's repeat() (default 1); -1: forever */
-  int shuffle;            /* -1: as the spec says; 0 off; 1 on */
+  int shuffle;            /* -1 (default): as the spec's shuffle() says;
+                             1: on with shuffle_seed; 0: no override (the
+                             job does not shuffle unless the spec does) */
   uint64_t shuffle_seed;
-  int error_policy;       /* FERRY_ON_ERROR_FAIL (default) or _SKIP */
+  int error_policy;       /* FERRY_ON_ERROR_FAIL (default) or _SKIP
+                             (ferry/tfrecord.h) */
   uint32_t batch_size;    /* 0: the spec's batch() */
   bool drop_remainder;    /* drop each epoch's last partial batch */
   uint32_t prefetch;      /* batches assembled ahead (default 4) */
   uint32_t splits_in_flight; /* splits held at once (default 8) */
   uint32_t heartbeat_ms;  /* default 250 */
   uint32_t connect_timeout_ms; /* dispatcher answer deadline (default 5000) */
+  uint32_t dispatcher_timeout_ms; /* no heartbeat answer for this long fails
+                                     the client (default 30000) */
 } ferry_client_options_t;
 
-/* A batch: `size` records (batch_size, except a final partial batch), NHWC
- * uint8 images and one int64 label and record id per record. Owned by the
- * client; valid until ferry_batch_release. */
+/* A batch: `size` records (batch_size, except an epoch's last, partial
+ * batch), NHWC uint8 images and one int64 label and record id per record
+ * (0 when the spec has label(none)). All records of a batch belong to one
+ * epoch. Owned by the client; valid until ferry_batch_release. */
 typedef struct ferry_batch_s {
   const uint8_t *images;
   const int64_t *labels;
@@ -86,14 +111,27 @@ typedef struct ferry_client_stats_s {
   uint32_t workers;      /* worker streams open */
 } ferry_client_stats_t;
 
+/* Sets the defaults written next to each field (everything else 0/NULL:
+ * distributed_epoch, the spec's epochs and batch size, policy fail). */
 void ferry_client_options_init(ferry_client_options_t *opts);
 
 typedef struct ferry_client_s ferry_client_t;
 
-/* Connects, registers the dataset and gets or creates the job. Returns 0
- * or an error with `err` naming the cause (an invalid spec, missing files,
- * an unreachable dispatcher) within connect_timeout_ms. Strings in `opts`
- * are copied. */
+/* Connects, registers the dataset (opts->spec) or names it
+ * (opts->dataset_id: exactly one of the two), gets or creates the job and
+ * starts the client's threads. Returns 0, or within connect_timeout_ms an
+ * error with `err` naming the cause:
+ *   FERRY_ESPEC    the spec text does not parse ("spec: column N: ..."),
+ *                  found before any RPC;
+ *   FERRY_ENOENT   the dispatcher found no file for a pattern, or does not
+ *                  know the dataset id (its text names the pattern/file);
+ *   FERRY_EINVAL   missing options, no batch size (neither batch_size nor
+ *                  a batch() stage), or a request the dispatcher refused;
+ *   FERRY_ESHAPE   the images have no fixed shape (JPEG without resize);
+ *   FERRY_EGRPC_*  the dispatcher was unreachable or failed
+ *                  ("dispatcher HOST:PORT unreachable within N ms").
+ * Calls ferry_rpc_tune_malloc once per process. Strings in `opts` are
+ * copied. */
 int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
                      ferry_error_t *err);
 
@@ -101,21 +139,31 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
  * sets *batch, FERRY_EPOCH_END (once per epoch, after its last batch),
  * FERRY_END (the job is over), FERRY_ETIMEDOUT, or an error whose message
  * carries a worker's or the dispatcher's text (e.g. the file and byte
- * offset of a corrupt record under policy fail). At most `prefetch`
- * batches may be held unreleased. */
+ * offset of a corrupt record under policy fail; the dispatcher out of
+ * reach for dispatcher_timeout_ms). Errors other than FERRY_ETIMEDOUT are
+ * final: every later call returns the same. At most `prefetch` batches
+ * may be held unreleased: asking for another fails with FERRY_EINVAL.
+ * Waits on a condition variable (no polling); the time spent inside
+ * counts as the trainer's wait in the stats. */
 int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
                ferry_error_t *err);
 
-/* Returns a batch's memory to the client. */
+/* Returns a batch's memory to the client (batches may be released in any
+ * order). NULL is ignored. */
 void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch);
 
+/* Counters since ferry_client_new; `records` counts records handed out
+ * (a remainder dropped under drop_remainder is not). */
 void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out);
 
-/* The job's id and this client's id, for ferryctl and logs. */
+/* The job's id and this client's id within it, for ferryctl and logs. */
 uint64_t ferry_client_job_id(const ferry_client_t *c);
+uint64_t ferry_client_id(const ferry_client_t *c);
 
-/* Says goodbye to the dispatcher (its splits go back to the pool), closes
- * the streams and frees everything. NULL is fine. */
+/* Says goodbye to the dispatcher (a last heartbeat with leaving set: its
+ * splits go back to the pool from what the trainer received), cancels the
+ * streams, joins the threads and frees everything, batches included.
+ * Takes at most about 2 s with an unreachable dispatcher. NULL is fine. */
 void ferry_client_free(ferry_client_t *c);
 
 #endif /* FERRY_CLIENT_H */

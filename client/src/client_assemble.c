@@ -1,0 +1,523 @@
+/* The batch assembler: a ring of preallocated batch slots that stream
+ * readers fill straight from the received chunks, the per-split
+ * exactly-once bookkeeping (received and delivered counts), the end of
+ * epoch logic and the trainer's side (ferry_next, ferry_batch_release,
+ * ferry_client_stats).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+
+double ferry__client_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- Set-up ------------------------------------------------------------ */
+
+int ferry__asm_init(ferry_client_t *c, ferry_error_t *err) {
+  const ferry__asm_params_t *ap = &c->ap;
+  pthread_condattr_t ca;
+  if (ap->batch_size == 0 || ap->prefetch == 0 || ap->height == 0 ||
+      ap->width == 0 || ap->channels == 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: batch size, prefetch and image shape must "
+                         "be positive");
+  c->record_bytes = (size_t)ap->height * ap->width * ap->channels;
+  size_t img;
+  if (__builtin_mul_overflow(c->record_bytes, (size_t)ap->batch_size, &img))
+    return ferry__seterr(err, FERRY_ERANGE, "client: batch too large");
+  c->fill = -1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->ready_cv, &ca);
+  pthread_cond_init(&c->space_cv, &ca);
+  pthread_cond_init(&c->hb_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  c->slots = ferry__calloc(ap->prefetch, sizeof(*c->slots));
+  c->queue = ferry__calloc(ap->prefetch, sizeof(*c->queue));
+  if (c->slots == NULL || c->queue == NULL)
+    goto nomem;
+  for (uint32_t i = 0; i < ap->prefetch; i++) {
+    ferry__slot_t *s = &c->slots[i];
+    s->images = ferry__aligned_alloc(64, img > 0 ? img : 64);
+    s->labels = ferry__calloc(ap->batch_size, sizeof(*s->labels));
+    s->ids = ferry__calloc(ap->batch_size, sizeof(*s->ids));
+    s->segs = ferry__calloc(ap->batch_size, sizeof(*s->segs));
+    if (s->images == NULL || s->labels == NULL || s->ids == NULL ||
+        s->segs == NULL)
+      goto nomem;
+    s->batch.images = s->images;
+    s->batch.labels = s->labels;
+    s->batch.ids = s->ids;
+    s->batch.height = ap->height;
+    s->batch.width = ap->width;
+    s->batch.channels = ap->channels;
+  }
+  c->t0 = ferry__client_now();
+  return 0;
+nomem:
+  ferry__asm_close(c);
+  return ferry__seterr(err, FERRY_ENOMEM,
+                       "client: out of memory for %u batch slots",
+                       ap->prefetch);
+}
+
+void ferry__asm_close(ferry_client_t *c) {
+  if (c->slots != NULL) {
+    for (uint32_t i = 0; i < c->ap.prefetch; i++) {
+      ferry__aligned_free(c->slots[i].images);
+      ferry__free(c->slots[i].labels);
+      ferry__free(c->slots[i].ids);
+      ferry__free(c->slots[i].segs);
+    }
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->ready_cv);
+    pthread_cond_destroy(&c->space_cv);
+    pthread_cond_destroy(&c->hb_cv);
+  }
+  ferry__free(c->slots);
+  ferry__free(c->queue);
+  ferry__free(c->splits);
+  c->slots = NULL;
+  c->queue = NULL;
+  c->splits = NULL;
+}
+
+int ferry__client_new_local(const ferry__asm_params_t *ap,
+                            ferry_client_t **out, ferry_error_t *err) {
+  ferry_client_t *c = ferry__calloc(1, sizeof(*c));
+  *out = NULL;
+  if (c == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  ferry_client_options_init(&c->opts);
+  c->ap = *ap;
+  int rc = ferry__asm_init(c, err);
+  if (rc != 0) {
+    ferry__free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+/* ---- Failure and the split table --------------------------------------- */
+
+void ferry__client_fail_locked(ferry_client_t *c, int code, const char *fmt,
+                               ...) {
+  if (c->fail_code != 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->fail_msg, sizeof(c->fail_msg), fmt, ap);
+  va_end(ap);
+  c->fail_code = code < 0 ? code : FERRY_EIO;
+  FERRY_LOG(FERRY_LOG_ERROR, "client: %s", c->fail_msg);
+  pthread_cond_broadcast(&c->ready_cv);
+  pthread_cond_broadcast(&c->space_cv);
+  pthread_cond_broadcast(&c->hb_cv);
+}
+
+ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
+                                    uint32_t split) {
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (c->splits[i].epoch == epoch && c->splits[i].split == split)
+      return &c->splits[i];
+  return NULL;
+}
+
+/* Finds or adds the entry for (epoch, split); NULL when out of memory. */
+static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
+                                 uint32_t split) {
+  ferry__split_t *s = ferry__client_split(c, epoch, split);
+  if (s != NULL)
+    return s;
+  if (c->n_splits == c->cap_splits) {
+    size_t nc = c->cap_splits ? c->cap_splits * 2 : 32;
+    ferry__split_t *a = ferry__realloc(c->splits, nc * sizeof(*a));
+    if (a == NULL)
+      return NULL;
+    c->splits = a;
+    c->cap_splits = nc;
+  }
+  s = &c->splits[c->n_splits++];
+  memset(s, 0, sizeof(*s));
+  s->epoch = epoch;
+  s->split = split;
+  return s;
+}
+
+static bool fully_received(const ferry__split_t *s) {
+  return s->has_total && s->received >= s->total;
+}
+
+uint32_t ferry__client_held_locked(const ferry_client_t *c) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < c->n_splits; i++) {
+    const ferry__split_t *s = &c->splits[i];
+    if (!(s->has_total && s->delivered >= s->total))
+      n++;
+  }
+  return n;
+}
+
+/* ---- Slots ------------------------------------------------------------- */
+
+static void close_fill_locked(ferry_client_t *c) {
+  ferry__slot_t *s = &c->slots[c->fill];
+  s->state = FERRY__SLOT_CLOSED;
+  c->fill = -1;
+  if (s->copied == s->size)
+    pthread_cond_broadcast(&c->ready_cv);
+}
+
+/* Flushes the partial batch of epoch e once the epoch cannot bring this
+ * client more records: the dispatcher has no unassigned split left in it
+ * and every split the client holds in it is fully received. */
+static void maybe_flush_locked(ferry_client_t *c) {
+  if (c->fill < 0 || !c->hb_seen)
+    return;
+  ferry__slot_t *slot = &c->slots[c->fill];
+  uint32_t e = slot->epoch;
+  if (!(c->d_epoch > e || (c->d_epoch == e && c->d_exhausted)))
+    return;
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (c->splits[i].epoch == e && !fully_received(&c->splits[i]))
+      return;
+  slot->drop = c->ap.drop_remainder;
+  close_fill_locked(c);
+}
+
+/* Makes c->fill a slot of `epoch` taking reservations, waiting for a free
+ * slot if needed. Returns false when the client stops or failed. */
+static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
+                             const bool *stop) {
+  if (c->fill >= 0 && c->slots[c->fill].epoch != epoch)
+    close_fill_locked(c); /* batches never straddle epochs */
+  while (c->fill < 0) {
+    if (c->stopping || c->fail_code != 0 || (stop != NULL && *stop))
+      return false;
+    for (uint32_t i = 0; i < c->ap.prefetch; i++) {
+      ferry__slot_t *s = &c->slots[i];
+      if (s->state != FERRY__SLOT_FREE)
+        continue;
+      s->state = FERRY__SLOT_FILLING;
+      s->size = s->copied = s->n_segs = 0;
+      s->epoch = epoch;
+      s->drop = false;
+      c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
+      c->qlen++;
+      c->fill = (int)i;
+      return true;
+    }
+    pthread_cond_wait(&c->space_cv, &c->mu);
+  }
+  return true;
+}
+
+int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
+                           const ferry__src_t *src, const bool *stop) {
+  const ferry__asm_params_t *ap = &c->ap;
+  size_t rb = c->record_bytes;
+  int rc = 0;
+  pthread_mutex_lock(&c->mu);
+  if (ch->error_code != 0) {
+    ferry__client_fail_locked(c, ch->error_code, "%s",
+                              ch->error[0] ? ch->error
+                                           : ferry_strerror(ch->error_code));
+    goto out;
+  }
+  if (ch->count > 0 && (ch->height != ap->height || ch->width != ap->width ||
+                        ch->channels != ap->channels)) {
+    ferry__client_fail_locked(
+        c, FERRY_ESHAPE,
+        "epoch %u split %u position %llu: chunk images are %ux%ux%u, the "
+        "batch takes %ux%ux%u", ch->epoch, ch->split,
+        (unsigned long long)ch->first, ch->height, ch->width, ch->channels,
+        ap->height, ap->width, ap->channels);
+    goto out;
+  }
+  ferry__split_t *s = split_get(c, ch->epoch, ch->split);
+  if (s == NULL) {
+    ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
+    goto out;
+  }
+  if (ch->first > s->received) {
+    FERRY_LOG(FERRY_LOG_WARN,
+              "client: epoch %u split %u: chunk at position %llu but %llu "
+              "expected; dropped", ch->epoch, ch->split,
+              (unsigned long long)ch->first,
+              (unsigned long long)s->received);
+    goto out;
+  }
+  if (ch->last) {
+    s->has_total = true;
+    s->total = ch->first + ch->count;
+  }
+  uint64_t end = ch->first + ch->count;
+  for (;;) {
+    /* Re-read after every unlock: another reader may have taken the same
+     * positions from a re-leased duplicate meanwhile. */
+    s = ferry__client_split(c, ch->epoch, ch->split);
+    if (s == NULL || s->received >= end)
+      break;
+    if (!take_slot_locked(c, ch->epoch, stop))
+      break;
+    s = ferry__client_split(c, ch->epoch, ch->split);
+    if (s == NULL || s->received >= end)
+      break;
+    ferry__slot_t *slot = &c->slots[c->fill];
+    uint64_t off = s->received - ch->first;
+    uint32_t n = ap->batch_size - slot->size;
+    if (n > end - s->received)
+      n = (uint32_t)(end - s->received);
+    uint32_t base = slot->size;
+    slot->size += n;
+    ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
+    if (last != NULL && last->epoch == ch->epoch && last->split == ch->split)
+      last->count += n;
+    else
+      slot->segs[slot->n_segs++] =
+          (ferry__seg_t){.epoch = ch->epoch, .split = ch->split, .count = n};
+    s->received += n;
+    if (slot->size == ap->batch_size)
+      close_fill_locked(c);
+    pthread_mutex_unlock(&c->mu);
+
+    /* The copy runs outside the lock, so readers copy in parallel. */
+    src->copy(src->ctx, ch->payload_off + off * rb, slot->images + base * rb,
+              (size_t)n * rb);
+    if (ch->n_labels != 0)
+      memcpy(slot->labels + base, ch->labels + off, n * sizeof(int64_t));
+    else
+      memset(slot->labels + base, 0, n * sizeof(int64_t));
+    if (ch->n_ids != 0)
+      memcpy(slot->ids + base, ch->ids + off, n * sizeof(uint64_t));
+    else
+      memset(slot->ids + base, 0, n * sizeof(uint64_t));
+
+    pthread_mutex_lock(&c->mu);
+    slot->copied += n;
+    if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size)
+      pthread_cond_broadcast(&c->ready_cv);
+  }
+  maybe_flush_locked(c);
+out:
+  rc = c->fail_code;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+/* ---- Heartbeat answers ------------------------------------------------- */
+
+void ferry__client_apply_heartbeat(
+    ferry_client_t *c, const Ferry__V1__ClientHeartbeatResponse *r) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->hb_seen)
+    c->cur_epoch = r->epoch;
+  c->hb_seen = true;
+  c->job_state = r->state;
+  c->d_epoch = r->epoch;
+  c->d_exhausted = r->epoch_exhausted;
+  c->d_epochs_done = r->epochs_done;
+  if (r->state == FERRY__V1__JOB_STATE__JOB_STATE_FAILED)
+    ferry__client_fail_locked(c, r->error_code < 0 ? r->error_code
+                                                   : FERRY_EIO,
+                              "job failed: %s",
+                              r->error && r->error[0] ? r->error
+                                                      : "(no message)");
+  for (size_t i = 0; i < c->n_splits; i++)
+    c->splits[i].assigned = false;
+  for (size_t i = 0; i < r->n_assignments; i++) {
+    const Ferry__V1__Assignment *a = r->assignments[i];
+    ferry__split_t *s = split_get(c, a->epoch, a->split);
+    if (s == NULL) {
+      ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
+      break;
+    }
+    s->assigned = true;
+    s->worker_id = a->worker_id;
+    /* A total from the split's last chunk wins: under policy skip it is
+     * below the scan's count. */
+    if (a->num_records > 0 && !s->has_total) {
+      s->has_total = true;
+      s->total = a->num_records;
+    }
+  }
+  /* Entries of finished epochs are no longer needed once the dispatcher
+   * stopped listing them. */
+  size_t k = 0;
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (!(c->splits[i].epoch < r->epochs_done && !c->splits[i].assigned))
+      c->splits[k++] = c->splits[i];
+  c->n_splits = k;
+  maybe_flush_locked(c);
+  pthread_cond_broadcast(&c->ready_cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- The trainer's side ------------------------------------------------ */
+
+/* Adds a slot's records to their splits' delivered counts. */
+static void account_locked(ferry_client_t *c, const ferry__slot_t *slot) {
+  for (uint32_t i = 0; i < slot->n_segs; i++) {
+    ferry__split_t *s =
+        ferry__client_split(c, slot->segs[i].epoch, slot->segs[i].split);
+    if (s == NULL)
+      continue;
+    s->delivered += slot->segs[i].count;
+    /* Tell the dispatcher soon: it frees a split for more work and may
+     * end the epoch. */
+    if (s->has_total && s->delivered >= s->total) {
+      c->hb_kick = true;
+      pthread_cond_signal(&c->hb_cv);
+    }
+  }
+}
+
+/* True while a slot still holds or expects records of epoch <= e. */
+static bool pending_locked(const ferry_client_t *c, uint32_t e) {
+  for (uint32_t i = 0; i < c->qlen; i++) {
+    const ferry__slot_t *s = &c->slots[c->queue[(c->qhead + i) %
+                                                c->ap.prefetch]];
+    if (s->epoch <= e && s->size > 0)
+      return true;
+  }
+  return false;
+}
+
+static void pop_locked(ferry_client_t *c) {
+  c->qhead = (c->qhead + 1) % c->ap.prefetch;
+  c->qlen--;
+}
+
+int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
+               ferry_error_t *err) {
+  double t_start = ferry__client_now();
+  struct timespec deadline;
+  int rc;
+  *batch = NULL;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  if (timeout_ms > 0) {
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000L;
+    }
+  }
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    if (c->fail_code != 0) {
+      rc = ferry__seterr(err, c->fail_code, "%s", c->fail_msg);
+      break;
+    }
+    if (c->ended) {
+      rc = FERRY_END;
+      break;
+    }
+    if (c->qlen > 0) {
+      ferry__slot_t *s = &c->slots[c->queue[c->qhead]];
+      if (s->state == FERRY__SLOT_CLOSED && s->copied == s->size) {
+        if (s->drop || s->size == 0) {
+          account_locked(c, s);
+          s->state = FERRY__SLOT_FREE;
+          pop_locked(c);
+          pthread_cond_broadcast(&c->space_cv);
+          continue;
+        }
+        if (c->hb_seen && s->epoch > c->cur_epoch) {
+          c->cur_epoch++;
+          rc = FERRY_EPOCH_END;
+          break;
+        }
+        pop_locked(c);
+        account_locked(c, s);
+        s->state = FERRY__SLOT_HANDED;
+        s->batch.size = s->size;
+        s->batch.epoch = s->epoch;
+        s->batch.index = c->next_index++;
+        c->handed++;
+        c->batches++;
+        c->records += s->size;
+        c->bytes += (uint64_t)s->size * c->record_bytes;
+        *batch = &s->batch;
+        rc = 0;
+        break;
+      }
+    }
+    if (c->hb_seen && c->d_epochs_done > c->cur_epoch &&
+        !pending_locked(c, c->cur_epoch)) {
+      c->cur_epoch++;
+      rc = FERRY_EPOCH_END;
+      break;
+    }
+    if (c->hb_seen &&
+        c->job_state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED &&
+        !pending_locked(c, UINT32_MAX)) {
+      c->ended = true;
+      rc = FERRY_END;
+      break;
+    }
+    if (c->handed == c->ap.prefetch) {
+      rc = ferry__seterr(err, FERRY_EINVAL,
+                         "client: all %u batches are held: release one "
+                         "before asking for more", c->ap.prefetch);
+      break;
+    }
+    if (timeout_ms == 0) {
+      rc = ferry__seterr(err, FERRY_ETIMEDOUT, "client: no batch ready");
+      break;
+    }
+    if (timeout_ms < 0) {
+      pthread_cond_wait(&c->ready_cv, &c->mu);
+    } else if (pthread_cond_timedwait(&c->ready_cv, &c->mu, &deadline) ==
+               ETIMEDOUT) {
+      rc = ferry__seterr(err, FERRY_ETIMEDOUT,
+                         "client: no batch within %d ms", timeout_ms);
+      break;
+    }
+  }
+  c->wait_s += ferry__client_now() - t_start;
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch) {
+  if (c == NULL || batch == NULL)
+    return;
+  pthread_mutex_lock(&c->mu);
+  for (uint32_t i = 0; i < c->ap.prefetch; i++) {
+    ferry__slot_t *s = &c->slots[i];
+    if (&s->batch == batch && s->state == FERRY__SLOT_HANDED) {
+      s->state = FERRY__SLOT_FREE;
+      c->handed--;
+      pthread_cond_broadcast(&c->space_cv);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {
+  memset(out, 0, sizeof(*out));
+  pthread_mutex_lock(&c->mu);
+  out->batches = c->batches;
+  out->records = c->records;
+  out->bytes = c->bytes;
+  out->wait_seconds = c->wait_s;
+  out->total_seconds = ferry__client_now() - c->t0;
+  out->stall_fraction =
+      out->total_seconds > 0 ? out->wait_seconds / out->total_seconds : 0;
+  for (size_t i = 0; i < c->n_workers; i++)
+    if (!c->workers[i]->ended)
+      out->workers++;
+  pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,647 @@
+/* The client's life cycle and its threads: registration and job set-up in
+ * ferry_client_new, the heartbeat thread that asks the dispatcher for
+ * splits and opens a stream per worker, the stream readers that parse
+ * chunks and hand them to the assembler, and the orderly goodbye in
+ * ferry_client_free.
+ */
+#include <protobuf-c/protobuf-c.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "ferry/spec.h"
+#include "ferry/v1/worker.pb-c.h"
+
+#define M_REGISTER "/ferry.v1.Dispatcher/RegisterDataset"
+#define M_JOB "/ferry.v1.Dispatcher/GetOrCreateJob"
+#define M_HEARTBEAT "/ferry.v1.Dispatcher/ClientHeartbeat"
+#define M_STREAM "/ferry.v1.Worker/StreamChunks"
+
+static void *pb_alloc(void *d, size_t n) { return ferry__malloc(n); }
+static void pb_free(void *d, void *p) { ferry__free(p); }
+static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+
+void ferry_client_options_init(ferry_client_options_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->mode = FERRY_MODE_DISTRIBUTED_EPOCH;
+  o->shuffle = -1;
+  o->error_policy = FERRY_ON_ERROR_FAIL;
+  o->prefetch = 4;
+  o->splits_in_flight = 8;
+  o->heartbeat_ms = 250;
+  o->connect_timeout_ms = 5000;
+  o->dispatcher_timeout_ms = 30000;
+}
+
+uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
+uint64_t ferry_client_id(const ferry_client_t *c) { return c->client_id; }
+
+static pthread_once_t tune_once = PTHREAD_ONCE_INIT;
+static void tune(void) { (void)ferry_rpc_tune_malloc(); }
+
+/* Packs a protobuf-c message into a ferry__malloc'd buffer. */
+static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
+  *len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = ferry__malloc(*len > 0 ? *len : 1);
+  if (buf != NULL)
+    protobuf_c_message_pack(m, buf);
+  return buf;
+}
+
+/* Milliseconds left of the connect budget that started at t0, at least 1
+ * (0 would mean no deadline to ferry_rpc_unary). */
+static int left_ms(const ferry_client_t *c, double t0) {
+  double left = c->opts.connect_timeout_ms - (ferry__client_now() - t0) * 1e3;
+  return left < 1 ? 1 : (int)left;
+}
+
+/* Turns a failed dispatcher call into the error the caller sees: the
+ * dispatcher's verdicts on the request keep its text under a Ferry code
+ * (NOT_FOUND: a missing file or pattern, INVALID_ARGUMENT: a spec or
+ * option it refused), transport failures name the dispatcher. */
+static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
+                            ferry_error_t *err) {
+  int code = rc;
+  if (rc == FERRY_EGRPC_NOT_FOUND)
+    code = FERRY_ENOENT;
+  else if (rc == FERRY_EGRPC_INVALID_ARGUMENT ||
+           rc == FERRY_EGRPC_FAILED_PRECONDITION)
+    code = FERRY_EINVAL;
+  if (err == NULL)
+    return code;
+  err->code = code;
+  if (rc == FERRY_EGRPC_DEADLINE_EXCEEDED || rc == FERRY_EGRPC_UNAVAILABLE)
+    return ferry__prefixerr(err, "%s: dispatcher %s unreachable within %u ms",
+                            what, c->dispatcher, c->opts.connect_timeout_ms);
+  return ferry__prefixerr(err, "%s at dispatcher %s", what, c->dispatcher);
+}
+
+static int put_varint(uint8_t *p, uint64_t v) {
+  int n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+static int register_dataset(ferry_client_t *c, const uint8_t *spec,
+                            size_t spec_len, double t0, ferry_error_t *err) {
+  /* RegisterDatasetRequest{spec = 1}: the canonical spec bytes are the
+   * embedded message as they are. */
+  uint8_t *req = ferry__malloc(spec_len + 16), *reply = NULL;
+  size_t reply_len;
+  if (req == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  size_t n = 0;
+  req[n++] = 0x0a;
+  n += (size_t)put_varint(req + n, spec_len);
+  memcpy(req + n, spec, spec_len);
+  n += spec_len;
+  int rc = ferry_rpc_unary(c->dch, M_REGISTER, req, n, left_ms(c, t0),
+                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, err);
+  ferry__free(req);
+  if (rc != 0)
+    return dispatcher_error(c, rc, "register dataset", err);
+  Ferry__V1__RegisterDatasetResponse *r =
+      ferry__v1__register_dataset_response__unpack(&pb_allocator, reply_len,
+                                                   reply);
+  ferry__free(reply);
+  if (r == NULL)
+    return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
+                         "register dataset: malformed answer from %s",
+                         c->dispatcher);
+  c->dataset_id = ferry__strdup(r->dataset_id);
+  ferry__v1__register_dataset_response__free_unpacked(r, &pb_allocator);
+  if (c->dataset_id == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  return 0;
+}
+
+/* GetOrCreateJob; fills the job ids and, from the job's spec, `spec`. */
+static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
+                   ferry_spec_t *spec, double t0, ferry_error_t *err) {
+  Ferry__V1__GetOrCreateJobRequest req =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions jo = FERRY__V1__JOB_OPTIONS__INIT;
+  uint8_t *buf, *reply = NULL;
+  size_t len, reply_len;
+  req.dataset_id = c->dataset_id;
+  req.options = &jo;
+  jo.job_name = c->job_name != NULL ? c->job_name : (char *)"";
+  jo.mode = c->opts.mode == FERRY_MODE_PARALLEL_EPOCHS
+                ? FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
+                : FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH;
+  jo.num_epochs = c->opts.num_epochs;
+  if (c->opts.shuffle > 0) {
+    jo.shuffle = 1;
+    jo.shuffle_seed = c->opts.shuffle_seed;
+  } else if (c->opts.shuffle < 0 && parsed != NULL && parsed->shuffle) {
+    jo.shuffle = 1;
+    jo.shuffle_seed = parsed->shuffle_seed;
+  }
+  jo.error_policy = c->opts.error_policy == FERRY_ON_ERROR_SKIP
+                        ? FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
+                        : FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL;
+  if ((buf = pack(&req.base, &len)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  int rc = ferry_rpc_unary(c->dch, M_JOB, buf, len, left_ms(c, t0),
+                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, err);
+  ferry__free(buf);
+  if (rc != 0)
+    return dispatcher_error(c, rc, "get or create job", err);
+  Ferry__V1__GetOrCreateJobResponse *r =
+      ferry__v1__get_or_create_job_response__unpack(&pb_allocator, reply_len,
+                                                    reply);
+  ferry__free(reply);
+  if (r == NULL)
+    return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
+                         "get or create job: malformed answer from %s",
+                         c->dispatcher);
+  c->job_id = r->job_id;
+  c->client_id = r->client_id;
+  c->num_epochs = r->num_epochs;
+  rc = 0;
+  if (parsed != NULL) {
+    rc = ferry_spec_copy(spec, parsed);
+    if (rc != 0)
+      ferry__seterr(err, rc, "client: out of memory");
+  } else if (r->spec == NULL) {
+    rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL,
+                       "get or create job: dispatcher %s sent no spec for "
+                       "dataset %s", c->dispatcher, c->dataset_id);
+  } else if ((buf = pack(&r->spec->base, &len)) == NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  } else {
+    rc = ferry_spec_unpack(buf, len, spec, err);
+    ferry__free(buf);
+    if (rc != 0)
+      ferry__prefixerr(err, "dataset %s: the job's spec", c->dataset_id);
+  }
+  ferry__v1__get_or_create_job_response__free_unpacked(r, &pb_allocator);
+  return rc;
+}
+
+/* ---- Stream readers ---------------------------------------------------- */
+
+static void *reader_main(void *arg) {
+  ferry__worker_t *w = arg;
+  ferry_client_t *c = w->client;
+  ferry_error_t e;
+  for (;;) {
+    ferry_rpc_msg_t msg;
+    ferry__src_t src;
+    ferry__chunk_t ch;
+    int rc = ferry_rpc_stream_next(w->stream, &msg, -1, &e);
+    if (rc != 0) {
+      /* A lost worker is the dispatcher's business: it re-leases the
+       * splits, and the next heartbeat reopens a stream if needed. */
+      if (rc != FERRY_EOF && !w->stop && !c->stopping)
+        FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
+                  e.msg);
+      break;
+    }
+    ferry__src_from_msg(&src, &msg);
+    rc = ferry__chunk_parse(&w->parser, &src, &ch, &e);
+    if (rc != 0) {
+      pthread_mutex_lock(&c->mu);
+      ferry__client_fail_locked(c, rc, "worker %s: %s", w->address, e.msg);
+      pthread_mutex_unlock(&c->mu);
+    } else if (ch.job_id != c->job_id) {
+      FERRY_LOG(FERRY_LOG_WARN,
+                "client: worker %s sent a chunk of job %llu, not %llu",
+                w->address, (unsigned long long)ch.job_id,
+                (unsigned long long)c->job_id);
+    } else {
+      rc = ferry__client_on_chunk(c, &ch, &src, &w->stop);
+    }
+    ferry_rpc_msg_release(&msg);
+    if (rc != 0)
+      break;
+    pthread_mutex_lock(&c->mu);
+    bool stop = w->stop || c->stopping;
+    pthread_mutex_unlock(&c->mu);
+    if (stop)
+      break;
+  }
+  pthread_mutex_lock(&c->mu);
+  w->ended = true;
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+/* Stops a reader (cancel, wake, join) and frees its stream. The entry
+ * must already be out of c->workers. Heartbeat thread or free. */
+static void worker_free(ferry_client_t *c, ferry__worker_t *w) {
+  if (w == NULL)
+    return;
+  pthread_mutex_lock(&c->mu);
+  w->stop = true;
+  pthread_cond_broadcast(&c->space_cv);
+  pthread_mutex_unlock(&c->mu);
+  if (w->stream != NULL)
+    ferry_rpc_stream_cancel(w->stream);
+  if (w->thread_started)
+    pthread_join(w->thread, NULL);
+  ferry_rpc_stream_free(w->stream);
+  ferry_rpc_channel_free(w->channel);
+  ferry__chunk_parser_close(&w->parser);
+  ferry__free(w->address);
+  ferry__free(w);
+}
+
+/* Opens StreamChunks on `address` and starts its reader. */
+static int worker_start(ferry_client_t *c, uint64_t worker_id,
+                        const char *address) {
+  Ferry__V1__StreamChunksRequest req = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
+  ferry_error_t e;
+  uint8_t buf[32];
+  ferry__worker_t *w = ferry__calloc(1, sizeof(*w));
+  if (w == NULL || (w->address = ferry__strdup(address)) == NULL) {
+    ferry__free(w);
+    return FERRY_ENOMEM;
+  }
+  w->client = c;
+  w->worker_id = worker_id;
+  ferry__chunk_parser_init(&w->parser);
+  req.job_id = c->job_id;
+  req.client_id = c->client_id;
+  size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
+  int rc = ferry_rpc_channel_new(address, NULL, &w->channel, &e);
+  if (rc == 0)
+    rc = ferry_rpc_stream_open(w->channel, M_STREAM, buf, len, 0, 0,
+                               &w->stream, &e);
+  if (rc == 0 && pthread_create(&w->thread, NULL, reader_main, w) != 0)
+    rc = ferry__seterr(&e, FERRY_ENOMEM, "cannot start a reader thread");
+  if (rc == 0)
+    w->thread_started = true;
+  pthread_mutex_lock(&c->mu);
+  if (rc == 0 && c->n_workers == c->cap_workers) {
+    size_t nc = c->cap_workers ? c->cap_workers * 2 : 8;
+    ferry__worker_t **a = ferry__realloc(c->workers, nc * sizeof(*a));
+    if (a != NULL) {
+      c->workers = a;
+      c->cap_workers = nc;
+    } else {
+      rc = ferry__seterr(&e, FERRY_ENOMEM, "out of memory");
+    }
+  }
+  if (rc == 0)
+    c->workers[c->n_workers++] = w;
+  pthread_mutex_unlock(&c->mu);
+  if (rc != 0) {
+    FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", address, e.msg);
+    worker_free(c, w);
+  }
+  return rc;
+}
+
+/* Brings the set of streams in line with a heartbeat answer: a stream per
+ * worker address the client's splits are leased to (reopened if it
+ * ended), none to workers gone from both the assignments and the live
+ * workers list. */
+static void sync_workers(ferry_client_t *c,
+                         const Ferry__V1__ClientHeartbeatResponse *r) {
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; i < c->n_workers; i++)
+    c->workers[i]->seen = false;
+  pthread_mutex_unlock(&c->mu);
+  for (size_t i = 0; i < r->n_assignments && !c->stopping; i++) {
+    const Ferry__V1__Assignment *a = r->assignments[i];
+    if (a->worker_address == NULL || a->worker_address[0] == '\0')
+      continue;
+    ferry__worker_t *found = NULL, *dead = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < c->n_workers; k++) {
+      ferry__worker_t *w = c->workers[k];
+      if (strcmp(w->address, a->worker_address) != 0)
+        continue;
+      if (w->ended) {
+        dead = w;
+        c->workers[k] = c->workers[--c->n_workers];
+      } else {
+        found = w;
+        w->seen = true;
+      }
+      break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    worker_free(c, dead);
+    if (found == NULL && worker_start(c, a->worker_id, a->worker_address) ==
+                             0) {
+      pthread_mutex_lock(&c->mu);
+      c->workers[c->n_workers - 1]->seen = true;
+      pthread_mutex_unlock(&c->mu);
+    }
+  }
+  for (size_t i = 0; i < r->n_workers; i++)
+    for (size_t k = 0; k < c->n_workers; k++)
+      if (r->workers[i]->address != NULL &&
+          strcmp(c->workers[k]->address, r->workers[i]->address) == 0)
+        c->workers[k]->seen = true;
+  for (;;) {
+    ferry__worker_t *gone = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < c->n_workers; k++)
+      if (!c->workers[k]->seen || c->workers[k]->ended) {
+        gone = c->workers[k];
+        c->workers[k] = c->workers[--c->n_workers];
+        break;
+      }
+    pthread_mutex_unlock(&c->mu);
+    if (gone == NULL)
+      break;
+    worker_free(c, gone);
+  }
+}
+
+/* ---- Heartbeats -------------------------------------------------------- */
+
+/* One ClientHeartbeat; applies the answer. Returns 0 or the RPC's error. */
+static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
+                     Ferry__V1__ClientHeartbeatResponse **out,
+                     ferry_error_t *err) {
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientStats st = FERRY__V1__CLIENT_STATS__INIT;
+  Ferry__V1__SplitProgress *prog = NULL, **pp = NULL;
+  uint8_t *buf = NULL, *reply = NULL;
+  size_t len, reply_len;
+  int rc = FERRY_ENOMEM;
+  *out = NULL;
+  req.job_id = c->job_id;
+  req.client_id = c->client_id;
+  req.leaving = leaving;
+  req.stats = &st;
+  pthread_mutex_lock(&c->mu);
+  size_t n = c->n_splits;
+  prog = ferry__calloc(n ? n : 1, sizeof(*prog));
+  pp = ferry__calloc(n ? n : 1, sizeof(*pp));
+  if (prog != NULL && pp != NULL) {
+    for (size_t i = 0; i < n; i++) {
+      const ferry__split_t *s = &c->splits[i];
+      ferry__v1__split_progress__init(&prog[i]);
+      prog[i].epoch = s->epoch;
+      prog[i].split = s->split;
+      prog[i].delivered = s->delivered;
+      prog[i].worker_id = s->worker_id;
+      pp[i] = &prog[i];
+    }
+    req.n_progress = n;
+    req.progress = pp;
+    uint32_t held = ferry__client_held_locked(c);
+    req.want_splits = leaving || held >= c->opts.splits_in_flight
+                          ? 0
+                          : c->opts.splits_in_flight - held;
+    double total = ferry__client_now() - c->t0;
+    st.stall_fraction = total > 0 ? c->wait_s / total : 0;
+    st.batches_per_second = total > 0 ? (double)c->batches / total : 0;
+    st.batches = c->batches;
+    c->hb_kick = false;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (prog != NULL && pp != NULL)
+    buf = pack(&req.base, &len);
+  ferry__free(prog);
+  ferry__free(pp);
+  if (buf == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  rc = ferry_rpc_unary(c->dch, M_HEARTBEAT, buf, len, deadline_ms, 0, &reply,
+                       &reply_len, err);
+  ferry__free(buf);
+  if (rc != 0)
+    return rc;
+  *out = ferry__v1__client_heartbeat_response__unpack(&pb_allocator,
+                                                      reply_len, reply);
+  ferry__free(reply);
+  if (*out == NULL)
+    return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
+                         "%s: malformed answer", M_HEARTBEAT);
+  return 0;
+}
+
+static void *hb_main(void *arg) {
+  ferry_client_t *c = arg;
+  uint32_t period = c->opts.heartbeat_ms;
+  /* A beat may take longer than a period, never longer than the connect
+   * budget. */
+  int deadline = period * 4 > 1000 ? (int)period * 4 : 1000;
+  if (deadline > (int)c->opts.connect_timeout_ms)
+    deadline = (int)c->opts.connect_timeout_ms;
+  if (deadline < 1)
+    deadline = 1;
+  c->last_hb_ok = ferry__client_now();
+  pthread_mutex_lock(&c->mu);
+  while (!c->stopping) {
+    pthread_mutex_unlock(&c->mu);
+    Ferry__V1__ClientHeartbeatResponse *r;
+    ferry_error_t e;
+    int rc = heartbeat(c, false, deadline, &r, &e);
+    if (rc == 0) {
+      c->last_hb_ok = ferry__client_now();
+      ferry__client_apply_heartbeat(c, r);
+      sync_workers(c, r);
+      ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
+    } else {
+      double down = ferry__client_now() - c->last_hb_ok;
+      FERRY_LOG(FERRY_LOG_WARN, "client: heartbeat: %s", e.msg);
+      if (down * 1e3 > c->opts.dispatcher_timeout_ms) {
+        pthread_mutex_lock(&c->mu);
+        ferry__client_fail_locked(c, rc,
+                                  "dispatcher %s unreachable for %.0f s: %s",
+                                  c->dispatcher, down, e.msg);
+        pthread_mutex_unlock(&c->mu);
+      }
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += period / 1000;
+    ts.tv_nsec += (long)(period % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping && !c->hb_kick &&
+           pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts) != ETIMEDOUT)
+      ;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+/* ---- Life cycle -------------------------------------------------------- */
+
+/* The batch's shape and size from the spec and the options. */
+static int batch_shape(ferry_client_t *c, const ferry_spec_t *spec,
+                       ferry_error_t *err) {
+  int h, w, ch;
+  if (ferry_spec_output_shape(spec, &h, &w, &ch) != 0)
+    return ferry__seterr(err, FERRY_ESHAPE,
+                         "spec: images vary in size and a batch needs one "
+                         "shape: add resize(height, width)");
+  c->ap.height = (uint32_t)h;
+  c->ap.width = (uint32_t)w;
+  c->ap.channels = (uint32_t)ch;
+  c->ap.batch_size = c->opts.batch_size ? c->opts.batch_size
+                                        : spec->batch_size;
+  c->ap.prefetch = c->opts.prefetch;
+  c->ap.drop_remainder = c->opts.drop_remainder || spec->drop_remainder;
+  if (c->ap.batch_size == 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: no batch size: set batch_size or add "
+                         "batch(N) to the spec");
+  return 0;
+}
+
+static char *dup_opt(const char *s, bool *nomem) {
+  if (s == NULL || s[0] == '\0')
+    return NULL;
+  char *d = ferry__strdup(s);
+  if (d == NULL)
+    *nomem = true;
+  return d;
+}
+
+int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
+                     ferry_error_t *err) {
+  double t0 = ferry__client_now();
+  ferry_spec_t parsed, spec;
+  bool have_parsed = false, nomem = false;
+  uint8_t *packed = NULL;
+  size_t packed_len = 0;
+  int rc;
+  *out = NULL;
+  ferry_spec_init(&spec);
+  if (opts == NULL || opts->dispatcher == NULL || opts->dispatcher[0] == 0)
+    return ferry__seterr(err, FERRY_EINVAL, "client: no dispatcher address");
+  bool has_spec = opts->spec != NULL && opts->spec[0] != '\0';
+  bool has_id = opts->dataset_id != NULL && opts->dataset_id[0] != '\0';
+  if (has_spec == has_id)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: give either a spec or a dataset id");
+  /* A bad spec fails here, before any RPC. */
+  if (has_spec) {
+    if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)
+      return ferry__prefixerr(err, "spec");
+    have_parsed = true;
+    if ((rc = ferry_spec_pack(&parsed, &packed, &packed_len)) != 0) {
+      ferry_spec_close(&parsed);
+      return ferry__seterr(err, rc, "spec: cannot serialize it (%s)",
+                           ferry_strerror(rc));
+    }
+  }
+  pthread_once(&tune_once, tune);
+
+  ferry_client_t *c = ferry__calloc(1, sizeof(*c));
+  if (c == NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+    goto fail_early;
+  }
+  c->opts = *opts;
+  c->networked = true;
+  if (c->opts.prefetch == 0)
+    c->opts.prefetch = 4;
+  if (c->opts.splits_in_flight == 0)
+    c->opts.splits_in_flight = 8;
+  if (c->opts.heartbeat_ms == 0)
+    c->opts.heartbeat_ms = 250;
+  if (c->opts.connect_timeout_ms == 0)
+    c->opts.connect_timeout_ms = 5000;
+  if (c->opts.dispatcher_timeout_ms == 0)
+    c->opts.dispatcher_timeout_ms = 30000;
+  c->dispatcher = dup_opt(opts->dispatcher, &nomem);
+  c->spec_text = dup_opt(opts->spec, &nomem);
+  c->dataset_id_opt = dup_opt(opts->dataset_id, &nomem);
+  c->job_name = dup_opt(opts->job_name, &nomem);
+  c->opts.dispatcher = c->dispatcher;
+  c->opts.spec = c->spec_text;
+  c->opts.dataset_id = c->dataset_id_opt;
+  c->opts.job_name = c->job_name;
+  if (nomem) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+    goto fail;
+  }
+  /* With the spec in hand, what the batches cannot be fails before any
+   * RPC too. */
+  if (have_parsed && (rc = batch_shape(c, &parsed, err)) != 0)
+    goto fail;
+  ferry_rpc_init();
+  c->rpc_inited = true;
+  if ((rc = ferry_rpc_channel_new(c->dispatcher, NULL, &c->dch, err)) != 0)
+    goto fail;
+  if (has_spec) {
+    if ((rc = register_dataset(c, packed, packed_len, t0, err)) != 0)
+      goto fail;
+  } else if ((c->dataset_id = ferry__strdup(opts->dataset_id)) == NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+    goto fail;
+  }
+  if ((rc = get_job(c, have_parsed ? &parsed : NULL, &spec, t0, err)) != 0)
+    goto fail;
+  if (!have_parsed && (rc = batch_shape(c, &spec, err)) != 0)
+    goto fail;
+  if ((rc = ferry__asm_init(c, err)) != 0)
+    goto fail;
+  if (pthread_create(&c->hb_thread, NULL, hb_main, c) != 0) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "client: cannot start a thread");
+    goto fail;
+  }
+  c->hb_started = true;
+  ferry_spec_close(&spec);
+  if (have_parsed)
+    ferry_spec_close(&parsed);
+  ferry__free(packed);
+  *out = c;
+  return 0;
+fail:
+  ferry_client_free(c);
+fail_early:
+  ferry_spec_close(&spec);
+  if (have_parsed)
+    ferry_spec_close(&parsed);
+  ferry__free(packed);
+  return rc;
+}
+
+void ferry_client_free(ferry_client_t *c) {
+  if (c == NULL)
+    return;
+  if (c->slots != NULL) {
+    pthread_mutex_lock(&c->mu);
+    c->stopping = true;
+    pthread_cond_broadcast(&c->hb_cv);
+    pthread_cond_broadcast(&c->space_cv);
+    pthread_cond_broadcast(&c->ready_cv);
+    pthread_mutex_unlock(&c->mu);
+  }
+  if (c->hb_started)
+    pthread_join(c->hb_thread, NULL);
+  /* Goodbye: the splits go back to the pool from what the trainer got. */
+  if (c->dch != NULL && c->hb_started) {
+    Ferry__V1__ClientHeartbeatResponse *r = NULL;
+    int deadline = c->opts.connect_timeout_ms < 2000
+                       ? (int)c->opts.connect_timeout_ms
+                       : 2000;
+    if (heartbeat(c, true, deadline, &r, NULL) == 0)
+      ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
+  }
+  for (size_t i = 0; i < c->n_workers; i++)
+    if (c->workers[i]->stream != NULL)
+      ferry_rpc_stream_cancel(c->workers[i]->stream);
+  for (size_t i = 0; i < c->n_workers; i++)
+    worker_free(c, c->workers[i]);
+  ferry__free(c->workers);
+  ferry_rpc_channel_free(c->dch);
+  if (c->rpc_inited)
+    ferry_rpc_shutdown();
+  ferry__asm_close(c);
+  ferry__free(c->dispatcher);
+  ferry__free(c->spec_text);
+  ferry__free(c->dataset_id_opt);
+  ferry__free(c->job_name);
+  ferry__free(c->dataset_id);
+  ferry__free(c);
+}

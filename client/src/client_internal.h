@@ -1,0 +1,243 @@
+/* libferry's client internals: the chunk header parser, the batch
+ * assembler and the client object shared by the heartbeat thread, the
+ * stream readers and the trainer's thread. Exposed to the tests in
+ * client/tests, which drive the assembler without daemons.
+ *
+ * Locking: one mutex (`mu`) guards the split table, the slot ring, the
+ * dispatcher's view and the stats. Readers reserve record ranges under it
+ * and copy outside it; `ready_cv` wakes ferry_next, `space_cv` wakes
+ * readers waiting for a free slot, `hb_cv` wakes the heartbeat thread.
+ */
+#ifndef FERRY_CLIENT_INTERNAL_H
+#define FERRY_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/client.h"
+#include "ferry/error.h"
+#include "ferry/rpc.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+
+/* ---- Chunk header ------------------------------------------------------ */
+
+/* Where a message's bytes come from: a received gRPC message, or in tests
+ * any list of slices. copy() gathers n bytes at `off` into dst and returns
+ * how many it copied (fewer only at the end). */
+typedef struct ferry__src_s {
+  size_t len;
+  size_t (*copy)(const void *ctx, size_t off, void *dst, size_t n);
+  const void *ctx;
+} ferry__src_t;
+
+/* A source over a received gRPC message. */
+void ferry__src_from_msg(ferry__src_t *src, const ferry_rpc_msg_t *msg);
+
+/* A parsed chunk header (fields 1-14 of ferry.v1.Chunk) and where the
+ * payload (field 15) lies in the message. labels and ids point into the
+ * parser's arrays and hold n_labels / n_ids values (count or 0). */
+typedef struct ferry__chunk_s {
+  uint64_t job_id;
+  uint32_t epoch, split;
+  uint64_t lease;
+  uint64_t first;
+  uint32_t count;
+  uint32_t height, width, channels;
+  const int64_t *labels;
+  size_t n_labels;
+  const int64_t *ids;
+  size_t n_ids;
+  bool last;
+  int32_t error_code;
+  char error[400];
+  bool has_payload;
+  size_t payload_off, payload_len;
+} ferry__chunk_t;
+
+/* The parser's reusable buffers: a window over the message's header bytes
+ * and the label and id arrays. They grow to the largest header seen and
+ * are reused, so a steady stream allocates nothing. */
+typedef struct ferry__chunk_parser_s {
+  uint8_t *win;
+  size_t win_cap;
+  size_t win_base, win_len; /* bytes [win_base, win_base + win_len) */
+  int64_t *labels, *ids;
+  size_t labels_cap, ids_cap;
+} ferry__chunk_parser_t;
+
+void ferry__chunk_parser_init(ferry__chunk_parser_t *p);
+void ferry__chunk_parser_close(ferry__chunk_parser_t *p);
+
+/* Parses the header of one Chunk message without copying its payload:
+ * only the header bytes pass through the window (fields in any order,
+ * labels and ids packed or not, unknown fields skipped). Checks that the
+ * payload holds count * height * width * channels bytes and that labels
+ * and ids number count or 0. Returns 0, FERRY_EOVERRUN / FERRY_EVARINT /
+ * FERRY_EWIRETYPE / FERRY_EINVAL for a malformed message (err names the
+ * byte offset), FERRY_ENOMEM. */
+int ferry__chunk_parse(ferry__chunk_parser_t *p, const ferry__src_t *src,
+                       ferry__chunk_t *out, ferry_error_t *err);
+
+/* ---- The client -------------------------------------------------------- */
+
+/* One (epoch, split) the client holds or held. */
+typedef struct ferry__split_s {
+  uint32_t epoch, split;
+  uint64_t worker_id;
+  bool has_total;
+  uint64_t total;     /* records in the split, once known */
+  uint64_t received;  /* next position expected (reserved in a slot) */
+  uint64_t delivered; /* records handed to the trainer */
+  bool assigned;      /* listed in the latest heartbeat answer */
+} ferry__split_t;
+
+/* A run of records of one split inside a batch slot. */
+typedef struct ferry__seg_s {
+  uint32_t epoch, split;
+  uint32_t count;
+} ferry__seg_t;
+
+typedef enum {
+  FERRY__SLOT_FREE = 0,
+  FERRY__SLOT_FILLING, /* taking reservations */
+  FERRY__SLOT_CLOSED,  /* full or flushed: ready once every copy is done */
+  FERRY__SLOT_HANDED   /* held by the trainer */
+} ferry__slot_state_t;
+
+typedef struct ferry__slot_s {
+  ferry_batch_t batch; /* images, labels, ids point at the buffers below */
+  uint8_t *images;
+  int64_t *labels;
+  uint64_t *ids;
+  ferry__slot_state_t state;
+  uint32_t size;   /* records reserved */
+  uint32_t copied; /* records copied */
+  uint32_t epoch;
+  bool drop;       /* a flushed remainder under drop_remainder */
+  ferry__seg_t *segs;
+  uint32_t n_segs;
+} ferry__slot_t;
+
+/* One worker stream and its reader thread. */
+typedef struct ferry__worker_s {
+  struct ferry_client_s *client;
+  uint64_t worker_id;
+  char *address;
+  ferry_rpc_channel_t *channel;
+  ferry_rpc_stream_t *stream;
+  pthread_t thread;
+  bool thread_started;
+  bool stop;  /* asked to end (mu) */
+  bool ended; /* the reader returned (mu) */
+  bool seen;  /* scratch for the heartbeat's sweep */
+  ferry__chunk_parser_t parser;
+} ferry__worker_t;
+
+/* The assembler's parameters (tests build clients from these alone). */
+typedef struct ferry__asm_params_s {
+  uint32_t batch_size;
+  uint32_t height, width, channels;
+  uint32_t prefetch;
+  bool drop_remainder;
+} ferry__asm_params_t;
+
+struct ferry_client_s {
+  ferry_client_options_t opts; /* strings below are owned copies */
+  char *dispatcher, *spec_text, *dataset_id_opt, *job_name;
+  char *dataset_id;
+  uint64_t job_id, client_id;
+  int64_t num_epochs;
+  bool networked; /* false for ferry__client_new_local */
+
+  ferry__asm_params_t ap;
+  size_t record_bytes;
+
+  pthread_mutex_t mu;
+  pthread_cond_t ready_cv, space_cv, hb_cv;
+
+  /* Split table, in arrival order. */
+  ferry__split_t *splits;
+  size_t n_splits, cap_splits;
+
+  /* Slot ring: `queue` lists slot indices in fill order. */
+  ferry__slot_t *slots;
+  uint32_t *queue;
+  uint32_t qhead, qlen;
+  int fill; /* slot taking reservations, or -1 */
+  uint32_t handed;
+
+  /* The dispatcher's view, from the latest heartbeat answer. */
+  bool hb_seen;
+  int job_state;  /* Ferry__V1__JobState */
+  uint32_t d_epoch;
+  bool d_exhausted;
+  uint32_t d_epochs_done;
+  uint32_t cur_epoch; /* the epoch ferry_next is delivering */
+  bool ended;         /* FERRY_END returned */
+
+  /* A sticky failure: ferry_next returns it. */
+  int fail_code;
+  char fail_msg[sizeof(((ferry_error_t *)0)->msg)];
+
+  /* Stats. */
+  uint64_t batches, records, bytes;
+  double wait_s;
+  double t0;
+  uint64_t next_index;
+
+  /* Threads. */
+  bool stopping;
+  pthread_t hb_thread;
+  bool hb_started;
+  ferry_rpc_channel_t *dch;
+  ferry__worker_t **workers;
+  size_t n_workers, cap_workers;
+  double last_hb_ok;
+  bool hb_kick; /* a split was fully delivered: beat now (mu) */
+  bool rpc_inited;
+};
+
+/* Monotonic seconds. */
+double ferry__client_now(void);
+
+/* Creates a client with the assembler only: no channel, no threads. Tests
+ * feed it with ferry__client_on_chunk and ferry__client_apply_heartbeat
+ * and drain it with ferry_next. Free with ferry_client_free. */
+int ferry__client_new_local(const ferry__asm_params_t *ap,
+                            ferry_client_t **out, ferry_error_t *err);
+
+/* Allocates the slot ring and initialises locks (shared by both
+ * constructors); frees it. */
+int ferry__asm_init(ferry_client_t *c, ferry_error_t *err);
+void ferry__asm_close(ferry_client_t *c);
+
+/* Places a parsed chunk's new records into batch slots: drops positions
+ * below the split's received count, reserves ranges under the lock and
+ * copies the payload, labels and ids outside it. Blocks while every slot
+ * is taken, until a slot frees, the client stops or *stop turns true
+ * (stop may be NULL). Returns 0, or the client's failure for a chunk
+ * carrying an error. */
+int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
+                           const ferry__src_t *src, const bool *stop);
+
+/* Applies a heartbeat answer's state, assignments and epoch counters to
+ * the split table and the assembler (flushing a finished epoch's partial
+ * batch). Takes the lock. */
+void ferry__client_apply_heartbeat(ferry_client_t *c,
+                                   const Ferry__V1__ClientHeartbeatResponse *r);
+
+/* Fails the client (first failure wins) and wakes every waiter. Lock
+ * held. */
+void ferry__client_fail_locked(ferry_client_t *c, int code, const char *fmt,
+                               ...) FERRY_PRINTF(3, 4);
+
+/* Splits held (not fully delivered), under the lock. */
+uint32_t ferry__client_held_locked(const ferry_client_t *c);
+
+/* The split entry for (epoch, split) or NULL. Lock held. */
+ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
+                                    uint32_t split);
+
+#endif /* FERRY_CLIENT_INTERNAL_H */

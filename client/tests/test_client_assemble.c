@@ -1,0 +1,427 @@
+/* The batch assembler without daemons: chunks go in through
+ * ferry__client_on_chunk, heartbeat answers through
+ * ferry__client_apply_heartbeat, batches come out of ferry_next. Checks
+ * exact record placement, exactly-once dedupe, epoch ends and partial
+ * batches, delivered accounting, failures, and concurrent readers.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+
+#include "client_test_util.h"
+
+#define H 2
+#define W 3
+#define C 1
+#define REC (H * W * C)
+
+static ferry_client_t *local(uint32_t batch, uint32_t prefetch, bool drop) {
+  ferry__asm_params_t ap = {.batch_size = batch, .height = H, .width = W,
+                            .channels = C, .prefetch = prefetch,
+                            .drop_remainder = drop};
+  ferry_client_t *c;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry__client_new_local(&ap, &c, &err), 0, "%s", err.msg);
+  return c;
+}
+
+/* Feeds one chunk of (epoch, split) positions [first, first + count). */
+static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
+                uint64_t first, uint32_t count, bool last) {
+  tu_chunk_opts_t o = {.epoch = epoch, .split = split, .first = first,
+                       .count = count, .h = H, .w = W, .c = C, .last = last};
+  size_t len;
+  uint8_t *buf = tu_chunk(&o, &len);
+  tu_slices_t t;
+  ferry__src_t src;
+  ferry__chunk_parser_t p;
+  ferry__chunk_t ch;
+  ferry_error_t err = {0};
+  tu_slices_init(&t, buf, len, 5);
+  tu_src(&src, &t);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
+  int rc = ferry__client_on_chunk(c, &ch, &src, NULL);
+  ferry__chunk_parser_close(&p);
+  tu_slices_close(&t);
+  ferry__free(buf);
+  return rc;
+}
+
+/* A heartbeat answer: `n` assignments of `epoch` with their totals. */
+static void beat(ferry_client_t *c, int state, uint32_t epoch,
+                 bool exhausted, uint32_t epochs_done, const uint32_t *splits,
+                 const uint64_t *totals, size_t n) {
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Assignment a[8], *pa[8];
+  cr_assert_leq(n, 8);
+  for (size_t i = 0; i < n; i++) {
+    ferry__v1__assignment__init(&a[i]);
+    a[i].epoch = epoch;
+    a[i].split = splits[i];
+    a[i].num_records = totals[i];
+    a[i].worker_id = 1;
+    pa[i] = &a[i];
+  }
+  r.state = state;
+  r.epoch = epoch;
+  r.epoch_exhausted = exhausted;
+  r.epochs_done = epochs_done;
+  r.n_assignments = n;
+  r.assignments = pa;
+  r.error = (char *)"";
+  ferry__client_apply_heartbeat(c, &r);
+}
+
+/* Takes the next batch (there must be one) and checks every record is the
+ * one its id names, with the right pixels and label. */
+static const ferry_batch_t *take(ferry_client_t *c, uint32_t size,
+                                 uint32_t epoch) {
+  const ferry_batch_t *b;
+  ferry_error_t err = {0};
+  int rc = ferry_next(c, &b, 0, &err);
+  cr_assert_eq(rc, 0, "ferry_next: %d %s", rc, err.msg);
+  cr_assert_eq(b->size, size);
+  cr_assert_eq(b->epoch, epoch);
+  cr_assert_eq(b->height, H);
+  cr_assert_eq(b->width, W);
+  cr_assert_eq(b->channels, C);
+  for (uint32_t r = 0; r < b->size; r++) {
+    uint32_t split = (uint32_t)(b->ids[r] >> 40);
+    uint64_t pos = b->ids[r] & ((1ull << 40) - 1);
+    cr_assert_eq(b->labels[r], tu_label(split, pos));
+    for (size_t i = 0; i < REC; i++)
+      cr_assert_eq(b->images[r * REC + i], tu_pixel(epoch, split, pos, i),
+                   "record %u byte %zu", r, i);
+  }
+  return b;
+}
+
+static int next_rc(ferry_client_t *c) {
+  const ferry_batch_t *b;
+  return ferry_next(c, &b, 0, NULL);
+}
+
+Test(client_assemble, records_land_in_order_across_chunks) {
+  ferry_client_t *c = local(4, 4, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 3, false), 0);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT); /* 3 of 4 */
+  cr_assert_eq(feed(c, 0, 0, 3, 6, false), 0);
+  const ferry_batch_t *b1 = take(c, 4, 0);
+  const ferry_batch_t *b2 = take(c, 4, 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    cr_assert_eq(b1->ids[r], tu_id(0, r));
+    cr_assert_eq(b2->ids[r], tu_id(0, 4 + r));
+  }
+  cr_assert_eq(b1->index, 0);
+  cr_assert_eq(b2->index, 1);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT); /* position 8 waits */
+  /* Handed out records count as delivered; the waiting one does not. */
+  cr_assert_eq(ferry__client_split(c, 0, 0)->delivered, 8);
+  cr_assert_eq(ferry__client_split(c, 0, 0)->received, 9);
+  ferry_batch_release(c, b1);
+  ferry_batch_release(c, b2);
+  ferry_client_stats_t st;
+  ferry_client_stats(c, &st);
+  cr_assert_eq(st.batches, 2);
+  cr_assert_eq(st.records, 8);
+  cr_assert_eq(st.bytes, 8 * REC);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, overlapping_repeated_and_stale_chunks_once) {
+  ferry_client_t *c = local(5, 4, false);
+  beat(c, 0, 0, true, 0, (uint32_t[]){6}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 6, 0, 6, false), 0);  /* 0..5 */
+  cr_assert_eq(feed(c, 0, 6, 3, 6, false), 0);  /* 3..8: 6..8 new */
+  cr_assert_eq(feed(c, 0, 6, 0, 6, false), 0);  /* repeated: dropped */
+  cr_assert_eq(feed(c, 0, 6, 2, 2, false), 0);  /* stale: dropped */
+  cr_assert_eq(feed(c, 0, 6, 12, 2, false), 0); /* gap: dropped */
+  cr_assert_eq(ferry__client_split(c, 0, 6)->received, 9);
+  cr_assert_eq(feed(c, 0, 6, 9, 1, true), 0);   /* 9, last: total 10 */
+  const ferry_batch_t *b1 = take(c, 5, 0), *b2 = take(c, 5, 0);
+  for (uint32_t r = 0; r < 5; r++) {
+    cr_assert_eq(b1->ids[r], tu_id(6, r));
+    cr_assert_eq(b2->ids[r], tu_id(6, 5 + r));
+  }
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  ferry__split_t *s = ferry__client_split(c, 0, 6);
+  cr_assert(s->has_total);
+  cr_assert_eq(s->total, 10);
+  cr_assert_eq(s->delivered, 10);
+  cr_assert_eq(ferry__client_held_locked(c), 0);
+  /* A re-leased worker replaying the whole split changes nothing. */
+  cr_assert_eq(feed(c, 0, 6, 0, 10, true), 0);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  ferry_batch_release(c, b1);
+  ferry_batch_release(c, b2);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, epoch_flush_partial_batch_then_epoch_end_then_end) {
+  ferry_client_t *c = local(4, 4, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0, 1}, (uint64_t[]){10, 3}, 2);
+  cr_assert_eq(feed(c, 0, 0, 0, 10, true), 0);
+  cr_assert_eq(feed(c, 0, 1, 0, 3, true), 0);
+  const ferry_batch_t *b[4];
+  b[0] = take(c, 4, 0);
+  b[1] = take(c, 4, 0);
+  b[2] = take(c, 4, 0);
+  /* Records 12 of 13 are in; the 13th waits for the epoch to run dry. */
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  beat(c, 0, 0, true, 0, (uint32_t[]){0, 1}, (uint64_t[]){10, 3}, 2);
+  b[3] = take(c, 1, 0);
+  cr_assert_eq(b[3]->ids[0], tu_id(1, 2));
+  cr_assert_eq(ferry__client_split(c, 0, 0)->delivered, 10);
+  cr_assert_eq(ferry__client_split(c, 0, 1)->delivered, 3);
+  cr_assert(c->hb_kick); /* finished splits ask for a heartbeat */
+  for (int i = 0; i < 4; i++)
+    ferry_batch_release(c, b[i]);
+  /* Not the end of the epoch until the dispatcher counts it done. */
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  beat(c, 0, 1, false, 1, NULL, NULL, 0);
+  cr_assert_eq(next_rc(c), FERRY_EPOCH_END);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  /* Epoch 1: records of epoch 1 never share a batch with epoch 0's. */
+  beat(c, 0, 1, true, 1, (uint32_t[]){0}, (uint64_t[]){2}, 1);
+  cr_assert_eq(feed(c, 1, 0, 0, 2, true), 0);
+  const ferry_batch_t *e1 = take(c, 2, 1);
+  cr_assert_eq(e1->ids[1], tu_id(0, 1));
+  ferry_batch_release(c, e1);
+  beat(c, 1 /* FINISHED */, 2, true, 2, NULL, NULL, 0);
+  cr_assert_eq(next_rc(c), FERRY_EPOCH_END);
+  cr_assert_eq(next_rc(c), FERRY_END);
+  cr_assert_eq(next_rc(c), FERRY_END);
+  /* Finished epochs' entries are gone from the split table. */
+  cr_assert_eq(c->n_splits, 0);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, drop_remainder_still_counts_delivered) {
+  ferry_client_t *c = local(4, 4, true);
+  beat(c, 0, 0, true, 0, (uint32_t[]){3}, (uint64_t[]){6}, 1);
+  cr_assert_eq(feed(c, 0, 3, 0, 6, true), 0);
+  const ferry_batch_t *b = take(c, 4, 0);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT); /* the 2 left are dropped */
+  cr_assert_eq(ferry__client_split(c, 0, 3)->delivered, 6);
+  ferry_client_stats_t st;
+  ferry_client_stats(c, &st);
+  cr_assert_eq(st.records, 4);
+  ferry_batch_release(c, b);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, batches_never_straddle_epochs) {
+  ferry_client_t *c = local(4, 4, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 2, true), 0);
+  /* A chunk of epoch 1 closes epoch 0's partial batch. */
+  cr_assert_eq(feed(c, 1, 0, 0, 4, true), 0);
+  const ferry_batch_t *b0 = take(c, 2, 0);
+  cr_assert_eq(next_rc(c), FERRY_EPOCH_END);
+  const ferry_batch_t *b1 = take(c, 4, 1);
+  ferry_batch_release(c, b0);
+  ferry_batch_release(c, b1);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, joining_late_starts_at_the_dispatchers_epoch) {
+  ferry_client_t *c = local(2, 2, false);
+  beat(c, 0, 5, false, 5, (uint32_t[]){1}, (uint64_t[]){2}, 1);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT); /* no EPOCH_END for 0..4 */
+  cr_assert_eq(feed(c, 5, 1, 0, 2, true), 0);
+  ferry_batch_release(c, take(c, 2, 5));
+  ferry_client_free(c);
+}
+
+Test(client_assemble, chunk_error_fails_the_client_with_its_text) {
+  ferry_client_t *c = local(4, 4, false);
+  ferry__chunk_t ch = {.split = 2, .error_code = FERRY_EDATACRC};
+  snprintf(ch.error, sizeof(ch.error),
+           "/d/train-1.tfrecord: record 3 at byte offset 4242: record data "
+           "CRC mismatch");
+  cr_assert_eq(ferry__client_on_chunk(c, &ch, NULL, NULL), FERRY_EDATACRC);
+  const ferry_batch_t *b;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_next(c, &b, 1000, &err), FERRY_EDATACRC);
+  cr_assert_not_null(strstr(err.msg, "byte offset 4242"));
+  cr_assert_eq(ferry_next(c, &b, 0, &err), FERRY_EDATACRC);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, job_failed_and_wrong_shape) {
+  ferry_client_t *c = local(4, 4, false);
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  r.state = FERRY__V1__JOB_STATE__JOB_STATE_FAILED;
+  r.error_code = FERRY_ETRUNCDATA;
+  r.error = (char *)"a.tfrecord: byte offset 77: truncated record data";
+  ferry__client_apply_heartbeat(c, &r);
+  ferry_error_t err = {0};
+  const ferry_batch_t *b;
+  cr_assert_eq(ferry_next(c, &b, -1, &err), FERRY_ETRUNCDATA);
+  cr_assert_not_null(strstr(err.msg, "byte offset 77"));
+  ferry_client_free(c);
+
+  c = local(4, 4, false);
+  tu_chunk_opts_t o = {.split = 1, .count = 2, .h = 3, .w = 3, .c = 1};
+  size_t len;
+  uint8_t *buf = tu_chunk(&o, &len);
+  tu_slices_t t;
+  ferry__src_t src;
+  ferry__chunk_parser_t p;
+  ferry__chunk_t ch;
+  tu_slices_init(&t, buf, len, 64);
+  tu_src(&src, &t);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
+  cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), FERRY_ESHAPE);
+  cr_assert_eq(ferry_next(c, &b, 0, &err), FERRY_ESHAPE);
+  ferry__chunk_parser_close(&p);
+  tu_slices_close(&t);
+  ferry__free(buf);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, holding_every_slot_is_an_error_not_a_hang) {
+  ferry_client_t *c = local(1, 2, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 2, false), 0);
+  const ferry_batch_t *a = take(c, 1, 0), *b = take(c, 1, 0), *x;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_next(c, &x, -1, &err), FERRY_EINVAL);
+  ferry_batch_release(c, b); /* out of order is fine */
+  ferry_batch_release(c, a);
+  cr_assert_eq(feed(c, 0, 0, 2, 1, false), 0);
+  ferry_batch_release(c, take(c, 1, 0));
+  ferry_client_free(c);
+}
+
+Test(client_assemble, no_leaks_and_no_allocation_per_batch) {
+  ferry_alloc_stats_t s0, s1, s2;
+  ferry__alloc_stats(&s0);
+  ferry_client_t *c = local(4, 3, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 4, false), 0);
+  ferry_batch_release(c, take(c, 4, 0));
+  /* Feeding allocates only the test's own message; the client nothing. */
+  ferry__alloc_stats(&s1);
+  for (uint64_t i = 1; i < 50; i++) {
+    cr_assert_eq(feed(c, 0, 0, i * 4, 4, false), 0);
+    ferry_batch_release(c, take(c, 4, 0));
+  }
+  ferry__alloc_stats(&s2);
+  cr_assert_eq(s1.blocks, s2.blocks);
+  cr_assert_eq(s1.bytes, s2.bytes);
+  ferry_client_free(c);
+  ferry__alloc_stats(&s1);
+  cr_assert_eq(s0.blocks, s1.blocks);
+  cr_assert_eq(s0.bytes, s1.bytes);
+}
+
+/* ---- Concurrency: readers and a trainer -------------------------------- */
+
+#define NSPLITS 4
+#define PER_SPLIT 997
+#define PER_CHUNK 13
+
+typedef struct reader_arg_s {
+  ferry_client_t *c;
+  uint32_t split;
+} reader_arg_t;
+
+static void *reader(void *arg) {
+  reader_arg_t *a = arg;
+  /* Chunks of 13 records, every third one sent twice (a duplicate from a
+   * re-lease), the split's last one marked. */
+  for (uint64_t first = 0; first < PER_SPLIT; first += PER_CHUNK) {
+    uint32_t n = first + PER_CHUNK > PER_SPLIT
+                     ? (uint32_t)(PER_SPLIT - first) : PER_CHUNK;
+    bool last = first + n == PER_SPLIT;
+    if (feed(a->c, 0, a->split, first, n, last) != 0)
+      break;
+    if ((first / PER_CHUNK) % 3 == 0)
+      feed(a->c, 0, a->split, first, n, last);
+  }
+  return NULL;
+}
+
+Test(client_assemble, concurrent_readers_exactly_once_with_backpressure) {
+  ferry_client_t *c = local(64, 2, false);
+  uint32_t splits[NSPLITS];
+  uint64_t totals[NSPLITS];
+  for (uint32_t i = 0; i < NSPLITS; i++) {
+    splits[i] = i;
+    totals[i] = PER_SPLIT;
+  }
+  beat(c, 0, 0, true, 0, splits, totals, NSPLITS);
+  pthread_t th[NSPLITS];
+  reader_arg_t args[NSPLITS];
+  for (uint32_t i = 0; i < NSPLITS; i++) {
+    args[i] = (reader_arg_t){c, i};
+    pthread_create(&th[i], NULL, reader, &args[i]);
+  }
+  static uint8_t seen[NSPLITS][PER_SPLIT];
+  memset(seen, 0, sizeof(seen));
+  uint64_t got = 0;
+  uint32_t partial = 0;
+  while (got < NSPLITS * PER_SPLIT) {
+    const ferry_batch_t *b;
+    ferry_error_t err = {0};
+    int rc = ferry_next(c, &b, 10000, &err);
+    cr_assert_eq(rc, 0, "after %llu records: %s", (unsigned long long)got,
+                 err.msg);
+    if (b->size != 64)
+      partial++;
+    for (uint32_t r = 0; r < b->size; r++) {
+      uint32_t split = (uint32_t)(b->ids[r] >> 40);
+      uint64_t pos = b->ids[r] & ((1ull << 40) - 1);
+      cr_assert_lt(split, NSPLITS);
+      cr_assert_lt(pos, PER_SPLIT);
+      cr_assert_eq(seen[split][pos], 0, "split %u pos %llu twice", split,
+                   (unsigned long long)pos);
+      seen[split][pos] = 1;
+      cr_assert_eq(b->labels[r], tu_label(split, pos));
+      cr_assert_eq(b->images[r * REC + REC - 1],
+                   tu_pixel(0, split, pos, REC - 1));
+    }
+    got += b->size;
+    ferry_batch_release(c, b);
+  }
+  for (uint32_t i = 0; i < NSPLITS; i++)
+    pthread_join(th[i], NULL);
+  cr_assert_eq(got, NSPLITS * PER_SPLIT);
+  cr_assert_eq(partial, 1); /* only the epoch's flushed remainder */
+  for (uint32_t i = 0; i < NSPLITS; i++)
+    cr_assert_eq(ferry__client_split(c, 0, i)->delivered, PER_SPLIT);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, a_stopped_reader_takes_nothing) {
+  ferry_client_t *c = local(2, 1, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 2, false), 0); /* the only slot is full */
+  bool stop = false;
+  /* A reader whose stop flag is already set gives up instead of waiting. */
+  tu_chunk_opts_t o = {.split = 0, .first = 2, .count = 2, .h = H, .w = W,
+                       .c = C};
+  size_t len;
+  uint8_t *buf = tu_chunk(&o, &len);
+  tu_slices_t t;
+  ferry__src_t src;
+  ferry__chunk_parser_t p;
+  ferry__chunk_t ch;
+  tu_slices_init(&t, buf, len, 7);
+  tu_src(&src, &t);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
+  stop = true;
+  cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, &stop), 0);
+  /* Nothing was taken: a later lease redelivers those positions. */
+  cr_assert_eq(ferry__client_split(c, 0, 0)->received, 2);
+  ferry__chunk_parser_close(&p);
+  tu_slices_close(&t);
+  ferry__free(buf);
+  ferry_client_free(c);
+}
