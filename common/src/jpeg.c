@@ -237,7 +237,7 @@ static int pass_failed(ferry_jpeg_t *j, const uint8_t *src, size_t len,
 int ferry__jpeg_decode_dct(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                            uint8_t *dst, size_t cap, int *h, int *w,
                            int accurate, ferry_error_t *err) {
-  int hh, ww, cs, rc, cmyk, pf, adobe = 0;
+  int hh = 0, ww = 0, cs = 0, rc, cmyk, pf, adobe = 0;
   int flags = (accurate ? TJFLAG_ACCURATEDCT : TJFLAG_FASTDCT);
   size_t npix, need;
   uint8_t *target;

@@ -1,1 +1,477 @@
-/* placeholder: being written */
+/* The per-record data path: parse the Example, find the image and label
+ * features, decode, run the image ops in spec order.
+ *
+ * The compiled pipeline holds copies of what it needs from the spec and is
+ * read-only after ferry_pipeline_new, so threads share it. Each thread's
+ * ctx owns the mutable state: the Example's feature array, a TurboJPEG
+ * handle, one blur object per blur op and two ping-pong pixel buffers that
+ * grow to the largest image seen. Once they have grown, a record allocates
+ * nothing.
+ */
+#include "ferry/pipeline.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "ferry/alloc.h"
+#include "ferry/example.h"
+#include "ferry/imgops.h"
+
+/* Pixel buffers are 64-byte aligned for the SIMD paths, with a little
+ * slack past the end so vector code may load a full register at the tail. */
+#define BUF_ALIGN 64
+#define BUF_SLACK 64
+#define BUF_MIN (16u << 10)
+
+/* Largest image the pipeline accepts on any side (JPEG's own limit). */
+#define MAX_SIDE 65535
+
+struct ferry_pipeline_s {
+  ferry_image_format_t format;
+  int height, width, channels; /* decode size; JPEG: 0 = any */
+  char *image_key;
+  char *label_key; /* NULL: no label */
+  ferry_image_op_t ops[FERRY_SPEC_MAX_OPS];
+  size_t n_ops;
+  bool has_resize;
+  int out_h, out_w, out_c; /* out_h/out_w 0 when they vary per record */
+};
+
+struct ferry_pipeline_ctx_s {
+  const ferry_pipeline_t *p;
+  ferry_example_t ex;
+  ferry_jpeg_t *jpeg;
+  ferry_blur_t *blur[FERRY_SPEC_MAX_OPS]; /* indexed like p->ops */
+  uint8_t *buf[2];
+  size_t cap[2];
+  int timing;
+  double t[FERRY_STAGE_COUNT];
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
+                       ferry_error_t *err) {
+  ferry_pipeline_t *p;
+  const char *image_key;
+  int h, w, c;
+
+  *out = NULL;
+  if (spec == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "pipeline: no spec");
+  if (spec->format != FERRY_IMAGE_RAW && spec->format != FERRY_IMAGE_JPEG)
+    return ferry__seterr(err, FERRY_ESPEC, "decode: unknown format %d",
+                         (int)spec->format);
+  if (spec->format == FERRY_IMAGE_RAW) {
+    if (spec->height <= 0 || spec->width <= 0 || spec->channels <= 0 ||
+        spec->height > MAX_SIDE || spec->width > MAX_SIDE ||
+        spec->channels > 4)
+      return ferry__seterr(err, FERRY_ESPEC,
+                           "decode(raw, %d, %d, %d): sizes out of range",
+                           spec->height, spec->width, spec->channels);
+  } else {
+    if (spec->height < 0 || spec->width < 0 || spec->height > MAX_SIDE ||
+        spec->width > MAX_SIDE || (spec->height == 0) != (spec->width == 0))
+      return ferry__seterr(err, FERRY_ESPEC,
+                           "decode(jpeg, %d, %d): sizes out of range",
+                           spec->height, spec->width);
+    if (spec->channels != 0 && spec->channels != 3)
+      return ferry__seterr(err, FERRY_ESPEC,
+                           "decode(jpeg): %d channels (only 3, RGB)",
+                           spec->channels);
+  }
+  if (spec->n_ops > FERRY_SPEC_MAX_OPS)
+    return ferry__seterr(err, FERRY_ESPEC, "pipeline: %zu ops (max %d)",
+                         spec->n_ops, FERRY_SPEC_MAX_OPS);
+
+  h = spec->height;
+  w = spec->width;
+  c = spec->format == FERRY_IMAGE_JPEG ? 3 : spec->channels;
+  for (size_t i = 0; i < spec->n_ops; i++) {
+    const ferry_image_op_t *op = &spec->ops[i];
+    switch (op->kind) {
+    case FERRY_OP_RESIZE:
+      if (op->a <= 0 || op->b <= 0 || op->a > MAX_SIDE || op->b > MAX_SIDE)
+        return ferry__seterr(err, FERRY_ESPEC,
+                             "resize(%d, %d): sizes out of range", op->a,
+                             op->b);
+      h = op->a;
+      w = op->b;
+      break;
+    case FERRY_OP_DILATE:
+      if (op->a != 3)
+        return ferry__seterr(err, FERRY_ENOTSUP,
+                             "dilate(%d): only dilate(3) is supported",
+                             op->a);
+      break;
+    case FERRY_OP_BLUR:
+      if (op->a < 1 || op->a > 31 || op->a % 2 == 0 || !(op->sigma > 0.0f))
+        return ferry__seterr(err, FERRY_ESPEC,
+                             "blur(%d, %g): size must be odd in 1..31 and "
+                             "sigma positive",
+                             op->a, (double)op->sigma);
+      break;
+    default:
+      return ferry__seterr(err, FERRY_ESPEC, "op %zu: unknown kind %d", i,
+                           (int)op->kind);
+    }
+  }
+
+  p = ferry__calloc(1, sizeof(*p));
+  if (p == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "pipeline: out of memory");
+  image_key = spec->image_key != NULL ? spec->image_key : "image";
+  p->image_key = ferry__strdup(image_key);
+  if (spec->label_key != NULL)
+    p->label_key = ferry__strdup(spec->label_key);
+  if (p->image_key == NULL ||
+      (spec->label_key != NULL && p->label_key == NULL)) {
+    ferry_pipeline_free(p);
+    return ferry__seterr(err, FERRY_ENOMEM, "pipeline: out of memory");
+  }
+  p->format = spec->format;
+  p->height = spec->height;
+  p->width = spec->width;
+  p->channels = c;
+  memcpy(p->ops, spec->ops, spec->n_ops * sizeof(spec->ops[0]));
+  p->n_ops = spec->n_ops;
+  for (size_t i = 0; i < p->n_ops; i++)
+    if (p->ops[i].kind == FERRY_OP_RESIZE)
+      p->has_resize = true;
+  p->out_h = h;
+  p->out_w = w;
+  p->out_c = c;
+  *out = p;
+  return 0;
+}
+
+void ferry_pipeline_free(ferry_pipeline_t *p) {
+  if (p == NULL)
+    return;
+  ferry__free(p->image_key);
+  ferry__free(p->label_key);
+  ferry__free(p);
+}
+
+int ferry_pipeline_shape(const ferry_pipeline_t *p, int *h, int *w, int *c) {
+  if (p->out_h == 0 || p->out_w == 0)
+    return FERRY_ESHAPE;
+  *h = p->out_h;
+  *w = p->out_w;
+  *c = p->out_c;
+  return 0;
+}
+
+/* Makes ctx->buf[i] hold at least `need` bytes. The old content is not
+ * kept: callers grow a buffer before writing into it. */
+static int grow(ferry_pipeline_ctx_t *ctx, int i, size_t need,
+                ferry_error_t *err) {
+  size_t cap;
+  uint8_t *b;
+
+  if (need <= ctx->cap[i])
+    return 0;
+  cap = ctx->cap[i] + ctx->cap[i] / 2;
+  if (cap < need)
+    cap = need;
+  if (cap < BUF_MIN)
+    cap = BUF_MIN;
+  b = ferry__aligned_alloc(BUF_ALIGN, cap + BUF_SLACK);
+  if (b == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM,
+                         "pipeline: out of memory for a %zu-byte image", cap);
+  ferry__aligned_free(ctx->buf[i]);
+  ctx->buf[i] = b;
+  ctx->cap[i] = cap;
+  return 0;
+}
+
+int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
+                           ferry_pipeline_ctx_t **out, ferry_error_t *err) {
+  ferry_pipeline_ctx_t *ctx;
+  int rc;
+
+  *out = NULL;
+  ctx = ferry__calloc(1, sizeof(*ctx));
+  if (ctx == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "pipeline: out of memory");
+  ctx->p = p;
+  ferry_example_init(&ctx->ex);
+  if (p->format == FERRY_IMAGE_JPEG) {
+    rc = ferry_jpeg_new(&ctx->jpeg, err);
+    if (rc < 0)
+      goto fail;
+  }
+  for (size_t i = 0; i < p->n_ops; i++) {
+    if (p->ops[i].kind != FERRY_OP_BLUR)
+      continue;
+    rc = ferry_blur_new(p->ops[i].a, p->ops[i].sigma, &ctx->blur[i], err);
+    if (rc < 0)
+      goto fail;
+  }
+  /* With known sizes the buffers get their final size now, so even the
+   * first record allocates nothing. */
+  if (p->height > 0 && p->width > 0) {
+    size_t in = (size_t)p->height * (size_t)p->width * (size_t)p->channels;
+    size_t most = in;
+    for (size_t i = 0; i < p->n_ops; i++)
+      if (p->ops[i].kind == FERRY_OP_RESIZE) {
+        size_t s = (size_t)p->ops[i].a * (size_t)p->ops[i].b *
+                   (size_t)p->channels;
+        if (s > most)
+          most = s;
+      }
+    if ((rc = grow(ctx, 0, most, err)) < 0 ||
+        (rc = grow(ctx, 1, most, err)) < 0)
+      goto fail;
+  }
+  *out = ctx;
+  return 0;
+
+fail:
+  ferry_pipeline_ctx_free(ctx);
+  return rc;
+}
+
+void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx) {
+  if (ctx == NULL)
+    return;
+  ferry_example_close(&ctx->ex);
+  ferry_jpeg_free(ctx->jpeg);
+  for (size_t i = 0; i < FERRY_SPEC_MAX_OPS; i++)
+    ferry_blur_free(ctx->blur[i]);
+  ferry__aligned_free(ctx->buf[0]);
+  ferry__aligned_free(ctx->buf[1]);
+  ferry__free(ctx);
+}
+
+void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on) {
+  ctx->timing = on != 0;
+}
+
+void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
+                              double seconds[FERRY_STAGE_COUNT]) {
+  memcpy(seconds, ctx->t, sizeof(ctx->t));
+}
+
+/* FERRY_ENOFEATURE for `key`, listing the record's keys (briefly) so that
+ * a misspelt key or a dataset of another layout is obvious. */
+static int missing_feature(const ferry_example_t *ex, const char *key,
+                           ferry_error_t *err) {
+  char keys[200];
+  size_t used = 0;
+
+  keys[0] = '\0';
+  for (size_t i = 0; i < ex->n && used + 1 < sizeof(keys); i++) {
+    const ferry_feature_t *f = &ex->features[i];
+    int klen = f->key_len > 40 ? 40 : (int)f->key_len;
+    int n = snprintf(keys + used, sizeof(keys) - used, "%s'%.*s'%s",
+                     i > 0 ? ", " : "", klen, f->key,
+                     f->key_len > 40 ? "..." : "");
+    if (n < 0 || (size_t)n >= sizeof(keys) - used) {
+      /* Cut: end with an ellipsis that fits. */
+      memcpy(keys + sizeof(keys) - 5, "...", 4);
+      break;
+    }
+    used += (size_t)n;
+  }
+  /* Keys come from the record: keep control bytes out of the message. */
+  for (size_t i = 0; keys[i] != '\0'; i++)
+    if ((unsigned char)keys[i] < 0x20 || keys[i] == 0x7f)
+      keys[i] = '?';
+  if (ex->n == 0)
+    return ferry__seterr(err, FERRY_ENOFEATURE,
+                         "missing feature '%s' (the record has no features)",
+                         key);
+  return ferry__seterr(err, FERRY_ENOFEATURE,
+                       "missing feature '%s' (the record has %s)", key,
+                       keys);
+}
+
+/* Decodes the JPEG at src into ctx->buf[0], growing it to the image's
+ * size when needed. */
+static int decode_jpeg(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
+                       size_t len, int *h, int *w, ferry_error_t *err) {
+  int rc;
+
+  /* Try the buffer we have: most datasets have one size, so the header is
+   * read once, by the decoder, and the retry below is rare. */
+  if (ctx->cap[0] > 0) {
+    rc = ferry_jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h,
+                           w, err);
+    if (rc != FERRY_ERANGE)
+      return rc;
+  }
+  rc = ferry_jpeg_header(ctx->jpeg, src, len, h, w, err);
+  if (rc < 0)
+    return rc;
+  if (*h <= 0 || *w <= 0 || *h > MAX_SIDE || *w > MAX_SIDE)
+    return ferry__seterr(err, FERRY_EJPEG, "JPEG of %dx%d pixels", *w, *h);
+  rc = grow(ctx, 0, (size_t)*h * (size_t)*w * 3, err);
+  if (rc < 0)
+    return rc;
+  return ferry_jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h,
+                           w, err);
+}
+
+int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
+                           size_t len, const uint8_t **pixels, int *h,
+                           int *w, int *c, int64_t *label,
+                           ferry_error_t *err) {
+  const ferry_pipeline_t *p = ctx->p;
+  const ferry_feature_t *img, *lab;
+  const uint8_t *data, *cur;
+  size_t data_len, n;
+  int64_t lv = 0;
+  int ih, iw, ic, rc, which;
+  double t0 = 0, t1, t2;
+
+  if (ctx->timing)
+    t0 = now();
+
+  rc = ferry_example_parse(&ctx->ex, record, len, err);
+  if (rc < 0)
+    return rc;
+  img = ferry_example_find(&ctx->ex, p->image_key);
+  if (img == NULL)
+    return missing_feature(&ctx->ex, p->image_key, err);
+  if (img->kind != FERRY_FEATURE_BYTES)
+    return ferry__seterr(err, FERRY_EFEATTYPE,
+                         "feature '%s' is a %s list, expected bytes",
+                         p->image_key, ferry_feature_kind_name(img->kind));
+  if (img->count == 0 ||
+      ferry_feature_bytes(img, 0, &data, &data_len) < 0)
+    return ferry__seterr(err, FERRY_ENOFEATURE,
+                         "feature '%s' has no value", p->image_key);
+  if (p->label_key != NULL) {
+    lab = ferry_example_find(&ctx->ex, p->label_key);
+    if (lab == NULL)
+      return missing_feature(&ctx->ex, p->label_key, err);
+    if (lab->kind != FERRY_FEATURE_INT64)
+      return ferry__seterr(err, FERRY_EFEATTYPE,
+                           "feature '%s' is a %s list, expected int64",
+                           p->label_key, ferry_feature_kind_name(lab->kind));
+    if (ferry_feature_int64s(lab, &lv, 1, &n) < 0 || n == 0)
+      return ferry__seterr(err, FERRY_ENOFEATURE,
+                           "feature '%s' has no value", p->label_key);
+  }
+
+  if (ctx->timing) {
+    t1 = now();
+    ctx->t[FERRY_STAGE_PARSE] += t1 - t0;
+    t0 = t1;
+  }
+
+  ic = p->channels;
+  if (p->format == FERRY_IMAGE_RAW) {
+    size_t want;
+
+    ih = p->height;
+    iw = p->width;
+    want = (size_t)ih * (size_t)iw * (size_t)ic;
+    if (p->n_ops > 0) {
+      /* The first op reads the pixels where they lie in the record: the
+       * size check is all decode_raw has to do. */
+      if (data_len != want)
+        return ferry__seterr(err, FERRY_EIMGSIZE,
+                             "feature '%s': decode(raw, %d, %d, %d) expects "
+                             "%zu bytes, found %zu",
+                             p->image_key, ih, iw, ic, want, data_len);
+      cur = data;
+      which = 1;
+    } else {
+      rc = ferry_decode_raw(data, data_len, ih, iw, ic, ctx->buf[0], err);
+      if (rc < 0) {
+        ferry__prefixerr(err, "feature '%s'", p->image_key);
+        return rc;
+      }
+      cur = ctx->buf[0];
+      which = 0;
+    }
+  } else {
+    rc = decode_jpeg(ctx, data, data_len, &ih, &iw, err);
+    if (rc < 0) {
+      ferry__prefixerr(err, "feature '%s': decode(jpeg)", p->image_key);
+      return rc;
+    }
+    if (p->height > 0 && !p->has_resize &&
+        (ih != p->height || iw != p->width))
+      return ferry__seterr(err, FERRY_ESHAPE,
+                           "feature '%s': JPEG is %dx%d (HxW), the spec "
+                           "wants %dx%d and has no resize",
+                           p->image_key, ih, iw, p->height, p->width);
+    cur = ctx->buf[0];
+    which = 0;
+  }
+
+  if (ctx->timing) {
+    t1 = now();
+    ctx->t[FERRY_STAGE_DECODE] += t1 - t0;
+    t0 = t1;
+  }
+
+  /* Each op reads `cur` and writes the other buffer; `which` is the
+   * buffer `cur` is in (1 for the raw record itself, so the first op
+   * writes buffer 0). */
+  for (size_t i = 0; i < p->n_ops; i++) {
+    const ferry_image_op_t *op = &p->ops[i];
+    int dst_i = which == 0 ? 1 : 0;
+    size_t in_bytes = (size_t)ih * (size_t)iw * (size_t)ic;
+    uint8_t *dst;
+
+    if (op->kind == FERRY_OP_RESIZE) {
+      size_t out_bytes = (size_t)op->a * (size_t)op->b * (size_t)ic;
+      if (op->a == ih && op->b == iw)
+        continue; /* Half-pixel bilinear at scale 1 is the identity. */
+      if ((rc = grow(ctx, dst_i, out_bytes, err)) < 0)
+        return rc;
+      dst = ctx->buf[dst_i];
+      ferry_resize_bilinear(cur, ih, iw, ic, dst, op->a, op->b);
+      ih = op->a;
+      iw = op->b;
+    } else {
+      if ((rc = grow(ctx, dst_i, in_bytes, err)) < 0)
+        return rc;
+      dst = ctx->buf[dst_i];
+      t2 = ctx->timing ? now() : 0;
+      if (op->kind == FERRY_OP_DILATE) {
+        ferry_dilate3x3(cur, dst, ih, iw, ic);
+        if (ctx->timing)
+          ctx->t[FERRY_STAGE_DILATE] += now() - t2;
+      } else {
+        rc = ferry_blur_apply(ctx->blur[i], cur, dst, ih, iw, ic, err);
+        if (rc < 0) {
+          ferry__prefixerr(err, "blur(%d, %g) on a %dx%d image", op->a,
+                           (double)op->sigma, ih, iw);
+          return rc;
+        }
+        if (ctx->timing)
+          ctx->t[FERRY_STAGE_BLUR] += now() - t2;
+      }
+    }
+    cur = dst;
+    which = dst_i;
+  }
+
+  /* Only identity resizes ran on a raw record: the output must still be
+   * the ctx's, not the caller's record. */
+  if (cur == data) {
+    memcpy(ctx->buf[0], data, (size_t)ih * (size_t)iw * (size_t)ic);
+    cur = ctx->buf[0];
+  }
+
+  if (ctx->timing)
+    ctx->t[FERRY_STAGE_OPS] += now() - t0;
+
+  *pixels = cur;
+  *h = ih;
+  *w = iw;
+  *c = ic;
+  *label = lv;
+  return 0;
+}
