@@ -1,0 +1,129 @@
+/* ferry-worker: the CPU data-plane daemon. Options, start-up, exit. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "ferry/options.h"
+#include "worker.h"
+
+static const ferry_option_t table[] = {
+    {"dispatcher", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, dispatcher),
+     NULL, 0, 0, NULL, "dispatcher address HOST:PORT; required"},
+    {"port", FERRY_OPT_INT, offsetof(ferry__wconfig_t, port), "0", 0, 65535,
+     NULL, "port of the Worker service (0: any free port)"},
+    {"host", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, host), "127.0.0.1",
+     0, 0, NULL, "address to bind (0.0.0.0: every interface)"},
+    {"advertise", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, advertise),
+     NULL, 0, 0, NULL,
+     "host clients dial (default: --host, or the host name for a wildcard)"},
+    {"threads", FERRY_OPT_INT, offsetof(ferry__wconfig_t, threads), "0", 0,
+     4096, NULL, "pipeline threads (0: one per core)"},
+    {"buffer-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, buffer_bytes),
+     "256M", 1 << 20, 1ull << 40, NULL,
+     "bound of the chunk buffers waiting to be sent (backpressure)"},
+    {"heartbeat-ms", FERRY_OPT_INT, offsetof(ferry__wconfig_t, heartbeat_ms),
+     "1000", 10, 600000, NULL,
+     "heartbeat interval until the dispatcher says otherwise"},
+    {"chunk-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, chunk_bytes),
+     "2M", 1, 64 << 20, NULL, "target payload size of one chunk"},
+    {"config", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, config), NULL, 0,
+     0, NULL, "config file of 'name = value' lines (flags override it)"},
+    {"log-level", FERRY_OPT_ENUM, offsetof(ferry__wconfig_t, log_level),
+     "info", 0, 0, "error|warn|info|debug", "log verbosity"},
+    {"help", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, help), "false", 0, 0,
+     NULL, "print this help"},
+};
+#define N_OPTS (sizeof(table) / sizeof(table[0]))
+
+static const char usage[] =
+    "usage: ferry-worker --dispatcher HOST:PORT [options]\n"
+    "\n"
+    "Runs the splits the dispatcher leases to it through the pipeline and\n"
+    "streams the chunks to the clients (Worker/StreamChunks). Prints\n"
+    "'ferry-worker listening on HOST:PORT' once bound. SIGTERM drains.\n"
+    "\n";
+
+/* Flags, then the config file they name, then the flags again so that
+ * they win over the file. */
+static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
+                 ferry_error_t *err) {
+  int npos = 0, rc;
+  rc = ferry_options_defaults(table, N_OPTS, cfg, err);
+  if (rc == 0)
+    rc = ferry_options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
+                                  &npos, err);
+  if (rc == 0 && npos > 0)
+    rc = ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
+                       argv[1]);
+  if (rc == 0 && cfg->config != NULL && cfg->config[0] != '\0') {
+    char *path = cfg->config;
+    cfg->config = NULL;
+    ferry_options_free(table, N_OPTS, cfg);
+    rc = ferry_options_defaults(table, N_OPTS, cfg, err);
+    if (rc == 0)
+      rc = ferry_options_parse_file(table, N_OPTS, cfg, path, err);
+    ferry__free(path);
+    /* argv was reordered by the first pass: only options remain in it. */
+    if (rc == 0)
+      rc = ferry_options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
+                                    &npos, err);
+  }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  ferry__wconfig_t cfg;
+  ferry_error_t err;
+  uv_loop_t loop;
+  ferry__worker_t w;
+
+  memset(&cfg, 0, sizeof(cfg));
+  ferry_log_set_callback(ferry_log_to_stderr, NULL);
+  if (parse(&cfg, argc, argv, &err) != 0) {
+    fprintf(stderr, "ferry-worker: %s\n", err.msg);
+    ferry_options_free(table, N_OPTS, &cfg);
+    return 2;
+  }
+  if (cfg.help) {
+    fputs(usage, stdout);
+    ferry_options_help(table, N_OPTS, stdout);
+    ferry_options_free(table, N_OPTS, &cfg);
+    return 0;
+  }
+  if (cfg.dispatcher == NULL || cfg.dispatcher[0] == '\0') {
+    fprintf(stderr, "ferry-worker: --dispatcher HOST:PORT is required\n");
+    ferry_options_free(table, N_OPTS, &cfg);
+    return 2;
+  }
+  ferry_log_set_level(cfg.log_level);
+  ferry_rpc_tune_malloc();
+  signal(SIGPIPE, SIG_IGN);
+  ferry_rpc_init();
+  uv_loop_init(&loop);
+
+  int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
+  if (rc == 0) {
+    printf("ferry-worker listening on %s:%d\n", cfg.host, w.port);
+    fflush(stdout);
+    FERRY_LOG(FERRY_LOG_INFO, "worker %s: %zu threads, buffer %llu bytes, "
+              "dispatcher %s", w.address, w.tasks.nthreads,
+              (unsigned long long)cfg.buffer_bytes, cfg.dispatcher);
+  } else {
+    fprintf(stderr, "ferry-worker: %s\n", err.msg);
+  }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  if (!ferry__worker_close(&w, 700)) {
+    /* A heartbeat is stuck on an unresponsive dispatcher: everything
+     * else is down, so leave without waiting for it. */
+    FERRY_LOG(FERRY_LOG_WARN, "heartbeat still in flight; exiting anyway");
+    fflush(stdout);
+    _exit(rc == 0 ? 0 : 1);
+  }
+  uv_loop_close(&loop);
+  ferry_rpc_shutdown();
+  ferry_options_free(table, N_OPTS, &cfg);
+  return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,268 @@
+/* Worker/StreamChunks and the chunk queues (loop thread).
+ *
+ * Pipeline threads push finished chunks into the inbox; the loop moves
+ * them into one FIFO per (job, client), where they wait for that client's
+ * StreamChunks call. Each call has at most one send in flight; its on_sent
+ * callback sends the next chunk. Chunks queued before the call opens, or
+ * while a client reconnects, wait in the queue (the pool bounds them);
+ * chunks of cancelled tasks are dropped when the inbox is drained or a
+ * purge is asked for.
+ */
+#include <string.h>
+
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "worker.h"
+
+struct ferry__wqueue_s {
+  struct ferry__wqueue_s *next;
+  ferry__worker_t *w;
+  uint64_t job_id, client_id;
+  ferry__wchunk_t *head, *tail;
+  size_t n;
+  ferry_rpc_call_t *call; /* the open StreamChunks call, or NULL */
+  bool sending;           /* a send of `call` is in flight */
+};
+
+static ferry__wqueue_t *queue_get(ferry__worker_t *w, uint64_t job_id,
+                                  uint64_t client_id, bool create) {
+  for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+    if (q->job_id == job_id && q->client_id == client_id)
+      return q;
+  if (!create)
+    return NULL;
+  ferry__wqueue_t *q = ferry__calloc(1, sizeof(*q));
+  if (q == NULL)
+    return NULL;
+  q->w = w;
+  q->job_id = job_id;
+  q->client_id = client_id;
+  q->next = w->queues;
+  w->queues = q;
+  return q;
+}
+
+/* Frees queues with neither a call nor chunks. */
+static void queues_trim(ferry__worker_t *w) {
+  for (ferry__wqueue_t **pp = &w->queues; *pp != NULL;) {
+    ferry__wqueue_t *q = *pp;
+    if (q->call == NULL && q->head == NULL) {
+      *pp = q->next;
+      ferry__free(q);
+    } else {
+      pp = &q->next;
+    }
+  }
+}
+
+static bool chunk_dead(const ferry__wchunk_t *c) {
+  return c->task != NULL && atomic_load(&c->task->cancelled);
+}
+
+/* Drops the queued chunks of cancelled tasks (all of them with `all`). */
+static void queue_purge(ferry__wqueue_t *q, bool all) {
+  ferry__wchunk_t **pp = &q->head, *prev = NULL;
+  while (*pp != NULL) {
+    ferry__wchunk_t *c = *pp;
+    if (all || chunk_dead(c)) {
+      *pp = c->next;
+      q->n--;
+      ferry__wpool_release(c);
+    } else {
+      prev = c;
+      pp = &c->next;
+    }
+  }
+  q->tail = prev;
+}
+
+static void send_next(ferry__wqueue_t *q);
+
+static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
+  ferry__wqueue_t *q = arg;
+  if (q->call != call)
+    return;
+  q->sending = false;
+  if (!ok) {
+    /* The client is gone; the chunk that was in flight is lost with the
+     * call. The queue waits for a reconnect. */
+    q->call = NULL;
+    ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "stream broken");
+    return;
+  }
+  send_next(q);
+}
+
+static void send_next(ferry__wqueue_t *q) {
+  while (q->call != NULL && !q->sending && q->head != NULL) {
+    if (ferry_rpc_call_cancelled(q->call)) {
+      ferry_rpc_call_t *call = q->call;
+      q->call = NULL;
+      ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "cancelled");
+      return;
+    }
+    ferry__wchunk_t *c = q->head;
+    q->head = c->next;
+    if (q->head == NULL)
+      q->tail = NULL;
+    q->n--;
+    c->next = NULL;
+    if (chunk_dead(c)) {
+      ferry__wpool_release(c);
+      continue;
+    }
+    /* gRPC may free the pieces at any time from here on. */
+    ferry__wtask_unref(c->task);
+    c->task = NULL;
+    ferry_rpc_piece_t pieces[2];
+    size_t n = ferry__wchunk_pieces(c, pieces);
+    int rc = ferry_rpc_stream_send(q->call, pieces, n, on_sent, q);
+    if (rc != 0) {
+      ferry_rpc_call_t *call = q->call;
+      q->call = NULL;
+      FERRY_LOG(FERRY_LOG_DEBUG, "stream job %llu client %llu: send: %s",
+                (unsigned long long)q->job_id,
+                (unsigned long long)q->client_id, ferry_strerror(rc));
+      ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "stream broken");
+      return;
+    }
+    q->sending = true;
+  }
+}
+
+static void on_call_cancel(ferry_rpc_call_t *call, void *arg) {
+  ferry__wqueue_t *q = arg;
+  if (q->call == call) {
+    q->call = NULL;
+    q->sending = false;
+  }
+  ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "cancelled");
+}
+
+static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                      void *user) {
+  ferry__worker_t *w = user;
+  Ferry__V1__StreamChunksRequest *m =
+      ferry__v1__stream_chunks_request__unpack(NULL, len, req);
+  if (m == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                          "StreamChunksRequest: malformed protobuf");
+    return;
+  }
+  uint64_t job_id = m->job_id, client_id = m->client_id;
+  ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+  if (w->stopping) {
+    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
+                          "worker shutting down");
+    return;
+  }
+  ferry__wqueue_t *q = queue_get(w, job_id, client_id, true);
+  if (q == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    return;
+  }
+  if (q->call != NULL) {
+    /* A reconnect replaces the older call. */
+    ferry_rpc_call_t *old = q->call;
+    q->call = NULL;
+    ferry_rpc_stream_finish(old, FERRY_RPC_CANCELLED,
+                            "replaced by a newer stream");
+  }
+  q->call = call;
+  q->sending = false;
+  FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued",
+            (unsigned long long)job_id, (unsigned long long)client_id, q->n);
+  ferry_rpc_call_on_cancel(call, on_call_cancel, q);
+  send_next(q);
+}
+
+int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
+  return ferry_rpc_server_register(w->server, FERRY_WORKER_METHOD,
+                                   FERRY_RPC_SERVER_STREAM, on_stream, w,
+                                   err);
+}
+
+void ferry__winbox_push(ferry__wchunk_t *c, void *arg) {
+  ferry__worker_t *w = arg;
+  c->next = NULL;
+  pthread_mutex_lock(&w->inbox_lock);
+  if (w->inbox_closed) {
+    pthread_mutex_unlock(&w->inbox_lock);
+    ferry__wpool_release(c);
+    return;
+  }
+  if (w->inbox_tail != NULL)
+    w->inbox_tail->next = c;
+  else
+    w->inbox_head = c;
+  w->inbox_tail = c;
+  /* Under the lock, so the handle cannot be closing meanwhile. */
+  uv_async_send(&w->inbox_async);
+  pthread_mutex_unlock(&w->inbox_lock);
+}
+
+void ferry__winbox_purge(ferry__worker_t *w) {
+  pthread_mutex_lock(&w->inbox_lock);
+  if (!w->inbox_closed) {
+    w->inbox_purge = true;
+    uv_async_send(&w->inbox_async);
+  }
+  pthread_mutex_unlock(&w->inbox_lock);
+}
+
+void ferry__wstream_close_all(ferry__worker_t *w) {
+  for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
+    queue_purge(q, true);
+    if (q->call != NULL) {
+      ferry_rpc_call_t *call = q->call;
+      q->call = NULL;
+      q->sending = false;
+      ferry_rpc_stream_finish(call, FERRY_RPC_UNAVAILABLE,
+                              "worker shutting down");
+    }
+  }
+  queues_trim(w);
+}
+
+void ferry__winbox_on_async(uv_async_t *a) {
+  ferry__worker_t *w = a->data;
+  pthread_mutex_lock(&w->inbox_lock);
+  ferry__wchunk_t *c = w->inbox_head;
+  bool purge = w->inbox_purge, stop = w->inbox_stop;
+  w->inbox_head = w->inbox_tail = NULL;
+  w->inbox_purge = w->inbox_stop = false;
+  pthread_mutex_unlock(&w->inbox_lock);
+
+  ferry__wqueue_t *touched = NULL;
+  while (c != NULL) {
+    ferry__wchunk_t *next = c->next;
+    c->next = NULL;
+    ferry__wqueue_t *q = NULL;
+    if (!w->stopping && !chunk_dead(c))
+      q = touched != NULL && touched->job_id == c->job_id &&
+                  touched->client_id == c->client_id
+              ? touched
+              : queue_get(w, c->job_id, c->client_id, true);
+    if (q == NULL) {
+      ferry__wpool_release(c);
+    } else {
+      if (q->tail != NULL)
+        q->tail->next = c;
+      else
+        q->head = c;
+      q->tail = c;
+      q->n++;
+      touched = q;
+    }
+    c = next;
+  }
+  if (purge)
+    for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+      queue_purge(q, false);
+  for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+    send_next(q);
+  if (purge)
+    queues_trim(w);
+  if (stop)
+    ferry__worker_shutdown(w);
+}

@@ -1,0 +1,299 @@
+/* In process: the worker's Worker service on 127.0.0.1:0 with injected
+ * tasks, read by the rpc client through StreamChunks. */
+#include <pthread.h>
+
+#include "ferry/rpc.h"
+#include "wtest_util.h"
+
+#define WAIT_MS 20000
+
+typedef struct {
+  uv_loop_t loop;
+  ferry__worker_t w;
+  pthread_t thread;
+  ferry_rpc_channel_t *ch;
+} srv_t;
+
+static void *loop_main(void *arg) {
+  srv_t *s = arg;
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static void srv_start(srv_t *s, uint64_t buffer_bytes, uint64_t chunk_bytes) {
+  ferry__wconfig_t cfg;
+  ferry_error_t err;
+  char target[64];
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.host = "127.0.0.1";
+  cfg.threads = 2;
+  cfg.buffer_bytes = buffer_bytes;
+  cfg.chunk_bytes = chunk_bytes;
+  cfg.heartbeat_ms = 1000;
+  ferry_rpc_init();
+  cr_assert_eq(uv_loop_init(&s->loop), 0);
+  cr_assert_eq(ferry__worker_start(&s->w, &cfg, &s->loop, false, &err), 0,
+               "%s", err.msg);
+  cr_assert_gt(s->w.port, 0);
+  cr_assert_eq(pthread_create(&s->thread, NULL, loop_main, s), 0);
+  snprintf(target, sizeof(target), "127.0.0.1:%d", s->w.port);
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s->ch, &err), 0);
+}
+
+static void srv_stop(srv_t *s) {
+  ferry_rpc_channel_free(s->ch);
+  ferry__worker_request_stop(&s->w);
+  pthread_join(s->thread, NULL);
+  cr_assert(ferry__worker_close(&s->w, 1000));
+  cr_assert_eq(uv_loop_close(&s->loop), 0);
+  ferry_rpc_shutdown();
+}
+
+static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
+                                       uint64_t client) {
+  Ferry__V1__StreamChunksRequest req = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
+  uint8_t buf[64];
+  ferry_rpc_stream_t *st;
+  ferry_error_t err;
+  req.job_id = job;
+  req.client_id = client;
+  size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
+  cr_assert_eq(ferry_rpc_stream_open(s->ch, FERRY_WORKER_METHOD, buf, len, -1,
+                                     FERRY_RPC_WAIT_FOR_READY, &st, &err),
+               0, "%s", err.msg);
+  return st;
+}
+
+static Ferry__V1__Chunk *next_chunk(ferry_rpc_stream_t *st) {
+  ferry_rpc_msg_t msg;
+  ferry_error_t err;
+  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  cr_assert_eq(rc, 0, "stream_next: %s", ferry_strerror(rc));
+  size_t len = msg.len;
+  uint8_t *buf = malloc(len + 1);
+  cr_assert_eq(ferry_rpc_msg_copy(&msg, 0, buf, len), len);
+  ferry_rpc_msg_release(&msg);
+  Ferry__V1__Chunk *m = ferry__v1__chunk__unpack(NULL, len, buf);
+  cr_assert_not_null(m);
+  free(buf);
+  return m;
+}
+
+/* Receives the split's chunks until `last`; checks every record once in
+ * order with the right pixels. Returns the chunk count. */
+static size_t receive_split(ferry_rpc_stream_t *st, const wt_file_t *f,
+                            uint32_t split, uint64_t n) {
+  uint64_t pos = 0;
+  size_t chunks = 0;
+  uint8_t want[WT_BYTES];
+  for (;;) {
+    Ferry__V1__Chunk *m = next_chunk(st);
+    chunks++;
+    cr_assert_eq(m->error_code, 0, "%s", m->error);
+    cr_assert_eq(m->split, split, "split %u job %llu count %u first %llu len %zu", m->split, (unsigned long long)m->job_id, m->count, (unsigned long long)m->first, m->payload.len);
+    cr_assert_eq(m->first, pos);
+    for (uint32_t j = 0; j < m->count; j++) {
+      int64_t label;
+      uint64_t rec = m->ids[j] & ((1ull << 40) - 1);
+      cr_assert_eq(rec, pos + j, "record order");
+      wt_expected(f, rec, want, &label);
+      cr_assert_eq(m->labels[j], label);
+      cr_assert_eq(memcmp(m->payload.data + (size_t)j * WT_BYTES, want,
+                          WT_BYTES),
+                   0);
+    }
+    pos += m->count;
+    bool last = m->last;
+    ferry__v1__chunk__free_unpacked(m, NULL);
+    if (last)
+      break;
+  }
+  cr_assert_eq(pos, n, "every record of the split");
+  return chunks;
+}
+
+Test(stream, receives_every_chunk, .timeout = 120) {
+  wt_file_t f;
+  srv_t s;
+  wt_file_make(&f, 300, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  srv_start(&s, 64 << 20, 16 * WT_BYTES);
+  /* The task runs before the stream opens: its chunks wait queued. */
+  wt_task_t t;
+  wt_task(&t, &f, 0, 300, false);
+  cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
+  ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
+  size_t chunks = receive_split(st, &f, 3, 300);
+  cr_assert_eq(chunks, 19, "ceil(300 / 16)");
+  ferry__wprogress_t p;
+  cr_assert(ferry__wtasks_progress(&s.w.tasks, 11, 1, 3, 5, &p));
+  cr_assert(p.finished);
+  cr_assert_eq(p.produced, 300);
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+  srv_stop(&s);
+  wt_file_free(&f);
+}
+
+/* A pool far smaller than the split: production follows consumption. */
+Test(stream, backpressure_through_the_stream, .timeout = 120) {
+  wt_file_t f;
+  srv_t s;
+  wt_file_make(&f, 500, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  size_t block = ferry__wchunk_block_size(4, WT_BYTES);
+  srv_start(&s, 3 * block, 4 * WT_BYTES);
+  ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
+  wt_task_t t;
+  wt_task(&t, &f, 0, 500, false);
+  cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
+  cr_assert_eq(receive_split(st, &f, 3, 500), 125);
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+  srv_stop(&s);
+  wt_file_free(&f);
+}
+
+/* A client that goes away and comes back finds the queued chunks. */
+Test(stream, reconnect_finds_queued_chunks, .timeout = 120) {
+  wt_file_t f;
+  srv_t s;
+  wt_file_make(&f, 40, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  srv_start(&s, 64 << 20, 1 << 20);
+  ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+  wt_task_t t;
+  wt_task(&t, &f, 0, 40, false);
+  cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
+  st = open_stream(&s, 11, 22);
+  cr_assert_eq(receive_split(st, &f, 3, 40), 1);
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+  srv_stop(&s);
+  wt_file_free(&f);
+}
+
+Test(stream, malformed_request_is_invalid_argument, .timeout = 60) {
+  srv_t s;
+  ferry_rpc_stream_t *st;
+  ferry_error_t err;
+  ferry_rpc_msg_t msg;
+  srv_start(&s, 1 << 20, 1 << 20);
+  uint8_t junk[] = {0xff, 0xff};
+  cr_assert_eq(ferry_rpc_stream_open(s.ch, FERRY_WORKER_METHOD, junk,
+                                     sizeof(junk), -1,
+                                     FERRY_RPC_WAIT_FOR_READY, &st, &err),
+               0);
+  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err),
+               FERRY_EGRPC_INVALID_ARGUMENT);
+  ferry_rpc_stream_free(st);
+  srv_stop(&s);
+}
+
+/* ---- A fake dispatcher: registration, a task by heartbeat, draining ---- */
+
+typedef struct {
+  const Ferry__V1__Task *task;
+  atomic_int beats;
+  atomic_int registered; /* heartbeats that came with worker_id 42 */
+  atomic_int draining;
+  atomic_int finished;   /* heartbeats reporting the task finished */
+} fake_t;
+
+static void on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
+                         size_t len, void *user) {
+  fake_t *f = user;
+  Ferry__V1__WorkerHeartbeatRequest *m =
+      ferry__v1__worker_heartbeat_request__unpack(NULL, len, req);
+  cr_assert_not_null(m);
+  atomic_fetch_add(&f->beats, 1);
+  if (m->worker_id == 42)
+    atomic_fetch_add(&f->registered, 1);
+  if (m->draining)
+    atomic_fetch_add(&f->draining, 1);
+  bool listed = false;
+  for (size_t i = 0; i < m->n_tasks; i++) {
+    listed = true;
+    if (m->tasks[i]->finished && m->tasks[i]->produced == 25)
+      atomic_fetch_add(&f->finished, 1);
+  }
+  Ferry__V1__WorkerHeartbeatResponse r =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Task *tasks[1] = {(Ferry__V1__Task *)f->task};
+  r.worker_id = 42;
+  r.heartbeat_ms = 20;
+  if (!listed && !m->draining) {
+    r.n_new_tasks = 1;
+    r.new_tasks = tasks;
+  }
+  uint8_t buf[4096];
+  size_t n = ferry__v1__worker_heartbeat_response__pack(&r, buf);
+  ferry__v1__worker_heartbeat_request__free_unpacked(m, NULL);
+  ferry_rpc_reply(call, buf, n);
+}
+
+static void fake_done(void *arg) { (void)arg; }
+
+Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
+  wt_file_t f;
+  wt_file_make(&f, 25, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  wt_task_t t;
+  wt_task(&t, &f, 0, 25, false);
+  fake_t fake = {.task = &t.task};
+
+  /* The fake dispatcher lives on the worker's loop. */
+  srv_t s;
+  ferry_error_t err;
+  ferry_rpc_server_t *disp;
+  int dport;
+  ferry_rpc_init();
+  cr_assert_eq(uv_loop_init(&s.loop), 0);
+  cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
+  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_WORKER_HB_METHOD,
+                                         FERRY_RPC_UNARY, on_heartbeat,
+                                         &fake, &err),
+               0);
+  cr_assert_eq(ferry_rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
+  char daddr[64], target[64];
+  snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", dport);
+
+  ferry__wconfig_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.dispatcher = daddr;
+  cfg.host = "127.0.0.1";
+  cfg.threads = 1;
+  cfg.buffer_bytes = 16 << 20;
+  cfg.chunk_bytes = 1 << 20;
+  cfg.heartbeat_ms = 20;
+  cr_assert_eq(ferry__worker_start(&s.w, &cfg, &s.loop, false, &err), 0);
+  cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
+  snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
+
+  ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
+  cr_assert_eq(receive_split(st, &f, 3, 25), 1);
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+  /* The heartbeats after registration carry the id and the result. */
+  ferry__wprogress_t p;
+  while (atomic_load(&fake.finished) == 0) {
+    cr_assert(ferry__wtasks_progress(&s.w.tasks, 11, 1, 3, 5, &p));
+    sched_yield();
+  }
+  cr_assert_gt(atomic_load(&fake.registered), 0);
+  cr_assert_eq(atomic_load(&s.w.worker_id), 42);
+  cr_assert_eq(atomic_load(&fake.draining), 0);
+
+  ferry_rpc_channel_free(s.ch);
+  ferry__worker_request_stop(&s.w);
+  /* The worker's part of the loop ends; the fake keeps it running until
+   * the final heartbeat arrived. */
+  cr_assert(ferry__whb_join(&s.w, 5000), "the heartbeat thread exits");
+  cr_assert_geq(atomic_load(&fake.draining), 1, "draining reported (%d)",
+                atomic_load(&fake.draining));
+  ferry_rpc_server_shutdown(disp, fake_done, NULL);
+  pthread_join(s.thread, NULL);
+  cr_assert(ferry__worker_close(&s.w, 1000));
+  cr_assert_eq(uv_loop_close(&s.loop), 0);
+  ferry_rpc_shutdown();
+  wt_file_free(&f);
+}

@@ -1,0 +1,179 @@
+/* The worker's life cycle on its loop: start-up (pool, task table, RPC
+ * server, pipeline threads, heartbeat thread, signals) and the drain on
+ * SIGTERM/SIGINT or request. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "worker.h"
+
+static void on_signal(uv_signal_t *h, int signum) {
+  ferry__worker_t *w = h->data;
+  if (w->stopping) {
+    FERRY_LOG(FERRY_LOG_WARN, "%s again while draining",
+              signum == SIGINT ? "SIGINT" : "SIGTERM");
+    return;
+  }
+  FERRY_LOG(FERRY_LOG_INFO, "%s: draining",
+            signum == SIGINT ? "SIGINT" : "SIGTERM");
+  ferry__worker_shutdown(w);
+}
+
+/* The host clients should dial: --advertise, else --host unless it is a
+ * wildcard, else this machine's name. */
+static void make_address(ferry__worker_t *w) {
+  const ferry__wconfig_t *cfg = &w->cfg;
+  char host[256];
+  const char *h = cfg->advertise;
+  if (h == NULL || h[0] == '\0') {
+    h = cfg->host;
+    if (h == NULL || h[0] == '\0' || strcmp(h, "0.0.0.0") == 0 ||
+        strcmp(h, "::") == 0 || strcmp(h, "[::]") == 0) {
+      if (gethostname(host, sizeof(host)) != 0)
+        snprintf(host, sizeof(host), "localhost");
+      host[sizeof(host) - 1] = '\0';
+      h = host;
+    }
+  }
+  snprintf(w->address, sizeof(w->address), "%s:%d", h, w->port);
+}
+
+static void on_closed(uv_handle_t *h) { (void)h; }
+
+static void on_server_done(void *arg) {
+  ferry__worker_t *w = arg;
+  w->server = NULL;
+  w->server_done = true;
+  pthread_mutex_lock(&w->inbox_lock);
+  w->inbox_closed = true;
+  ferry__wchunk_t *c = w->inbox_head;
+  w->inbox_head = w->inbox_tail = NULL;
+  pthread_mutex_unlock(&w->inbox_lock);
+  while (c != NULL) {
+    ferry__wchunk_t *next = c->next;
+    ferry__wpool_release(c);
+    c = next;
+  }
+  ferry__wstream_close_all(w);
+  if (w->async_on) {
+    uv_close((uv_handle_t *)&w->inbox_async, on_closed);
+    w->async_on = false;
+  }
+  if (w->signals_on) {
+    uv_close((uv_handle_t *)&w->sigterm, on_closed);
+    uv_close((uv_handle_t *)&w->sigint, on_closed);
+    w->signals_on = false;
+  }
+  FERRY_LOG(FERRY_LOG_INFO, "worker stopped");
+}
+
+void ferry__worker_shutdown(ferry__worker_t *w) {
+  if (w->stopping)
+    return;
+  w->stopping = true;
+  atomic_store(&w->draining, true);
+  ferry__wtasks_drain(&w->tasks);
+  if (w->hb_started)
+    ferry__whb_quit(w);
+  ferry__wtasks_stop(&w->tasks);
+  if (w->server != NULL) {
+    ferry_rpc_health_set_serving(w->server, false);
+    ferry__wstream_close_all(w);
+    ferry_rpc_server_shutdown(w->server, on_server_done, w);
+  } else {
+    on_server_done(w);
+  }
+}
+
+void ferry__worker_request_stop(ferry__worker_t *w) {
+  pthread_mutex_lock(&w->inbox_lock);
+  if (!w->inbox_closed) {
+    w->inbox_stop = true;
+    uv_async_send(&w->inbox_async);
+  }
+  pthread_mutex_unlock(&w->inbox_lock);
+}
+
+int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
+                        uv_loop_t *loop, bool signals, ferry_error_t *err) {
+  static const char *const services[] = {"ferry.v1.Worker"};
+  char addr[300];
+  int rc;
+  memset(w, 0, sizeof(*w));
+  w->cfg = *cfg;
+  w->loop = loop;
+  atomic_init(&w->draining, false);
+  atomic_init(&w->worker_id, 0);
+  atomic_init(&w->heartbeat_ms, (int)cfg->heartbeat_ms);
+  atomic_init(&w->heartbeats_ok, 0);
+  pthread_mutex_init(&w->inbox_lock, NULL);
+  pthread_mutex_init(&w->hb_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->hb_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (ferry__wpool_init(&w->pool, cfg->buffer_bytes) != 0 ||
+      ferry__wtasks_init(&w->tasks, &w->pool, cfg->chunk_bytes,
+                         ferry__winbox_push, w) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  rc = uv_async_init(loop, &w->inbox_async, ferry__winbox_on_async);
+  if (rc != 0)
+    return ferry__seterr(err, FERRY_EIO, "uv_async_init: %s",
+                         uv_strerror(rc));
+  w->inbox_async.data = w;
+  w->async_on = true;
+  rc = ferry_rpc_server_new(loop, NULL, &w->server, err);
+  if (rc != 0)
+    goto fail;
+  if ((rc = ferry__wstream_register(w, err)) != 0 ||
+      (rc = ferry_rpc_health_register(w->server, services, 1, err)) != 0)
+    goto fail;
+  snprintf(addr, sizeof(addr), "%s:%d",
+           cfg->host != NULL && cfg->host[0] != '\0' ? cfg->host
+                                                     : "127.0.0.1",
+           (int)cfg->port);
+  rc = ferry_rpc_server_start(w->server, addr, &w->port, err);
+  if (rc != 0)
+    goto fail;
+  make_address(w);
+  rc = ferry__wtasks_start(&w->tasks, (size_t)cfg->threads, err);
+  if (rc != 0)
+    goto fail;
+  if (signals) {
+    uv_signal_init(loop, &w->sigterm);
+    uv_signal_init(loop, &w->sigint);
+    w->sigterm.data = w->sigint.data = w;
+    uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&w->sigint, on_signal, SIGINT);
+    w->signals_on = true;
+  }
+  if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {
+    rc = ferry__whb_start(w, err);
+    if (rc != 0)
+      goto fail;
+  }
+  return 0;
+fail:
+  ferry__worker_shutdown(w);
+  return rc;
+}
+
+bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
+  if (w->hb_started && !ferry__whb_join(w, hb_wait_ms))
+    return false;
+  ferry__wtasks_close(&w->tasks);
+  uint64_t used = ferry__wpool_used(&w->pool);
+  if (used != 0)
+    FERRY_LOG(FERRY_LOG_WARN, "worker: %llu chunk bytes still out at exit",
+              (unsigned long long)used);
+  else
+    ferry__wpool_close(&w->pool);
+  pthread_mutex_destroy(&w->inbox_lock);
+  pthread_mutex_destroy(&w->hb_lock);
+  pthread_cond_destroy(&w->hb_cv);
+  return true;
+}

@@ -1,0 +1,345 @@
+/* ferry-worker internals: the data-plane daemon (docs/ARCHITECTURE.md,
+ * "The service" and "Chunks").
+ *
+ *   heartbeat thread --Tasks--> task table --> pipeline threads
+ *        (heartbeat.c)          (tasks.c)        (tasks.c: read, order,
+ *                                                  pipeline, pack chunks)
+ *   pipeline threads --chunks--> inbox --uv_async--> loop thread
+ *                                                   (stream.c: one queue
+ *                                                   per (job, client), one
+ *                                                   send in flight per
+ *                                                   StreamChunks call)
+ *
+ * Threads and ownership.
+ * - The libuv loop thread owns the RPC server, the stream queues and the
+ *   calls (no lock). Other threads reach it only through the inbox
+ *   (ferry__winbox_*: a mutex-protected list plus uv_async_send).
+ * - The task table (ferry__wtasks_t) is shared by the heartbeat thread,
+ *   the pipeline threads and the loop; its mutex guards the task list, the
+ *   pending queue, every task's progress fields and the pipeline cache.
+ * - The chunk pool (ferry__wpool_t) has its own mutex and condvar; chunk
+ *   buffers go back to it from any thread (gRPC's slice free callbacks).
+ * - A task is reference-counted (atomic): the table, the thread running it
+ *   and each of its chunks hold one. Its `cancelled` flag is atomic.
+ *
+ * Lock order. The three mutexes (tasks, pool, inbox) are leaves: no code
+ * holds two of them at once. Should that ever be needed, take them in the
+ * order tasks -> pool -> inbox. The heartbeat thread's own mutex (hb_lock)
+ * is likewise never held together with another one.
+ */
+#ifndef FERRY_WORKER_H
+#define FERRY_WORKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "ferry/error.h"
+#include "ferry/pipeline.h"
+#include "ferry/rpc.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+#include "ferry/v1/worker.pb-c.h"
+
+#define FERRY_WORKER_METHOD "/ferry.v1.Worker/StreamChunks"
+#define FERRY_WORKER_HB_METHOD "/ferry.v1.Dispatcher/WorkerHeartbeat"
+
+/* Settings (the options table in main.c fills this). */
+typedef struct ferry__wconfig_s {
+  char *dispatcher;      /* host:port; NULL or "": no heartbeats (tests) */
+  int64_t port;          /* 0: any */
+  char *host;            /* bind address */
+  char *advertise;       /* host the dispatcher gives to clients */
+  int64_t threads;       /* pipeline threads; 0: one per core */
+  uint64_t buffer_bytes; /* chunk pool bound */
+  int64_t heartbeat_ms;
+  uint64_t chunk_bytes;  /* target chunk payload size */
+  char *config;
+  int log_level;
+  bool help;
+} ferry__wconfig_t;
+
+/* ---- Chunk pool and chunks (tasks.c, chunk.c) ---------------------------- */
+
+typedef struct ferry__wtask_s ferry__wtask_t;
+typedef struct ferry__wpool_s ferry__wpool_t;
+
+/* A chunk: up to `cap` records of one split, laid out in one pool block:
+ * this struct, the packed header area, labels, ids, then the payload. */
+typedef struct ferry__wchunk_s {
+  struct ferry__wchunk_s *next; /* queue link (inbox, stream queue) */
+  ferry__wpool_t *pool;
+  size_t block_size;            /* the whole block, for the pool's count */
+  ferry__wtask_t *task;         /* a reference; NULL once handed to gRPC */
+  atomic_int send_refs;         /* pieces gRPC still holds */
+
+  uint64_t job_id, client_id, lease;
+  uint32_t epoch, split;
+  uint64_t first;     /* position of the first record in split order */
+  uint32_t count, cap;
+  int h, w, c;
+  size_t rec_bytes;   /* h * w * c */
+  bool last;
+  int error_code;
+  char *error;        /* in the block; "" when none */
+  int64_t *labels, *ids;
+  uint8_t *payload;
+  uint8_t *hdr;       /* packed header, then payload tag and length */
+  size_t hdr_cap, hdr_len;
+} ferry__wchunk_t;
+
+/* The pool of chunk blocks, bounded in bytes: blocks handed out plus free
+ * blocks kept for reuse never exceed `cap` (except one block larger than
+ * the cap when nothing else is out, so a huge record cannot deadlock). */
+struct ferry__wpool_s {
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  uint64_t cap;
+  uint64_t used;   /* bytes in blocks handed out */
+  uint64_t cached; /* bytes in free blocks */
+  ferry__wchunk_t *free_list;
+  uint64_t waits;  /* times an acquire had to wait (tests, stats) */
+};
+
+int ferry__wpool_init(ferry__wpool_t *p, uint64_t cap);
+/* Frees the free blocks; every block must have been released. */
+void ferry__wpool_close(ferry__wpool_t *p);
+
+/* A chunk for `cap` records of `rec_bytes` each (header fields zeroed).
+ * Blocks while the pool is full until a release makes room or `*cancel_a`
+ * or `*cancel_b` (either may be NULL) becomes true: then NULL. Also NULL
+ * when out of memory (*oom set). */
+ferry__wchunk_t *ferry__wpool_acquire(ferry__wpool_t *p, uint32_t cap,
+                                      size_t rec_bytes,
+                                      const atomic_bool *cancel_a,
+                                      const atomic_bool *cancel_b,
+                                      bool *oom);
+/* Returns a block (any thread). Drops the chunk's task reference. */
+void ferry__wpool_release(ferry__wchunk_t *c);
+/* Wakes every waiter so it rechecks its cancel flags. */
+void ferry__wpool_wake(ferry__wpool_t *p);
+/* Bytes handed out (for heartbeats and tests). */
+uint64_t ferry__wpool_used(ferry__wpool_t *p);
+
+/* Block size needed for `cap` records of `rec_bytes` (chunk.c). */
+size_t ferry__wchunk_block_size(uint32_t cap, size_t rec_bytes);
+/* Lays a chunk out in a block of at least that size (chunk.c). */
+ferry__wchunk_t *ferry__wchunk_layout(void *block, size_t block_size,
+                                      uint32_t cap, size_t rec_bytes);
+
+/* Packs the header (fields 1-14, protobuf-c) and the payload's tag and
+ * length into c->hdr. The message is then hdr[0, hdr_len) followed by
+ * payload[0, count * rec_bytes). Returns 0 or FERRY_ERANGE. */
+int ferry__wchunk_encode(ferry__wchunk_t *c);
+
+/* The two pieces of the message (payload omitted when empty: then n = 1).
+ * Their free callbacks release the block once gRPC let go of both. */
+size_t ferry__wchunk_pieces(ferry__wchunk_t *c, ferry_rpc_piece_t out[2]);
+
+/* ---- Tasks (tasks.c) ---------------------------------------------------- */
+
+typedef enum { WT_PENDING, WT_RUNNING, WT_DONE } ferry__wtask_state_t;
+
+/* A compiled pipeline shared by tasks with the same spec bytes. */
+typedef struct ferry__wpipe_s {
+  struct ferry__wpipe_s *next;
+  uint8_t *spec_bytes;
+  size_t spec_len;
+  uint64_t id;          /* unique, keys the threads' ctx caches */
+  ferry_spec_t spec;
+  ferry_pipeline_t *pipeline;
+  int refs;             /* tasks and thread ctxs using it (tasks lock) */
+} ferry__wpipe_t;
+
+struct ferry__wtask_s {
+  struct ferry__wtask_s *next;  /* the table's list */
+  struct ferry__wtask_s *qnext; /* the pending queue */
+  atomic_int refs;
+  atomic_bool cancelled;
+
+  /* Immutable after creation. */
+  uint64_t job_id, client_id, lease;
+  uint32_t epoch, split;
+  uint32_t file_index;
+  uint64_t byte_offset, first_record, num_records, byte_end;
+  char *file;
+  uint64_t start;
+  bool shuffle;
+  uint64_t seed;
+  int policy;               /* FERRY_ON_ERROR_* */
+  ferry__wpipe_t *pipe;     /* NULL when the spec did not compile */
+
+  /* Progress (tasks lock). */
+  ferry__wtask_state_t state;
+  uint64_t produced; /* positions done, counted from 0 */
+  uint64_t skipped;
+  bool finished;
+  int error_code;
+  char error[512];
+};
+
+/* Where finished chunks go: the loop's inbox in the daemon, a list in
+ * tests. Called from pipeline threads, in split order per task. */
+typedef void (*ferry__wemit_cb)(ferry__wchunk_t *c, void *arg);
+
+typedef struct ferry__wtasks_s {
+  pthread_mutex_t lock;
+  pthread_cond_t cv;   /* a task was queued, or stop */
+  ferry__wtask_t *list;
+  ferry__wtask_t *qhead, *qtail;
+  ferry__wpipe_t *pipes;
+  uint64_t next_pipe_id;
+  atomic_bool stop;
+  bool draining;       /* take no new tasks */
+  ferry__wpool_t *pool;
+  uint64_t chunk_bytes;
+  ferry__wemit_cb emit;
+  void *emit_arg;
+  pthread_t *threads;
+  struct ferry__wthread_s **thread_states;
+  size_t nthreads;
+} ferry__wtasks_t;
+
+int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,
+                       uint64_t chunk_bytes, ferry__wemit_cb emit,
+                       void *emit_arg);
+/* Starts `n` pipeline threads. */
+int ferry__wtasks_start(ferry__wtasks_t *t, size_t n, ferry_error_t *err);
+/* Cancels every task, stops and joins the threads. Idempotent. */
+void ferry__wtasks_stop(ferry__wtasks_t *t);
+/* Stops, then frees every task and pipeline. */
+void ferry__wtasks_close(ferry__wtasks_t *t);
+
+/* Adds a task from the dispatcher (fields copied) and queues it, unless
+ * one with the same (job, epoch, split, lease) exists or the table is
+ * draining. Returns 1 when added, 0 when ignored, or FERRY_ENOMEM. A spec
+ * that does not compile gives a task that reports the error at once. */
+int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *task);
+/* Cancels the task (it stops at its next record, its chunks are dropped)
+ * and forgets it. Returns true when it was known. */
+bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
+                          uint32_t epoch, uint32_t split, uint64_t lease);
+/* Marks the table draining: no new tasks from now on. */
+void ferry__wtasks_drain(ferry__wtasks_t *t);
+
+/* A copy of one task's progress (tests). Returns false when unknown. */
+typedef struct ferry__wprogress_s {
+  ferry__wtask_state_t state;
+  uint64_t produced, skipped;
+  bool finished;
+  int error_code;
+  char error[512];
+} ferry__wprogress_t;
+bool ferry__wtasks_progress(ferry__wtasks_t *t, uint64_t job_id,
+                            uint32_t epoch, uint32_t split, uint64_t lease,
+                            ferry__wprogress_t *out);
+
+/* Fills `req->tasks` with every task's progress, allocated in one block
+ * returned in *mem (ferry__free it after packing). */
+int ferry__wtasks_report(ferry__wtasks_t *t,
+                         Ferry__V1__WorkerHeartbeatRequest *req, void **mem);
+
+void ferry__wtask_unref(ferry__wtask_t *task);
+
+/* Runs one task to its end on the calling thread with `ctxs`, a thread's
+ * ctx cache (exported for tests that drive a task without threads). */
+typedef struct ferry__wthread_s ferry__wthread_t;
+ferry__wthread_t *ferry__wthread_new(ferry__wtasks_t *t);
+void ferry__wthread_free(ferry__wthread_t *th);
+void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *task);
+
+/* The record order of a split: out[0..n) becomes the identity, or with
+ * shuffle a Fisher-Yates permutation driven by splitmix64 whose state
+ * starts at mix(seed ^ mix(epoch * G1 + 1) ^ mix(split * G2 + 2)) (mix: the
+ * splitmix64 output function; G1, G2: odd 64-bit constants), taking each
+ * draw modulo i + 1. Deterministic on every machine. */
+void ferry__wshuffle(uint64_t *out, uint64_t n, bool shuffle, uint64_t seed,
+                     uint32_t epoch, uint32_t split);
+
+/* ---- The daemon (worker.c, stream.c, heartbeat.c) ------------------------ */
+
+typedef struct ferry__wqueue_s ferry__wqueue_t;
+
+typedef struct ferry__worker_s {
+  ferry__wconfig_t cfg;
+  uv_loop_t *loop;
+  ferry_rpc_server_t *server;
+  int port;
+  char address[300]; /* advertise:port */
+
+  ferry__wpool_t pool;
+  ferry__wtasks_t tasks;
+
+  /* Inbox: pipeline and heartbeat threads -> loop. */
+  pthread_mutex_t inbox_lock;
+  uv_async_t inbox_async;
+  ferry__wchunk_t *inbox_head, *inbox_tail;
+  bool inbox_purge;   /* drop chunks of cancelled tasks */
+  bool inbox_stop;    /* begin shutdown */
+  bool inbox_closed;  /* the async handle is closing */
+  bool async_on;      /* loop-owned */
+
+  ferry__wqueue_t *queues; /* loop-owned */
+  bool stopping;           /* loop-owned */
+  bool server_done;
+  uv_signal_t sigterm, sigint;
+  bool signals_on;
+
+  /* Heartbeat thread. */
+  pthread_t hb_thread;
+  bool hb_started;
+  pthread_mutex_t hb_lock;
+  pthread_cond_t hb_cv;
+  bool hb_quit;        /* hb_lock */
+  atomic_bool draining;
+  atomic_uint_least64_t worker_id;
+  atomic_int heartbeat_ms;
+  atomic_uint_least64_t heartbeats_ok;
+} ferry__worker_t;
+
+/* Sets up everything on `loop` and binds the Worker service on
+ * cfg->host:cfg->port (the bound port in w->port); starts the pipeline
+ * threads and, when cfg->dispatcher is set, the heartbeat thread. With
+ * `signals` it also handles SIGTERM and SIGINT. Loop thread. On failure
+ * call ferry__worker_close after the loop ran out. */
+int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
+                        uv_loop_t *loop, bool signals, ferry_error_t *err);
+/* Asks the worker to drain and shut down (any thread); the loop then runs
+ * out. */
+void ferry__worker_request_stop(ferry__worker_t *w);
+/* The same on the loop thread: reports draining, cancels the tasks and
+ * joins the pipeline threads, ends the calls and shuts the server down.
+ * Idempotent. */
+void ferry__worker_shutdown(ferry__worker_t *w);
+/* After uv_run returned: joins the heartbeat thread (waiting at most
+ * `hb_wait_ms` for a heartbeat stuck on an unresponsive dispatcher) and
+ * frees everything. Returns false when the heartbeat thread did not stop
+ * in time: nothing was freed and the process should just exit. */
+bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms);
+
+/* stream.c (loop thread unless said otherwise). */
+int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err);
+/* The emit callback of the daemon: hands a chunk to the loop (any thread;
+ * a chunk that arrives after shutdown began is released). */
+void ferry__winbox_push(ferry__wchunk_t *c, void *worker);
+/* Asks the loop to drop the queued chunks of cancelled tasks (any
+ * thread). */
+void ferry__winbox_purge(ferry__worker_t *w);
+void ferry__winbox_on_async(uv_async_t *a);
+/* Finishes every open call and drops every queued chunk. */
+void ferry__wstream_close_all(ferry__worker_t *w);
+
+/* heartbeat.c */
+/* Starts the heartbeat thread: the first heartbeat registers (worker_id
+ * 0), then one every heartbeat_ms; each carries every task's progress and
+ * applies the answer's cancellations, then its new tasks. */
+int ferry__whb_start(ferry__worker_t *w, ferry_error_t *err);
+/* Tells the thread to send one last heartbeat (draining) and exit; does
+ * not wait. */
+void ferry__whb_quit(ferry__worker_t *w);
+/* Waits at most `ms` for the thread to exit; true when it did. */
+bool ferry__whb_join(ferry__worker_t *w, int ms);
+
+#endif /* FERRY_WORKER_H */
