@@ -686,7 +686,9 @@ Test(rpc, client_cancel_mid_stream, .timeout = 60) {
   ferry_rpc_stream_free(st);
   cr_assert(wait_for(server_saw_cancel), "cancelled %d finished %d",
             atomic_load(&S.cancelled), atomic_load(&S.finished));
-  cr_assert_eq(atomic_load(&S.send_failed), 1, "on_sent did not fail");
+  /* A send was outstanding at the cancel (on_sent then reports the
+   * failure) unless the last one had just completed: never more than one. */
+  cr_assert_leq(atomic_load(&S.send_failed), 1, "on_sent failed twice");
   fx_stop();
   cr_assert(pieces_all_freed(), "%d of %d pieces freed",
             atomic_load(&S.frees), 2 * S.sent);
