@@ -1,0 +1,531 @@
+/* The augmentation's CPU twin and its spec: the text parser and
+ * formatter, argument checks shared with the CUDA launcher, and the batch
+ * loop over the per-pixel routine of augment.h. Built with
+ * -ffp-contract=off so that its float arithmetic is the kernel's, bit
+ * for bit.
+ */
+#include "augment.h"
+
+#include <locale.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/alloc.h"
+
+/* ---------------------------------------------------------------------
+ * Numbers in the "C" locale whatever the trainer set (a decimal comma
+ * would change both what strtod reads and what %g writes).
+ */
+
+static locale_t c_loc;
+static pthread_once_t c_loc_once = PTHREAD_ONCE_INIT;
+
+static void c_loc_init(void) {
+  c_loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+}
+
+static locale_t c_locale_enter(void) {
+  pthread_once(&c_loc_once, c_loc_init);
+  return c_loc != (locale_t)0 ? uselocale(c_loc) : (locale_t)0;
+}
+
+static void c_locale_leave(locale_t old) {
+  if (old != (locale_t)0)
+    uselocale(old);
+}
+
+/* ---------------------------------------------------------------------
+ * The spec.
+ */
+
+void ferry_augment_spec_init(ferry_augment_spec_t *spec) {
+  memset(spec, 0, sizeof(*spec));
+  spec->flip = FERRY_FLIP_NONE;
+  spec->scale = 1.0f;
+}
+
+void ferry_augment_spec_close(ferry_augment_spec_t *spec) {
+  if (spec != NULL)
+    ferry_augment_spec_init(spec);
+}
+
+typedef enum { T_END, T_IDENT, T_NUMBER, T_PUNCT, T_BAD } tok_kind;
+
+typedef struct {
+  tok_kind kind;
+  size_t pos, len;
+} token;
+
+typedef struct {
+  const char *text;
+  size_t pos; /* where the next token starts (after blanks) */
+  ferry_error_t *err;
+} parser;
+
+static bool is_blank(char ch) {
+  return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+static bool is_alpha(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+}
+
+static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+/* Reads the token at p->pos without consuming it. Numbers are
+ * [+-]digits[.digits][e[+-]digits] (digits on at least one side of the
+ * point). */
+static token peek(const parser *p) {
+  const char *s = p->text;
+  size_t i = p->pos;
+  token t = {T_END, i, 0};
+  if (s[i] == '\0')
+    return t;
+  if (is_alpha(s[i])) {
+    while (is_alpha(s[i]) || is_digit(s[i]))
+      i++;
+    t.kind = T_IDENT;
+  } else if (is_digit(s[i]) || s[i] == '.' || s[i] == '+' || s[i] == '-') {
+    size_t digits = 0;
+    if (s[i] == '+' || s[i] == '-')
+      i++;
+    for (; is_digit(s[i]); i++)
+      digits++;
+    if (s[i] == '.')
+      for (i++; is_digit(s[i]); i++)
+        digits++;
+    if (digits > 0 && (s[i] == 'e' || s[i] == 'E')) {
+      size_t j = i + 1;
+      if (s[j] == '+' || s[j] == '-')
+        j++;
+      if (is_digit(s[j])) {
+        for (i = j; is_digit(s[i]); i++)
+          ;
+      }
+    }
+    t.kind = digits > 0 ? T_NUMBER : T_BAD;
+    if (digits == 0)
+      i = p->pos + 1;
+  } else if (strchr("()|/,", s[i]) != NULL) {
+    i++;
+    t.kind = T_PUNCT;
+  } else {
+    i++;
+    t.kind = T_BAD;
+  }
+  t.len = i - p->pos;
+  return t;
+}
+
+static void skip_blanks(parser *p) {
+  while (is_blank(p->text[p->pos]))
+    p->pos++;
+}
+
+static void consume(parser *p, const token *t) {
+  p->pos = t->pos + t->len;
+  skip_blanks(p);
+}
+
+/* "column N" of a byte offset (1-based; the spec is one line, but a
+ * newline restarts the count and names the line). */
+static void where(const parser *p, size_t pos, char *buf, size_t cap) {
+  size_t i, line = 1, col = 1;
+  for (i = 0; i < pos && p->text[i] != '\0'; i++) {
+    if (p->text[i] == '\n') {
+      line++;
+      col = 1;
+    } else {
+      col++;
+    }
+  }
+  if (line == 1)
+    snprintf(buf, cap, "column %zu", col);
+  else
+    snprintf(buf, cap, "line %zu, column %zu", line, col);
+}
+
+static int spec_err(const parser *p, size_t pos, const char *fmt, ...)
+    FERRY_PRINTF(3, 4);
+
+static int spec_err(const parser *p, size_t pos, const char *fmt, ...) {
+  if (p->err != NULL) {
+    char at[48], what[400];
+    va_list ap;
+    where(p, pos, at, sizeof(at));
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    ferry__seterr(p->err, FERRY_ESPEC, "augment spec: %s: %s", at, what);
+  }
+  return FERRY_ESPEC;
+}
+
+/* The token's text for messages: quoted, printable, at most 24 bytes. */
+static const char *describe(const parser *p, const token *t, char *buf,
+                            size_t cap) {
+  size_t i, o = 0, n = t->len;
+  if (t->kind == T_END)
+    return "the end of the text";
+  if (t->kind == T_BAD &&
+      ((unsigned char)p->text[t->pos] < 0x20 ||
+       (unsigned char)p->text[t->pos] >= 0x7F)) {
+    snprintf(buf, cap, "byte 0x%02x", (unsigned char)p->text[t->pos]);
+    return buf;
+  }
+  buf[o++] = '\'';
+  for (i = 0; i < n && i < 24 && o + 5 < cap; i++)
+    buf[o++] = p->text[t->pos + i];
+  if (i < n && o + 5 < cap) {
+    memcpy(buf + o, "...", 3);
+    o += 3;
+  }
+  buf[o++] = '\'';
+  buf[o] = '\0';
+  return buf;
+}
+
+static int expected(const parser *p, const token *t, const char *what) {
+  char b[40];
+  return spec_err(p, t->pos, "expected %s, found %s", what,
+                  describe(p, t, b, sizeof(b)));
+}
+
+static bool tok_is(const parser *p, const token *t, const char *word) {
+  size_t n = strlen(word);
+  return t->kind == T_IDENT && t->len == n &&
+         memcmp(p->text + t->pos, word, n) == 0;
+}
+
+static bool punct_is(const parser *p, const token *t, char ch) {
+  return t->kind == T_PUNCT && p->text[t->pos] == ch;
+}
+
+static int expect_punct(parser *p, char ch, const char *what) {
+  token t = peek(p);
+  if (!punct_is(p, &t, ch))
+    return expected(p, &t, what);
+  consume(p, &t);
+  return 0;
+}
+
+/* Reads a number token into *out (a finite double). */
+static int read_number(parser *p, const char *what, double *out,
+                       size_t *pos) {
+  token t = peek(p);
+  char buf[64], *end;
+  locale_t old;
+  if (t.kind != T_NUMBER)
+    return expected(p, &t, what);
+  if (t.len >= sizeof(buf))
+    return spec_err(p, t.pos, "%s: number too long", what);
+  memcpy(buf, p->text + t.pos, t.len);
+  buf[t.len] = '\0';
+  old = c_locale_enter();
+  *out = strtod(buf, &end);
+  c_locale_leave(old);
+  if (*end != '\0' || !(*out - *out == 0.0))
+    return spec_err(p, t.pos, "%s: '%s' is not a finite number", what, buf);
+  *pos = t.pos;
+  consume(p, &t);
+  return 0;
+}
+
+/* The ops in the order they must appear. */
+enum { OP_FLIP, OP_ROTATE, OP_ZOOM, OP_RESCALE, OP_EXACT, N_OPS };
+static const char *const op_names[N_OPS] = {"flip", "rotate", "zoom",
+                                            "rescale", "exact"};
+
+static int parse_factor(parser *p, const char *op, float *out) {
+  double v;
+  size_t pos;
+  char what[48];
+  int rc;
+  snprintf(what, sizeof(what), "a factor in [0, 1) for %s", op);
+  if ((rc = read_number(p, what, &v, &pos)) != 0)
+    return rc;
+  if (!(v >= 0.0 && v < 1.0))
+    return spec_err(p, pos, "%s factor %g is outside [0, 1)", op, v);
+  *out = (float)v;
+  /* A factor just below 1 must not round up to 1 in float. */
+  if (*out >= 1.0f)
+    *out = 0.99999994f;
+  return 0;
+}
+
+static int parse_rescale(parser *p, ferry_augment_spec_t *spec) {
+  double a, b = 1.0, v;
+  size_t pos_a, pos_b;
+  token t;
+  int rc;
+  if ((rc = read_number(p, "a number or a fraction A/B for rescale", &a,
+                        &pos_a)) != 0)
+    return rc;
+  t = peek(p);
+  if (punct_is(p, &t, '/')) {
+    consume(p, &t);
+    if ((rc = read_number(p, "a denominator after '/'", &b, &pos_b)) != 0)
+      return rc;
+    if (b == 0.0)
+      return spec_err(p, pos_b, "rescale denominator is 0");
+  }
+  v = a / b;
+  if (!(v - v == 0.0) || v > 3.4028234663852886e38 ||
+      v < -3.4028234663852886e38)
+    return spec_err(p, pos_a, "rescale factor %g is not a finite float", v);
+  spec->rescale = true;
+  spec->scale = (float)v;
+  return 0;
+}
+
+int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
+                             ferry_error_t *err) {
+  parser p;
+  int last = -1, rc = 0;
+  bool seen[N_OPS] = {false};
+  if (spec == NULL || text == NULL) {
+    if (spec != NULL)
+      ferry_augment_spec_init(spec);
+    return ferry__seterr(err, FERRY_EINVAL, "augment spec: NULL argument");
+  }
+  ferry_augment_spec_init(spec);
+  p.text = text;
+  p.pos = 0;
+  p.err = err;
+  skip_blanks(&p);
+  if (text[p.pos] == '\0')
+    return 0;
+  for (;;) {
+    token t = peek(&p);
+    int op;
+    for (op = 0; op < N_OPS; op++)
+      if (tok_is(&p, &t, op_names[op]))
+        break;
+    if (op == N_OPS) {
+      rc = expected(&p, &t, "an op (flip, rotate, zoom, rescale or exact)");
+      break;
+    }
+    if (seen[op]) {
+      rc = spec_err(&p, t.pos, "%s given twice", op_names[op]);
+      break;
+    }
+    if (op != OP_EXACT && op < last) {
+      rc = spec_err(&p, t.pos,
+                    "%s after %s: ops run in the order flip, rotate, zoom, "
+                    "rescale",
+                    op_names[op], op_names[last]);
+      break;
+    }
+    seen[op] = true;
+    if (op != OP_EXACT)
+      last = op;
+    consume(&p, &t);
+    if (op == OP_EXACT) {
+      token l = peek(&p);
+      if (punct_is(&p, &l, '(')) {
+        consume(&p, &l);
+        if ((rc = expect_punct(&p, ')', "')' (exact takes no argument)")))
+          break;
+      }
+    } else {
+      if ((rc = expect_punct(&p, '(', "'('")) != 0)
+        break;
+      if (op == OP_FLIP) {
+        token m = peek(&p);
+        if (tok_is(&p, &m, "horizontal")) {
+          spec->flip = FERRY_FLIP_HORIZONTAL;
+        } else if (tok_is(&p, &m, "none")) {
+          spec->flip = FERRY_FLIP_NONE;
+        } else if (tok_is(&p, &m, "vertical") ||
+                   tok_is(&p, &m, "horizontal_and_vertical")) {
+          rc = spec_err(&p, m.pos,
+                        "flip mode '%.*s' is not supported (horizontal or "
+                        "none)",
+                        (int)m.len, text + m.pos);
+          break;
+        } else {
+          rc = expected(&p, &m, "horizontal or none for flip");
+          break;
+        }
+        consume(&p, &m);
+      } else if (op == OP_ROTATE) {
+        if ((rc = parse_factor(&p, "rotate", &spec->rotate)) != 0)
+          break;
+      } else if (op == OP_ZOOM) {
+        if ((rc = parse_factor(&p, "zoom", &spec->zoom)) != 0)
+          break;
+      } else if ((rc = parse_rescale(&p, spec)) != 0) {
+        break;
+      }
+      if ((rc = expect_punct(&p, ')', "')'")) != 0)
+        break;
+    }
+    t = peek(&p);
+    if (t.kind == T_END)
+      break;
+    if (!punct_is(&p, &t, '|')) {
+      rc = expected(&p, &t, "'|' or the end of the spec");
+      break;
+    }
+    consume(&p, &t);
+  }
+  if (rc != 0)
+    ferry_augment_spec_init(spec);
+  else
+    spec->exact = seen[OP_EXACT];
+  return rc;
+}
+
+size_t ferry_augment_spec_format(const ferry_augment_spec_t *spec, char *buf,
+                                 size_t cap) {
+  char tmp[256];
+  size_t o = 0, n;
+  locale_t old = c_locale_enter();
+  const char *sep = "";
+  tmp[0] = '\0';
+  if (spec->flip == FERRY_FLIP_HORIZONTAL) {
+    o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "flip(horizontal)");
+    sep = " | ";
+  }
+  if (spec->rotate > 0.0f) {
+    o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "%srotate(%.9g)", sep,
+                          (double)spec->rotate);
+    sep = " | ";
+  }
+  if (spec->zoom > 0.0f) {
+    o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "%szoom(%.9g)", sep,
+                          (double)spec->zoom);
+    sep = " | ";
+  }
+  if (spec->rescale) {
+    o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "%srescale(%.9g)", sep,
+                          (double)spec->scale);
+    sep = " | ";
+  }
+  if (spec->exact)
+    o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "%sexact", sep);
+  c_locale_leave(old);
+  n = strlen(tmp);
+  if (cap > 0) {
+    size_t k = n < cap - 1 ? n : cap - 1;
+    memcpy(buf, tmp, k);
+    buf[k] = '\0';
+  }
+  return n;
+}
+
+/* ---------------------------------------------------------------------
+ * Parameters, checks, the batch loop.
+ */
+
+void ferry_augment_params(const ferry_augment_spec_t *spec, uint64_t seed,
+                          uint64_t epoch, uint64_t batch, uint64_t image,
+                          ferry_augment_params_t *out) {
+  ferry__aug_params(spec, seed, epoch, batch, image, out);
+}
+
+static size_t dtype_size(ferry_dtype_t dtype) {
+  switch (dtype) {
+  case FERRY_DTYPE_FLOAT32:
+    return 4;
+  case FERRY_DTYPE_FLOAT16:
+  case FERRY_DTYPE_BFLOAT16:
+    return 2;
+  }
+  return 0;
+}
+
+size_t ferry_augment_out_bytes(size_t n, uint32_t h, uint32_t w, uint32_t c,
+                               ferry_dtype_t dtype) {
+  size_t es = dtype_size(dtype), px = (size_t)h * w * c;
+  if (es == 0 || (px != 0 && n > SIZE_MAX / es / px))
+    return 0;
+  return n * px * es;
+}
+
+int ferry__augment_check(const ferry_augment_spec_t *spec, const void *in,
+                         size_t n, uint32_t h, uint32_t w, uint32_t c,
+                         const void *out, ferry_dtype_t dtype,
+                         ferry_layout_t layout, const char *who,
+                         ferry_error_t *err) {
+  if (spec == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "%s: NULL spec", who);
+  if (!(spec->rotate >= 0.0f && spec->rotate < 1.0f) ||
+      !(spec->zoom >= 0.0f && spec->zoom < 1.0f))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "%s: rotate %g and zoom %g must lie in [0, 1)", who,
+                         (double)spec->rotate, (double)spec->zoom);
+  if (spec->rescale && !(spec->scale - spec->scale == 0.0f))
+    return ferry__seterr(err, FERRY_EINVAL, "%s: rescale factor %g is not "
+                         "finite", who, (double)spec->scale);
+  if (spec->flip != FERRY_FLIP_NONE && spec->flip != FERRY_FLIP_HORIZONTAL)
+    return ferry__seterr(err, FERRY_EINVAL, "%s: unknown flip mode %d", who,
+                         (int)spec->flip);
+  if (dtype_size(dtype) == 0)
+    return ferry__seterr(err, FERRY_EINVAL, "%s: unknown dtype %d", who,
+                         (int)dtype);
+  if (layout != FERRY_LAYOUT_NHWC && layout != FERRY_LAYOUT_NCHW)
+    return ferry__seterr(err, FERRY_EINVAL, "%s: unknown layout %d", who,
+                         (int)layout);
+  if (h == 0 || w == 0 || c == 0 || h > FERRY__AUG_MAX_DIM ||
+      w > FERRY__AUG_MAX_DIM || c > FERRY__AUG_MAX_CHANNELS ||
+      (uint64_t)h * w * c > INT32_MAX)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "%s: image shape %ux%ux%u (h x w x c) is outside "
+                         "1..%d per side, 1..%d channels, under 2^31 "
+                         "elements",
+                         who, h, w, c, FERRY__AUG_MAX_DIM,
+                         FERRY__AUG_MAX_CHANNELS);
+  if ((spec->rotate > 0.0f || spec->zoom > 0.0f) && (h < 2 || w < 2))
+    return ferry__seterr(err, FERRY_ETOOSMALL,
+                         "%s: %s needs images of at least 2x2 pixels (reflect "
+                         "fill), got %ux%u (h x w)",
+                         who, spec->rotate > 0.0f ? "rotate" : "zoom", h, w);
+  if (n == 0)
+    return 0;
+  if (n > INT32_MAX || ferry_augment_out_bytes(n, h, w, c, dtype) == 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "%s: a batch of %zu images of %ux%ux%u is too large",
+                         who, n, h, w, c);
+  if (in == NULL || out == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "%s: NULL %s buffer", who,
+                         in == NULL ? "input" : "output");
+  return 0;
+}
+
+int ferry_augment_batch_cpu(const ferry_augment_spec_t *spec, uint64_t seed,
+                            uint64_t epoch, uint64_t batch_index,
+                            const uint8_t *in, size_t n, uint32_t h,
+                            uint32_t w, uint32_t c, void *out,
+                            ferry_dtype_t dtype, ferry_layout_t layout,
+                            ferry_error_t *err) {
+  size_t i, hw = (size_t)h * w, img_px = hw * c;
+  int rc = ferry__augment_check(spec, in, n, h, w, c, out, dtype, layout,
+                                "augment", err);
+  if (rc != 0)
+    return rc;
+  for (i = 0; i < n; i++) {
+    ferry_augment_params_t prm;
+    ferry__aug_img_t img;
+    const uint8_t *src = in + i * img_px;
+    int x, y;
+    ferry__aug_params(spec, seed, epoch, batch_index, i, &prm);
+    ferry__aug_setup(spec, &prm, (int)w, (int)h, &img);
+    for (y = 0; y < (int)h; y++) {
+      for (x = 0; x < (int)w; x++) {
+        size_t pix = (size_t)y * w + (size_t)x;
+        if (layout == FERRY_LAYOUT_NCHW)
+          ferry__aug_pixel(&img, src, (int)w, (int)h, (int)c, x, y, out,
+                           i * img_px + pix, hw, (int)dtype);
+        else
+          ferry__aug_pixel(&img, src, (int)w, (int)h, (int)c, x, y, out,
+                           i * img_px + pix * c, 1, (int)dtype);
+      }
+    }
+  }
+  return 0;
+}
