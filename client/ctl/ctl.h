@@ -14,6 +14,7 @@
 int ferryctl_records(int argc, char **argv); /* records inspect|index */
 int ferryctl_gen(int argc, char **argv);     /* gen */
 int ferryctl_bench(int argc, char **argv);   /* bench pipeline */
+int ferryctl_status(int argc, char **argv);  /* status */
 
 /* True when stdout is a terminal (progress bars and colours). */
 int ferryctl_isatty(void);

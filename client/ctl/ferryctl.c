@@ -14,6 +14,9 @@ static const char usage[] =
     "  records index FILE...              write DALI-compatible index files\n"
     "  gen --out DIR ...                  generate a synthetic image dataset\n"
     "\n"
+    "Cluster:\n"
+    "  status --dispatcher HOST:PORT      workers, jobs, progress, errors\n"
+    "\n"
     "Benchmarks:\n"
     "  bench pipeline [...]               the seed pipeline, stage by stage\n"
     "\n"
@@ -34,6 +37,8 @@ int main(int argc, char **argv) {
     return ferryctl_gen(argc - 1, argv + 1);
   if (strcmp(argv[1], "bench") == 0)
     return ferryctl_bench(argc - 1, argv + 1);
+  if (strcmp(argv[1], "status") == 0)
+    return ferryctl_status(argc - 1, argv + 1);
   fprintf(stderr, "ferryctl: unknown command '%s'\n\n%s", argv[1], usage);
   return 2;
 }

@@ -1,0 +1,559 @@
+/* bench_e2e: the service end to end against its baselines, in one run.
+ *
+ * Writes a 32x32x3 raw dataset, starts ferry-dispatcher and one, then two
+ * ferry-workers as subprocesses, and measures the records/s and MB/s one
+ * client receives for
+ *   (a) passthrough: decode(raw, 32, 32, 3) | batch(1024), transport and
+ *       assembly only, and
+ *   (b) the seed pipeline: + dilate(3) | blur(11, 0.8),
+ * next to the same pipeline run in-process (ferry_pipeline over the same
+ * files on as many threads as the workers have in all) and a bare gRPC
+ * core server-stream of the same number of bytes in 2 MiB messages
+ * (common/rpc on both ends, no Ferry logic). Prints a table and the
+ * ratios: passthrough / bare stream (target >= 0.8) and seed service /
+ * in-process (target >= 0.9).
+ *
+ * Usage: bench_e2e [--quick] [--records N] [--worker-threads T]
+ *                  [--heartbeat-ms MS] [--splits-in-flight N]
+ *                  [--dispatcher PATH] [--worker PATH]
+ * --heartbeat-ms sets the daemons' interval (default 100); the client's is
+ * half of it. Workers learn new leases from their heartbeats, so both it
+ * and --splits-in-flight (the client's; 0: its default) bound the rate.
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "ferry/alloc.h"
+#include "ferry/client.h"
+#include "ferry/log.h"
+#include "ferry/pipeline.h"
+#include "ferry/rpc.h"
+#include "ferry/spec.h"
+#include "ferry/tfrecord.h"
+#include "harness.h"
+
+#define H 32
+#define W 32
+#define C 3
+#define IMG (H * W * C)
+#define BATCH 1024
+#define MSG_BYTES (2u << 20)
+
+static const char *seed_ops = "dilate(3) | blur(11, 0.8)";
+
+typedef struct result_s {
+  char name[64];
+  uint64_t records;
+  double seconds;
+  double stall; /* client's wait fraction; < 0: not a client run */
+} result_t;
+
+static result_t results[32];
+static int nresults;
+
+static result_t *add_result(const char *name, uint64_t records,
+                            double seconds, double stall) {
+  result_t *r = &results[nresults++];
+  snprintf(r->name, sizeof(r->name), "%s", name);
+  r->records = records;
+  r->seconds = seconds;
+  r->stall = stall;
+  return r;
+}
+
+static double mbps(const result_t *r) {
+  return r->seconds > 0
+             ? (double)r->records * IMG / 1e6 / r->seconds
+             : 0.0;
+}
+
+static double rps(const result_t *r) {
+  return r->seconds > 0 ? (double)r->records / r->seconds : 0.0;
+}
+
+/* ---- The service --------------------------------------------------------- */
+
+/* One epoch through a fresh anonymous job. Returns records received, or 0
+ * with a message on stderr. */
+static int opt_heartbeat_ms = 100;
+static int opt_splits_in_flight;
+
+static uint64_t service_epoch(const char *dispatcher, const char *spec,
+                              double *seconds, double *stall) {
+  ferry_client_options_t o;
+  hx_client_options(&o, dispatcher, spec);
+  o.num_epochs = 1;
+  o.heartbeat_ms = (uint32_t)(opt_heartbeat_ms > 1 ? opt_heartbeat_ms / 2 : 1);
+  if (opt_splits_in_flight > 0)
+    o.splits_in_flight = (uint32_t)opt_splits_in_flight;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  double t0 = hx_now_ms();
+  if (ferry_client_new(&o, &c, &err) != 0) {
+    fprintf(stderr, "bench_e2e: ferry_client_new: %s\n", err.msg);
+    return 0;
+  }
+  uint64_t records = 0;
+  volatile uint8_t sink = 0;
+  for (;;) {
+    const ferry_batch_t *b;
+    int rc = ferry_next(c, &b, 30000, &err);
+    if (rc == FERRY_EPOCH_END || rc == FERRY_END)
+      break;
+    if (rc != 0) {
+      fprintf(stderr, "bench_e2e: ferry_next: %s (%s)\n", err.msg,
+              ferry_strerror(rc));
+      records = 0;
+      break;
+    }
+    /* Touch the batch as a trainer would start to. */
+    sink ^= b->images[(size_t)b->size * IMG - 1];
+    records += b->size;
+    ferry_batch_release(c, b);
+  }
+  *seconds = (hx_now_ms() - t0) / 1e3;
+  ferry_client_stats_t st;
+  ferry_client_stats(c, &st);
+  *stall = st.stall_fraction;
+  ferry_client_free(c);
+  (void)sink;
+  return records;
+}
+
+/* ---- In process ---------------------------------------------------------- */
+
+typedef struct inproc_s {
+  const hx_dataset_t *ds;
+  const ferry_pipeline_t *p;
+  int index, nthreads;
+  uint64_t records;
+  int rc;
+  char msg[600];
+} inproc_t;
+
+static void *inproc_main(void *arg) {
+  inproc_t *t = arg;
+  ferry_pipeline_ctx_t *ctx = NULL;
+  ferry_error_t err = {0};
+  uint8_t *batch = ferry__malloc((size_t)BATCH * IMG);
+  int64_t labels[BATCH];
+  uint32_t fill = 0;
+  if (batch == NULL || ferry_pipeline_ctx_new(t->p, &ctx, &err) != 0) {
+    t->rc = -1;
+    snprintf(t->msg, sizeof(t->msg), "ctx: %s", err.msg);
+    ferry__free(batch);
+    return NULL;
+  }
+  /* Files round-robin over the threads, like splits over workers. */
+  for (int f = t->index; f < t->ds->nfiles && t->rc == 0; f += t->nthreads) {
+    ferry_tfr_reader_t *r;
+    ferry_tfr_options_t ro;
+    ferry_tfr_options_init(&ro);
+    if (ferry_tfr_reader_open(t->ds->files[f], &ro, &r, &err) != 0) {
+      t->rc = -1;
+      snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
+      break;
+    }
+    ferry_record_t rec;
+    int rc;
+    while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0) {
+      const uint8_t *px;
+      int h, w, c;
+      int64_t label;
+      if (ferry_pipeline_process(ctx, rec.data, rec.len, &px, &h, &w, &c,
+                                 &label, &err) != 0) {
+        t->rc = -1;
+        snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
+        break;
+      }
+      /* Assembly into a batch, as the client does. */
+      memcpy(batch + (size_t)fill * IMG, px, IMG);
+      labels[fill] = label;
+      if (++fill == BATCH)
+        fill = 0;
+      t->records++;
+    }
+    if (rc != FERRY_EOF && t->rc == 0) {
+      t->rc = rc;
+      snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
+    }
+    ferry_tfr_reader_free(r);
+  }
+  (void)labels;
+  ferry_pipeline_ctx_free(ctx);
+  ferry__free(batch);
+  return NULL;
+}
+
+static uint64_t inproc_epoch(const hx_dataset_t *ds, const char *spec_text,
+                             int nthreads, double *seconds) {
+  ferry_spec_t spec;
+  ferry_error_t err = {0};
+  ferry_pipeline_t *p = NULL;
+  if (ferry_spec_parse(spec_text, &spec, &err) != 0 ||
+      ferry_pipeline_new(&spec, &p, &err) != 0) {
+    fprintf(stderr, "bench_e2e: in-process pipeline: %s\n", err.msg);
+    return 0;
+  }
+  ferry_spec_close(&spec);
+  inproc_t t[64];
+  pthread_t th[64];
+  double t0 = hx_now_ms();
+  for (int i = 0; i < nthreads; i++) {
+    t[i] = (inproc_t){.ds = ds, .p = p, .index = i, .nthreads = nthreads};
+    pthread_create(&th[i], NULL, inproc_main, &t[i]);
+  }
+  uint64_t records = 0;
+  for (int i = 0; i < nthreads; i++) {
+    pthread_join(th[i], NULL);
+    if (t[i].rc != 0)
+      fprintf(stderr, "bench_e2e: in-process thread %d: %s\n", i, t[i].msg);
+    records += t[i].records;
+  }
+  *seconds = (hx_now_ms() - t0) / 1e3;
+  ferry_pipeline_free(p);
+  return records;
+}
+
+/* ---- A bare gRPC core stream --------------------------------------------- */
+
+static struct {
+  uv_loop_t loop;
+  uv_async_t wake;
+  pthread_t thread;
+  ferry_rpc_server_t *server;
+  int port;
+  uint8_t *payload;
+  uint64_t total; /* messages per call */
+  uint64_t sent;
+  atomic_bool stop;
+} B;
+
+static void no_free(void *arg) { (void)arg; }
+
+static void bare_send(ferry_rpc_call_t *call);
+
+static void bare_sent(ferry_rpc_call_t *call, int ok, void *arg) {
+  (void)arg;
+  if (!ok) {
+    ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "peer gone");
+    return;
+  }
+  bare_send(call);
+}
+
+/* One message: field 1 (the index) and field 2 (the payload's tag and
+ * length) as a small copied header, then the shared payload, not copied,
+ * as the workers send chunks. */
+static void bare_send(ferry_rpc_call_t *call) {
+  if (B.sent == B.total) {
+    ferry_rpc_stream_finish(call, FERRY_RPC_OK, NULL);
+    return;
+  }
+  uint8_t hdr[24];
+  size_t n = 0;
+  uint64_t v = B.sent;
+  hdr[n++] = 0x08;
+  do {
+    hdr[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  hdr[n++] = 0x12;
+  v = MSG_BYTES;
+  do {
+    hdr[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+  ferry_rpc_piece_t pieces[2] = {
+      {hdr, n, NULL, NULL},
+      {B.payload, MSG_BYTES, no_free, NULL},
+  };
+  B.sent++;
+  if (ferry_rpc_stream_send(call, pieces, 2, bare_sent, NULL) != 0)
+    ferry_rpc_stream_finish(call, FERRY_RPC_INTERNAL, "send failed");
+}
+
+static void bare_handler(ferry_rpc_call_t *call, const uint8_t *req,
+                         size_t len, void *user) {
+  (void)req;
+  (void)len;
+  (void)user;
+  B.sent = 0;
+  bare_send(call);
+}
+
+static void bare_done(void *arg) {
+  (void)arg;
+  uv_close((uv_handle_t *)&B.wake, NULL);
+}
+
+static void bare_wake(uv_async_t *h) {
+  (void)h;
+  if (atomic_load(&B.stop))
+    ferry_rpc_server_shutdown(B.server, bare_done, NULL);
+}
+
+static void *bare_loop(void *arg) {
+  (void)arg;
+  uv_run(&B.loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+/* Streams `bytes` (rounded up to whole 2 MiB messages) and returns the
+ * bytes received, or 0. */
+static uint64_t bare_stream(uint64_t bytes, double *seconds) {
+  ferry_error_t err = {0};
+  uint64_t got = 0;
+  B.payload = ferry__malloc(MSG_BYTES);
+  if (B.payload == NULL)
+    return 0;
+  for (size_t i = 0; i < MSG_BYTES; i++)
+    B.payload[i] = (uint8_t)(i * 131 + 7);
+  B.total = (bytes + MSG_BYTES - 1) / MSG_BYTES;
+  atomic_store(&B.stop, false);
+  if (uv_loop_init(&B.loop) != 0 ||
+      uv_async_init(&B.loop, &B.wake, bare_wake) != 0 ||
+      ferry_rpc_server_new(&B.loop, NULL, &B.server, &err) != 0 ||
+      ferry_rpc_server_register(B.server, "/bench.Bare/Stream",
+                                FERRY_RPC_SERVER_STREAM, bare_handler, NULL,
+                                &err) != 0 ||
+      ferry_rpc_server_start(B.server, "127.0.0.1:0", &B.port, &err) != 0) {
+    fprintf(stderr, "bench_e2e: bare server: %s\n", err.msg);
+    return 0;
+  }
+  pthread_create(&B.thread, NULL, bare_loop, NULL);
+  char target[64];
+  snprintf(target, sizeof(target), "127.0.0.1:%d", B.port);
+  ferry_rpc_channel_t *ch = NULL;
+  ferry_rpc_stream_t *s = NULL;
+  double t0 = hx_now_ms();
+  if (ferry_rpc_channel_new(target, NULL, &ch, &err) == 0 &&
+      ferry_rpc_stream_open(ch, "/bench.Bare/Stream", "", 0, 0,
+                            FERRY_RPC_WAIT_FOR_READY, &s, &err) == 0) {
+    for (;;) {
+      ferry_rpc_msg_t m;
+      int rc = ferry_rpc_stream_next(s, &m, 30000, &err);
+      if (rc != 0) {
+        if (rc != FERRY_EOF)
+          fprintf(stderr, "bench_e2e: bare stream: %s\n", err.msg);
+        break;
+      }
+      got += m.len;
+      ferry_rpc_msg_release(&m);
+    }
+  } else {
+    fprintf(stderr, "bench_e2e: bare client: %s\n", err.msg);
+  }
+  *seconds = (hx_now_ms() - t0) / 1e3;
+  ferry_rpc_stream_free(s);
+  ferry_rpc_channel_free(ch);
+  atomic_store(&B.stop, true);
+  uv_async_send(&B.wake);
+  pthread_join(B.thread, NULL);
+  uv_loop_close(&B.loop);
+  ferry__free(B.payload);
+  return got;
+}
+
+/* ---- Main ---------------------------------------------------------------- */
+
+static void print_row(const result_t *r) {
+  if (r->stall >= 0)
+    printf("  %-36s %12.0f %10.1f %8.2f %9.1f%%\n", r->name, rps(r),
+           mbps(r), r->seconds, r->stall * 100.0);
+  else
+    printf("  %-36s %12.0f %10.1f %8.2f %10s\n", r->name, rps(r), mbps(r),
+           r->seconds, "-");
+}
+
+static const result_t *find(const char *name) {
+  for (int i = 0; i < nresults; i++)
+    if (strcmp(results[i].name, name) == 0)
+      return &results[i];
+  return NULL;
+}
+
+static void ratio(const char *what, const char *a, const char *b,
+                  double target, int *pass, int *fail) {
+  const result_t *x = find(a), *y = find(b);
+  if (x == NULL || y == NULL || mbps(y) <= 0 || x->records == 0) {
+    printf("  %-52s    n/a\n", what);
+    (*fail)++;
+    return;
+  }
+  double r = mbps(x) / mbps(y);
+  bool ok = r >= target;
+  printf("  %-52s %6.2f  (target >= %.1f: %s)\n", what, r, target,
+         ok ? "PASS" : "below");
+  if (ok)
+    (*pass)++;
+  else
+    (*fail)++;
+}
+
+int main(int argc, char **argv) {
+  bool quick = false;
+  long records = 100000;
+  int wthreads = 1;
+  static const struct option longopts[] = {
+      {"quick", no_argument, NULL, 'q'},
+      {"records", required_argument, NULL, 'n'},
+      {"worker-threads", required_argument, NULL, 't'},
+      {"heartbeat-ms", required_argument, NULL, 'b'},
+      {"splits-in-flight", required_argument, NULL, 's'},
+      {"dispatcher", required_argument, NULL, 'd'},
+      {"worker", required_argument, NULL, 'w'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  int ch;
+  bool records_set = false;
+  while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'q': quick = true; break;
+    case 'n': records = atol(optarg); records_set = true; break;
+    case 't': wthreads = atoi(optarg); break;
+    case 'b': opt_heartbeat_ms = atoi(optarg); break;
+    case 's': opt_splits_in_flight = atoi(optarg); break;
+    case 'd': setenv("FERRY_IT_DISPATCHER", optarg, 1); break;
+    case 'w': setenv("FERRY_IT_WORKER", optarg, 1); break;
+    default:
+      fprintf(ch == 'h' ? stdout : stderr,
+              "usage: bench_e2e [--quick] [--records N] "
+              "[--worker-threads T] [--heartbeat-ms MS]\n"
+              "                 [--splits-in-flight N] [--dispatcher PATH] "
+              "[--worker PATH]\n");
+      return ch == 'h' ? 0 : 2;
+    }
+  }
+  if (quick && !records_set)
+    records = 8192;
+  if (records < 1024 || wthreads < 1 || wthreads > 16 ||
+      opt_heartbeat_ms < 10 || opt_splits_in_flight < 0) {
+    fprintf(stderr, "bench_e2e: --records >= 1024, --worker-threads 1..16, "
+            "--heartbeat-ms >= 10\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  ferry_log_set_callback(ferry_log_to_stderr, NULL);
+  ferry_rpc_init();
+
+  int nfiles = 8;
+  int per_file = (int)((records + nfiles - 1) / nfiles);
+  hx_dataset_t ds;
+  double t0 = hx_now_ms();
+  if (hx_make_dataset(&ds, "e2e", nfiles, per_file, H, W, C) != 0) {
+    fprintf(stderr, "bench_e2e: cannot write the dataset in %s\n",
+            hx_tmpdir());
+    return 1;
+  }
+  uint64_t total = (uint64_t)nfiles * per_file;
+  printf("bench e2e: %llu records of %dx%dx%d raw (%.1f MB) in %d files, "
+         "written in %.1f s; workers --threads %d, heartbeats %d ms\n",
+         (unsigned long long)total, H, W, C, (double)total * IMG / 1e6,
+         nfiles, (hx_now_ms() - t0) / 1e3, wthreads, opt_heartbeat_ms);
+  fflush(stdout);
+
+  char pass_spec[1024], seed_spec[1024];
+  hx_spec(&ds, NULL, BATCH, pass_spec, sizeof(pass_spec));
+  hx_spec(&ds, seed_ops, BATCH, seed_spec, sizeof(seed_spec));
+
+  int status = 0;
+  double secs, stall;
+  uint64_t n;
+  /* Baselines first, while nothing else runs. The bare stream sends at
+   * least 512 MiB so that connection set-up does not dominate. */
+  uint64_t bare_bytes = total * IMG;
+  if (bare_bytes < (512ull << 20))
+    bare_bytes = 512ull << 20;
+  n = bare_stream(bare_bytes, &secs);
+  add_result("bare gRPC stream, 2 MiB messages", n / IMG, secs, -1);
+  for (int k = 1; k <= 2; k++) {
+    char name[64];
+    n = inproc_epoch(&ds, pass_spec, k * wthreads, &secs);
+    snprintf(name, sizeof(name), "in-process passthrough, %d thr",
+             k * wthreads);
+    add_result(name, n, secs, -1);
+    n = inproc_epoch(&ds, seed_spec, k * wthreads, &secs);
+    snprintf(name, sizeof(name), "in-process seed, %d thr", k * wthreads);
+    add_result(name, n, secs, -1);
+  }
+
+  char why[512];
+  hx_proc_t *d = NULL, *w[2] = {NULL, NULL};
+  hx_daemon_opts_t dopt = {.heartbeat_ms = opt_heartbeat_ms};
+  hx_daemon_opts_t wopt = {.heartbeat_ms = opt_heartbeat_ms,
+                           .threads = wthreads,
+                           .buffer_bytes = 256ull << 20};
+  if (hx_start_dispatcher(&d, &dopt, why, sizeof(why)) != 0) {
+    fprintf(stderr, "bench_e2e: %s\n", why);
+    status = 1;
+    goto out;
+  }
+  for (int k = 1; k <= 2; k++) {
+    if (hx_start_worker(&w[k - 1], d->addr, &wopt, why, sizeof(why)) != 0) {
+      fprintf(stderr, "bench_e2e: %s\n", why);
+      status = 1;
+      goto out;
+    }
+    if (hx_wait_workers(d->addr, k, 10000) < k) {
+      fprintf(stderr, "bench_e2e: %d workers did not register\n", k);
+      hx_dump_logs();
+      status = 1;
+      goto out;
+    }
+    char name[64];
+    n = service_epoch(d->addr, pass_spec, &secs, &stall);
+    snprintf(name, sizeof(name), "service passthrough, %d worker%s", k,
+             k > 1 ? "s" : "");
+    add_result(name, n, secs, stall);
+    n = service_epoch(d->addr, seed_spec, &secs, &stall);
+    snprintf(name, sizeof(name), "service seed, %d worker%s", k,
+             k > 1 ? "s" : "");
+    add_result(name, n, secs, stall);
+    if (n != total) {
+      fprintf(stderr, "bench_e2e: the service delivered %llu of %llu "
+              "records\n", (unsigned long long)n, (unsigned long long)total);
+      status = 1;
+    }
+  }
+
+out:
+  printf("\n  %-36s %12s %10s %8s %10s\n", "configuration", "records/s",
+         "MB/s", "seconds", "stalled");
+  for (int i = 0; i < nresults; i++)
+    print_row(&results[i]);
+  printf("\nratios (MB/s):\n");
+  int pass = 0, fail = 0;
+  char a[64], b[64];
+  ratio("passthrough 1 worker / bare stream",
+        "service passthrough, 1 worker", "bare gRPC stream, 2 MiB messages",
+        0.8, &pass, &fail);
+  ratio("passthrough 2 workers / bare stream",
+        "service passthrough, 2 workers", "bare gRPC stream, 2 MiB messages",
+        0.8, &pass, &fail);
+  snprintf(b, sizeof(b), "in-process seed, %d thr", wthreads);
+  ratio("seed 1 worker / in-process, same threads", "service seed, 1 worker",
+        b, 0.9, &pass, &fail);
+  snprintf(b, sizeof(b), "in-process seed, %d thr", 2 * wthreads);
+  snprintf(a, sizeof(a), "service seed, 2 workers");
+  ratio("seed 2 workers / in-process, same threads", a, b, 0.9, &pass, &fail);
+  printf("targets: %d PASS, %d below\n", pass, fail);
+  if (w[1])
+    hx_stop(w[1], SIGTERM, 3000, NULL);
+  if (w[0])
+    hx_stop(w[0], SIGTERM, 3000, NULL);
+  if (d)
+    hx_stop(d, SIGTERM, 3000, NULL);
+  hx_reap_all();
+  hx_dataset_free(&ds);
+  ferry_rpc_shutdown();
+  if (status == 0)
+    printf("bench e2e: ok\n");
+  return status;
+}

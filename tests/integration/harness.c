@@ -1,0 +1,911 @@
+/* The integration tests' harness (see harness.h). */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "ferry/tfrecord.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+
+extern char **environ;
+
+static hx_proc_t procs[HX_MAX_PROCS];
+static int nprocs;
+static char tmpdir[256];
+static bool atexit_set;
+
+double hx_now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+const char *hx_dispatcher_bin(void) {
+  const char *e = getenv("FERRY_IT_DISPATCHER");
+  return e && *e ? e : FERRY_DISPATCHER_BIN;
+}
+
+const char *hx_worker_bin(void) {
+  const char *e = getenv("FERRY_IT_WORKER");
+  return e && *e ? e : FERRY_WORKER_BIN;
+}
+
+const char *hx_ferryctl_bin(void) {
+  const char *e = getenv("FERRY_IT_FERRYCTL");
+  return e && *e ? e : FERRYCTL_BIN;
+}
+
+/* The file the runner's POST_ALL hook sweeps; named after the runner (our
+ * parent while a test runs). */
+static void pids_file(pid_t runner, char *out, size_t cap) {
+  snprintf(out, cap, "/tmp/ferry-it-pids-%d", (int)runner);
+}
+
+bool hx_track_runner_pids;
+
+static void note_pid(pid_t pid) {
+  char path[64];
+  if (!hx_track_runner_pids)
+    return;
+  pids_file(getppid(), path, sizeof(path));
+  FILE *f = fopen(path, "a");
+  if (f != NULL) {
+    fprintf(f, "%d\n", (int)pid);
+    fclose(f);
+  }
+}
+
+/* Kills the daemons a killed test left behind: called by the runner once
+ * all tests ran. Only processes whose command line names a Ferry daemon
+ * are touched, so a reused pid is safe. */
+void hx_sweep_runner_pids(void) {
+  char path[64];
+  pids_file(getpid(), path, sizeof(path));
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return;
+  int pid;
+  while (fscanf(f, "%d", &pid) == 1) {
+    char proc[64], cmd[256] = {0};
+    snprintf(proc, sizeof(proc), "/proc/%d/cmdline", pid);
+    FILE *c = fopen(proc, "r");
+    if (c == NULL)
+      continue;
+    size_t n = fread(cmd, 1, sizeof(cmd) - 1, c);
+    fclose(c);
+    cmd[n] = '\0';
+    if (strstr(cmd, "ferry-dispatcher") || strstr(cmd, "ferry-worker"))
+      kill(pid, SIGKILL);
+  }
+  fclose(f);
+  unlink(path);
+}
+
+static void at_exit(void) { hx_reap_all(); }
+
+const char *hx_tmpdir(void) {
+  if (tmpdir[0] == '\0') {
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/ferry-it-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) {
+      tmpdir[0] = '\0';
+      return "/tmp";
+    }
+  }
+  if (!atexit_set) {
+    atexit(at_exit);
+    atexit_set = true;
+  }
+  return tmpdir;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+/* Waits for `pid` to exit, at most `wait_ms`; returns true and fills
+ * *status when it did. Uses a pidfd so the wait is a poll(), not a nap
+ * loop. */
+static bool wait_exit(pid_t pid, int wait_ms, int *status) {
+  int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (pfd >= 0) {
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    double deadline = hx_now_ms() + wait_ms;
+    for (;;) {
+      int left = (int)(deadline - hx_now_ms());
+      if (left < 0)
+        left = 0;
+      int r = poll(&p, 1, left);
+      if (r > 0 || left == 0)
+        break;
+      if (r < 0 && errno != EINTR)
+        break;
+    }
+    close(pfd);
+    return waitpid(pid, status, WNOHANG) == pid;
+  }
+  /* No pidfd (old kernel): poll waitpid every millisecond. */
+  double deadline = hx_now_ms() + wait_ms;
+  do {
+    if (waitpid(pid, status, WNOHANG) == pid)
+      return true;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  } while (hx_now_ms() < deadline);
+  return waitpid(pid, status, WNOHANG) == pid;
+}
+
+static void reap_proc(hx_proc_t *p) {
+  if (p->pid > 0) {
+    kill(p->pid, SIGKILL);
+    if (!wait_exit(p->pid, 5000, &p->status))
+      waitpid(p->pid, &p->status, 0);
+    p->pid = 0;
+  }
+  if (p->out_fd >= 0)
+    close(p->out_fd);
+  p->out_fd = -1;
+}
+
+void hx_dump_logs(void) {
+  for (int i = 0; i < nprocs; i++) {
+    FILE *f = fopen(procs[i].log, "r");
+    if (f == NULL)
+      continue;
+    fprintf(stderr, "---- %s (%s) ----\n", procs[i].name, procs[i].log);
+    char line[1024];
+    /* The last 40 lines: keep a ring of them. */
+    static char ring[40][1024];
+    int n = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+      snprintf(ring[n++ % 40], sizeof(ring[0]), "%s", line);
+    for (int k = n > 40 ? n - 40 : 0; k < n; k++)
+      fputs(ring[k % 40], stderr);
+    fclose(f);
+  }
+}
+
+void hx_reap_all(void) {
+  if (getenv("FERRY_IT_LOGS") != NULL)
+    hx_dump_logs();
+  for (int i = 0; i < nprocs; i++)
+    reap_proc(&procs[i]);
+  nprocs = 0;
+  if (tmpdir[0] != '\0') {
+    if (getenv("FERRY_IT_KEEP") == NULL)
+      nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    else
+      fprintf(stderr, "harness: kept %s\n", tmpdir);
+    tmpdir[0] = '\0';
+  }
+}
+
+int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
+             int wait_ms, char *why, size_t why_len) {
+  *out = NULL;
+  if (nprocs == HX_MAX_PROCS) {
+    snprintf(why, why_len, "too many processes");
+    return -1;
+  }
+  hx_proc_t *p = &procs[nprocs];
+  memset(p, 0, sizeof(*p));
+  p->out_fd = -1;
+  snprintf(p->name, sizeof(p->name), "%s", name);
+  snprintf(p->log, sizeof(p->log), "%s/%s.log", hx_tmpdir(), name);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    snprintf(why, why_len, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, p->log,
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  /* Criterion's own pipes must not leak into the daemons. */
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_init(&at);
+  sigset_t none, dflt;
+  sigemptyset(&none);
+  sigemptyset(&dflt);
+  sigaddset(&dflt, SIGTERM);
+  sigaddset(&dflt, SIGINT);
+  sigaddset(&dflt, SIGPIPE);
+  sigaddset(&dflt, SIGCHLD);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &dflt);
+  posix_spawnattr_setpgroup(&at, 0);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK |
+                                    POSIX_SPAWN_SETSIGDEF |
+                                    POSIX_SPAWN_SETPGROUP);
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], &fa, &at, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    snprintf(why, why_len, "%s: cannot start %s: %s", name, argv[0],
+             strerror(rc));
+    return -1;
+  }
+  p->pid = pid;
+  p->out_fd = fds[0];
+  nprocs++;
+  note_pid(pid);
+
+  /* The listening line, bounded by wait_ms. */
+  char line[512];
+  size_t used = 0;
+  double deadline = hx_now_ms() + wait_ms;
+  for (;;) {
+    char *nl = memchr(line, '\n', used);
+    if (nl != NULL) {
+      *nl = '\0';
+      const char *at_ = strstr(line, "listening on ");
+      if (at_ != NULL) {
+        snprintf(p->addr, sizeof(p->addr), "%s",
+                 at_ + strlen("listening on "));
+        *out = p;
+        return 0;
+      }
+      /* Another line: drop it. */
+      size_t rest = used - (size_t)(nl + 1 - line);
+      memmove(line, nl + 1, rest);
+      used = rest;
+      continue;
+    }
+    int left = (int)(deadline - hx_now_ms());
+    if (left <= 0 || used == sizeof(line) - 1) {
+      snprintf(why, why_len, "%s printed no listening line within %d ms "
+               "(log %s)", name, wait_ms, p->log);
+      hx_dump_logs();
+      reap_proc(p);
+      return -1;
+    }
+    struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
+    int r = poll(&pfd, 1, left);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      continue;
+    ssize_t k = read(p->out_fd, line + used, sizeof(line) - 1 - used);
+    if (k <= 0) {
+      int st = 0;
+      wait_exit(p->pid, 2000, &st);
+      snprintf(why, why_len, "%s exited before listening (status 0x%x, "
+               "log %s)", name, st, p->log);
+      hx_dump_logs();
+      p->pid = 0;
+      reap_proc(p);
+      return -1;
+    }
+    used += (size_t)k;
+  }
+}
+
+int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
+                        char *why, size_t why_len) {
+  hx_daemon_opts_t d = {0};
+  if (o != NULL)
+    d = *o;
+  char hb[16], wt[16], ct[16], wd[600];
+  snprintf(hb, sizeof(hb), "%d", d.heartbeat_ms ? d.heartbeat_ms : 100);
+  snprintf(wt, sizeof(wt), "%d",
+           d.worker_timeout_ms ? d.worker_timeout_ms : 2000);
+  snprintf(ct, sizeof(ct), "%d",
+           d.client_timeout_ms ? d.client_timeout_ms : 5000);
+  static int count;
+  snprintf(wd, sizeof(wd), "%s/dispatcher-%d", hx_tmpdir(), ++count);
+  mkdir(wd, 0755);
+  char *argv[] = {(char *)hx_dispatcher_bin(), "--port", "0", "--host",
+                  "127.0.0.1", "--work-dir", wd, "--worker-timeout-ms", wt,
+                  "--client-timeout-ms", ct, "--heartbeat-ms", hb, NULL};
+  char name[32];
+  snprintf(name, sizeof(name), "dispatcher%d", count);
+  return hx_spawn(out, name, argv, 10000, why, why_len);
+}
+
+int hx_start_worker(hx_proc_t **out, const char *dispatcher,
+                    const hx_daemon_opts_t *o, char *why, size_t why_len) {
+  hx_daemon_opts_t d = {0};
+  if (o != NULL)
+    d = *o;
+  char hb[16], th[16], bb[32];
+  snprintf(hb, sizeof(hb), "%d", d.heartbeat_ms ? d.heartbeat_ms : 100);
+  snprintf(th, sizeof(th), "%d", d.threads ? d.threads : 1);
+  snprintf(bb, sizeof(bb), "%llu",
+           (unsigned long long)(d.buffer_bytes ? d.buffer_bytes
+                                               : 64ull << 20));
+  char *argv[] = {(char *)hx_worker_bin(), "--dispatcher", (char *)dispatcher,
+                  "--port", "0", "--host", "127.0.0.1", "--threads", th,
+                  "--buffer-bytes", bb, "--heartbeat-ms", hb, NULL};
+  static int count;
+  char name[32];
+  snprintf(name, sizeof(name), "worker%d", ++count);
+  return hx_spawn(out, name, argv, 10000, why, why_len);
+}
+
+int hx_stop(hx_proc_t *p, int sig, int wait_ms, double *elapsed_ms) {
+  if (elapsed_ms != NULL)
+    *elapsed_ms = -1;
+  if (p == NULL || p->pid <= 0)
+    return -1;
+  double t0 = hx_now_ms();
+  kill(p->pid, sig);
+  int st = 0;
+  bool exited = wait_exit(p->pid, wait_ms, &st);
+  double t1 = hx_now_ms();
+  if (!exited) {
+    reap_proc(p);
+    return -1;
+  }
+  if (elapsed_ms != NULL)
+    *elapsed_ms = t1 - t0;
+  p->status = st;
+  p->pid = 0;
+  if (p->out_fd >= 0)
+    close(p->out_fd);
+  p->out_fd = -1;
+  return st;
+}
+
+/* ---- Status over gRPC ---------------------------------------------------- */
+
+int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
+  ferry_rpc_channel_t *ch = NULL;
+  ferry_error_t err = {0};
+  int seen = 0;
+  ferry_rpc_init();
+  if (ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) != 0) {
+    ferry_rpc_shutdown();
+    return 0;
+  }
+  double deadline = hx_now_ms() + wait_ms;
+  do {
+    Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
+    uint8_t buf[8];
+    size_t len = ferry__v1__get_status_request__pack(&req, buf);
+    uint8_t *reply = NULL;
+    size_t rlen = 0;
+    if (ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", buf, len, 2000,
+                        FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) == 0) {
+      Ferry__V1__GetStatusResponse *st =
+          ferry__v1__get_status_response__unpack(NULL, rlen, reply);
+      ferry_free(reply);
+      if (st != NULL) {
+        seen = 0;
+        for (size_t i = 0; i < st->n_workers; i++)
+          if (st->workers[i]->state &&
+              strcmp(st->workers[i]->state, "alive") == 0)
+            seen++;
+        ferry__v1__get_status_response__free_unpacked(st, NULL);
+      }
+    }
+    if (seen >= n)
+      break;
+    /* The workers register on their next heartbeat (100 ms): ask again
+     * shortly. */
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+  } while (hx_now_ms() < deadline);
+  ferry_rpc_channel_free(ch);
+  ferry_rpc_shutdown();
+  return seen;
+}
+
+/* ---- Datasets ------------------------------------------------------------ */
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+static size_t varint_len(uint64_t v) {
+  uint8_t tmp[10];
+  return put_varint(tmp, v);
+}
+
+/* One map entry of Features: key and a Feature holding either bytes
+ * (kind 1) or one int64 (kind 3). Returns the bytes written. */
+static size_t put_feature(uint8_t *p, const char *key, int kind,
+                          const uint8_t *bytes, size_t blen, int64_t v) {
+  size_t klen = strlen(key);
+  /* The list: BytesList{1: bytes} or Int64List{1: packed [v]}. */
+  size_t list_len;
+  if (kind == 1)
+    list_len = 1 + varint_len(blen) + blen;
+  else
+    list_len = 1 + varint_len(varint_len((uint64_t)v)) +
+               varint_len((uint64_t)v);
+  size_t feat_len = 1 + varint_len(list_len) + list_len;
+  size_t entry_len = 1 + varint_len(klen) + klen + 1 + varint_len(feat_len) +
+                     feat_len;
+  size_t n = 0;
+  p[n++] = 0x0a; /* Features.feature, a map entry */
+  n += put_varint(p + n, entry_len);
+  p[n++] = 0x0a; /* key */
+  n += put_varint(p + n, klen);
+  memcpy(p + n, key, klen);
+  n += klen;
+  p[n++] = 0x12; /* value: Feature */
+  n += put_varint(p + n, feat_len);
+  p[n++] = kind == 1 ? 0x0a : 0x1a; /* bytes_list = 1, int64_list = 3 */
+  n += put_varint(p + n, list_len);
+  if (kind == 1) {
+    p[n++] = 0x0a;
+    n += put_varint(p + n, blen);
+    memcpy(p + n, bytes, blen);
+    n += blen;
+  } else {
+    p[n++] = 0x0a; /* packed */
+    n += put_varint(p + n, varint_len((uint64_t)v));
+    n += put_varint(p + n, (uint64_t)v);
+  }
+  return n;
+}
+
+static void fill_pixels(uint8_t *px, size_t n, int file, int rec) {
+  for (size_t i = 0; i < n; i++)
+    px[i] = (uint8_t)((size_t)file * 131 + (size_t)rec * 31 + i);
+}
+
+static int64_t label_of(int file, int rec) { return (file * 7 + rec) % 10; }
+
+int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
+                    int per_file, int h, int w, int c) {
+  memset(ds, 0, sizeof(*ds));
+  if (nfiles > HX_MAX_FILES)
+    return -1;
+  snprintf(ds->dir, sizeof(ds->dir), "%s/%s", hx_tmpdir(), sub);
+  if (mkdir(ds->dir, 0755) != 0 && errno != EEXIST)
+    return -1;
+  snprintf(ds->glob, sizeof(ds->glob), "%s/data-*.tfrecord", ds->dir);
+  ds->nfiles = nfiles;
+  ds->per_file = per_file;
+  ds->h = h;
+  ds->w = w;
+  ds->c = c;
+  size_t img = (size_t)h * w * c;
+  uint8_t *px = malloc(img);
+  uint8_t *rec = malloc(img + 256);
+  uint8_t *feats = malloc(img + 256);
+  if (px == NULL || rec == NULL || feats == NULL)
+    goto fail;
+  for (int f = 0; f < nfiles; f++) {
+    snprintf(ds->files[f], sizeof(ds->files[f]), "%s/data-%03d.tfrecord",
+             ds->dir, f);
+    ds->offsets[f] = calloc((size_t)per_file, sizeof(uint64_t));
+    ferry_tfr_writer_t *wr;
+    ferry_error_t err = {0};
+    if (ds->offsets[f] == NULL ||
+        ferry_tfr_writer_open(ds->files[f], FERRY_COMPRESSION_NONE, &wr,
+                              &err) != 0)
+      goto fail;
+    uint64_t off = 0;
+    for (int r = 0; r < per_file; r++) {
+      fill_pixels(px, img, f, r);
+      size_t n = 0;
+      n += put_feature(feats + n, "image", 1, px, img, 0);
+      n += put_feature(feats + n, "label", 3, NULL, 0, label_of(f, r));
+      n += put_feature(feats + n, "id", 3, NULL, 0,
+                       (int64_t)f * per_file + r);
+      /* Example{1: Features} */
+      size_t m = 0;
+      rec[m++] = 0x0a;
+      m += put_varint(rec + m, n);
+      memcpy(rec + m, feats, n);
+      m += n;
+      ds->offsets[f][r] = off;
+      off += 16 + m;
+      if (ferry_tfr_writer_write(wr, rec, m, &err) != 0) {
+        ferry_tfr_writer_close(wr, NULL);
+        goto fail;
+      }
+    }
+    if (ferry_tfr_writer_close(wr, &err) != 0)
+      goto fail;
+  }
+  free(px);
+  free(rec);
+  free(feats);
+  return 0;
+fail:
+  free(px);
+  free(rec);
+  free(feats);
+  hx_dataset_free(ds);
+  return -1;
+}
+
+void hx_dataset_free(hx_dataset_t *ds) {
+  for (int f = 0; f < HX_MAX_FILES; f++) {
+    free(ds->offsets[f]);
+    ds->offsets[f] = NULL;
+  }
+}
+
+int hx_corrupt_record(hx_dataset_t *ds, int file, int rec) {
+  if (file >= ds->nfiles || rec >= ds->per_file ||
+      ds->ncorrupt == (int)(sizeof(ds->corrupt) / sizeof(ds->corrupt[0])))
+    return -1;
+  uint64_t start = ds->offsets[file][rec];
+  /* The data CRC is the record's last four bytes: it ends where the next
+   * record starts (or at the end of the file). */
+  uint64_t end;
+  if (rec + 1 < ds->per_file) {
+    end = ds->offsets[file][rec + 1];
+  } else {
+    struct stat st;
+    if (stat(ds->files[file], &st) != 0)
+      return -1;
+    end = (uint64_t)st.st_size;
+  }
+  if (end < start + 16)
+    return -1;
+  int fd = open(ds->files[file], O_RDWR);
+  if (fd < 0)
+    return -1;
+  uint8_t b;
+  int rc = -1;
+  if (pread(fd, &b, 1, (off_t)(end - 2)) == 1) {
+    b ^= 0x10;
+    if (pwrite(fd, &b, 1, (off_t)(end - 2)) == 1)
+      rc = 0;
+  }
+  close(fd);
+  if (rc == 0)
+    ds->corrupt[ds->ncorrupt++] = ((uint64_t)file << 40) | (uint64_t)rec;
+  return rc;
+}
+
+void hx_spec(const hx_dataset_t *ds, const char *extra, int batch, char *out,
+             size_t cap) {
+  snprintf(out, cap, "tfrecord(\"%s\") | decode(raw, %d, %d, %d)%s%s | "
+           "batch(%d)", ds->glob, ds->h, ds->w, ds->c,
+           extra && *extra ? " | " : "", extra && *extra ? extra : "", batch);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+uint64_t *hx_expected_ids(const hx_dataset_t *ds, bool skip_corrupt,
+                          size_t *n) {
+  size_t total = (size_t)ds->nfiles * ds->per_file;
+  uint64_t *v = malloc((total ? total : 1) * sizeof(uint64_t));
+  size_t k = 0;
+  if (v == NULL) {
+    *n = 0;
+    return NULL;
+  }
+  for (int f = 0; f < ds->nfiles; f++)
+    for (int r = 0; r < ds->per_file; r++) {
+      uint64_t id = ((uint64_t)f << 40) | (uint64_t)r;
+      bool bad = false;
+      for (int i = 0; skip_corrupt && i < ds->ncorrupt; i++)
+        bad |= ds->corrupt[i] == id;
+      if (!bad)
+        v[k++] = id;
+    }
+  qsort(v, k, sizeof(uint64_t), cmp_u64);
+  *n = k;
+  return v;
+}
+
+/* ---- Clients ------------------------------------------------------------- */
+
+void hx_client_options(ferry_client_options_t *o, const char *dispatcher,
+                       const char *spec) {
+  ferry_client_options_init(o);
+  o->dispatcher = dispatcher;
+  o->spec = spec;
+  o->heartbeat_ms = 50;
+  o->connect_timeout_ms = 5000;
+}
+
+static int ids_push(hx_ids_t *out, uint64_t id, int64_t label) {
+  if (out->n == out->cap) {
+    size_t cap = out->cap ? out->cap * 2 : 1024;
+    uint64_t *ids = realloc(out->ids, cap * sizeof(uint64_t));
+    if (ids == NULL)
+      return -1;
+    out->ids = ids;
+    int64_t *labels = realloc(out->labels, cap * sizeof(int64_t));
+    if (labels == NULL)
+      return -1;
+    out->labels = labels;
+    out->cap = cap;
+  }
+  out->ids[out->n] = id;
+  out->labels[out->n] = label;
+  out->n++;
+  return 0;
+}
+
+int hx_collect_epoch(ferry_client_t *c, hx_ids_t *out, const hx_dataset_t *ds,
+                     bool check_pixels, int timeout_ms,
+                     void (*after_batch)(uint32_t batches, void *arg),
+                     void *arg, ferry_error_t *err) {
+  uint8_t *want = NULL;
+  size_t img = ds ? (size_t)ds->h * ds->w * ds->c : 0;
+  if (check_pixels && ds != NULL)
+    want = malloc(img);
+  for (;;) {
+    const ferry_batch_t *b = NULL;
+    int rc = ferry_next(c, &b, timeout_ms, err);
+    if (rc != 0) {
+      free(want);
+      return rc;
+    }
+    for (uint32_t i = 0; i < b->size; i++) {
+      uint64_t id = b->ids[i];
+      ids_push(out, id, b->labels[i]);
+      int file = (int)(id >> 40), rec = (int)(id & ((1ull << 40) - 1));
+      if (want != NULL && !out->bad_pixels && b->height == (uint32_t)ds->h &&
+          b->width == (uint32_t)ds->w && b->channels == (uint32_t)ds->c) {
+        fill_pixels(want, img, file, rec);
+        if (memcmp(want, b->images + (size_t)i * img, img) != 0 ||
+            b->labels[i] != label_of(file, rec)) {
+          out->bad_pixels = true;
+          out->bad_pixel_id = id;
+        }
+      }
+    }
+    ferry_batch_release(c, b);
+    out->batches++;
+    if (after_batch != NULL)
+      after_batch(out->batches, arg);
+  }
+}
+
+void hx_ids_free(hx_ids_t *ids) {
+  free(ids->ids);
+  free(ids->labels);
+  memset(ids, 0, sizeof(*ids));
+}
+
+bool hx_same_multiset(const uint64_t *ids, size_t n, const uint64_t *expected,
+                      size_t n_expected, char *why, size_t why_len) {
+  uint64_t *s = malloc((n ? n : 1) * sizeof(uint64_t));
+  if (s == NULL) {
+    snprintf(why, why_len, "out of memory");
+    return false;
+  }
+  memcpy(s, ids, n * sizeof(uint64_t));
+  qsort(s, n, sizeof(uint64_t), cmp_u64);
+  size_t i = 0, j = 0;
+  bool ok = true;
+  while (i < n || j < n_expected) {
+    if (i < n && j < n_expected && s[i] == expected[j]) {
+      i++;
+      j++;
+      continue;
+    }
+    ok = false;
+    if (j == n_expected || (i < n && s[i] < expected[j])) {
+      bool dup = i > 0 && s[i - 1] == s[i];
+      snprintf(why, why_len, "%s id file %llu record %llu (got %zu ids, "
+               "expected %zu)", dup ? "duplicate" : "unexpected",
+               (unsigned long long)(s[i] >> 40),
+               (unsigned long long)(s[i] & ((1ull << 40) - 1)), n,
+               n_expected);
+    } else {
+      snprintf(why, why_len, "missing id file %llu record %llu (got %zu "
+               "ids, expected %zu)", (unsigned long long)(expected[j] >> 40),
+               (unsigned long long)(expected[j] & ((1ull << 40) - 1)), n,
+               n_expected);
+    }
+    break;
+  }
+  free(s);
+  return ok;
+}
+
+/* ---- ferryctl and JSON -------------------------------------------------- */
+
+char *hx_ferryctl_status_json(const char *dispatcher, int *status) {
+  char *argv[] = {(char *)hx_ferryctl_bin(), "status", "--json",
+                  "--dispatcher", (char *)dispatcher, NULL};
+  int fds[2];
+  *status = -1;
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return NULL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  double deadline = hx_now_ms() + 10000;
+  while (buf != NULL) {
+    int left = (int)(deadline - hx_now_ms());
+    struct pollfd p = {.fd = fds[0], .events = POLLIN};
+    if (left <= 0 || poll(&p, 1, left) <= 0)
+      break;
+    if (n + 1024 > cap) {
+      char *b = realloc(buf, cap * 2);
+      if (b == NULL)
+        break;
+      buf = b;
+      cap *= 2;
+    }
+    ssize_t k = read(fds[0], buf + n, cap - n - 1);
+    if (k <= 0)
+      break;
+    n += (size_t)k;
+  }
+  close(fds[0]);
+  int st = 0;
+  if (!wait_exit(pid, 5000, &st)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (buf != NULL)
+    buf[n] = '\0';
+  return buf;
+}
+
+/* A recursive-descent JSON checker (RFC 8259 syntax, depth-limited). */
+static const char *json_ws(const char *p) {
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+    p++;
+  return p;
+}
+
+static const char *json_value(const char *p, int depth);
+
+static const char *json_string(const char *p) {
+  if (*p++ != '"')
+    return NULL;
+  while (*p != '"') {
+    if ((unsigned char)*p < 0x20)
+      return NULL;
+    if (*p == '\\') {
+      p++;
+      if (*p == 'u') {
+        for (int i = 1; i <= 4; i++)
+          if (!strchr("0123456789abcdefABCDEF", p[i]) || p[i] == '\0')
+            return NULL;
+        p += 5;
+        continue;
+      }
+      if (*p == '\0' || !strchr("\"\\/bfnrt", *p))
+        return NULL;
+    }
+    p++;
+  }
+  return p + 1;
+}
+
+static const char *json_number(const char *p) {
+  const char *s = p;
+  if (*p == '-')
+    p++;
+  if (*p == '0')
+    p++;
+  else if (*p >= '1' && *p <= '9')
+    while (*p >= '0' && *p <= '9')
+      p++;
+  else
+    return NULL;
+  if (*p == '.') {
+    p++;
+    if (!(*p >= '0' && *p <= '9'))
+      return NULL;
+    while (*p >= '0' && *p <= '9')
+      p++;
+  }
+  if (*p == 'e' || *p == 'E') {
+    p++;
+    if (*p == '+' || *p == '-')
+      p++;
+    if (!(*p >= '0' && *p <= '9'))
+      return NULL;
+    while (*p >= '0' && *p <= '9')
+      p++;
+  }
+  return p > s ? p : NULL;
+}
+
+static const char *json_value(const char *p, int depth) {
+  if (depth > 64)
+    return NULL;
+  p = json_ws(p);
+  if (*p == '{' || *p == '[') {
+    char close = *p == '{' ? '}' : ']';
+    bool obj = *p == '{';
+    p = json_ws(p + 1);
+    if (*p == close)
+      return p + 1;
+    for (;;) {
+      if (obj) {
+        p = json_string(json_ws(p));
+        if (p == NULL)
+          return NULL;
+        p = json_ws(p);
+        if (*p++ != ':')
+          return NULL;
+      }
+      p = json_value(p, depth + 1);
+      if (p == NULL)
+        return NULL;
+      p = json_ws(p);
+      if (*p == ',') {
+        p++;
+        continue;
+      }
+      if (*p == close)
+        return p + 1;
+      return NULL;
+    }
+  }
+  if (*p == '"')
+    return json_string(p);
+  if (strncmp(p, "true", 4) == 0)
+    return p + 4;
+  if (strncmp(p, "false", 5) == 0)
+    return p + 5;
+  if (strncmp(p, "null", 4) == 0)
+    return p + 4;
+  return json_number(p);
+}
+
+bool hx_json_valid(const char *text) {
+  const char *p = json_value(text, 0);
+  return p != NULL && *json_ws(p) == '\0';
+}
+
+bool hx_json_int_after(const char *text, const char *anchor, const char *key,
+                       int64_t *value) {
+  const char *p = strstr(text, anchor);
+  if (p == NULL)
+    return false;
+  char pat[128];
+  snprintf(pat, sizeof(pat), "\"%s\":", key);
+  p = strstr(p + strlen(anchor), pat);
+  if (p == NULL)
+    return false;
+  p = json_ws(p + strlen(pat));
+  char *end;
+  long long v = strtoll(p, &end, 10);
+  if (end == p)
+    return false;
+  *value = v;
+  return true;
+}

@@ -1,0 +1,180 @@
+/* The integration tests' harness: real ferry-dispatcher and ferry-worker
+ * processes on 127.0.0.1, synthetic datasets written with the Ferry
+ * TFRecord writer, and a client loop that collects record identities.
+ *
+ * Every wait is bounded. Daemons are registered as they start; hx_reap_all
+ * (run by the tests' .fini fixture and by atexit) kills and reaps whatever
+ * is left, so a failed assertion never leaks a process. Each started
+ * process's pid is also appended to a file named after the Criterion
+ * runner, which the runner's POST_ALL hook sweeps: that covers a test
+ * killed by its timeout, where no fini or atexit runs.
+ */
+#ifndef FERRY_TESTS_HARNESS_H
+#define FERRY_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ferry/client.h"
+#include "ferry/error.h"
+
+#define HX_MAX_PROCS 16
+#define HX_MAX_FILES 16
+
+/* A started daemon. */
+typedef struct hx_proc_s {
+  pid_t pid;          /* 0 once reaped */
+  int out_fd;         /* read end of its stdout */
+  int status;         /* wait status once reaped */
+  char name[32];      /* "dispatcher", "worker1", ... */
+  char log[512];      /* its stderr */
+  char addr[64];      /* "127.0.0.1:PORT" from its listening line */
+} hx_proc_t;
+
+/* Settings for hx_start_dispatcher / hx_start_worker; zero means the
+ * default given here. */
+typedef struct hx_daemon_opts_s {
+  int heartbeat_ms;         /* 100 */
+  int worker_timeout_ms;    /* dispatcher: 2000 */
+  int client_timeout_ms;    /* dispatcher: 5000 */
+  int threads;              /* worker: 1 */
+  uint64_t buffer_bytes;    /* worker: 64 MiB */
+} hx_daemon_opts_t;
+
+/* A generated dataset: nfiles files of `per_file` records each, named
+ * DIR/data-NNN.tfrecord, with features image (raw h*w*c bytes), label and
+ * id. Record r of file f has id (f << 40 | r), label (f * 7 + r) % 10 and
+ * pixel i equal to (f * 131 + r * 31 + i) & 0xff. */
+typedef struct hx_dataset_s {
+  char dir[512];
+  char glob[600];
+  int nfiles, per_file;
+  int h, w, c;
+  char files[HX_MAX_FILES][600];
+  /* Byte offset of every record, per file (per_file entries each). */
+  uint64_t *offsets[HX_MAX_FILES];
+  /* Records whose data CRC was corrupted (excluded from the expected
+   * ids under policy skip). */
+  uint64_t corrupt[64];
+  int ncorrupt;
+} hx_dataset_t;
+
+/* Records received by a client, in order of arrival. */
+typedef struct hx_ids_s {
+  uint64_t *ids;
+  int64_t *labels;
+  size_t n, cap;
+  uint32_t batches;
+  bool bad_pixels;      /* an image differed from what was written */
+  uint64_t bad_pixel_id;
+} hx_ids_t;
+
+/* The per-test temporary directory (created on first use, removed by
+ * hx_reap_all unless FERRY_IT_KEEP is set). */
+const char *hx_tmpdir(void);
+
+/* Milliseconds on the monotonic clock. */
+double hx_now_ms(void);
+
+/* Starts `argv[0]` with posix_spawn: stdout to a pipe, stderr to
+ * TMP/NAME.log. Waits up to `wait_ms` for a line containing
+ * "listening on HOST:PORT" and stores HOST:PORT in p->addr. Returns 0,
+ * or -1 with `why` filled (the process is then reaped). */
+int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
+             int wait_ms, char *why, size_t why_len);
+
+/* Starts ferry-dispatcher / ferry-worker (paths from FERRY_IT_DISPATCHER /
+ * FERRY_IT_WORKER, else the build tree) with `o` (may be NULL). */
+int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
+                        char *why, size_t why_len);
+int hx_start_worker(hx_proc_t **out, const char *dispatcher,
+                    const hx_daemon_opts_t *o, char *why, size_t why_len);
+
+/* Sends `sig` and waits up to `wait_ms` for the process to exit, then
+ * SIGKILLs and reaps it. Returns the wait status (or -1 if it had to be
+ * killed) and the time from the signal to the exit in *elapsed_ms (may
+ * be NULL). */
+int hx_stop(hx_proc_t *p, int sig, int wait_ms, double *elapsed_ms);
+
+/* SIGKILLs and reaps every daemon still running, closes their pipes, and
+ * removes the temporary directory. Idempotent. */
+void hx_reap_all(void);
+
+/* Set by Criterion tests: note each pid for hx_sweep_runner_pids. */
+extern bool hx_track_runner_pids;
+
+/* In the Criterion runner (ReportHook(POST_ALL)): SIGKILLs the daemons
+ * that tests killed by their timeout left behind. */
+void hx_sweep_runner_pids(void);
+
+/* Prints the last lines of every daemon's log to stderr (debugging). */
+void hx_dump_logs(void);
+
+/* Asks the dispatcher (GetStatus) until at least `n` workers are "alive",
+ * at most `wait_ms`. Returns the number seen last. */
+int hx_wait_workers(const char *dispatcher, int n, int wait_ms);
+
+/* Writes a dataset into a fresh directory under hx_tmpdir(). */
+int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
+                    int per_file, int h, int w, int c);
+void hx_dataset_free(hx_dataset_t *ds);
+
+/* Flips a bit of the data CRC of record `rec` of file `file`. */
+int hx_corrupt_record(hx_dataset_t *ds, int file, int rec);
+
+/* The pipeline spec text over the dataset: raw decode, `extra` stages
+ * (may be NULL or "") and batch(batch). */
+void hx_spec(const hx_dataset_t *ds, const char *extra, int batch, char *out,
+             size_t cap);
+
+/* The sorted expected ids of one epoch (corrupt records excluded when
+ * `skip_corrupt`); *n gets the count. Free with free(). */
+uint64_t *hx_expected_ids(const hx_dataset_t *ds, bool skip_corrupt,
+                          size_t *n);
+
+/* Client options with the harness's defaults: dispatcher, spec, heartbeat
+ * 50 ms, connect timeout 5 s. */
+void hx_client_options(ferry_client_options_t *o, const char *dispatcher,
+                       const char *spec);
+
+/* Runs ferry_next until the epoch ends, appending every record's id and
+ * label to `out` and checking its pixels against `ds` (when not NULL and
+ * the pipeline does not change pixels: `check_pixels`). `after_batch`
+ * (may be NULL) runs after each batch with the number of batches so far.
+ * Each ferry_next waits at most `timeout_ms`. Returns FERRY_EPOCH_END,
+ * FERRY_END or the error (err filled). */
+int hx_collect_epoch(ferry_client_t *c, hx_ids_t *out, const hx_dataset_t *ds,
+                     bool check_pixels, int timeout_ms,
+                     void (*after_batch)(uint32_t batches, void *arg),
+                     void *arg, ferry_error_t *err);
+
+void hx_ids_free(hx_ids_t *ids);
+
+/* Sorts a copy of `ids` and compares it with the sorted `expected`. On a
+ * mismatch writes the first difference (missing / duplicate / unexpected
+ * id) into `why` and returns false. */
+bool hx_same_multiset(const uint64_t *ids, size_t n, const uint64_t *expected,
+                      size_t n_expected, char *why, size_t why_len);
+
+/* Runs `ferryctl status --json --dispatcher ADDR` and returns its stdout
+ * (malloc'ed, NUL-terminated) and exit status in *status. NULL if it
+ * could not run. */
+char *hx_ferryctl_status_json(const char *dispatcher, int *status);
+
+/* True when `text` is one well-formed JSON value (and nothing else but
+ * white space). */
+bool hx_json_valid(const char *text);
+
+/* Finds, after the first occurrence of `anchor` in `text`, the next
+ * `"key":` and parses the integer after it. Returns false when absent. */
+bool hx_json_int_after(const char *text, const char *anchor, const char *key,
+                       int64_t *value);
+
+/* Paths of the binaries the tests run. */
+const char *hx_dispatcher_bin(void);
+const char *hx_worker_bin(void);
+const char *hx_ferryctl_bin(void);
+
+#endif /* FERRY_TESTS_HARNESS_H */

@@ -1,0 +1,503 @@
+/* The service end to end: a real ferry-dispatcher and ferry-workers on
+ * 127.0.0.1, clients through libferry, synthetic datasets written by the
+ * test. Each test starts its own cluster with short heartbeats and is
+ * bounded by Criterion's timeout; the fini fixture kills whatever is left.
+ *
+ * Record identities: a batch carries, per record, file index << 40 |
+ * record index; the harness compares their multiset with the dataset's
+ * and checks each record's pixels and label against what was written. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "ferry/tfrecord.h"
+#include "harness.h"
+
+#define NEXT_TIMEOUT_MS 10000
+#define ERROR_BUDGET_MS 5000.0
+#define STOP_BUDGET_MS 1000.0
+
+static hx_proc_t *D;
+static hx_proc_t *W[4];
+
+static void setup(void) {
+  hx_track_runner_pids = true;
+  D = NULL;
+  memset(W, 0, sizeof(W));
+}
+
+static void teardown(void) { hx_reap_all(); }
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+  (void)stats;
+  hx_sweep_runner_pids();
+}
+
+TestSuite(service, .init = setup, .fini = teardown, .timeout = 60);
+
+/* Starts a dispatcher and `n` workers and waits until all registered. */
+static void cluster(int n, const hx_daemon_opts_t *dopts,
+                    const hx_daemon_opts_t *wopts) {
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher(&D, dopts, why, sizeof(why)), 0, "%s",
+               why);
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(hx_start_worker(&W[i], D->addr, wopts, why, sizeof(why)), 0,
+                 "%s", why);
+  int seen = hx_wait_workers(D->addr, n, 10000);
+  if (seen != n)
+    hx_dump_logs();
+  cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
+}
+
+static void make_small(hx_dataset_t *ds) {
+  cr_assert_eq(hx_make_dataset(ds, "data", 4, 300, 8, 8, 3), 0,
+               "cannot write the dataset");
+}
+
+static ferry_client_t *new_client(const ferry_client_options_t *o) {
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_client_new(o, &c, &err);
+  if (rc != 0)
+    hx_dump_logs();
+  cr_assert_eq(rc, 0, "ferry_client_new: %s (%s)", err.msg,
+               ferry_strerror(rc));
+  return c;
+}
+
+/* Reads one epoch and checks it against `expected` repeated `times`. */
+static void expect_epoch(ferry_client_t *c, const hx_dataset_t *ds,
+                         const uint64_t *expected, size_t n_expected,
+                         int times, int epoch, bool check_pixels) {
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  int rc = hx_collect_epoch(c, &got, ds, check_pixels, NEXT_TIMEOUT_MS, NULL,
+                            NULL, &err);
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END,
+               "epoch %d: ferry_next returned %d (%s) after %zu records: %s",
+               epoch, rc, rc < 0 ? ferry_strerror(rc) : "", got.n, err.msg);
+  uint64_t *want = malloc(n_expected * (size_t)times * sizeof(uint64_t));
+  cr_assert_not_null(want);
+  /* `expected` is sorted: repeating each id in place keeps it sorted. */
+  size_t n = n_expected * (size_t)times;
+  for (size_t i = 0; i < n; i++)
+    want[i] = expected[i / (size_t)times];
+  char why[256];
+  bool same = hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why));
+  cr_expect(!got.bad_pixels, "epoch %d: record %#llx has wrong pixels or "
+            "label", epoch, (unsigned long long)got.bad_pixel_id);
+  free(want);
+  hx_ids_free(&got);
+  cr_assert(same, "epoch %d: %s", epoch, why);
+}
+
+static void expect_end(ferry_client_t *c) {
+  const ferry_batch_t *b = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+  cr_assert_eq(rc, FERRY_END, "after the last epoch ferry_next returned %d "
+               "(%s), not FERRY_END", rc, err.msg);
+}
+
+/* ---- distributed_epoch: exactly once, 1 to 3 workers --------------------- */
+
+static void distributed(int workers) {
+  hx_dataset_t ds;
+  make_small(&ds);
+  cluster(workers, NULL, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 2;
+  ferry_client_t *c = new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  cr_assert_eq(n, 1200);
+  expect_epoch(c, &ds, expected, n, 1, 0, true);
+  expect_epoch(c, &ds, expected, n, 1, 1, true);
+  expect_end(c);
+  ferry_client_free(c);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+Test(service, distributed_epoch_1_worker) { distributed(1); }
+Test(service, distributed_epoch_2_workers) { distributed(2); }
+Test(service, distributed_epoch_3_workers) { distributed(3); }
+
+/* ---- parallel_epochs: once per worker ----------------------------------- */
+
+Test(service, parallel_epochs_2_workers) {
+  hx_dataset_t ds;
+  make_small(&ds);
+  cluster(2, NULL, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.mode = FERRY_MODE_PARALLEL_EPOCHS;
+  o.num_epochs = 2;
+  ferry_client_t *c = new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  expect_epoch(c, &ds, expected, n, 2, 0, true);
+  expect_epoch(c, &ds, expected, n, 2, 1, true);
+  expect_end(c);
+  ferry_client_free(c);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+/* ---- Two clients of one named job ---------------------------------------- */
+
+typedef struct reader_s {
+  ferry_client_t *c;
+  const hx_dataset_t *ds;
+  hx_ids_t got;
+  int rc, rc_end;
+  ferry_error_t err;
+} reader_t;
+
+static void *reader_main(void *arg) {
+  reader_t *r = arg;
+  r->rc = hx_collect_epoch(r->c, &r->got, r->ds, true, NEXT_TIMEOUT_MS, NULL,
+                           NULL, &r->err);
+  if (r->rc == FERRY_EPOCH_END) {
+    const ferry_batch_t *b;
+    r->rc_end = ferry_next(r->c, &b, NEXT_TIMEOUT_MS, &r->err);
+    if (r->rc_end == 0)
+      ferry_batch_release(r->c, b);
+  }
+  return NULL;
+}
+
+Test(service, two_clients_share_a_named_job) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "data", 8, 150, 8, 8, 3), 0);
+  cluster(2, NULL, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 16, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.job_name = "shared";
+  o.num_epochs = 1;
+  /* One split at a time and little prefetch, so that the first client
+   * cannot take every split before the second one joins. */
+  o.splits_in_flight = 1;
+  o.prefetch = 1;
+  reader_t r[2];
+  memset(r, 0, sizeof(r));
+  for (int i = 0; i < 2; i++) {
+    r[i].c = new_client(&o);
+    r[i].ds = &ds;
+  }
+  cr_assert_eq(ferry_client_job_id(r[0].c), ferry_client_job_id(r[1].c),
+               "the two clients of job \"shared\" are in different jobs");
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, reader_main, &r[i]), 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(r[i].rc, FERRY_EPOCH_END, "client %d: ferry_next returned "
+                 "%d: %s", i, r[i].rc, r[i].err.msg);
+    cr_assert_eq(r[i].rc_end, FERRY_END, "client %d: after the epoch "
+                 "ferry_next returned %d: %s", i, r[i].rc_end, r[i].err.msg);
+    cr_assert(!r[i].got.bad_pixels, "client %d: wrong pixels", i);
+    cr_expect_gt(r[i].got.n, 0, "client %d received nothing: the job was "
+                 "not shared", i);
+  }
+  hx_ids_t all = {0};
+  all.n = r[0].got.n + r[1].got.n;
+  all.ids = malloc(all.n * sizeof(uint64_t));
+  memcpy(all.ids, r[0].got.ids, r[0].got.n * sizeof(uint64_t));
+  memcpy(all.ids + r[0].got.n, r[1].got.ids, r[1].got.n * sizeof(uint64_t));
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  char why[256];
+  cr_assert(hx_same_multiset(all.ids, all.n, expected, n, why, sizeof(why)),
+            "two clients (%zu + %zu records): %s", r[0].got.n, r[1].got.n,
+            why);
+  for (int i = 0; i < 2; i++) {
+    ferry_client_free(r[i].c);
+    hx_ids_free(&r[i].got);
+  }
+  free(all.ids);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+/* ---- Shuffle: same seed, same order ------------------------------------- */
+
+static hx_ids_t shuffled_run(const hx_dataset_t *ds, uint64_t seed) {
+  char spec[1024];
+  hx_spec(ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.shuffle = 1;
+  o.shuffle_seed = seed;
+  o.num_epochs = 1;
+  /* One split at a time: the order is then the dispatcher's and the
+   * worker's permutations alone, not the timing of several streams. */
+  o.splits_in_flight = 1;
+  ferry_client_t *c = new_client(&o);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  int rc = hx_collect_epoch(c, &got, ds, true, NEXT_TIMEOUT_MS, NULL, NULL,
+                            &err);
+  cr_assert_eq(rc, FERRY_EPOCH_END, "seed %llu: ferry_next returned %d: %s",
+               (unsigned long long)seed, rc, err.msg);
+  ferry_client_free(c);
+  return got;
+}
+
+Test(service, shuffle_seed_gives_a_stable_order) {
+  hx_dataset_t ds;
+  make_small(&ds);
+  cluster(1, NULL, NULL);
+  hx_ids_t a = shuffled_run(&ds, 7);
+  hx_ids_t b = shuffled_run(&ds, 7);
+  hx_ids_t c = shuffled_run(&ds, 8);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  char why[256];
+  cr_assert(hx_same_multiset(a.ids, a.n, expected, n, why, sizeof(why)),
+            "shuffled epoch: %s", why);
+  cr_assert_eq(a.n, b.n);
+  cr_assert_eq(memcmp(a.ids, b.ids, a.n * sizeof(uint64_t)), 0,
+               "two runs with seed 7 gave different orders");
+  cr_assert_neq(memcmp(a.ids, expected, n * sizeof(uint64_t)), 0,
+                "seed 7 left the records in file order");
+  cr_assert(a.n != c.n || memcmp(a.ids, c.ids, a.n * sizeof(uint64_t)) != 0,
+            "seeds 7 and 8 gave the same order");
+  hx_ids_free(&a);
+  hx_ids_free(&b);
+  hx_ids_free(&c);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+/* ---- Errors reach the client, naming the cause, within 5 s -------------- */
+
+/* Creates a client and reads until an error; returns it with the time it
+ * took from ferry_client_new. */
+static int first_error(const ferry_client_options_t *o, ferry_error_t *err,
+                       double *ms) {
+  double t0 = hx_now_ms();
+  ferry_client_t *c = NULL;
+  int rc = ferry_client_new(o, &c, err);
+  if (rc == 0) {
+    hx_ids_t got = {0};
+    rc = hx_collect_epoch(c, &got, NULL, false, (int)ERROR_BUDGET_MS, NULL,
+                          NULL, err);
+    hx_ids_free(&got);
+  }
+  *ms = hx_now_ms() - t0;
+  ferry_client_free(c);
+  return rc;
+}
+
+Test(service, missing_files_fail_naming_the_file) {
+  cluster(1, NULL, NULL);
+  char spec[1024];
+  snprintf(spec, sizeof(spec), "tfrecord(\"%s/absent-file.tfrecord\") | "
+           "decode(raw, 8, 8, 3) | batch(32)", hx_tmpdir());
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  ferry_error_t err = {0};
+  double ms;
+  int rc = first_error(&o, &err, &ms);
+  cr_assert_lt(rc, 0, "a job over a missing file gave %d, not an error", rc);
+  cr_assert_neq(rc, FERRY_ETIMEDOUT, "no error within %.0f ms", ms);
+  cr_assert_lt(ms, ERROR_BUDGET_MS, "the error took %.0f ms", ms);
+  cr_assert(strstr(err.msg, "absent-file.tfrecord") != NULL,
+            "the error does not name the file: %s", err.msg);
+}
+
+Test(service, corrupt_record_under_fail_names_the_file) {
+  hx_dataset_t ds;
+  make_small(&ds);
+  cr_assert_eq(hx_corrupt_record(&ds, 2, 100), 0);
+  cluster(1, NULL, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.error_policy = FERRY_ON_ERROR_FAIL;
+  ferry_error_t err = {0};
+  double ms;
+  int rc = first_error(&o, &err, &ms);
+  cr_assert_lt(rc, 0, "a corrupt record under policy fail gave %d", rc);
+  cr_assert_neq(rc, FERRY_ETIMEDOUT, "no error within %.0f ms", ms);
+  cr_assert_lt(ms, ERROR_BUDGET_MS, "the error took %.0f ms", ms);
+  cr_assert(strstr(err.msg, "data-002.tfrecord") != NULL,
+            "the error does not name the file: %s", err.msg);
+  hx_dataset_free(&ds);
+}
+
+Test(service, invalid_spec_names_the_column) {
+  cluster(1, NULL, NULL);
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr,
+                    "tfrecord(\"/tmp/x-*.tfrecord\") | decode(raw, 8, 8, 3) "
+                    "| bogus(3) | batch(32)");
+  ferry_error_t err = {0};
+  double ms;
+  int rc = first_error(&o, &err, &ms);
+  cr_assert_lt(rc, 0, "an invalid spec gave %d", rc);
+  cr_assert_lt(ms, ERROR_BUDGET_MS, "the error took %.0f ms", ms);
+  cr_assert(strstr(err.msg, "column") != NULL,
+            "the error does not name the column: %s", err.msg);
+}
+
+/* ---- Policy skip: corrupt records skipped and counted ------------------- */
+
+Test(service, skip_policy_counts_corrupt_records_in_status) {
+  hx_dataset_t ds;
+  make_small(&ds);
+  cr_assert_eq(hx_corrupt_record(&ds, 1, 10), 0);
+  cr_assert_eq(hx_corrupt_record(&ds, 1, 200), 0);
+  cr_assert_eq(hx_corrupt_record(&ds, 3, 299), 0);
+  cluster(1, NULL, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.error_policy = FERRY_ON_ERROR_SKIP;
+  o.job_name = "skippy";
+  o.num_epochs = 1;
+  ferry_client_t *c = new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, true, &n);
+  cr_assert_eq(n, 1197);
+  expect_epoch(c, &ds, expected, n, 1, 0, true);
+
+  /* The counts travel in worker heartbeats (every 100 ms): ask until they
+   * are all in, at most 3 s. */
+  char *json = NULL;
+  int status = -1;
+  int64_t skipped = -1;
+  double deadline = hx_now_ms() + 3000;
+  do {
+    free(json);
+    json = hx_ferryctl_status_json(D->addr, &status);
+    cr_assert_not_null(json, "cannot run %s", hx_ferryctl_bin());
+    skipped = -1;
+    hx_json_int_after(json, "\"delivered_all\"", "skipped", &skipped);
+  } while (skipped < 3 && hx_now_ms() < deadline);
+  cr_assert_eq(status, 0, "ferryctl status --json exited %d:\n%s", status,
+               json);
+  cr_assert(hx_json_valid(json), "ferryctl status --json is not valid "
+            "JSON:\n%s", json);
+  cr_assert(strstr(json, "\"skippy\"") != NULL, "job not listed:\n%s", json);
+  cr_assert_eq(skipped, 3, "job skipped count %lld, expected 3:\n%s",
+               (long long)skipped, json);
+  int64_t f1 = -1, f3 = -1;
+  cr_assert(hx_json_int_after(json, "data-001.tfrecord\"", "skipped", &f1),
+            "no per-file count for data-001:\n%s", json);
+  cr_assert(hx_json_int_after(json, "data-003.tfrecord\"", "skipped", &f3),
+            "no per-file count for data-003:\n%s", json);
+  cr_assert_eq(f1, 2, "data-001: %lld skipped, expected 2", (long long)f1);
+  cr_assert_eq(f3, 1, "data-003: %lld skipped, expected 1", (long long)f3);
+  cr_assert(strstr(json, "data-000.tfrecord\"") == NULL,
+            "a clean file is listed with skipped records:\n%s", json);
+  expect_end(c);
+  free(json);
+  ferry_client_free(c);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+/* ---- SIGTERM on idle daemons -------------------------------------------- */
+
+static void expect_clean_exit(hx_proc_t *p, const char *what) {
+  double ms = -1;
+  int st = hx_stop(p, SIGTERM, 3000, &ms);
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    hx_dump_logs();
+  cr_assert_neq(st, -1, "%s ignored SIGTERM for 3 s", what);
+  cr_assert(WIFEXITED(st), "%s died of signal %d", what,
+            WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+  cr_assert_eq(WEXITSTATUS(st), 0, "%s exited %d", what, WEXITSTATUS(st));
+  cr_assert_lt(ms, STOP_BUDGET_MS, "%s took %.0f ms to exit", what, ms);
+}
+
+Test(service, sigterm_idle_dispatcher_exits_0_within_1s) {
+  cluster(0, NULL, NULL);
+  expect_clean_exit(D, "the idle dispatcher");
+}
+
+Test(service, sigterm_idle_worker_exits_0_within_1s) {
+  cluster(1, NULL, NULL);
+  expect_clean_exit(W[0], "the idle worker");
+  expect_clean_exit(D, "the dispatcher");
+}
+
+/* ---- A worker killed mid-epoch ------------------------------------------ */
+
+typedef struct killer_s {
+  uint32_t at;
+  hx_proc_t *victim;
+  bool done;
+  double kill_ms;
+} killer_t;
+
+static void kill_after(uint32_t batches, void *arg) {
+  killer_t *k = arg;
+  if (!k->done && batches >= k->at) {
+    k->done = true;
+    k->kill_ms = hx_now_ms();
+    hx_stop(k->victim, SIGKILL, 2000, NULL);
+  }
+}
+
+Test(service, worker_killed_mid_epoch_still_exactly_once) {
+  hx_dataset_t ds;
+  /* 8 splits of 1000 records of 3 KiB: enough that each worker still has
+   * work when one dies after a few batches. */
+  cr_assert_eq(hx_make_dataset(&ds, "data", 8, 1000, 32, 32, 3), 0);
+  hx_daemon_opts_t d = {.worker_timeout_ms = 1000};
+  cluster(2, &d, NULL);
+  char spec[1024];
+  hx_spec(&ds, NULL, 64, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 1;
+  o.prefetch = 2;
+  ferry_client_t *c = new_client(&o);
+  killer_t k = {.at = 3, .victim = W[0]};
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS, kill_after,
+                            &k, &err);
+  cr_assert(k.done, "the epoch ended before the kill (%u batches)",
+            got.batches);
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END, "after the kill ferry_next returned %d: "
+               "%s (%zu records)", rc, err.msg, got.n);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  char why[256];
+  cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why, sizeof(why)),
+            "with a worker killed: %s", why);
+  cr_assert(!got.bad_pixels, "record %#llx has wrong pixels",
+            (unsigned long long)got.bad_pixel_id);
+  cr_log_info("epoch finished %.0f ms after the kill",
+              hx_now_ms() - k.kill_ms);
+  expect_end(c);
+  ferry_client_free(c);
+  hx_ids_free(&got);
+  free(expected);
+  hx_dataset_free(&ds);
+}
