@@ -1,112 +1,94 @@
-/* AVX2 separable blur (see blur.c for the plan). Eight floats per vector;
- * a row tail ends with an overlapping vector (outputs never alias inputs,
- * so recomputed values are identical), rows narrower than a vector fall
- * back to scalar code. Each row's reflect padding is made from the source
- * bytes with two one-source permutes and a blend per chunk of eight
- * floats, the next row is prepared in the other padded-row buffer while
- * the current one is filtered, and the vertical pass makes two output
- * rows at a time so each tmp row loaded serves both. */
+/* AVX2 separable blur (see blur.c and imgops_internal.h for the plan).
+ * Eight floats per vector; a row tail ends with an overlapping vector
+ * (outputs never alias inputs, so recomputed values are identical) and
+ * rows narrower than a vector take the scalar path. As in blur_avx512.c,
+ * output rows go in blocks of NR: one vertical loop over 2r + NR ring rows
+ * each loaded once, borders from one-source permutes and blends, and the
+ * horizontal pass (misaligned loads; lane shifts built from aligned
+ * vectors measured slower here) one block behind, so its loads read
+ * stores that have left the store buffer. */
 #include <immintrin.h>
 #include <stddef.h>
 
 #include "imgops_internal.h"
 
 #define V 8
-#define MAX_CHUNKS 16
 
-typedef struct {
-  int dst, src, cnt;
-  __m256i idx, hi, store;
-} pad_chunk_t;
+static inline __m256 cvt8(const uint8_t *s) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s)));
+}
 
-/* As in blur_avx512.c, with a 16-byte source window per chunk that stays
- * inside the row. Returns -1 (scalar padding) for rows under 16 bytes or
- * when a chunk's sources span 16 floats or more. */
-static int plan_pads(pad_chunk_t *pl, int r, int w, int c) {
-  int rc = r * c, n = w * c, nch = 0;
-  if (n < 2 * V)
-    return -1;
-  for (int side = 0; side < 2; side++) {
-    int start = side == 0 ? 0 : rc + n;
-    for (int q = 0; q < rc; q += V) {
-      int cnt = rc - q < V ? rc - q : V, lo = 1 << 30, hi = -1;
-      int src[V];
-      for (int i = 0; i < cnt; i++) {
-        int p = start + q + i, px = p / c - r, ch = p % c;
-        int sp = px < 0 ? -px : 2 * (w - 1) - px;
-        src[i] = sp * c + ch;
-        lo = src[i] < lo ? src[i] : lo;
-        hi = src[i] > hi ? src[i] : hi;
-      }
-      if (lo > n - 2 * V)
-        lo = n - 2 * V;
-      if (hi - lo >= 2 * V || nch == MAX_CHUNKS)
-        return -1;
-      int32_t ix[V] = {0}, st[V] = {0};
-      for (int i = 0; i < cnt; i++) {
-        ix[i] = src[i] - lo;
-        st[i] = -1;
-      }
-      pl[nch].dst = start + q;
-      pl[nch].src = lo;
-      pl[nch].cnt = cnt;
-      pl[nch].idx = _mm256_loadu_si256((const __m256i *)ix);
-      pl[nch].hi = _mm256_cmpgt_epi32(pl[nch].idx, _mm256_set1_epi32(V - 1));
-      pl[nch].store = _mm256_loadu_si256((const __m256i *)st);
-      nch++;
+/* Converts a source row (n >= V) to floats. */
+static inline void conv_row(float *d, const uint8_t *s, ptrdiff_t n) {
+  ptrdiff_t x = 0;
+  for (; x + V <= n; x += V)
+    _mm256_store_ps(d + x, cvt8(s + x));
+  if (x < n)
+    _mm256_storeu_ps(d + n - V, cvt8(s + n - V));
+}
+
+/* GCC cannot see that the runtime-radius copy of vert() sets every v[i]
+ * it reads (the first 2r + NR). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+/* Vertical sums over k[0] of NR consecutive output rows, row q centred on
+ * rows[r + q] and stored at p[q], each ring row loaded once. */
+#define NR 4
+static inline __attribute__((always_inline)) void
+vert(float *const *p, const float *const *rows, ptrdiff_t n,
+     const __m256 *kv, const int r) {
+  for (ptrdiff_t x = 0; x < n; x += V) {
+    __m256 v[2 * 15 + NR];
+#pragma GCC unroll 40
+    for (int i = 0; i < 2 * r + NR; i++) {
+      __m256 t = _mm256_load_ps(rows[i] + x);
+      /* Keeps each row in a register: folded into several rows' adds,
+       * GCC would load it again each time, and loads are the
+       * bottleneck. */
+      __asm__("" : "+v"(t));
+      v[i] = t;
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < NR; q++) {
+      __m256 a = v[r + q];
+#pragma GCC unroll 16
+      for (int j = 1; j <= r; j++)
+        a = _mm256_fmadd_ps(kv[j], _mm256_add_ps(v[r + q - j], v[r + q + j]),
+                            a);
+      _mm256_store_ps(p[q] + x, a);
     }
   }
-  return nch;
 }
 
-static inline uint8_t to_u8(float v) {
-  if (!(v > 0.0f))
-    return 0;
-  if (v >= 255.0f)
-    return 255;
-  return (uint8_t)(int)v;
-}
-
-/* Next vector start after x, or n when done; the last vector overlaps. */
-static inline ptrdiff_t next_x(ptrdiff_t x, ptrdiff_t n) {
-  if (x + V >= n)
-    return n;
-  return x + 2 * V <= n ? x + V : n - V;
-}
-
-static inline __m256 cvt8(__m128i b) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-}
-
-/* Converts image row `s` into the padded row `pr` (interior at rc). */
-static inline void fill_row(float *pr, const uint8_t *s, ptrdiff_t n,
-                            ptrdiff_t rc, int r, int c,
-                            const pad_chunk_t *pl, int nch) {
-  float *p = pr + rc;
-  if (n >= V) {
-    for (ptrdiff_t x = 0; x < n; x = next_x(x, n))
-      _mm256_storeu_ps(p + x, cvt8(_mm_loadl_epi64((const __m128i *)(s + x))));
-  } else {
-    for (ptrdiff_t x = 0; x < n; x++)
-      p[x] = (float)s[x];
-  }
-  if (nch >= 0) {
-    for (int i = 0; i < nch; i++) {
-      __m128i b = _mm_loadu_si128((const __m128i *)(s + pl[i].src));
-      __m256 a = _mm256_permutevar8x32_ps(cvt8(b), pl[i].idx);
-      __m256 e = _mm256_permutevar8x32_ps(cvt8(_mm_srli_si128(b, 8)),
-                                          pl[i].idx);
-      _mm256_maskstore_ps(pr + pl[i].dst, pl[i].store,
-                          _mm256_blendv_ps(a, e,
-                                           _mm256_castsi256_ps(pl[i].hi)));
+/* Reflected borders of the padded row `p` (interior start). */
+static inline void pad_row(float *p, ptrdiff_t n, int r, int c,
+                           const ferry__blur_pad_t *pl, int np) {
+  if (np >= 0) {
+    for (int i = 0; i < np; i++) {
+      __m256i idx = _mm256_loadu_si256((const __m256i *)pl[i].idx);
+      __m256 a = _mm256_permutevar8x32_ps(_mm256_load_ps(p + pl[i].src), idx);
+      __m256 b = _mm256_permutevar8x32_ps(
+          _mm256_load_ps(p + pl[i].src + V), idx);
+      __m256i hi = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(V - 1));
+      __m256i keep = _mm256_cmpeq_epi32(
+          _mm256_and_si256(_mm256_set1_epi32((int)pl[i].keep),
+                           _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128)),
+          _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128));
+      __m256 v = _mm256_blendv_ps(a, b, _mm256_castsi256_ps(hi));
+      float *d = p + pl[i].dst;
+      _mm256_store_ps(d, _mm256_blendv_ps(_mm256_load_ps(d), v,
+                                          _mm256_castsi256_ps(keep)));
     }
-  } else {
-    for (ptrdiff_t j = 1; j <= r; j++)
-      for (ptrdiff_t ch = 0; ch < c; ch++) {
-        p[-j * c + ch] = s[j * c + ch];
-        p[n - c + j * c + ch] = s[n - c - j * c + ch];
-      }
+    return;
   }
+  for (ptrdiff_t j = 1; j <= r; j++)
+    for (ptrdiff_t ch = 0; ch < c; ch++) {
+      p[-j * c + ch] = p[j * c + ch];
+      p[n - c + j * c + ch] = p[n - c - j * c + ch];
+    }
 }
 
 /* Truncates 8 sums and stores them as bytes; the saturating packs clamp
@@ -118,100 +100,81 @@ static inline void store8(uint8_t *o, __m256 acc) {
   _mm_storel_epi64((__m128i *)o, _mm_packus_epi16(w16, w16));
 }
 
+/* Horizontal pass of the padded row `p` into output row `o`. */
+static inline __attribute__((always_inline)) void
+horiz(uint8_t *o, const float *p, ptrdiff_t n, ptrdiff_t c,
+      const __m256 *kv, const int r) {
+  for (ptrdiff_t x = 0; x < n; x = x + 2 * V <= n || x + V >= n ? x + V
+                                                                  : n - V) {
+    __m256 acc = _mm256_mul_ps(kv[0], _mm256_loadu_ps(p + x));
+#pragma GCC unroll 16
+    for (ptrdiff_t j = 1; j <= r; j++)
+      acc = _mm256_fmadd_ps(kv[j],
+                            _mm256_add_ps(_mm256_loadu_ps(p + x - j * c),
+                                          _mm256_loadu_ps(p + x + j * c)),
+                            acc);
+    store8(o + x, acc);
+  }
+}
+
 static inline __attribute__((always_inline)) void
 run(const ferry__blur_job_t *jb, const int r) {
-  const int h = jb->h, c = jb->c;
-  const ptrdiff_t n = (ptrdiff_t)jb->w * c, rc = (ptrdiff_t)r * c;
-  __m256 kv[16];
-  pad_chunk_t pl[MAX_CHUNKS];
-  int nch = plan_pads(pl, r, jb->w, c);
-  float *prow[2] = {jb->row, jb->row + jb->rstride};
-  const float *k = jb->k;
+  const int h = jb->h, c = jb->c, nring = 2 * r + NR;
+  const ptrdiff_t n = (ptrdiff_t)jb->w * c;
+  float *hb[2 * NR];
+  __m256 kv[16], kh[16];
+  int next = 0;
 
   if (r < 0 || r > 15)
     __builtin_unreachable();
-  for (int j = 0; j <= r; j++)
-    kv[j] = _mm256_set1_ps(k[j]);
-  fill_row(prow[0], jb->src, n, rc, r, c, pl, nch);
-  for (int yy = 0; yy < h + r; yy++) {
-    if (yy < h) {
-      const float *p = prow[yy & 1] + rc;
-      float *t = jb->tmp + (size_t)yy * n;
-      if (yy + 1 < h)
-        fill_row(prow[(yy + 1) & 1], jb->src + (size_t)(yy + 1) * n, n, rc,
-                 r, c, pl, nch);
-      if (n >= V) {
-        for (ptrdiff_t x = 0; x < n; x = next_x(x, n)) {
-          __m256 acc = _mm256_mul_ps(kv[0], _mm256_loadu_ps(p + x));
-#pragma GCC unroll 16
-          for (ptrdiff_t j = 1; j <= r; j++) {
-            __m256 pair = _mm256_add_ps(_mm256_loadu_ps(p + x - j * c),
-                                        _mm256_loadu_ps(p + x + j * c));
-            acc = _mm256_fmadd_ps(kv[j], pair, acc);
-          }
-          _mm256_storeu_ps(t + x, acc);
-        }
-      } else {
-        for (ptrdiff_t x = 0; x < n; x++) {
-          float acc = k[0] * p[x];
-          for (ptrdiff_t j = 1; j <= r; j++)
-            acc = __builtin_fmaf(k[j], p[x - j * c] + p[x + j * c], acc);
-          t[x] = acc;
-        }
+  for (int i = 0; i < 2 * NR; i++)
+    hb[i] = jb->hrow + i * jb->hstride + jb->hoff;
+  if (n < V) {
+    ferry__blur_scalar(jb);
+    return;
+  }
+  for (int j = 0; j <= r; j++) {
+    /* The vertical pass leaves out the centre tap's factor (kv[j] =
+     * k[j] / k[0], the centre taken as is, one multiply less) and the
+     * horizontal pass puts it back (kh[j] = k[j] * k[0]). */
+    kv[j] = _mm256_set1_ps(jb->k[j] / jb->k[0]);
+    kh[j] = _mm256_set1_ps(jb->k[j] * jb->k[0]);
+  }
+  for (int y0 = 0; y0 < h + NR; y0 += NR) {
+    /* Vertical pass of rows y0 .. y0 + NR - 1, then the horizontal pass
+     * of the NR rows before. */
+    float *const *p = hb + (y0 & NR);
+    if (y0 < h) {
+      const float *rows[2 * 15 + NR];
+      int last = y0 + r + NR - 1 < h ? y0 + r + NR - 1 : h - 1;
+      for (; next <= last; next++)
+        conv_row(jb->ring + (size_t)(next % nring) * jb->rstride,
+                 jb->src + (size_t)next * n, n);
+      for (int i = 0; i < 2 * r + NR; i++) {
+        int t = y0 - r + i;
+        t = t < 0 ? -t : t >= h ? 2 * h - 2 - t : t;
+        /* Rows past the image end only feed output rows past it too;
+         * any ring row will do. */
+        t = t < 0 ? 0 : t;
+        rows[i] = jb->ring + (size_t)(t % nring) * jb->rstride;
       }
+      vert(p, rows, n, kv, r);
+      for (int q = 0; q < NR && y0 + q < h; q++)
+        pad_row(p[q], n, r, c, jb->pads, jb->npads);
     }
-    /* Output rows in pairs (y - 1, y) once row y + r is ready; a last
-     * unpaired row alone. */
-    int y = yy - r, pair = y >= 1 && (y & 1);
-    int single = y == h - 1 && !(y & 1);
-    if (!pair && !single)
-      continue;
-    int y0 = pair ? y - 1 : y;
-    const float *rows[32];
-    for (int i = -r; i <= r + 1; i++) {
-      int t = y0 + i;
-      t = t < 0 ? -t : t >= h ? 2 * h - 2 - t : t;
-      rows[i + r] = jb->tmp + (size_t)t * n;
-    }
-    if (!pair) /* unused, but loaded: keep it a valid row */
-      rows[2 * r + 1] = rows[2 * r];
-    uint8_t *o0 = jb->dst + (size_t)y0 * n;
-    if (n >= V) {
-      for (ptrdiff_t x = 0; x < n; x = next_x(x, n)) {
-        __m256 v[32];
-#pragma GCC unroll 16
-        for (int i = 0; i <= 2 * r + 1; i++)
-          v[i] = _mm256_loadu_ps(rows[i] + x);
-        __m256 a0 = _mm256_mul_ps(kv[0], v[r]);
-#pragma GCC unroll 16
-        for (int j = 1; j <= r; j++)
-          a0 = _mm256_fmadd_ps(kv[j], _mm256_add_ps(v[r - j], v[r + j]), a0);
-        store8(o0 + x, a0);
-        if (pair) {
-          __m256 a1 = _mm256_mul_ps(kv[0], v[r + 1]);
-#pragma GCC unroll 16
-          for (int j = 1; j <= r; j++)
-            a1 = _mm256_fmadd_ps(kv[j],
-                                 _mm256_add_ps(v[r + 1 - j], v[r + 1 + j]),
-                                 a1);
-          store8(o0 + n + x, a1);
-        }
+    if (y0 >= NR) {
+      int y = y0 - NR;
+      for (int q = 0; q < NR && y + q < h; q++) {
+        const float *pp = hb[(y & NR) + q];
+        uint8_t *o = jb->dst + (size_t)(y + q) * n;
+        horiz(o, pp, n, c, kh, r);
       }
-    } else {
-      for (int q = 0; q <= pair; q++)
-        for (ptrdiff_t x = 0; x < n; x++) {
-          float acc = k[0] * rows[r + q][x];
-          for (int j = 1; j <= r; j++)
-            acc = __builtin_fmaf(k[j], rows[r + q - j][x] + rows[r + q + j][x],
-                                 acc);
-          o0[q * n + x] = to_u8(acc);
-        }
     }
   }
 }
 
-/* AVX2 path of ferry_blur_apply; radius 5 (blur 11) and 2 get copies with
- * the radius known at compile time so the tap loops unroll. */
+/* AVX2 path of ferry_blur_apply; radius 5 (blur 11) and 2 get copies
+ * with the radius known at compile time so the tap loops unroll. */
 void ferry__blur_avx2(const ferry__blur_job_t *jb) {
   switch (jb->r) {
   case 5:

@@ -25,24 +25,47 @@ void ferry__dilate3x3_scalar(const uint8_t *src, uint8_t *dst, int h, int w,
 void ferry__dilate3x3_avx2(const uint8_t *src, uint8_t *dst, int h, int w,
                            int c);
 
-/* One separable blur of a validated image (h, w > r, c >= 1). `k` holds the
- * centre tap then the taps at distance 1..r. `row` holds two padded rows
- * of `rstride` floats each (at least (w + 2r) * c + FERRY__BLUR_SLACK, a
- * multiple of 16) and `tmp` h * w * c + FERRY__BLUR_SLACK floats, both
- * 64-byte aligned; the slack lets vector code read past a row's end
- * without leaving the allocation. Two padded rows let the next row be
- * converted while the current one is filtered: loads then never wait on
- * the stores just made (a store-forwarding stall on misaligned loads). */
+/* One separable blur of a validated image (h, w > r, c >= 1), vertical
+ * pass first. `k` holds the centre tap then the taps at distance 1..r.
+ * Each source row is converted to float once into `ring`, 2r + 4 rows of
+ * `rstride` floats (a path using m of them keeps row t in slot t % m);
+ * the rows a block of output rows needs, reflected ones included, lie in
+ * a window of consecutive source rows. The vertical sums of an output row
+ * go to one of the 8 padded rows of `hrow` (`hstride` floats each,
+ * interior at `hoff`, a multiple of 16 not below r * c), get their
+ * reflected borders there, and the horizontal pass reads them back and
+ * packs to uint8. Buffers are 64-byte aligned with slack: vector code may
+ * read and write whole vectors past a row's end (rstride and hstride -
+ * 2 * hoff are at least w * c rounded up to 16, plus 16), and only finite
+ * values are ever found there. */
 #define FERRY__BLUR_SLACK 64
+
+/* One vector's worth of reflected border, made from two aligned vectors
+ * of a padded row: lane i of the padded row at `dst` (relative to the
+ * interior start, a multiple of the vector width V) takes the float at
+ * src + idx[i] (src a multiple of V, idx in 0..2V-1), where bit i of
+ * `keep` is set. Built in blur.c for V = 8 or 16. */
+#define FERRY__BLUR_MAX_PADS 16
+typedef struct ferry__blur_pad_s {
+  int32_t idx[16];
+  int dst, src;
+  uint32_t keep;
+} ferry__blur_pad_t;
+
 typedef struct ferry__blur_job_s {
   const float *k;
   int r;
   const uint8_t *src;
   uint8_t *dst;
   int h, w, c;
-  float *row;
+  float *ring;
   size_t rstride;
-  float *tmp;
+  float *hrow;
+  size_t hstride, hoff;
+  /* The border plan for this shape and vector width, or npads < 0 when
+   * a chunk's sources span more than two vectors: borders in scalar. */
+  const ferry__blur_pad_t *pads;
+  int npads;
 } ferry__blur_job_t;
 
 void ferry__blur_scalar(const ferry__blur_job_t *job);
