@@ -7,7 +7,6 @@
 #include "augment.h"
 
 #include <locale.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,28 +14,7 @@
 #include <string.h>
 
 #include "ferry/alloc.h"
-
-/* ---------------------------------------------------------------------
- * Numbers in the "C" locale whatever the trainer set (a decimal comma
- * would change both what strtod reads and what %g writes).
- */
-
-static locale_t c_loc;
-static pthread_once_t c_loc_once = PTHREAD_ONCE_INIT;
-
-static void c_loc_init(void) {
-  c_loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-}
-
-static locale_t c_locale_enter(void) {
-  pthread_once(&c_loc_once, c_loc_init);
-  return c_loc != (locale_t)0 ? uselocale(c_loc) : (locale_t)0;
-}
-
-static void c_locale_leave(locale_t old) {
-  if (old != (locale_t)0)
-    uselocale(old);
-}
+#include "ferry/clocale.h"
 
 /* ---------------------------------------------------------------------
  * The spec.
@@ -225,9 +203,9 @@ static int read_number(parser *p, const char *what, double *out,
     return spec_err(p, t.pos, "%s: number too long", what);
   memcpy(buf, p->text + t.pos, t.len);
   buf[t.len] = '\0';
-  old = c_locale_enter();
+  old = ferry__c_locale_enter();
   *out = strtod(buf, &end);
-  c_locale_leave(old);
+  ferry__c_locale_leave(old);
   if (*end != '\0' || !(*out - *out == 0.0))
     return spec_err(p, t.pos, "%s: '%s' is not a finite number", what, buf);
   *pos = t.pos;
@@ -384,7 +362,7 @@ size_t ferry_augment_spec_format(const ferry_augment_spec_t *spec, char *buf,
                                  size_t cap) {
   char tmp[256];
   size_t o = 0, n;
-  locale_t old = c_locale_enter();
+  locale_t old = ferry__c_locale_enter();
   const char *sep = "";
   tmp[0] = '\0';
   if (spec->flip == FERRY_FLIP_HORIZONTAL) {
@@ -408,7 +386,7 @@ size_t ferry_augment_spec_format(const ferry_augment_spec_t *spec, char *buf,
   }
   if (spec->exact)
     o += (size_t)snprintf(tmp + o, sizeof(tmp) - o, "%sexact", sep);
-  c_locale_leave(old);
+  ferry__c_locale_leave(old);
   n = strlen(tmp);
   if (cap > 0) {
     size_t k = n < cap - 1 ? n : cap - 1;

@@ -9,13 +9,13 @@
 #include <glob.h>
 #include <limits.h>
 #include <locale.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ferry/alloc.h"
+#include "ferry/clocale.h"
 #include "ferry/v1/common.pb-c.h"
 
 #define DEFAULT_SHUFFLE_BUFFER 10000u
@@ -51,26 +51,6 @@ static bool is_default_key(const char *s) {
 static void free_key(char *s) {
   if (s != NULL && !is_default_key(s))
     ferry__free(s);
-}
-
-/* Number text must not depend on the process locale (a trainer may have
- * set LC_NUMERIC to one with a decimal comma), so conversions run under
- * the "C" locale. glibc hands back a static object for "C". */
-static locale_t c_loc;
-static pthread_once_t c_loc_once = PTHREAD_ONCE_INIT;
-
-static void c_loc_init(void) {
-  c_loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-}
-
-static locale_t c_locale_enter(void) {
-  pthread_once(&c_loc_once, c_loc_init);
-  return c_loc != (locale_t)0 ? uselocale(c_loc) : (locale_t)0;
-}
-
-static void c_locale_leave(locale_t old) {
-  if (old != (locale_t)0)
-    uselocale(old);
 }
 
 /* Length of the well-formed UTF-8 sequence at `s` (shortest form, no
@@ -884,10 +864,10 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
       return range_err(p, &t, sd, pd);
     memcpy(num, p->text + t.pos, t.len);
     num[t.len] = '\0';
-    old = c_locale_enter();
+    old = ferry__c_locale_enter();
     av->f = strtof(num, &end);
     d = (double)av->f;
-    c_locale_leave(old);
+    ferry__c_locale_leave(old);
     if (*end != '\0' || !(d >= pd->flo && d <= pd->fhi))
       return range_err(p, &t, sd, pd);
     break;
@@ -1399,7 +1379,7 @@ static void sb_quote(sbuf *b, const char *s) {
 /* The shortest "%.Ng" without an exponent that reads back as the same
  * float32; "%.9g" (which always reads back) when there is none. */
 static void format_float(float f, char *out, size_t cap) {
-  locale_t old = c_locale_enter();
+  locale_t old = ferry__c_locale_enter();
   int prec;
   for (prec = 1; prec <= 9; prec++) {
     snprintf(out, cap, "%.*g", prec, (double)f);
@@ -1408,7 +1388,7 @@ static void format_float(float f, char *out, size_t cap) {
   }
   if (prec > 9)
     snprintf(out, cap, "%.9g", (double)f);
-  c_locale_leave(old);
+  ferry__c_locale_leave(old);
 }
 
 int ferry_spec_format(const ferry_spec_t *spec, char **out) {
