@@ -120,6 +120,8 @@ static void stop(daemon_t *d, int code) {
   uv_close((uv_handle_t *)&d->sigterm, close_cb);
   uv_close((uv_handle_t *)&d->sigint, close_cb);
   ferry_rpc_health_set_serving(d->rpc, false);
+  /* Held-back heartbeats first: the shutdown waits for every answer. */
+  ferry__disp_rpc_stop(&d->svc);
   ferry_rpc_server_shutdown(d->rpc, on_rpc_done, d);
 }
 
@@ -196,6 +198,9 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   if ((rc = ferry__disp_rpc_register(&d->svc, d->rpc, err)) != 0 ||
       (rc = ferry_rpc_server_start(d->rpc, addr, &port, err)) != 0)
     return rc;
+  if ((rc = ferry__disp_rpc_start(&d->svc, &d->loop)) != 0)
+    return ferry__seterr(err, FERRY_EIO, "uv_timer_init: %s",
+                         uv_strerror(rc));
   uv_timer_init(&d->loop, &d->tick);
   uv_signal_init(&d->loop, &d->sigterm);
   uv_signal_init(&d->loop, &d->sigint);

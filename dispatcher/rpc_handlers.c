@@ -61,21 +61,6 @@ static const method_t methods[] = {
      &ferry__v1__get_status_response__descriptor, op_status},
 };
 
-int ferry__disp_rpc_sync(ferry_disp_service_t *svc) {
-  ferry_error_t err = {0};
-  int rc;
-
-  if (svc->journal == NULL || svc->failed)
-    return svc->failed ? FERRY_EIO : 0;
-  if ((rc = ferry__journal_sync(svc->journal, &err)) != 0) {
-    svc->failed = true;
-    FERRY_LOG(FERRY_LOG_ERROR, "journal: %s", err.msg);
-    if (svc->fatal != NULL)
-      svc->fatal(&err, svc->fatal_arg);
-  }
-  return rc;
-}
-
 /* Packs the response into one buffer and answers the call. */
 static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *msg,
                       ferry_arena_t *a) {
@@ -89,6 +74,184 @@ static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *msg,
   ferry_rpc_reply(call, buf, n);
 }
 
+/* ---- Held-back worker heartbeats ------------------------------------------
+ * A worker heartbeat whose answer would carry nothing waits here with its
+ * request until a change gives it something (checked after each journal
+ * sync, so what the worker hears is durable), its interval passed, its
+ * worker sent a newer one, the worker cancelled it, or the daemon stops.
+ * One entry per worker at most: a list. */
+
+struct ferry_disp_wait_s {
+  ferry_disp_wait_t *next;
+  ferry_disp_service_t *svc;
+  ferry_rpc_call_t *call;
+  Ferry__V1__WorkerHeartbeatRequest *req; /* on the Ferry heap */
+  int64_t due;                            /* ferry__disp_now_ms */
+};
+
+static void wait_unlink(ferry_disp_service_t *svc, ferry_disp_wait_t *w) {
+  for (ferry_disp_wait_t **pp = &svc->waiting; *pp != NULL;
+       pp = &(*pp)->next)
+    if (*pp == w) {
+      *pp = w->next;
+      return;
+    }
+}
+
+static void free_request(ProtobufCMessage *m) {
+  ProtobufCAllocator al;
+  ferry__disp_pb_allocator(&al);
+  protobuf_c_message_free_unpacked(m, &al);
+}
+
+/* Answers a waiting call with the diff of leases as it stands now; with
+ * `only_news`, only when that diff carries something. Returns true when
+ * it answered: the entry is then unlinked and freed. */
+static bool wait_answer(ferry_disp_service_t *svc, ferry_disp_wait_t *w,
+                        bool only_news) {
+  Ferry__V1__WorkerHeartbeatResponse resp =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  ferry_arena_t a = {0};
+  ferry_error_t err = {0};
+  bool news = ferry__disp_worker_poll(svc->state, w->req, &resp, &a,
+                                      ferry__disp_now_ms(), &err);
+  if (!news && only_news) {
+    ferry__arena_free(&a);
+    return false;
+  }
+  wait_unlink(svc, w);
+  if (err.code != 0)
+    ferry_rpc_reply_error(w->call, ferry_rpc_status_from_err(err.code),
+                          err.msg);
+  else
+    reply_msg(w->call, &resp.base, &a);
+  ferry__arena_free(&a);
+  free_request(&w->req->base);
+  ferry__free(w);
+  return true;
+}
+
+static void on_wait_timer(uv_timer_t *t);
+
+/* Points the timer at the earliest due time, or stops it. */
+static void wait_arm(ferry_disp_service_t *svc) {
+  int64_t due = INT64_MAX, now = ferry__disp_now_ms();
+  for (ferry_disp_wait_t *w = svc->waiting; w != NULL; w = w->next)
+    if (w->due < due)
+      due = w->due;
+  if (due == INT64_MAX)
+    uv_timer_stop(&svc->wait_timer);
+  else
+    uv_timer_start(&svc->wait_timer, on_wait_timer,
+                   due > now ? (uint64_t)(due - now) : 0, 0);
+}
+
+static void on_wait_timer(uv_timer_t *t) {
+  ferry_disp_service_t *svc = t->data;
+  int64_t now = ferry__disp_now_ms();
+  ferry_disp_wait_t *w = svc->waiting;
+  while (w != NULL) {
+    ferry_disp_wait_t *next = w->next;
+    if (w->due <= now)
+      wait_answer(svc, w, false);
+    w = next;
+  }
+  wait_arm(svc);
+}
+
+/* Answers the waiting calls that the changes since the last check gave
+ * something to say. */
+static void wait_check(ferry_disp_service_t *svc) {
+  uint64_t changes = ferry__disp_changes(svc->state);
+  bool any = false;
+  if (svc->waiting == NULL || changes == svc->waiting_changes)
+    return;
+  svc->waiting_changes = changes;
+  ferry_disp_wait_t *w = svc->waiting;
+  while (w != NULL) {
+    ferry_disp_wait_t *next = w->next;
+    any |= wait_answer(svc, w, true);
+    w = next;
+  }
+  if (any)
+    wait_arm(svc);
+}
+
+/* The worker cancelled its call (it has news of its own), or the server
+ * is shutting down: answer it, to nobody. */
+static void on_wait_cancel(ferry_rpc_call_t *call, void *arg) {
+  ferry_disp_wait_t *w = arg;
+  ferry_disp_service_t *svc = w->svc;
+  (void)call;
+  wait_answer(svc, w, false);
+  wait_arm(svc);
+}
+
+/* Holds back `call`, taking ownership of `req`. An older call of the same
+ * worker still waiting is answered first: the worker moved on. Returns
+ * false (nothing taken) when out of memory. */
+static bool wait_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
+                       Ferry__V1__WorkerHeartbeatRequest *req,
+                       uint32_t interval_ms) {
+  ferry_disp_wait_t *w = ferry__calloc(1, sizeof(*w));
+  if (w == NULL)
+    return false;
+  for (ferry_disp_wait_t *o = svc->waiting; o != NULL; o = o->next)
+    if (o->req->worker_id == req->worker_id) {
+      wait_answer(svc, o, false);
+      break;
+    }
+  w->svc = svc;
+  w->call = call;
+  w->req = req;
+  w->due = ferry__disp_now_ms() + interval_ms;
+  w->next = svc->waiting;
+  svc->waiting = w;
+  svc->waiting_changes = ferry__disp_changes(svc->state);
+  ferry_rpc_call_on_cancel(call, on_wait_cancel, w);
+  /* on_wait_cancel may have answered it already: the timer copes. */
+  wait_arm(svc);
+  return true;
+}
+
+int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop) {
+  int rc = uv_timer_init(loop, &svc->wait_timer);
+  if (rc != 0)
+    return rc;
+  svc->wait_timer.data = svc;
+  svc->can_wait = true;
+  return 0;
+}
+
+static void timer_closed(uv_handle_t *h) { (void)h; }
+
+void ferry__disp_rpc_stop(ferry_disp_service_t *svc) {
+  if (!svc->can_wait)
+    return;
+  svc->can_wait = false;
+  while (svc->waiting != NULL)
+    wait_answer(svc, svc->waiting, false);
+  uv_close((uv_handle_t *)&svc->wait_timer, timer_closed);
+}
+
+int ferry__disp_rpc_sync(ferry_disp_service_t *svc) {
+  ferry_error_t err = {0};
+  int rc = 0;
+
+  if (svc->failed)
+    return FERRY_EIO;
+  if (svc->journal != NULL &&
+      (rc = ferry__journal_sync(svc->journal, &err)) != 0) {
+    svc->failed = true;
+    FERRY_LOG(FERRY_LOG_ERROR, "journal: %s", err.msg);
+    if (svc->fatal != NULL)
+      svc->fatal(&err, svc->fatal_arg);
+    return rc;
+  }
+  wait_check(svc);
+  return 0;
+}
+
 static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                    void *user) {
   ferry_disp_binding_t *b = user;
@@ -98,6 +261,7 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   ProtobufCMessage *rq, *rs;
   ferry_arena_t a = {0};
   ferry_error_t err = {0};
+  bool held = false;
   int rc;
 
   if (svc->failed) {
@@ -117,15 +281,26 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     m->resp->message_init(rs);
     rc = m->fn(svc, rq, rs, &a, ferry__disp_now_ms(), &err);
   }
-  protobuf_c_message_free_unpacked(rq, &al);
-  /* What the call changed is durable before anyone hears of it. */
-  if (ferry__disp_rpc_sync(svc) != 0)
+  /* What the call changed is durable before anyone hears of it (this
+   * also answers the waiting heartbeats it gave news to). */
+  if (ferry__disp_rpc_sync(svc) != 0) {
     ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
                           "dispatcher: cannot write its journal");
-  else if (rc != 0)
+  } else if (rc != 0) {
     ferry_rpc_reply_error(call, ferry_rpc_status_from_err(rc), err.msg);
-  else
-    reply_msg(call, rs, &a);
+  } else {
+    /* A worker heartbeat with nothing to hear waits for news. */
+    if (m->fn == op_worker && svc->can_wait) {
+      Ferry__V1__WorkerHeartbeatRequest *wq = (void *)rq;
+      Ferry__V1__WorkerHeartbeatResponse *wr = (void *)rs;
+      held = ferry__disp_worker_may_wait(svc->state, wq, wr) &&
+             wait_start(svc, call, wq, wr->heartbeat_ms);
+    }
+    if (!held)
+      reply_msg(call, rs, &a);
+  }
+  if (!held)
+    protobuf_c_message_free_unpacked(rq, &al);
   if (rc != 0)
     FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", m->name, err.msg);
   ferry__arena_free(&a);

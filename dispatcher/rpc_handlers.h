@@ -22,6 +22,9 @@ typedef struct ferry_disp_binding_s {
   int method;
 } ferry_disp_binding_t;
 
+/* A worker heartbeat held back (long poll); private to rpc_handlers.c. */
+typedef struct ferry_disp_wait_s ferry_disp_wait_t;
+
 struct ferry_disp_service_s {
   ferry_disp_t *state;
   ferry_journal_t *journal; /* NULL: no journal (tests) */
@@ -30,6 +33,13 @@ struct ferry_disp_service_s {
   void *fatal_arg;
   bool failed;
   ferry_disp_binding_t bindings[5];
+
+  /* Held-back worker heartbeats (see ferry__disp_worker_may_wait). Calls
+   * wait only between ferry__disp_rpc_start and ferry__disp_rpc_stop. */
+  ferry_disp_wait_t *waiting;
+  uint64_t waiting_changes; /* ferry__disp_changes at their last check */
+  uv_timer_t wait_timer;    /* the earliest interval's end */
+  bool can_wait;
 };
 
 /* Registers the five Dispatcher methods and the health service on
@@ -37,8 +47,20 @@ struct ferry_disp_service_s {
 int ferry__disp_rpc_register(ferry_disp_service_t *svc,
                              ferry_rpc_server_t *server, ferry_error_t *err);
 
+/* Lets worker heartbeats wait on `loop` (the server's loop): initialises
+ * the timer that answers them when their interval passed. Returns 0 or a
+ * libuv error. Without it every call is answered at once (tests). */
+int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop);
+
+/* Answers every waiting heartbeat, lets no more calls wait and closes the
+ * timer. Call before ferry_rpc_server_shutdown, which waits for every
+ * call to be answered. Idempotent. */
+void ferry__disp_rpc_stop(ferry_disp_service_t *svc);
+
 /* Syncs the journal after work done outside an RPC (the timer); calls
- * the fatal callback on failure. Returns 0 or the journal's error. */
+ * the fatal callback on failure. Once the changes are durable, answers
+ * the waiting heartbeats whose answer they changed. Returns 0 or the
+ * journal's error. */
 int ferry__disp_rpc_sync(ferry_disp_service_t *svc);
 
 /* Milliseconds of the monotonic clock the state machine runs on. */

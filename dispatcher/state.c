@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/alloc.h"
@@ -123,6 +124,21 @@ typedef struct split_s {
   uint64_t first, count; /* count 0: unknown */
 } split_t;
 
+/* A file as this process scanned it. Datasets over the same files (the
+ * same data under another pipeline) share the scan of a file whose
+ * identity and times did not change since. */
+typedef struct scanned_s {
+  bool valid; /* scanned (or reused) by this process, not replayed */
+  uint64_t dev, ino, size;
+  int64_t mtime_ns, ctime_ns;
+  int64_t at_ns; /* CLOCK_REALTIME when it was stat'ed for the scan */
+} scanned_t;
+
+/* File times tick coarsely (a clock tick): a file modified less than this
+ * before its scan might change again without a new time, so its scan is
+ * not shared (git's "racily clean" rule). */
+#define SCAN_RACY_NS 100000000
+
 typedef struct dataset_s {
   char *id;
   ferry_spec_t spec;
@@ -133,6 +149,9 @@ typedef struct dataset_s {
   split_t *splits;
   uint32_t nsplits;
   uint64_t known_records; /* sum of the known split counts */
+  scanned_t *scanned;     /* volatile, per file; NULL after a replay */
+  uint32_t scan_per;      /* ... and the scan's records per split */
+  int scan_compression;   /* ... and the spec's compression */
 } dataset_t;
 
 typedef struct row_s {
@@ -196,6 +215,8 @@ typedef struct worker_s {
   uint32_t threads;
   uint64_t buffer_bytes, buffer_free_bytes;
   uint32_t ntasks; /* volatile: leased rows not done */
+  uint64_t beats;  /* volatile: heartbeats answered since this process
+                    * started (the first one is never held back) */
 } worker_t;
 
 struct ferry_disp_s {
@@ -209,6 +230,7 @@ struct ferry_disp_s {
   size_t nworkers;
   uint64_t next_job, next_client, next_worker;
   uint64_t hb_gen;
+  uint64_t changes; /* live entries committed: wakes waiting heartbeats */
   ferry_disp_sink_cb sink;
   void *sink_arg;
   uint8_t *scratch;
@@ -252,6 +274,7 @@ static void free_dataset(dataset_t *ds) {
     ferry__free(ds->files[i]);
   ferry__free(ds->files);
   ferry__free(ds->splits);
+  ferry__free(ds->scanned);
   ferry__free(ds);
 }
 
@@ -848,6 +871,7 @@ static int commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
               err != NULL ? err->msg : ferry_strerror(rc));
     return rc;
   }
+  d->changes++;
   if (d->sink != NULL) {
     protobuf_c_message_pack(&e->base, d->scratch);
     d->sink(d->scratch, n, d->sink_arg);
@@ -1113,21 +1137,55 @@ static bool is_compressed(ferry_compression_t c, const uint8_t *h, size_t n) {
          ((unsigned)h[0] * 256 + h[1]) % 31 == 0;
 }
 
+/* Headers are read through a window of this many bytes: small records
+ * then cost one read per window rather than one per record; a record
+ * larger than the window costs one read of its header's window. */
+#define SCAN_WINDOW (64u << 10)
+
+typedef struct window_s {
+  int fd;
+  uint8_t *buf;
+  uint64_t base; /* file offset of buf[0] */
+  size_t len;    /* valid bytes */
+} window_t;
+
+/* Points *h at the 12 bytes at `off` (fewer at the end of the file: the
+ * count is returned), reading a new window when they are not in the
+ * current one. Returns -1 with errno on a read error. */
+static ssize_t window_header(window_t *w, uint64_t off, const uint8_t **h) {
+  if (off < w->base || off + 12 > w->base + w->len) {
+    ssize_t n = pread_full(w->fd, w->buf, SCAN_WINDOW, off);
+    if (n < 0)
+      return -1;
+    w->base = off;
+    w->len = (size_t)n;
+  }
+  *h = w->buf + (off - w->base);
+  return (ssize_t)(w->base + w->len - off < 12 ? w->base + w->len - off
+                                                : 12);
+}
+
 /* Cuts an uncompressed file into splits of `per` records by reading the
- * 12-byte headers only. A header that is short, fails its CRC, is over
- * the maximum or points past the end ends the scan: the rest of the file
- * becomes one split of unknown count. */
+ * 12-byte headers only (no CRC of the data). A header that is short,
+ * fails its CRC, is over the maximum or points past the end ends the
+ * scan: the rest of the file becomes one split of unknown count. */
 static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
                       uint64_t max_len, splits_t *out, const char *path) {
   split_t cur = {file, 0, 0, 0, 0};
   uint64_t off = 0, index = 0;
-  uint8_t h[12];
+  window_t w = {fd, ferry__malloc(SCAN_WINDOW), 0, 0};
+  int rc = 0;
 
+  if (w.buf == NULL)
+    return FERRY_ENOMEM;
   while (off < size) {
     uint64_t len;
-    ssize_t n = pread_full(fd, h, sizeof(h), off);
-    if (n < 0)
-      return ferry_err_from_errno(errno);
+    const uint8_t *h;
+    ssize_t n = window_header(&w, off, &h);
+    if (n < 0) {
+      rc = ferry_err_from_errno(errno);
+      goto out;
+    }
     len = n == 12 ? le64(h) : 0;
     if (n < 12 || !header_ok(h) || len > max_len || size - off - 12 < 4 ||
         len > size - off - 16) {
@@ -1135,10 +1193,13 @@ static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
                 "%s: bad record header at byte offset %" PRIu64
                 ": the rest of the file is one split of unknown count",
                 path, off);
-      if (cur.count > 0 && push_split(out, &cur) != 0)
-        return FERRY_ENOMEM;
+      if (cur.count > 0 && push_split(out, &cur) != 0) {
+        rc = FERRY_ENOMEM;
+        goto out;
+      }
       cur = (split_t){file, off, 0, index, 0};
-      return push_split(out, &cur);
+      rc = push_split(out, &cur);
+      goto out;
     }
     if (cur.count == 0) {
       cur.offset = off;
@@ -1149,19 +1210,78 @@ static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
     cur.count++;
     index++;
     if (cur.count == per) {
-      if (push_split(out, &cur) != 0)
-        return FERRY_ENOMEM;
+      if (push_split(out, &cur) != 0) {
+        rc = FERRY_ENOMEM;
+        goto out;
+      }
       cur.count = 0;
     }
   }
   if (cur.count > 0 && push_split(out, &cur) != 0)
-    return FERRY_ENOMEM;
-  return 0;
+    rc = FERRY_ENOMEM;
+out:
+  ferry__free(w.buf);
+  return rc;
 }
 
+static void scanned_from_stat(scanned_t *f, const struct stat *st) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  f->at_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+  f->valid = true;
+  f->dev = (uint64_t)st->st_dev;
+  f->ino = (uint64_t)st->st_ino;
+  f->size = (uint64_t)st->st_size;
+  f->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+  f->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+/* Whether `now` is the file `then` was, unchanged since it was scanned. */
+static bool same_file(const scanned_t *then, const scanned_t *now) {
+  return then->valid && now->valid && then->dev == now->dev &&
+         then->ino == now->ino && then->size == now->size &&
+         then->mtime_ns == now->mtime_ns && then->ctime_ns == now->ctime_ns &&
+         then->mtime_ns < then->at_ns - SCAN_RACY_NS;
+}
+
+/* Copies the splits of `path` (file index `file` in the new dataset) from
+ * a dataset this process scanned with the same parameters, if the file
+ * did not change since; fills *f with its identity either way. Returns
+ * true when the splits were copied (*rc: 0 or FERRY_ENOMEM). */
+static bool reuse_scan(ferry_disp_t *d, const char *path, uint32_t file,
+                       ferry_compression_t c, uint32_t per, scanned_t *f,
+                       splits_t *out, int *rc) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return false;
+  scanned_from_stat(f, &st);
+  for (size_t i = 0; i < d->nds; i++) {
+    const dataset_t *ds = d->ds[i];
+    if (ds->scanned == NULL || ds->scan_per != per ||
+        ds->scan_compression != (int)c)
+      continue;
+    for (uint32_t k = 0; k < ds->nfiles; k++) {
+      if (!same_file(&ds->scanned[k], f) || strcmp(ds->files[k], path) != 0)
+        continue;
+      *rc = 0;
+      for (uint32_t s = 0; s < ds->nsplits && *rc == 0; s++)
+        if (ds->splits[s].file == k) {
+          split_t sp = ds->splits[s];
+          sp.file = file;
+          *rc = push_split(out, &sp);
+        }
+      FERRY_LOG(FERRY_LOG_DEBUG, "%s: splits of dataset %s reused", path,
+                ds->id);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Scans one file into splits; *f gets its identity as scanned. */
 static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
                      uint32_t per, uint64_t max_len, splits_t *out,
-                     ferry_error_t *err) {
+                     scanned_t *f, ferry_error_t *err) {
   uint8_t h[12];
   struct stat st;
   ssize_t n;
@@ -1173,15 +1293,19 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
   if (fstat(fd, &st) != 0 || (n = pread_full(fd, h, sizeof(h), 0)) < 0) {
     rc = ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                        strerror(errno));
-  } else if (st.st_size == 0) {
-    rc = 0; /* an empty file has no split */
-  } else if (is_compressed(c, h, (size_t)n)) {
-    split_t s = {file, 0, 0, 0, 0};
-    rc = push_split(out, &s);
   } else {
-    rc = scan_plain(fd, (uint64_t)st.st_size, file, per, max_len, out, path);
-    if (rc != 0 && rc != FERRY_ENOMEM)
-      ferry__seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
+    scanned_from_stat(f, &st);
+    if (st.st_size == 0) {
+      rc = 0; /* an empty file has no split */
+    } else if (is_compressed(c, h, (size_t)n)) {
+      split_t s = {file, 0, 0, 0, 0};
+      rc = push_split(out, &s);
+    } else {
+      rc = scan_plain(fd, (uint64_t)st.st_size, file, per, max_len, out,
+                      path);
+      if (rc != 0 && rc != FERRY_ENOMEM)
+        ferry__seterr(err, rc, "%s: %s", path, ferry_strerror(rc));
+    }
   }
   if (rc == FERRY_ENOMEM)
     ferry__seterr(err, rc, "%s: out of memory", path);
@@ -1266,6 +1390,7 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
   size_t clen = 0, nfiles = 0;
   char **files = NULL, id[17];
   splits_t sp = {0};
+  scanned_t *scanned = NULL;
   uint32_t per = req->records_per_split ? req->records_per_split
                                         : d->cfg.records_per_split;
   dataset_t *ds;
@@ -1285,9 +1410,21 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
   }
   if ((rc = ferry_spec_expand_files(&spec, &files, &nfiles, err)) != 0)
     goto out;
-  for (size_t i = 0; i < nfiles && rc == 0; i++)
+  if ((scanned = ferry__calloc(nfiles ? nfiles : 1, sizeof(*scanned))) ==
+      NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < nfiles && rc == 0; i++) {
+    if (reuse_scan(d, files[i], (uint32_t)i, spec.compression, per,
+                   &scanned[i], &sp, &rc)) {
+      if (rc != 0)
+        ferry__seterr(err, rc, "%s: out of memory", files[i]);
+      continue;
+    }
     rc = scan_file(files[i], (uint32_t)i, spec.compression, per,
-                   d->cfg.max_record_len, &sp, err);
+                   d->cfg.max_record_len, &sp, &scanned[i], err);
+  }
   if (rc == 0 && sp.n == 0)
     rc = ferry__seterr(err, FERRY_EINVAL, "%s: no records in %zu file%s",
                        spec.patterns[0], nfiles, nfiles == 1 ? "" : "s");
@@ -1297,12 +1434,17 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
     rc = commit_dataset(d, id, canon, clen, files, nfiles, &sp, err);
   if (rc == 0) {
     ds = find_dataset(d, id);
+    ds->scanned = scanned;
+    ds->scan_per = per;
+    ds->scan_compression = (int)spec.compression;
+    scanned = NULL;
     fill_register_resp(ds, resp);
     FERRY_LOG(FERRY_LOG_INFO,
               "dataset %s: %zu files, %zu splits, %" PRIu64 " known records",
               id, nfiles, sp.n, ds->known_records);
   }
 out:
+  ferry__free(scanned);
   ferry__free(sp.v);
   ferry_spec_free_files(files, nfiles);
   ferry__free(canon);
@@ -1737,6 +1879,20 @@ static int diff_new(ferry_disp_t *d, worker_t *w,
   return 0;
 }
 
+/* The answer for worker `w` listing `req`'s tasks: its id, the interval,
+ * and the diff of leases. */
+static int fill_worker_resp(ferry_disp_t *d, worker_t *w,
+                            const Ferry__V1__WorkerHeartbeatRequest *req,
+                            Ferry__V1__WorkerHeartbeatResponse *resp,
+                            ferry_arena_t *a, ferry_error_t *err) {
+  d->hb_gen++;
+  resp->worker_id = w->id;
+  resp->heartbeat_ms = d->cfg.heartbeat_ms;
+  if (diff_cancelled(d, w, req, resp, a) != 0 || diff_new(d, w, resp, a) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
+
 int ferry__disp_worker_heartbeat(ferry_disp_t *d,
                                  const Ferry__V1__WorkerHeartbeatRequest *req,
                                  Ferry__V1__WorkerHeartbeatResponse *resp,
@@ -1756,13 +1912,50 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   w->draining = req->draining;
   record_tasks(d, w, req);
   schedule(d);
-  d->hb_gen++;
-  resp->worker_id = w->id;
-  resp->heartbeat_ms = d->cfg.heartbeat_ms;
-  if (diff_cancelled(d, w, req, resp, a) != 0 || diff_new(d, w, resp, a) != 0)
-    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  return 0;
+  w->beats++;
+  return fill_worker_resp(d, w, req, resp, a, err);
 }
+
+bool ferry__disp_worker_may_wait(
+    ferry_disp_t *d, const Ferry__V1__WorkerHeartbeatRequest *req,
+    const Ferry__V1__WorkerHeartbeatResponse *resp) {
+  worker_t *w = live_worker(d, resp->worker_id);
+  /* The first answer since this process started tells the worker the
+   * interval (and so how long its calls may wait): never held back. */
+  return w != NULL && req->worker_id == w->id && w->beats > 1 &&
+         !req->draining && !w->draining && resp->n_new_tasks == 0 &&
+         resp->n_cancelled == 0;
+}
+
+bool ferry__disp_worker_poll(ferry_disp_t *d,
+                             const Ferry__V1__WorkerHeartbeatRequest *req,
+                             Ferry__V1__WorkerHeartbeatResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err) {
+  worker_t *w = find_worker(d, req->worker_id);
+
+  d->now = now_ms;
+  if (w == NULL) {
+    resp->worker_id = req->worker_id;
+    resp->heartbeat_ms = d->cfg.heartbeat_ms;
+    return true;
+  }
+  if (fill_worker_resp(d, w, req, resp, a, err) != 0)
+    return true;
+  if (w->lost || resp->n_new_tasks > 0)
+    return true;
+  /* A finished task's cancellation stops no work: it can wait for the
+   * next answer. */
+  for (size_t i = 0; i < req->n_tasks; i++) {
+    job_t *j = NULL;
+    if (!req->tasks[i]->finished &&
+        leased_row(d, w, req->tasks[i], &j) == NULL)
+      return true;
+  }
+  return false;
+}
+
+uint64_t ferry__disp_changes(const ferry_disp_t *d) { return d->changes; }
 
 /* ---- Timeouts and GC ---------------------------------------------------- */
 

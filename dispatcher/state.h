@@ -116,6 +116,37 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
                                  ferry_arena_t *a, int64_t now_ms,
                                  ferry_error_t *err);
 
+/* ---- Long-polled worker heartbeats ---------------------------------------
+ * The daemon holds back a worker's heartbeat whose answer carries nothing
+ * new, until a lease or a cancellation for that worker appears or the
+ * heartbeat interval passed, so that workers learn of leases at once
+ * without beating faster. The call counts as a heartbeat at its arrival. */
+
+/* After ferry__disp_worker_heartbeat answered `req` with `resp`: true when
+ * the call may wait. That needs a live worker already registered under
+ * req->worker_id that heard the interval from this process before (its
+ * first heartbeat since the start is always answered at once), not
+ * draining, and an answer without new or cancelled tasks. */
+bool ferry__disp_worker_may_wait(
+    ferry_disp_t *d, const Ferry__V1__WorkerHeartbeatRequest *req,
+    const Ferry__V1__WorkerHeartbeatResponse *resp);
+
+/* Re-evaluates a waiting heartbeat: fills `resp` (in `a`) as the diff of
+ * leases against req's tasks stands now, recording nothing, and returns
+ * true when the call should be answered now: the answer carries a new
+ * task or cancels one that req lists as not finished (a finished task's
+ * cancellation stops no work and waits for the next answer), the worker
+ * is no longer live, or out of memory (`err` set, `resp` incomplete). */
+bool ferry__disp_worker_poll(ferry_disp_t *d,
+                             const Ferry__V1__WorkerHeartbeatRequest *req,
+                             Ferry__V1__WorkerHeartbeatResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err);
+
+/* The number of live journal entries committed so far: when it did not
+ * change, no waiting heartbeat's answer can have changed either. */
+uint64_t ferry__disp_changes(const ferry_disp_t *d);
+
 /* Cluster status. `version` is copied into the response. */
 int ferry__disp_status(ferry_disp_t *d, const char *version,
                        Ferry__V1__GetStatusResponse *resp, ferry_arena_t *a,

@@ -1,5 +1,5 @@
-/* The heartbeat thread: WorkerHeartbeat to the dispatcher every
- * heartbeat_ms, off the loop (the unary call blocks).
+/* The heartbeat thread: WorkerHeartbeat to the dispatcher, off the loop
+ * (the call blocks).
  *
  * The first heartbeat carries worker_id 0 and registers; the answer's id
  * is kept (and replaced if the dispatcher ever assigns another one, e.g.
@@ -10,6 +10,18 @@
  * worker knows (pending, running, finished) with its progress; finished
  * tasks are listed until the dispatcher cancels them. The answer's
  * cancellations are applied before its new tasks.
+ *
+ * Long poll: the dispatcher holds back a heartbeat that brings it nothing
+ * to answer, until a lease or a cancellation for this worker appears or
+ * its interval passed. So the next heartbeat leaves at once after an
+ * answer that changed the task table (it acknowledges the new tasks and
+ * waits for the next news), and otherwise one interval after the previous
+ * one left, which after a held-back call is at once. A task that ends
+ * wakes the thread; one whose end the dispatcher needs to hear of (an
+ * error, skipped records, an unknown total) also cancels a held-back call
+ * so that the report leaves at once. The call is opened as a stream (the
+ * same on the wire as a unary call) because only a stream can be
+ * cancelled from another thread.
  */
 #include <stdio.h>
 #include <string.h>
@@ -35,11 +47,14 @@ static void pb_free(void *data, void *p) {
 
 static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
-/* Applies an answer. */
-static void apply(ferry__worker_t *w,
+/* Applies an answer. Returns true when it changed something: the id, or
+ * the task table (a task cancelled or added). */
+static bool apply(ferry__worker_t *w,
                   const Ferry__V1__WorkerHeartbeatResponse *resp) {
   uint64_t id = atomic_load(&w->worker_id);
+  bool changed = false;
   if (resp->worker_id != 0 && resp->worker_id != id) {
+    changed = true;
     FERRY_LOG(FERRY_LOG_INFO, "registered with %s as worker %llu (%s)",
               w->cfg.dispatcher, (unsigned long long)resp->worker_id,
               w->address);
@@ -54,13 +69,16 @@ static void apply(ferry__worker_t *w,
                              r->lease))
       cancelled++;
   }
-  if (cancelled > 0)
+  if (cancelled > 0) {
     ferry__winbox_purge(w);
+    changed = true;
+  }
   if (atomic_load(&w->draining))
-    return;
+    return changed;
   for (size_t i = 0; i < resp->n_new_tasks; i++) {
     const Ferry__V1__Task *t = resp->new_tasks[i];
     int rc = ferry__wtasks_add(&w->tasks, t);
+    changed |= rc == 1;
     if (rc < 0)
       FERRY_LOG(FERRY_LOG_ERROR, "task job %llu split %u: %s",
                 (unsigned long long)t->job_id,
@@ -72,12 +90,82 @@ static void apply(ferry__worker_t *w,
                 (unsigned long long)t->lease, (unsigned long long)t->start,
                 t->file);
   }
+  return changed;
+}
+
+/* The unary call, opened as a stream and published in w->hb_call (unless
+ * `final`) so that news or quit can cancel it while the dispatcher holds
+ * it back. Same contract as ferry_rpc_unary; a call cancelled that way
+ * fails with FERRY_EGRPC_CANCELLED. */
+static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
+                const uint8_t *req, size_t len, int deadline_ms,
+                unsigned flags, uint8_t **reply, size_t *reply_len,
+                ferry_error_t *err) {
+  ferry_rpc_stream_t *s;
+  ferry_rpc_msg_t msg;
+  *reply = NULL;
+  *reply_len = 0;
+  int rc = ferry_rpc_stream_open(ch, FERRY_WORKER_HB_METHOD, req, len,
+                                 deadline_ms, flags, &s, err);
+  if (rc != 0)
+    return rc;
+  if (!final) {
+    pthread_mutex_lock(&w->hb_lock);
+    w->hb_call = s;
+    /* News that came while the report was built may have missed it. */
+    if (w->hb_quit || w->hb_news) {
+      w->hb_cancelled = true;
+      ferry_rpc_stream_cancel(s);
+    }
+    pthread_mutex_unlock(&w->hb_lock);
+  }
+  rc = ferry_rpc_stream_next(s, &msg, -1, err);
+  if (!final) {
+    /* No cancel from here on: the stream is ours to free. */
+    pthread_mutex_lock(&w->hb_lock);
+    w->hb_call = NULL;
+    pthread_mutex_unlock(&w->hb_lock);
+  }
+  if (rc == 0) {
+    uint8_t *out = ferry__malloc(msg.len > 0 ? msg.len : 1);
+    size_t out_len = msg.len;
+    if (out != NULL)
+      ferry_rpc_msg_copy(&msg, 0, out, out_len);
+    ferry_rpc_msg_release(&msg);
+    /* The status follows the one message. A cancel that raced with the
+     * answer's arrival leaves the answer whole: keep it. */
+    ferry_error_t e2 = {0};
+    rc = ferry_rpc_stream_next(s, &msg, -1, &e2);
+    if (rc == 0) {
+      ferry_rpc_msg_release(&msg);
+      rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: more than one reply",
+                         FERRY_WORKER_HB_METHOD);
+    } else if (rc == FERRY_EOF || rc == FERRY_EGRPC_CANCELLED) {
+      rc = out != NULL ? 0 : ferry__seterr(err, FERRY_ENOMEM,
+                                           "heartbeat: out of memory");
+    } else if (err != NULL) {
+      *err = e2;
+    }
+    if (rc == 0) {
+      *reply = out;
+      *reply_len = out_len;
+    } else {
+      ferry__free(out);
+    }
+  } else if (rc == FERRY_EOF) {
+    rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: no reply",
+                       FERRY_WORKER_HB_METHOD);
+  }
+  ferry_rpc_stream_free(s);
+  return rc;
 }
 
 /* One heartbeat (`final`: the last one, which always says draining).
- * Returns 0 or the call's error (in err). */
+ * Returns 0 or the call's error (in err); *changed tells whether the
+ * answer changed the id or the task table. */
 static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
-                int deadline_ms, unsigned flags, ferry_error_t *err) {
+                int deadline_ms, unsigned flags, bool *changed,
+                ferry_error_t *err) {
   Ferry__V1__WorkerHeartbeatRequest req =
       FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
   void *mem = NULL;
@@ -103,8 +191,8 @@ static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   }
   ferry__v1__worker_heartbeat_request__pack(&req, buf);
   ferry__free(mem);
-  rc = ferry_rpc_unary(ch, FERRY_WORKER_HB_METHOD, buf, len, deadline_ms,
-                       flags, &reply, &reply_len, err);
+  rc = call(w, ch, final, buf, len, deadline_ms, flags, &reply, &reply_len,
+            err);
   ferry__free(buf);
   if (rc != 0)
     return rc;
@@ -115,10 +203,21 @@ static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   if (resp == NULL)
     return ferry__seterr(err, FERRY_EINVAL,
                          "heartbeat: malformed WorkerHeartbeatResponse");
-  apply(w, resp);
+  *changed = apply(w, resp);
   ferry__v1__worker_heartbeat_response__free_unpacked(resp, &pb_allocator);
   atomic_fetch_add(&w->heartbeats_ok, 1);
   return 0;
+}
+
+/* `t` plus `ms` milliseconds. */
+static struct timespec add_ms(struct timespec t, int ms) {
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
 }
 
 static void *hb_main(void *arg) {
@@ -135,6 +234,8 @@ static void *hb_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&w->hb_lock);
     bool final = w->hb_quit;
+    /* Tasks that end from here on are in this report, or wake the next. */
+    w->hb_wake = w->hb_news = w->hb_cancelled = false;
     pthread_mutex_unlock(&w->hb_lock);
 
     /* A dispatcher that did not answer the last one will not hear the
@@ -142,12 +243,22 @@ static void *hb_main(void *arg) {
     if (final && reachable == 0)
       break;
     int hb_ms = atomic_load(&w->heartbeat_ms);
-    int deadline = hb_ms * 2 < 500 ? 500 : hb_ms * 2 > 5000 ? 5000 : hb_ms * 2;
+    /* Past the longest the dispatcher holds a call back (its interval,
+     * which its first answer told): a deadline means it is unreachable. */
+    int deadline = hb_ms + (hb_ms > 500 ? hb_ms : 500);
+    struct timespec sent;
+    clock_gettime(CLOCK_MONOTONIC, &sent);
+    bool changed = false;
     ferry_error_clear(&err);
-    int rc = final ? beat(w, ch, true, FINAL_DEADLINE_MS, 0, &err)
+    int rc = final ? beat(w, ch, true, FINAL_DEADLINE_MS, 0, &changed, &err)
                    : beat(w, ch, false, deadline, FERRY_RPC_WAIT_FOR_READY,
-                          &err);
-    if (rc == 0 && reachable != 1) {
+                          &changed, &err);
+    pthread_mutex_lock(&w->hb_lock);
+    bool cut = w->hb_cancelled;
+    pthread_mutex_unlock(&w->hb_lock);
+    if (rc != 0 && cut) {
+      /* Cancelled by us for news or quit: not the dispatcher's fault. */
+    } else if (rc == 0 && reachable != 1) {
       FERRY_LOG(FERRY_LOG_INFO, "dispatcher %s reachable",
                 w->cfg.dispatcher);
       reachable = 1;
@@ -159,17 +270,11 @@ static void *hb_main(void *arg) {
     if (final)
       break;
 
-    /* Wait for the next beat, or for the quit signal. */
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += hb_ms / 1000;
-    until.tv_nsec += (long)(hb_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    /* The next beat: now after changes or a cut-short call, else one
+     * interval after this one left, or when a task ends or quit. */
+    struct timespec until = add_ms(sent, hb_ms);
     pthread_mutex_lock(&w->hb_lock);
-    while (!w->hb_quit &&
+    while (!w->hb_quit && !w->hb_wake && !changed && !(rc != 0 && cut) &&
            pthread_cond_timedwait(&w->hb_cv, &w->hb_lock, &until) == 0)
       ;
     pthread_mutex_unlock(&w->hb_lock);
@@ -188,6 +293,25 @@ int ferry__whb_start(ferry__worker_t *w, ferry_error_t *err) {
 void ferry__whb_quit(ferry__worker_t *w) {
   pthread_mutex_lock(&w->hb_lock);
   w->hb_quit = true;
+  if (w->hb_call != NULL) {
+    w->hb_cancelled = true;
+    ferry_rpc_stream_cancel(w->hb_call);
+  }
+  pthread_cond_broadcast(&w->hb_cv);
+  pthread_mutex_unlock(&w->hb_lock);
+}
+
+void ferry__whb_task_ended(void *arg, bool news) {
+  ferry__worker_t *w = arg;
+  pthread_mutex_lock(&w->hb_lock);
+  w->hb_wake = true;
+  if (news) {
+    w->hb_news = true;
+    if (w->hb_call != NULL && !w->hb_cancelled) {
+      w->hb_cancelled = true;
+      ferry_rpc_stream_cancel(w->hb_call);
+    }
+  }
   pthread_cond_broadcast(&w->hb_cv);
   pthread_mutex_unlock(&w->hb_lock);
 }

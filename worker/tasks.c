@@ -821,7 +821,12 @@ void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *k) {
   ferry_tfr_reader_free(rd);
   pthread_mutex_lock(&t->lock);
   k->state = WT_DONE;
+  bool news = k->error_code != 0 || k->skipped > 0 ||
+              (k->finished &&
+               (k->num_records == 0 || k->produced != k->num_records));
   pthread_mutex_unlock(&t->lock);
+  if (t->on_end != NULL)
+    t->on_end(t->end_arg, news);
 }
 
 /* ---- Threads ------------------------------------------------------------- */

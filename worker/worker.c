@@ -120,6 +120,10 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
       ferry__wtasks_init(&w->tasks, &w->pool, cfg->chunk_bytes,
                          ferry__winbox_push, w) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {
+    w->tasks.on_end = ferry__whb_task_ended;
+    w->tasks.end_arg = w;
+  }
   rc = uv_async_init(loop, &w->inbox_async, ferry__winbox_on_async);
   if (rc != 0)
     return ferry__seterr(err, FERRY_EIO, "uv_async_init: %s",

@@ -184,6 +184,12 @@ struct ferry__wtask_s {
  * tests. Called from pipeline threads, in split order per task. */
 typedef void (*ferry__wemit_cb)(ferry__wchunk_t *c, void *arg);
 
+/* Called from a pipeline thread (no lock held) when a task it ran ended:
+ * finished, failed or stopped. `news` is true when the dispatcher wants to
+ * hear of it soon: an error, skipped records, or a total it cannot know
+ * from the split (unknown count, or fewer records than the split holds). */
+typedef void (*ferry__wend_cb)(void *arg, bool news);
+
 typedef struct ferry__wtasks_s {
   pthread_mutex_t lock;
   pthread_cond_t cv;   /* a task was queued, or stop */
@@ -197,6 +203,8 @@ typedef struct ferry__wtasks_s {
   uint64_t chunk_bytes;
   ferry__wemit_cb emit;
   void *emit_arg;
+  ferry__wend_cb on_end; /* may be NULL; set before the threads start */
+  void *end_arg;
   pthread_t *threads;
   struct ferry__wthread_s **thread_states;
   size_t nthreads;
@@ -293,6 +301,11 @@ typedef struct ferry__worker_s {
   pthread_mutex_t hb_lock;
   pthread_cond_t hb_cv;
   bool hb_quit;        /* hb_lock */
+  bool hb_wake;        /* hb_lock: a task ended since the last report */
+  bool hb_news;        /* hb_lock: ... with news for the dispatcher */
+  bool hb_cancelled;   /* hb_lock: hb_call was cancelled for news or quit */
+  ferry_rpc_stream_t *hb_call; /* hb_lock: the heartbeat in flight, which
+                                * the dispatcher may hold back */
   atomic_bool draining;
   atomic_uint_least64_t worker_id;
   atomic_int heartbeat_ms;
@@ -333,12 +346,21 @@ void ferry__wstream_close_all(ferry__worker_t *w);
 
 /* heartbeat.c */
 /* Starts the heartbeat thread: the first heartbeat registers (worker_id
- * 0), then one every heartbeat_ms; each carries every task's progress and
- * applies the answer's cancellations, then its new tasks. */
+ * 0); each carries every task's progress and applies the answer's
+ * cancellations, then its new tasks. The dispatcher may hold a heartbeat
+ * back until it has news for the worker (long poll, at most its interval).
+ * The next heartbeat leaves at once when the answer changed the task
+ * table or a task ended since the last one was built, else one interval
+ * after the previous one left (at once after a held-back call that timed
+ * out), or as soon as a task ends. */
 int ferry__whb_start(ferry__worker_t *w, ferry_error_t *err);
-/* Tells the thread to send one last heartbeat (draining) and exit; does
- * not wait. */
+/* Tells the thread to send one last heartbeat (draining) and exit, cutting
+ * short a heartbeat the dispatcher holds back; does not wait. */
 void ferry__whb_quit(ferry__worker_t *w);
+/* The task table's end callback (any thread): wakes the heartbeat thread,
+ * and with `news` also cuts short a held-back heartbeat so that the next
+ * one reports the task at once. */
+void ferry__whb_task_ended(void *worker, bool news);
 /* Waits at most `ms` for the thread to exit; true when it did. */
 bool ferry__whb_join(ferry__worker_t *w, int ms);
 

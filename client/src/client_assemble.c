@@ -45,21 +45,12 @@ int ferry__asm_init(ferry_client_t *c, ferry_error_t *err) {
   c->queue = ferry__calloc(ap->prefetch, sizeof(*c->queue));
   if (c->slots == NULL || c->queue == NULL)
     goto nomem;
-  for (uint32_t i = 0; i < ap->prefetch; i++) {
-    ferry__slot_t *s = &c->slots[i];
-    s->images = ferry__aligned_alloc(64, img > 0 ? img : 64);
-    s->labels = ferry__calloc(ap->batch_size, sizeof(*s->labels));
-    s->ids = ferry__calloc(ap->batch_size, sizeof(*s->ids));
-    s->segs = ferry__calloc(ap->batch_size, sizeof(*s->segs));
-    if (s->images == NULL || s->labels == NULL || s->ids == NULL ||
-        s->segs == NULL)
-      goto nomem;
-    s->batch.images = s->images;
-    s->batch.labels = s->labels;
-    s->batch.ids = s->ids;
-    s->batch.height = ap->height;
-    s->batch.width = ap->width;
-    s->batch.channels = ap->channels;
+  /* Every slot's memory, host and device, comes from the staging
+   * allocator, once. */
+  int rc = ferry__staging_alloc(c, err);
+  if (rc != 0) {
+    ferry__asm_close(c);
+    return rc;
   }
   c->t0 = ferry__client_now();
   return 0;
@@ -72,12 +63,7 @@ nomem:
 
 void ferry__asm_close(ferry_client_t *c) {
   if (c->slots != NULL) {
-    for (uint32_t i = 0; i < c->ap.prefetch; i++) {
-      ferry__aligned_free(c->slots[i].images);
-      ferry__free(c->slots[i].labels);
-      ferry__free(c->slots[i].ids);
-      ferry__free(c->slots[i].segs);
-    }
+    ferry__staging_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->ready_cv);
     pthread_cond_destroy(&c->space_cv);
@@ -99,7 +85,9 @@ int ferry__client_new_local(const ferry__asm_params_t *ap,
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   ferry_client_options_init(&c->opts);
   c->ap = *ap;
-  int rc = ferry__asm_init(c, err);
+  int rc = ferry__staging_check(c, false, err);
+  if (rc == 0)
+    rc = ferry__asm_init(c, err);
   if (rc != 0) {
     ferry__free(c);
     return rc;
@@ -133,10 +121,29 @@ ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
   return NULL;
 }
 
-/* Finds or adds the entry for (epoch, split); NULL when out of memory. */
+/* The worker part of a split's key: in distributed_epoch a split is one
+ * entry whichever worker holds its lease (a re-leased copy replays the
+ * same order and the received count drops the duplicates). */
+static uint64_t key_worker(const ferry_client_t *c, uint64_t worker) {
+  return c->ap.per_worker ? worker : 0;
+}
+
+ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
+                                       uint32_t split, uint64_t worker) {
+  if (!c->ap.per_worker)
+    return ferry__client_split(c, epoch, split);
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (c->splits[i].epoch == epoch && c->splits[i].split == split &&
+        c->splits[i].worker_id == worker)
+      return &c->splits[i];
+  return NULL;
+}
+
+/* Finds or adds the entry for (epoch, split, worker); NULL when out of
+ * memory. */
 static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
-                                 uint32_t split) {
-  ferry__split_t *s = ferry__client_split(c, epoch, split);
+                                 uint32_t split, uint64_t worker) {
+  ferry__split_t *s = ferry__client_split_of(c, epoch, split, worker);
   if (s != NULL)
     return s;
   if (c->n_splits == c->cap_splits) {
@@ -151,6 +158,7 @@ static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
   memset(s, 0, sizeof(*s));
   s->epoch = epoch;
   s->split = split;
+  s->worker_id = worker;
   return s;
 }
 
@@ -160,12 +168,15 @@ static bool fully_received(const ferry__split_t *s) {
 
 uint32_t ferry__client_held_locked(const ferry_client_t *c) {
   uint32_t n = 0;
-  for (size_t i = 0; i < c->n_splits; i++) {
-    const ferry__split_t *s = &c->splits[i];
-    if (!(s->has_total && s->delivered >= s->total))
-      n++;
-  }
+  for (size_t i = 0; i < c->n_splits; i++)
+    n += c->splits[i].assigned && !fully_received(&c->splits[i]);
   return n;
+}
+
+/* Wakes the heartbeat thread for a beat now. */
+static void kick_locked(ferry_client_t *c) {
+  c->hb_kick = true;
+  pthread_cond_signal(&c->hb_cv);
 }
 
 /* ---- Slots ------------------------------------------------------------- */
@@ -173,9 +184,32 @@ uint32_t ferry__client_held_locked(const ferry_client_t *c) {
 static void close_fill_locked(ferry_client_t *c) {
   ferry__slot_t *s = &c->slots[c->fill];
   s->state = FERRY__SLOT_CLOSED;
+  /* Slots close in queue order and every closed slot that is neither
+   * empty nor dropped is handed out in that order, so the index is known
+   * now: the augmentation's key needs it before ferry_next runs. */
+  if (!s->drop && s->size > 0)
+    s->index = c->next_index++;
   c->fill = -1;
   if (s->copied == s->size)
     pthread_cond_broadcast(&c->ready_cv);
+}
+
+/* Prepares a slot marked by nobody else: marks it, drops the lock for the
+ * work, takes it back and records the outcome (a failure fails the
+ * client). */
+static void prepare_unlocked(ferry_client_t *c, ferry__slot_t *s) {
+  ferry_error_t e = {0};
+  s->preparing = true;
+  pthread_mutex_unlock(&c->mu);
+  int rc = ferry__staging_prepare(c, s, &e);
+  pthread_mutex_lock(&c->mu);
+  s->preparing = false;
+  if (rc == 0)
+    s->prepared = true;
+  else
+    ferry__client_fail_locked(c, rc, "batch %llu: %s",
+                              (unsigned long long)s->index, e.msg);
+  pthread_cond_broadcast(&c->ready_cv);
 }
 
 /* Flushes the partial batch of epoch e once the epoch cannot bring this
@@ -212,6 +246,8 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       s->size = s->copied = s->n_segs = 0;
       s->epoch = epoch;
       s->drop = false;
+      s->prepared = c->stg_mode == FERRY__STG_RAW;
+      s->preparing = false;
       c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
       c->qlen++;
       c->fill = (int)i;
@@ -244,11 +280,18 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
         ap->height, ap->width, ap->channels);
     goto out;
   }
-  ferry__split_t *s = split_get(c, ch->epoch, ch->split);
+  /* Every record of an epoch the dispatcher counts delivered was handed
+   * out, and its split entries are gone: a late copy (a replaying stream,
+   * a re-leased duplicate) would look like a new split. */
+  if (c->hb_seen && ch->epoch < c->d_epochs_done)
+    goto out;
+  uint64_t kw = key_worker(c, ch->worker_id);
+  ferry__split_t *s = split_get(c, ch->epoch, ch->split, kw);
   if (s == NULL) {
     ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
     goto out;
   }
+  bool was_received = fully_received(s);
   if (ch->first > s->received) {
     FERRY_LOG(FERRY_LOG_WARN,
               "client: epoch %u split %u: chunk at position %llu but %llu "
@@ -265,12 +308,12 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
   for (;;) {
     /* Re-read after every unlock: another reader may have taken the same
      * positions from a re-leased duplicate meanwhile. */
-    s = ferry__client_split(c, ch->epoch, ch->split);
+    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
     if (s == NULL || s->received >= end)
       break;
     if (!take_slot_locked(c, ch->epoch, stop))
       break;
-    s = ferry__client_split(c, ch->epoch, ch->split);
+    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
     if (s == NULL || s->received >= end)
       break;
     ferry__slot_t *slot = &c->slots[c->fill];
@@ -281,11 +324,13 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
     uint32_t base = slot->size;
     slot->size += n;
     ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
-    if (last != NULL && last->epoch == ch->epoch && last->split == ch->split)
+    if (last != NULL && last->epoch == ch->epoch &&
+        last->split == ch->split && last->worker_id == kw)
       last->count += n;
     else
-      slot->segs[slot->n_segs++] =
-          (ferry__seg_t){.epoch = ch->epoch, .split = ch->split, .count = n};
+      slot->segs[slot->n_segs++] = (ferry__seg_t){
+          .epoch = ch->epoch, .split = ch->split, .count = n,
+          .worker_id = kw};
     s->received += n;
     if (slot->size == ap->batch_size)
       close_fill_locked(c);
@@ -305,9 +350,19 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
 
     pthread_mutex_lock(&c->mu);
     slot->copied += n;
-    if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size)
+    if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
+      /* The reader that completes a batch augments it (or enqueues it on
+       * the device) right away, in parallel with the trainer. */
+      if (!slot->prepared && !slot->preparing && !slot->drop &&
+          slot->size > 0)
+        prepare_unlocked(c, slot);
       pthread_cond_broadcast(&c->ready_cv);
+    }
   }
+  /* Fully received: the client can take another split now. */
+  s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+  if (s != NULL && !was_received && fully_received(s))
+    kick_locked(c);
   maybe_flush_locked(c);
 out:
   rc = c->fail_code;
@@ -335,9 +390,11 @@ void ferry__client_apply_heartbeat(
                                                       : "(no message)");
   for (size_t i = 0; i < c->n_splits; i++)
     c->splits[i].assigned = false;
+  size_t known = c->n_splits;
   for (size_t i = 0; i < r->n_assignments; i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
-    ferry__split_t *s = split_get(c, a->epoch, a->split);
+    ferry__split_t *s =
+        split_get(c, a->epoch, a->split, key_worker(c, a->worker_id));
     if (s == NULL) {
       ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
       break;
@@ -351,6 +408,13 @@ void ferry__client_apply_heartbeat(
       s->total = a->num_records;
     }
   }
+  /* Granted new splits and still short of splits_in_flight (some were
+   * taken away, or received meanwhile): ask again at once. Without a
+   * grant the dispatcher has none to give (or no epoch yet): the interval
+   * paces the asking. */
+  if (c->n_splits > known && !r->epoch_exhausted &&
+      ferry__client_held_locked(c) < c->opts.splits_in_flight)
+    kick_locked(c);
   /* Entries of finished epochs are no longer needed once the dispatcher
    * stopped listing them. */
   size_t k = 0;
@@ -368,17 +432,16 @@ void ferry__client_apply_heartbeat(
 /* Adds a slot's records to their splits' delivered counts. */
 static void account_locked(ferry_client_t *c, const ferry__slot_t *slot) {
   for (uint32_t i = 0; i < slot->n_segs; i++) {
-    ferry__split_t *s =
-        ferry__client_split(c, slot->segs[i].epoch, slot->segs[i].split);
+    const ferry__seg_t *g = &slot->segs[i];
+    ferry__split_t *s = ferry__client_split_of(c, g->epoch, g->split,
+                                                g->worker_id);
     if (s == NULL)
       continue;
-    s->delivered += slot->segs[i].count;
-    /* Tell the dispatcher soon: it frees a split for more work and may
-     * end the epoch. */
-    if (s->has_total && s->delivered >= s->total) {
-      c->hb_kick = true;
-      pthread_cond_signal(&c->hb_cv);
-    }
+    s->delivered += g->count;
+    /* Tell the dispatcher soon: the split is done, which may end the
+     * epoch. */
+    if (s->has_total && s->delivered >= s->total)
+      kick_locked(c);
   }
 }
 
@@ -438,12 +501,21 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
           rc = FERRY_EPOCH_END;
           break;
         }
+        if (!s->prepared && !s->preparing) {
+          /* No reader prepared it (a flushed batch): the trainer's thread
+           * does, and the time counts as its wait. */
+          prepare_unlocked(c, s);
+          continue;
+        }
+      }
+      if (s->state == FERRY__SLOT_CLOSED && s->copied == s->size &&
+          s->prepared) {
         pop_locked(c);
         account_locked(c, s);
         s->state = FERRY__SLOT_HANDED;
         s->batch.size = s->size;
         s->batch.epoch = s->epoch;
-        s->batch.index = c->next_index++;
+        s->batch.index = s->index;
         c->handed++;
         c->batches++;
         c->records += s->size;
@@ -490,20 +562,45 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
   return rc;
 }
 
-void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch) {
+/* The slot a batch pointer belongs to, or NULL. */
+static ferry__slot_t *slot_of(ferry_client_t *c, const ferry_batch_t *b) {
+  for (uint32_t i = 0; i < c->ap.prefetch; i++)
+    if (&c->slots[i].batch == b)
+      return &c->slots[i];
+  return NULL;
+}
+
+static void release(ferry_client_t *c, const ferry_batch_t *batch,
+                    bool ordered, void *stream) {
   if (c == NULL || batch == NULL)
     return;
+  ferry__slot_t *s = slot_of(c, batch);
+  if (s == NULL)
+    return;
+  /* The device side first, outside the lock: the slot must not be
+   * refilled before its copy to the device is done. */
+  ferry_error_t e = {0};
+  int rc = ferry__staging_release(c, s, ordered, stream, &e);
   pthread_mutex_lock(&c->mu);
-  for (uint32_t i = 0; i < c->ap.prefetch; i++) {
-    ferry__slot_t *s = &c->slots[i];
-    if (&s->batch == batch && s->state == FERRY__SLOT_HANDED) {
-      s->state = FERRY__SLOT_FREE;
-      c->handed--;
-      pthread_cond_broadcast(&c->space_cv);
-      break;
-    }
+  if (rc != 0)
+    ferry__client_fail_locked(c, rc, "releasing batch %llu: %s",
+                              (unsigned long long)s->index, e.msg);
+  if (s->state == FERRY__SLOT_HANDED) {
+    s->state = FERRY__SLOT_FREE;
+    s->exported = false;
+    c->handed--;
+    pthread_cond_broadcast(&c->space_cv);
   }
   pthread_mutex_unlock(&c->mu);
+}
+
+void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch) {
+  release(c, batch, false, NULL);
+}
+
+void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
+                               void *stream) {
+  release(c, batch, true, stream);
 }
 
 void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {

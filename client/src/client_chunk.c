@@ -68,7 +68,7 @@ static int read_varint(ferry__chunk_parser_t *p, const ferry__src_t *src,
                        size_t *pos, uint64_t *v, ferry_error_t *err) {
   size_t avail = src->len - *pos;
   size_t n = avail < 10 ? avail : 10;
-  const uint8_t *b;
+  const uint8_t *b = NULL;
   if (n == 0)
     return ferry__seterr(err, FERRY_EOVERRUN,
                          "chunk: byte offset %zu: varint past the end", *pos);

@@ -27,7 +27,7 @@ void ferry_client_options_init(ferry_client_options_t *o) {
   o->mode = FERRY_MODE_DISTRIBUTED_EPOCH;
   o->shuffle = -1;
   o->error_policy = FERRY_ON_ERROR_FAIL;
-  o->prefetch = 4;
+  o->prefetch = 3;
   o->splits_in_flight = 8;
   o->heartbeat_ms = 250;
   o->connect_timeout_ms = 5000;
@@ -215,6 +215,8 @@ static void *reader_main(void *arg) {
                 w->address, (unsigned long long)ch.job_id,
                 (unsigned long long)c->job_id);
     } else {
+      /* The stream says whose copy of the split this is. */
+      ch.worker_id = __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED);
       rc = ferry__client_on_chunk(c, &ch, &src, &w->stop);
     }
     ferry_rpc_msg_release(&msg);
@@ -324,6 +326,8 @@ static void sync_workers(ferry_client_t *c,
       } else {
         found = w;
         w->seen = true;
+        /* A worker that registered again under a new id. */
+        __atomic_store_n(&w->worker_id, a->worker_id, __ATOMIC_RELAXED);
       }
       break;
     }
@@ -489,6 +493,7 @@ static int batch_shape(ferry_client_t *c, const ferry_spec_t *spec,
                                         : spec->batch_size;
   c->ap.prefetch = c->opts.prefetch;
   c->ap.drop_remainder = c->opts.drop_remainder || spec->drop_remainder;
+  c->ap.per_worker = c->opts.mode == FERRY_MODE_PARALLEL_EPOCHS;
   if (c->ap.batch_size == 0)
     return ferry__seterr(err, FERRY_EINVAL,
                          "client: no batch size: set batch_size or add "
@@ -543,7 +548,7 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   c->opts = *opts;
   c->networked = true;
   if (c->opts.prefetch == 0)
-    c->opts.prefetch = 4;
+    c->opts.prefetch = 3;
   if (c->opts.splits_in_flight == 0)
     c->opts.splits_in_flight = 8;
   if (c->opts.heartbeat_ms == 0)
@@ -556,7 +561,9 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   c->spec_text = dup_opt(opts->spec, &nomem);
   c->dataset_id_opt = dup_opt(opts->dataset_id, &nomem);
   c->job_name = dup_opt(opts->job_name, &nomem);
+  c->augment_text = dup_opt(opts->augment, &nomem);
   c->opts.dispatcher = c->dispatcher;
+  c->opts.augment = c->augment_text;
   c->opts.spec = c->spec_text;
   c->opts.dataset_id = c->dataset_id_opt;
   c->opts.job_name = c->job_name;
@@ -564,9 +571,27 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
     goto fail;
   }
+  /* The staging options: a bad augment text or an unusable GPU fails
+   * before any RPC. */
+  ferry_augment_spec_init(&c->ap.augment);
+  if (c->augment_text != NULL) {
+    /* The parser's message starts "augment spec: column N". */
+    if ((rc = ferry_augment_spec_parse(c->augment_text, &c->ap.augment,
+                                       err)) != 0)
+      goto fail;
+    c->ap.has_augment = true;
+  }
+  c->ap.gpu = opts->gpu;
+  c->ap.device = opts->device;
+  c->ap.augment_seed = opts->augment_seed;
+  c->ap.dtype = opts->dtype;
+  c->ap.layout = opts->layout;
+  if ((rc = ferry__staging_check(c, opts->device_fallback, err)) != 0)
+    goto fail;
   /* With the spec in hand, what the batches cannot be fails before any
    * RPC too. */
-  if (have_parsed && (rc = batch_shape(c, &parsed, err)) != 0)
+  if (have_parsed && ((rc = batch_shape(c, &parsed, err)) != 0 ||
+                      (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;
   ferry_rpc_init();
   c->rpc_inited = true;
@@ -581,7 +606,8 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   }
   if ((rc = get_job(c, have_parsed ? &parsed : NULL, &spec, t0, err)) != 0)
     goto fail;
-  if (!have_parsed && (rc = batch_shape(c, &spec, err)) != 0)
+  if (!have_parsed && ((rc = batch_shape(c, &spec, err)) != 0 ||
+                       (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;
   if ((rc = ferry__asm_init(c, err)) != 0)
     goto fail;
@@ -642,6 +668,7 @@ void ferry_client_free(ferry_client_t *c) {
   ferry__free(c->spec_text);
   ferry__free(c->dataset_id_opt);
   ferry__free(c->job_name);
+  ferry__free(c->augment_text);
   ferry__free(c->dataset_id);
   ferry__free(c);
 }

@@ -16,7 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/augment.h"
 #include "ferry/client.h"
+#include "ferry/dlpack.h"
 #include "ferry/error.h"
 #include "ferry/rpc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
@@ -54,6 +56,10 @@ typedef struct ferry__chunk_s {
   char error[400];
   bool has_payload;
   size_t payload_off, payload_len;
+  /* Not on the wire: the worker whose stream brought the chunk, set by
+   * the reader after parsing (the parser leaves 0). Keys the split in
+   * parallel_epochs, where every worker sends its own copy of a split. */
+  uint64_t worker_id;
 } ferry__chunk_t;
 
 /* The parser's reusable buffers: a window over the message's header bytes
@@ -82,10 +88,11 @@ int ferry__chunk_parse(ferry__chunk_parser_t *p, const ferry__src_t *src,
 
 /* ---- The client -------------------------------------------------------- */
 
-/* One (epoch, split) the client holds or held. */
+/* One (epoch, split) the client holds or held; in parallel_epochs one
+ * (epoch, split, worker), as every worker produces its own copy. */
 typedef struct ferry__split_s {
   uint32_t epoch, split;
-  uint64_t worker_id;
+  uint64_t worker_id; /* the lease holder (part of the key when per_worker) */
   bool has_total;
   uint64_t total;     /* records in the split, once known */
   uint64_t received;  /* next position expected (reserved in a slot) */
@@ -97,6 +104,7 @@ typedef struct ferry__split_s {
 typedef struct ferry__seg_s {
   uint32_t epoch, split;
   uint32_t count;
+  uint64_t worker_id; /* the split's key worker (0 unless per_worker) */
 } ferry__seg_t;
 
 typedef enum {
@@ -106,9 +114,20 @@ typedef enum {
   FERRY__SLOT_HANDED   /* held by the trainer */
 } ferry__slot_state_t;
 
+/* A slot's DLPack export: the tensor the consumer holds and its shape
+ * (static storage per slot: exporting allocates nothing). */
+typedef struct ferry__dl_s {
+  DLManagedTensor mt;
+  int64_t shape[4];
+  struct ferry_client_s *client;
+  struct ferry__slot_s *slot;
+} ferry__dl_t;
+
 typedef struct ferry__slot_s {
   ferry_batch_t batch; /* images, labels, ids point at the buffers below */
-  uint8_t *images;
+  uint8_t *images;     /* from the staging allocator (staging.c) */
+  void *out;           /* the augmented output: host buffer, device buffer
+                          (GPU) or NULL (raw host batches) */
   int64_t *labels;
   uint64_t *ids;
   ferry__slot_state_t state;
@@ -118,6 +137,11 @@ typedef struct ferry__slot_s {
   bool drop;       /* a flushed remainder under drop_remainder */
   ferry__seg_t *segs;
   uint32_t n_segs;
+  uint64_t index;  /* the batch index, fixed when the slot closes */
+  bool prepared;   /* augmented / enqueued to the device */
+  bool preparing;  /* a thread is preparing it (outside the lock) */
+  bool exported;   /* held by a DLPack tensor */
+  ferry__dl_t dl;
 } ferry__slot_t;
 
 /* One worker stream and its reader thread. */
@@ -135,17 +159,34 @@ typedef struct ferry__worker_s {
   ferry__chunk_parser_t parser;
 } ferry__worker_t;
 
+/* How batches are staged (staging.c). */
+typedef enum {
+  FERRY__STG_RAW = 0, /* host batches of uint8 images, no augmentation */
+  FERRY__STG_CPU = 1, /* host batches augmented by the CPU twin */
+  FERRY__STG_GPU = 2  /* pinned slots, copy and kernel on a CUDA device */
+} ferry__stg_mode_t;
+
 /* The assembler's parameters (tests build clients from these alone). */
 typedef struct ferry__asm_params_s {
   uint32_t batch_size;
   uint32_t height, width, channels;
   uint32_t prefetch;
   bool drop_remainder;
+  /* parallel_epochs: splits are tracked per (epoch, split, worker). */
+  bool per_worker;
+  /* Staging: has_augment false and gpu false keep raw host batches. */
+  bool gpu;
+  int device;
+  bool has_augment;
+  ferry_augment_spec_t augment;
+  uint64_t augment_seed;
+  ferry_dtype_t dtype;
+  ferry_layout_t layout;
 } ferry__asm_params_t;
 
 struct ferry_client_s {
   ferry_client_options_t opts; /* strings below are owned copies */
-  char *dispatcher, *spec_text, *dataset_id_opt, *job_name;
+  char *dispatcher, *spec_text, *dataset_id_opt, *job_name, *augment_text;
   char *dataset_id;
   uint64_t job_id, client_id;
   int64_t num_epochs;
@@ -153,6 +194,9 @@ struct ferry_client_s {
 
   ferry__asm_params_t ap;
   size_t record_bytes;
+  ferry__stg_mode_t stg_mode;
+  struct ferry__stg_gpu_s *gpu; /* GPU staging's device side */
+  size_t out_bytes;             /* a full batch's output */
 
   pthread_mutex_t mu;
   pthread_cond_t ready_cv, space_cv, hb_cv;
@@ -195,7 +239,9 @@ struct ferry_client_s {
   ferry__worker_t **workers;
   size_t n_workers, cap_workers;
   double last_hb_ok;
-  bool hb_kick; /* a split was fully delivered: beat now (mu) */
+  bool hb_kick; /* beat now (mu): a split was fully received (the client
+                  * wants another) or fully delivered (the dispatcher may
+                  * end the epoch) */
   bool rpc_inited;
 };
 
@@ -212,6 +258,36 @@ int ferry__client_new_local(const ferry__asm_params_t *ap,
  * constructors); frees it. */
 int ferry__asm_init(ferry_client_t *c, ferry_error_t *err);
 void ferry__asm_close(ferry_client_t *c);
+
+/* ---- Staging (staging.c) ----------------------------------------------- */
+
+/* Checks the staging parameters of c->ap (dtype, layout, the augmentation
+ * against the image shape, the device) and settles c->stg_mode: a GPU
+ * that cannot be used fails with FERRY_ENOTSUP naming the reason, or with
+ * `fallback` gives host batches and a logged warning. No allocation. */
+int ferry__staging_check(ferry_client_t *c, bool fallback,
+                         ferry_error_t *err);
+
+/* Allocates every slot's memory at once: images (pinned for GPU staging,
+ * else 4096-aligned), labels, ids, segments, the host output buffers of
+ * CPU staging and the device side of GPU staging; fills each slot's
+ * fixed batch fields. Returns 0 or FERRY_ENOMEM / CUDA's error; on error
+ * what was allocated stays for ferry__staging_free. */
+int ferry__staging_alloc(ferry_client_t *c, ferry_error_t *err);
+void ferry__staging_free(ferry_client_t *c);
+
+/* Prepares a closed, fully copied slot for the trainer: CPU staging runs
+ * the CPU twin into the slot's output, GPU staging enqueues the copy and
+ * the kernel. Called without the lock by the one thread that marked the
+ * slot `preparing`. Returns 0 or the error. */
+int ferry__staging_prepare(ferry_client_t *c, ferry__slot_t *s,
+                           ferry_error_t *err);
+
+/* The release side: lets the slot's host memory be refilled (waits for
+ * its copy) and, when `ordered`, orders the next write of its device
+ * buffers after `stream`. Called without the lock. */
+int ferry__staging_release(ferry_client_t *c, ferry__slot_t *s, bool ordered,
+                           void *stream, ferry_error_t *err);
 
 /* Places a parsed chunk's new records into batch slots: drops positions
  * below the split's received count, reserves ranges under the lock and
@@ -233,10 +309,22 @@ void ferry__client_apply_heartbeat(ferry_client_t *c,
 void ferry__client_fail_locked(ferry_client_t *c, int code, const char *fmt,
                                ...) FERRY_PRINTF(3, 4);
 
-/* Splits held (not fully delivered), under the lock. */
+/* Splits held against splits_in_flight, under the lock: those the
+ * dispatcher lists for the client that are not fully received yet. A
+ * fully received split's records wait in batch slots (bounded by
+ * prefetch), so it need not keep the client from asking for the next
+ * one; counting it until delivered deadlocks small splits_in_flight,
+ * as its last records may wait in a partial batch that only the end of
+ * the epoch flushes. */
 uint32_t ferry__client_held_locked(const ferry_client_t *c);
 
-/* The split entry for (epoch, split) or NULL. Lock held. */
+/* The split entry for (epoch, split, worker) or NULL: `worker` counts
+ * only with ap.per_worker. Lock held. */
+ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
+                                       uint32_t split, uint64_t worker);
+
+/* The first split entry for (epoch, split), whatever its worker, or
+ * NULL. Lock held. */
 ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
                                     uint32_t split);
 

@@ -24,9 +24,10 @@ static ferry_client_t *local(uint32_t batch, uint32_t prefetch, bool drop) {
   return c;
 }
 
-/* Feeds one chunk of (epoch, split) positions [first, first + count). */
-static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
-                uint64_t first, uint32_t count, bool last) {
+/* Feeds one chunk of (epoch, split) positions [first, first + count), as
+ * if it came on the stream of `worker`. */
+static int feed_w(ferry_client_t *c, uint64_t worker, uint32_t epoch,
+                  uint32_t split, uint64_t first, uint32_t count, bool last) {
   tu_chunk_opts_t o = {.epoch = epoch, .split = split, .first = first,
                        .count = count, .h = H, .w = W, .c = C, .last = last};
   size_t len;
@@ -40,6 +41,7 @@ static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
   tu_src(&src, &t);
   ferry__chunk_parser_init(&p);
   cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
+  ch.worker_id = worker;
   int rc = ferry__client_on_chunk(c, &ch, &src, NULL);
   ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
@@ -47,10 +49,17 @@ static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
   return rc;
 }
 
-/* A heartbeat answer: `n` assignments of `epoch` with their totals. */
-static void beat(ferry_client_t *c, int state, uint32_t epoch,
-                 bool exhausted, uint32_t epochs_done, const uint32_t *splits,
-                 const uint64_t *totals, size_t n) {
+static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
+                uint64_t first, uint32_t count, bool last) {
+  return feed_w(c, 1, epoch, split, first, count, last);
+}
+
+/* A heartbeat answer: `n` assignments of `epoch` with their totals and
+ * workers (NULL: worker 1 for all). */
+static void beat_w(ferry_client_t *c, int state, uint32_t epoch,
+                   bool exhausted, uint32_t epochs_done,
+                   const uint32_t *splits, const uint64_t *totals,
+                   const uint64_t *workers, size_t n) {
   Ferry__V1__ClientHeartbeatResponse r =
       FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
   Ferry__V1__Assignment a[8], *pa[8];
@@ -60,7 +69,7 @@ static void beat(ferry_client_t *c, int state, uint32_t epoch,
     a[i].epoch = epoch;
     a[i].split = splits[i];
     a[i].num_records = totals[i];
-    a[i].worker_id = 1;
+    a[i].worker_id = workers != NULL ? workers[i] : 1;
     pa[i] = &a[i];
   }
   r.state = state;
@@ -71,6 +80,12 @@ static void beat(ferry_client_t *c, int state, uint32_t epoch,
   r.assignments = pa;
   r.error = (char *)"";
   ferry__client_apply_heartbeat(c, &r);
+}
+
+static void beat(ferry_client_t *c, int state, uint32_t epoch,
+                 bool exhausted, uint32_t epochs_done, const uint32_t *splits,
+                 const uint64_t *totals, size_t n) {
+  beat_w(c, state, epoch, exhausted, epochs_done, splits, totals, NULL, n);
 }
 
 /* Takes the next batch (there must be one) and checks every record is the
@@ -423,5 +438,83 @@ Test(client_assemble, a_stopped_reader_takes_nothing) {
   ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
+  ferry_client_free(c);
+}
+
+/* parallel_epochs: every worker sends its own copy of a split, and the
+ * client keeps both (keyed by the stream's worker), each counted apart. */
+Test(client_assemble, parallel_epochs_keep_every_workers_copy) {
+  ferry__asm_params_t ap = {.batch_size = 5, .height = H, .width = W,
+                            .channels = C, .prefetch = 4,
+                            .per_worker = true};
+  ferry_client_t *c;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry__client_new_local(&ap, &c, &err), 0, "%s", err.msg);
+  beat_w(c, 0, 0, true, 0, (uint32_t[]){0, 0}, (uint64_t[]){4, 4},
+         (uint64_t[]){1, 2}, 2);
+  cr_assert_eq(ferry__client_held_locked(c), 2);
+  cr_assert_eq(feed_w(c, 1, 0, 0, 0, 4, true), 0);
+  cr_assert_eq(feed_w(c, 2, 0, 0, 0, 2, false), 0);
+  cr_assert_eq(feed_w(c, 2, 0, 0, 2, 2, true), 0);
+  /* 8 records: one full batch and the flushed remainder. */
+  const ferry_batch_t *b1 = take(c, 5, 0), *b2 = take(c, 3, 0);
+  uint32_t seen[4] = {0};
+  for (uint32_t r = 0; r < 5; r++)
+    seen[b1->ids[r] & 3]++;
+  for (uint32_t r = 0; r < 3; r++)
+    seen[b2->ids[r] & 3]++;
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(seen[i], 2, "position %d came %u times, not once per "
+                 "worker", i, seen[i]);
+  cr_assert_eq(ferry__client_split_of(c, 0, 0, 1)->delivered, 4);
+  cr_assert_eq(ferry__client_split_of(c, 0, 0, 2)->delivered, 4);
+  cr_assert_eq(ferry__client_held_locked(c), 0);
+  /* A repeated chunk of one worker is still dropped. */
+  cr_assert_eq(feed_w(c, 2, 0, 0, 0, 4, true), 0);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  ferry_batch_release(c, b1);
+  ferry_batch_release(c, b2);
+  ferry_client_free(c);
+}
+
+/* A split counts against splits_in_flight until it is fully received, not
+ * until delivered: its last records may wait in a partial batch that only
+ * the end of the epoch flushes, and the client must be able to ask for
+ * the next split meanwhile (with splits_in_flight = 1 it would deadlock).
+ * Full receipt also wakes the heartbeat thread to ask at once. */
+Test(client_assemble, a_fully_received_split_is_no_longer_held) {
+  ferry_client_t *c = local(4, 2, false);
+  beat(c, 0, 0, false, 0, (uint32_t[]){0, 1}, (uint64_t[]){6, 6}, 2);
+  cr_assert_eq(ferry__client_held_locked(c), 2);
+  c->hb_kick = false;
+  cr_assert_eq(feed(c, 0, 0, 0, 5, false), 0);
+  cr_assert_not(c->hb_kick, "no beat before the split is whole");
+  cr_assert_eq(feed(c, 0, 0, 5, 1, true), 0);
+  cr_assert_eq(ferry__client_held_locked(c), 1,
+               "the received split still counts as held");
+  cr_assert(c->hb_kick, "full receipt did not wake the heartbeat");
+  const ferry_batch_t *b = take(c, 4, 0);
+  /* Two records wait in the partial batch: delivered 4 of 6. */
+  cr_assert_eq(ferry__client_split(c, 0, 0)->delivered, 4);
+  cr_assert_eq(ferry__client_held_locked(c), 1);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  ferry_batch_release(c, b);
+  ferry_client_free(c);
+}
+
+/* Once the dispatcher counts an epoch delivered, the client forgets its
+ * splits: a late copy of one of them (a stream replaying, a re-leased
+ * duplicate) must be dropped, not taken for a new split. */
+Test(client_assemble, chunks_of_a_finished_epoch_are_dropped) {
+  ferry_client_t *c = local(4, 4, false);
+  beat(c, 0, 0, true, 0, (uint32_t[]){0}, (uint64_t[]){4}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 4, true), 0);
+  const ferry_batch_t *b = take(c, 4, 0);
+  ferry_batch_release(c, b);
+  beat(c, FERRY__V1__JOB_STATE__JOB_STATE_FINISHED, 1, true, 1, NULL, NULL,
+       0);
+  cr_assert_eq(feed(c, 0, 0, 0, 4, true), 0);
+  cr_assert_eq(next_rc(c), FERRY_EPOCH_END);
+  cr_assert_eq(next_rc(c), FERRY_END, "a late copy was delivered again");
   ferry_client_free(c);
 }

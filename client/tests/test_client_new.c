@@ -45,7 +45,7 @@ Test(client_new, options_are_checked) {
   ferry_client_t *c;
   ferry_error_t err = {0};
   ferry_client_options_init(&o);
-  cr_assert_eq(o.prefetch, 4);
+  cr_assert_eq(o.prefetch, 3);
   cr_assert_eq(o.splits_in_flight, 8);
   cr_assert_eq(o.heartbeat_ms, 250);
   cr_assert_eq(o.shuffle, -1);

@@ -1,9 +1,12 @@
 /* Smoke test of the ferry-dispatcher binary: it starts on a free port,
  * prints its listening line, answers Health/Check, GetStatus and
  * RegisterDataset over gRPC, keeps its datasets across a restart (the
- * journal) and exits 0 within a second of SIGTERM. */
+ * journal) and exits 0 within a second of SIGTERM. Then the long poll of
+ * worker heartbeats: held back while there is no news, answered at once
+ * by a lease, and answered when the daemon stops. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -49,11 +52,15 @@ static double ms_since(const struct timespec *t0) {
          (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
 }
 
+/* --heartbeat-ms for the next start (the daemon's default). */
+static char hb_arg[16] = "1000";
+
 /* Starts the daemon and waits (bounded) for its listening line. */
 static void start(daemon_t *d) {
   char wd[128], log[128], line[256] = {0};
   char *argv[] = {FERRY_DISPATCHER_BIN, "--port", "0", "--host", "127.0.0.1",
-                  "--work-dir", wd, "--log-level", "debug", NULL};
+                  "--work-dir", wd, "--log-level", "debug",
+                  "--heartbeat-ms", hb_arg, NULL};
   posix_spawn_file_actions_t fa;
   int p[2];
   size_t got = 0;
@@ -223,5 +230,170 @@ Test(daemon, serves_and_stops_on_sigterm) {
   ferry__v1__get_status_response__free_unpacked(s, NULL);
   ferry_rpc_channel_free(ch);
   stop(&d);
+  ferry_rpc_shutdown();
+}
+
+/* ---- Long-polled worker heartbeats --------------------------------------- */
+
+/* One WorkerHeartbeat, blocking, that lists `n` tasks (split 0, `lease`)
+ * of `job`. No assertion: it may run on a helper thread. */
+typedef struct whb_s {
+  ferry_rpc_channel_t *ch;
+  uint64_t worker_id, job, lease;
+  size_t n;
+  int rc;
+  double ms; /* how long the call took */
+  Ferry__V1__WorkerHeartbeatResponse *resp;
+  ferry_error_t err;
+} whb_t;
+
+static void *whb_run(void *arg) {
+  whb_t *h = arg;
+  Ferry__V1__WorkerHeartbeatRequest req =
+      FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__TaskProgress t = FERRY__V1__TASK_PROGRESS__INIT;
+  Ferry__V1__TaskProgress *tp[1] = {&t};
+  uint8_t buf[256], *reply = NULL;
+  size_t len;
+  struct timespec t0;
+  t.job_id = h->job;
+  t.lease = h->lease;
+  req.worker_id = h->worker_id;
+  req.address = (char *)"127.0.0.1:1";
+  req.tasks = tp;
+  req.n_tasks = h->n;
+  size_t n = ferry__v1__worker_heartbeat_request__pack(&req, buf);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  h->resp = NULL;
+  h->rc = ferry_rpc_unary(h->ch, "/ferry.v1.Dispatcher/WorkerHeartbeat", buf,
+                          n, WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
+                          &h->err);
+  h->ms = ms_since(&t0);
+  if (h->rc == 0) {
+    h->resp = ferry__v1__worker_heartbeat_response__unpack(NULL, len, reply);
+    ferry_free(reply);
+  }
+  return NULL;
+}
+
+/* Waits (bounded, by asking GetStatus) until the dispatcher saw a
+ * heartbeat of worker `id` that left after `t0`. */
+static void wait_heartbeat_seen(ferry_rpc_channel_t *ch, uint64_t id,
+                                const struct timespec *t0) {
+  for (;;) {
+    double since = ms_since(t0);
+    Ferry__V1__GetStatusResponse *s = status(ch);
+    bool seen = false;
+    for (size_t i = 0; i < s->n_workers; i++)
+      if (s->workers[i]->worker_id == id &&
+          (double)s->workers[i]->last_heartbeat_ms_ago < since)
+        seen = true;
+    ferry__v1__get_status_response__free_unpacked(s, NULL);
+    if (seen)
+      return;
+    cr_assert_lt(ms_since(t0), (double)WAIT_MS, "no heartbeat arrived");
+  }
+}
+
+/* GetOrCreateJob (anonymous, one epoch) then ClientHeartbeat asking for
+ * one split. */
+static void client_takes_a_split(ferry_rpc_channel_t *ch, const char *id) {
+  Ferry__V1__GetOrCreateJobRequest jq =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions o = FERRY__V1__JOB_OPTIONS__INIT;
+  Ferry__V1__ClientHeartbeatRequest cq =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  ferry_error_t err = {0};
+  uint8_t buf[256], *reply;
+  size_t n, len;
+  o.num_epochs = 1;
+  jq.dataset_id = (char *)id;
+  jq.options = &o;
+  n = ferry__v1__get_or_create_job_request__pack(&jq, buf);
+  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetOrCreateJob", buf,
+                               n, WAIT_MS, 0, &reply, &len, &err),
+               0, "%s", err.msg);
+  Ferry__V1__GetOrCreateJobResponse *j =
+      ferry__v1__get_or_create_job_response__unpack(NULL, len, reply);
+  ferry_free(reply);
+  cr_assert_not_null(j);
+  cq.job_id = j->job_id;
+  cq.client_id = j->client_id;
+  cq.want_splits = 1;
+  ferry__v1__get_or_create_job_response__free_unpacked(j, NULL);
+  n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
+  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/ClientHeartbeat",
+                               buf, n, WAIT_MS, 0, &reply, &len, &err),
+               0, "%s", err.msg);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      ferry__v1__client_heartbeat_response__unpack(NULL, len, reply);
+  ferry_free(reply);
+  cr_assert_not_null(c);
+  cr_assert_eq(c->n_assignments, 1);
+  ferry__v1__client_heartbeat_response__free_unpacked(c, NULL);
+}
+
+Test(daemon, idle_worker_heartbeats_wait_for_a_lease) {
+  daemon_t d;
+  char id[17] = {0};
+  ferry_error_t err = {0};
+  pthread_t th;
+
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  snprintf(hb_arg, sizeof(hb_arg), "1500");
+  ferry_rpc_init();
+  start(&d);
+  ferry_rpc_channel_t *ch = channel(&d);
+
+  /* Registration is answered at once, with the interval. */
+  whb_t h = {.ch = ch};
+  whb_run(&h);
+  cr_assert_eq(h.rc, 0, "%s", h.err.msg);
+  cr_assert_lt(h.ms, 1000.0, "registration took %.0f ms", h.ms);
+  cr_assert_eq(h.resp->heartbeat_ms, 1500);
+  uint64_t w = h.resp->worker_id;
+  ferry__v1__worker_heartbeat_response__free_unpacked(h.resp, NULL);
+
+  /* Nothing to tell: held back for the interval, then answered empty. */
+  h = (whb_t){.ch = ch, .worker_id = w};
+  whb_run(&h);
+  cr_assert_eq(h.rc, 0, "%s", h.err.msg);
+  cr_assert_geq(h.ms, 1000.0, "an idle heartbeat answered after %.0f ms, "
+                "not held back", h.ms);
+  cr_assert_lt(h.ms, 5000.0);
+  cr_assert_eq(h.resp->n_new_tasks, 0);
+  ferry__v1__worker_heartbeat_response__free_unpacked(h.resp, NULL);
+
+  /* A held-back call is answered as soon as a client takes a split. */
+  struct timespec sent;
+  h = (whb_t){.ch = ch, .worker_id = w};
+  clock_gettime(CLOCK_MONOTONIC, &sent);
+  cr_assert_eq(pthread_create(&th, NULL, whb_run, &h), 0);
+  wait_heartbeat_seen(ch, w, &sent);
+  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
+  client_takes_a_split(ch, id);
+  pthread_join(th, NULL);
+  cr_assert_eq(h.rc, 0, "%s", h.err.msg);
+  cr_assert_eq(h.resp->n_new_tasks, 1, "the lease is in the answer");
+  cr_assert_lt(h.ms, 1000.0, "the lease took %.0f ms to reach the worker",
+               h.ms);
+  whb_t h2 = {.ch = ch,
+              .worker_id = w,
+              .job = h.resp->new_tasks[0]->job_id,
+              .lease = h.resp->new_tasks[0]->lease,
+              .n = 1};
+  ferry__v1__worker_heartbeat_response__free_unpacked(h.resp, NULL);
+
+  /* The task listed: held back again, and answered when the daemon
+   * stops, which it still does within a second. */
+  clock_gettime(CLOCK_MONOTONIC, &sent);
+  cr_assert_eq(pthread_create(&th, NULL, whb_run, &h2), 0);
+  wait_heartbeat_seen(ch, w, &sent);
+  stop(&d);
+  pthread_join(th, NULL);
+  cr_assert_lt(h2.ms, 1500.0, "the held call was not answered at the stop");
+  if (h2.resp != NULL)
+    ferry__v1__worker_heartbeat_response__free_unpacked(h2.resp, NULL);
+  ferry_rpc_channel_free(ch);
   ferry_rpc_shutdown();
 }

@@ -3,12 +3,15 @@
  * client loss, epochs, failure, skip counts, GC and status, and an
  * exactly-once simulation with workers and clients coming and going. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/log.h"
 #include <sys/stat.h>
 
 #include "fixture.h"
@@ -92,6 +95,126 @@ Test(dispatcher, splits_match_the_index) {
   cr_assert_eq(ds->splits[3]->file_index, 1);
   cr_assert_eq(ds->splits[3]->num_records, 10);
   ferry_free(idx);
+}
+
+/* Records smaller and larger than the scan's read window (64 KiB), so
+ * headers fall inside a window, at its end and past it. */
+Test(dispatcher, splits_match_the_index_across_read_windows) {
+  ferry_tfr_index_entry_t *idx;
+  size_t n;
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalRegisterDataset *ds;
+  char path[256];
+  ferry_tfr_writer_t *w;
+  uint8_t *buf = calloc(1, 200000);
+
+  D = fx_state(1000, 1000, 1000, 1024);
+  snprintf(path, sizeof(path), "%s/big.tfrecord", fx_dir);
+  cr_assert_eq(ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err),
+               0, "%s", err.msg);
+  for (int i = 0; i < 60; i++) {
+    size_t len = i % 7 == 3 ? 150000 + (size_t)i : 1 + (size_t)i * 4099 % 70000;
+    cr_assert_eq(ferry_tfr_writer_write(w, buf, len, &err), 0, "%s", err.msg);
+  }
+  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0, "%s", err.msg);
+  free(buf);
+  cr_assert_eq(ferry_tfr_index_build(path, &idx, &n, &err), 0, "%s", err.msg);
+  cr_assert_eq(n, 60);
+  reg("big.tfrecord", "", 7, &r);
+  cr_assert_eq(r->num_records, 60);
+  cr_assert_eq(r->num_splits, 9);
+  ds = fx_last_dataset();
+  for (size_t s = 0; s < 9; s++) {
+    size_t first = s * 7, last = s < 8 ? first + 6 : 59;
+    cr_assert_eq(ds->splits[s]->byte_offset, idx[first].offset);
+    cr_assert_eq(ds->splits[s]->first_record, first);
+    cr_assert_eq(ds->splits[s]->num_records, last - first + 1);
+    cr_assert_eq(ds->splits[s]->byte_end, idx[last].offset + idx[last].size);
+  }
+  ferry_free(idx);
+}
+
+static int reused_logged;
+
+static void count_reuse(int level, const char *msg, void *arg) {
+  (void)level;
+  (void)arg;
+  if (strstr(msg, "reused") != NULL)
+    reused_logged++;
+}
+
+/* Registers every .tfrecord file of the directory, decoded raw and
+ * batched by `batch` (another pipeline over the same files), and returns
+ * its splits. */
+static Ferry__V1__JournalRegisterDataset *reg_batch(int batch, uint32_t per) {
+  char spec[512];
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/*.tfrecord\") | decode(raw, 1, 1, 1) | batch(%d)",
+           fx_dir, batch);
+  cr_assert_eq(fx_register(D, spec, per, &r, 0, &err), 0, "%s", err.msg);
+  return fx_last_dataset();
+}
+
+static void same_splits(const Ferry__V1__JournalRegisterDataset *a,
+                        const Ferry__V1__JournalRegisterDataset *b) {
+  cr_assert_eq(a->n_splits, b->n_splits);
+  for (size_t i = 0; i < a->n_splits; i++) {
+    cr_assert_eq(a->splits[i]->file_index, b->splits[i]->file_index);
+    cr_assert_eq(a->splits[i]->byte_offset, b->splits[i]->byte_offset);
+    cr_assert_eq(a->splits[i]->byte_end, b->splits[i]->byte_end);
+    cr_assert_eq(a->splits[i]->first_record, b->splits[i]->first_record);
+    cr_assert_eq(a->splits[i]->num_records, b->splits[i]->num_records);
+  }
+}
+
+/* Sets the file's modification time `ago_s` seconds back. */
+static void age(const char *name, int ago_s) {
+  char path[256];
+  struct timespec t[2];
+  snprintf(path, sizeof(path), "%s/%s", fx_dir, name);
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= ago_s;
+  t[1] = t[0];
+  cr_assert_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/* Another pipeline over the same, unchanged files reuses their scan; a
+ * file that changed, one modified right before its scan (its time may
+ * not tick on the next change), or another split size is scanned again. */
+Test(dispatcher, datasets_over_the_same_files_share_the_scan) {
+  D = fx_state(1000, 1000, 1000, 10);
+  fx_write("a.tfrecord", 35, FERRY_COMPRESSION_NONE);
+  fx_write("b.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  age("a.tfrecord", 10);
+  age("b.tfrecord", 10);
+  ferry_log_set_callback(count_reuse, NULL);
+  ferry_log_set_level(FERRY_LOG_DEBUG);
+  Ferry__V1__JournalRegisterDataset *d1 = reg_batch(4, 0);
+  cr_assert_eq(reused_logged, 0);
+  cr_assert_eq(d1->n_splits, 6);
+  Ferry__V1__JournalRegisterDataset *d2 = reg_batch(8, 0);
+  cr_assert_eq(reused_logged, 2, "both files' scans reused");
+  same_splits(d1, d2);
+  /* b rewritten: scanned again, a still reused. */
+  fx_write("b.tfrecord", 30, FERRY_COMPRESSION_NONE);
+  Ferry__V1__JournalRegisterDataset *d3 = reg_batch(16, 0);
+  cr_assert_eq(reused_logged, 3);
+  cr_assert_eq(d3->n_splits, 7);
+  cr_assert_eq(d3->splits[6]->num_records, 10);
+  cr_assert_eq(d3->splits[6]->first_record, 20);
+  /* b was modified just before that scan: not shared. */
+  Ferry__V1__JournalRegisterDataset *d4 = reg_batch(64, 0);
+  cr_assert_eq(reused_logged, 4);
+  same_splits(d3, d4);
+  /* Another split size: no reuse. */
+  Ferry__V1__JournalRegisterDataset *d5 = reg_batch(32, 5);
+  cr_assert_eq(reused_logged, 4);
+  cr_assert_eq(d5->n_splits, 13);
+  ferry_log_set_callback(NULL, NULL);
+  ferry_log_set_level(FERRY_LOG_INFO);
 }
 
 Test(dispatcher, compressed_file_is_one_split_of_unknown_count) {
@@ -290,6 +413,123 @@ Test(dispatcher, rows_wait_for_a_worker) {
   cr_assert_eq(c->n_assignments, 2);
   cr_assert_eq(c->assignments[0]->worker_id, w->worker_id);
   cr_assert_eq(c->assignments[0]->lease, 1);
+}
+
+/* A worker's heartbeat request listing `n` tasks of `job` (lease 1). */
+static Ferry__V1__WorkerHeartbeatRequest *wreq(uint64_t id, uint64_t job,
+                                               const uint32_t *splits,
+                                               size_t n, bool draining) {
+  Ferry__V1__WorkerHeartbeatRequest *r =
+      ferry__arena_alloc(&fx_arena, sizeof(*r));
+  Ferry__V1__TaskProgress **tp =
+      ferry__arena_alloc(&fx_arena, (n + 1) * sizeof(*tp));
+  ferry__v1__worker_heartbeat_request__init(r);
+  for (size_t i = 0; i < n; i++) {
+    tp[i] = ferry__arena_alloc(&fx_arena, sizeof(**tp));
+    ferry__v1__task_progress__init(tp[i]);
+    tp[i]->job_id = job;
+    tp[i]->split = splits[i];
+    tp[i]->lease = 1;
+  }
+  r->worker_id = id;
+  r->address = (char *)"w:1";
+  r->tasks = tp;
+  r->n_tasks = n;
+  r->draining = draining;
+  return r;
+}
+
+static Ferry__V1__WorkerHeartbeatResponse *wbeat(
+    const Ferry__V1__WorkerHeartbeatRequest *req, int64_t now) {
+  Ferry__V1__WorkerHeartbeatResponse *r =
+      ferry__arena_alloc(&fx_arena, sizeof(*r));
+  ferry_error_t err = {0};
+  ferry__v1__worker_heartbeat_response__init(r);
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, req, r, &fx_arena, now, &err),
+               0, "%s", err.msg);
+  return r;
+}
+
+/* Re-evaluates a waiting heartbeat; returns whether it would be answered
+ * now, and the answer in *out. */
+static bool wpoll(const Ferry__V1__WorkerHeartbeatRequest *req, int64_t now,
+                  Ferry__V1__WorkerHeartbeatResponse **out) {
+  ferry_error_t err = {0};
+  *out = ferry__arena_alloc(&fx_arena, sizeof(**out));
+  ferry__v1__worker_heartbeat_response__init(*out);
+  bool news = ferry__disp_worker_poll(D, req, *out, &fx_arena, now, &err);
+  cr_assert_eq(err.code, 0, "%s", err.msg);
+  return news;
+}
+
+/* Long poll: which heartbeats may wait, and what wakes them. */
+Test(dispatcher, idle_worker_heartbeats_wait_for_news) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatRequest *q;
+  Ferry__V1__WorkerHeartbeatResponse *r;
+
+  /* Registration, and the first heartbeat this process answers, never
+   * wait: they tell the worker its id and the interval. */
+  q = wreq(0, 0, NULL, 0, false);
+  r = wbeat(q, 0);
+  cr_assert_not(ferry__disp_worker_may_wait(D, q, r));
+  uint64_t w = r->worker_id;
+  q = wreq(w, 0, NULL, 0, false);
+  r = wbeat(q, 10);
+  cr_assert(ferry__disp_worker_may_wait(D, q, r), "nothing to tell: wait");
+  uint64_t changes = ferry__disp_changes(D);
+  cr_assert_not(wpoll(q, 20, &r), "no news yet");
+  cr_assert_eq(ferry__disp_changes(D), changes, "a poll records nothing");
+
+  /* A client takes two splits: the waiting call has news. */
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 30);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 40);
+  cr_assert_eq(c->n_assignments, 2);
+  cr_assert_gt(ferry__disp_changes(D), changes);
+  cr_assert(wpoll(q, 50, &r), "new leases wake the waiting heartbeat");
+  cr_assert_eq(r->n_new_tasks, 2);
+  cr_assert_eq(r->worker_id, w);
+  cr_assert_eq(r->heartbeat_ms, 1000);
+
+  /* The worker lists them: nothing more to say, it may wait again. */
+  uint32_t splits[2] = {r->new_tasks[0]->split->index,
+                        r->new_tasks[1]->split->index};
+  q = wreq(w, j->job_id, splits, 2, false);
+  r = wbeat(q, 60);
+  cr_assert(ferry__disp_worker_may_wait(D, q, r));
+  cr_assert_not(wpoll(q, 70, &r));
+
+  /* The client delivered one split whole: its task is cancelled. The
+   * worker listed it unfinished (a stale copy still running): wake. */
+  uint64_t prog[4] = {0, splits[0], 10, w};
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 80);
+  cr_assert(wpoll(q, 90, &r), "a done split wakes the waiting heartbeat");
+  cr_assert_eq(r->n_cancelled, 1);
+  cr_assert_eq(r->cancelled[0]->split, splits[0]);
+  cr_assert_eq(r->n_new_tasks, 0);
+  /* Listed finished, its cancellation stops no work: no wake, though the
+   * answer, when it comes, cancels it. */
+  q->tasks[0]->finished = true;
+  q->tasks[0]->produced = 10;
+  cr_assert_not(wpoll(q, 95, &r), "a finished task's end woke the call");
+  cr_assert_eq(r->n_cancelled, 1);
+  q->tasks[0]->finished = false;
+
+  /* An answer with news, or a draining worker, never waits. */
+  r = wbeat(q, 100);
+  cr_assert_eq(r->n_cancelled, 1);
+  cr_assert_not(ferry__disp_worker_may_wait(D, q, r));
+  q = wreq(w, j->job_id, splits + 1, 1, true);
+  r = wbeat(q, 110);
+  cr_assert_not(ferry__disp_worker_may_wait(D, q, r));
+
+  /* A lost worker's waiting call is answered: it must register again. */
+  q = wreq(w, j->job_id, splits + 1, 1, false);
+  r = wbeat(q, 120);
+  cr_assert(ferry__disp_worker_may_wait(D, q, r));
+  ferry__disp_tick(D, 120 + 1000);
+  cr_assert(wpoll(q, 1130, &r), "a lost worker's call is answered");
 }
 
 Test(dispatcher, draining_worker_gets_no_new_leases) {

@@ -60,12 +60,14 @@ step configure 120 cmake -S "$root" -B "$build" \
   -DFERRY_WITH_UCX="${FERRY_WITH_UCX:-OFF}" \
   -DFERRY_BUILD_TESTS=ON >/dev/null
 step build 180 cmake --build "$build" -j "$jobs" \
-  --target test_augment test_augment_gpu bench_augment_gpu
+  --target test_augment test_augment_gpu test_staging_gpu bench_augment_gpu
 
 status=0
 step test_augment 60 "$build/client/test_augment" --jobs "$jobs" || status=$?
 gpu=0
 step test_augment_gpu 60 "$build/tests/gpu/test_augment_gpu" || gpu=$?
+step test_staging_gpu 60 "$build/tests/gpu/test_staging_gpu" --seconds 3 ||
+  { s=$?; [ "$gpu" -eq 0 ] && gpu=$s; }
 # shellcheck disable=SC2086
 step bench_augment_gpu 90 "$build/tests/gpu/bench_augment_gpu" \
   ${BENCH_ARGS:-} || { b=$?; [ "$gpu" -eq 0 ] && gpu=$b; }

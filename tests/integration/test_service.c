@@ -501,3 +501,37 @@ Test(service, worker_killed_mid_epoch_still_exactly_once) {
   free(expected);
   hx_dataset_free(&ds);
 }
+
+/* ---- Leases do not wait for heartbeats ---------------------------------- */
+
+/* Heartbeats every 10 s on every side and one split at a time: workers
+ * learn of leases from a held-back heartbeat the dispatcher answers at
+ * once, and the client asks for the next split as soon as it received the
+ * last one, so 12 splits take well under one interval. */
+Test(service, leases_do_not_wait_for_heartbeats) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "data", 12, 100, 8, 8, 3), 0);
+  hx_daemon_opts_t d = {.heartbeat_ms = 10000,
+                        .worker_timeout_ms = 60000,
+                        .client_timeout_ms = 60000};
+  hx_daemon_opts_t w = {.heartbeat_ms = 10000};
+  cluster(2, &d, &w);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.heartbeat_ms = 10000;
+  o.num_epochs = 1;
+  o.splits_in_flight = 1;
+  double t0 = hx_now_ms();
+  ferry_client_t *c = new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  expect_epoch(c, &ds, expected, n, 1, 0, true);
+  double ms = hx_now_ms() - t0;
+  cr_assert_lt(ms, 5000.0, "12 splits took %.0f ms", ms);
+  expect_end(c);
+  ferry_client_free(c);
+  free(expected);
+  hx_dataset_free(&ds);
+}

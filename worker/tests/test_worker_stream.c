@@ -1,6 +1,9 @@
 /* In process: the worker's Worker service on 127.0.0.1:0 with injected
  * tasks, read by the rpc client through StreamChunks. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "ferry/rpc.h"
 #include "wtest_util.h"
@@ -290,6 +293,183 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   cr_assert(ferry__whb_join(&s.w, 5000), "the heartbeat thread exits");
   cr_assert_geq(atomic_load(&fake.draining), 1, "draining reported (%d)",
                 atomic_load(&fake.draining));
+  ferry_rpc_server_shutdown(disp, fake_done, NULL);
+  pthread_join(s.thread, NULL);
+  cr_assert(ferry__worker_close(&s.w, 1000));
+  cr_assert_eq(uv_loop_close(&s.loop), 0);
+  ferry_rpc_shutdown();
+  wt_file_free(&f);
+}
+
+/* ---- Long poll: a fake dispatcher that holds idle heartbeats back ------- */
+
+#define LP_INTERVAL_MS 5000
+#define LP_MAX_HELD 8
+
+/* Milliseconds on the monotonic clock. */
+static int64_t lp_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+typedef struct {
+  const Ferry__V1__Task *task;
+  /* When (lp_now) the first heartbeat of each kind arrived; 0: none. */
+  atomic_llong t_registered, t_listed, t_finished, t_draining;
+  atomic_int cut; /* held calls the worker cancelled */
+  ferry_rpc_call_t *held[LP_MAX_HELD]; /* loop thread only */
+  int nheld;
+} lp_fake_t;
+
+static void lp_reply(ferry_rpc_call_t *call) {
+  Ferry__V1__WorkerHeartbeatResponse r =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  uint8_t buf[64];
+  r.worker_id = 42;
+  r.heartbeat_ms = LP_INTERVAL_MS;
+  ferry_rpc_reply(call, buf, ferry__v1__worker_heartbeat_response__pack(&r,
+                                                                        buf));
+}
+
+/* The worker cancelled a held call (or the server stops): answer it. */
+static void lp_on_cancel(ferry_rpc_call_t *call, void *arg) {
+  lp_fake_t *f = arg;
+  for (int i = 0; i < f->nheld; i++)
+    if (f->held[i] == call) {
+      f->held[i] = f->held[--f->nheld];
+      atomic_fetch_add(&f->cut, 1);
+      lp_reply(call);
+      return;
+    }
+}
+
+static void lp_first(atomic_llong *t, int64_t now) {
+  long long zero = 0;
+  atomic_compare_exchange_strong(t, &zero, now);
+}
+
+/* Registration gets the task; every other heartbeat but the final one is
+ * held back for good (never answered unless the worker cancels it). */
+static void lp_on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
+                            size_t len, void *user) {
+  lp_fake_t *f = user;
+  int64_t now = lp_now();
+  Ferry__V1__WorkerHeartbeatRequest *m =
+      ferry__v1__worker_heartbeat_request__unpack(NULL, len, req);
+  cr_assert_not_null(m);
+  bool finished = false;
+  for (size_t i = 0; i < m->n_tasks; i++)
+    finished |= m->tasks[i]->finished;
+  uint64_t id = m->worker_id;
+  bool draining = m->draining, listed = m->n_tasks > 0;
+  ferry__v1__worker_heartbeat_request__free_unpacked(m, NULL);
+  if (id == 0) {
+    Ferry__V1__WorkerHeartbeatResponse r =
+        FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+    Ferry__V1__Task *tasks[1] = {(Ferry__V1__Task *)f->task};
+    uint8_t buf[4096];
+    r.worker_id = 42;
+    r.heartbeat_ms = LP_INTERVAL_MS;
+    r.n_new_tasks = 1;
+    r.new_tasks = tasks;
+    lp_first(&f->t_registered, now);
+    ferry_rpc_reply(call, buf,
+                    ferry__v1__worker_heartbeat_response__pack(&r, buf));
+    return;
+  }
+  if (draining) {
+    lp_first(&f->t_draining, now);
+    lp_reply(call);
+    return;
+  }
+  if (finished)
+    lp_first(&f->t_finished, now);
+  else if (listed)
+    lp_first(&f->t_listed, now);
+  cr_assert_lt(f->nheld, LP_MAX_HELD);
+  f->held[f->nheld++] = call;
+  ferry_rpc_call_on_cancel(call, lp_on_cancel, f);
+}
+
+/* Waits (bounded) until *t is set; returns it. */
+static int64_t lp_wait(atomic_llong *t, int ms, const char *what) {
+  int64_t t0 = lp_now();
+  while (atomic_load(t) == 0) {
+    cr_assert_lt(lp_now() - t0, ms, "%s within %d ms", what, ms);
+    sched_yield();
+  }
+  return atomic_load(t);
+}
+
+Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
+  /* An unknown count (byte range only): its end is news for the
+   * dispatcher. */
+  wt_file_t f;
+  wt_file_make(&f, 25, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  wt_task_t t;
+  wt_task(&t, &f, 0, 25, true);
+  lp_fake_t fake;
+  memset(&fake, 0, sizeof(fake));
+  fake.task = &t.task;
+
+  srv_t s;
+  ferry_error_t err;
+  ferry_rpc_server_t *disp;
+  int dport;
+  ferry_rpc_init();
+  cr_assert_eq(uv_loop_init(&s.loop), 0);
+  cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
+  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_WORKER_HB_METHOD,
+                                         FERRY_RPC_UNARY, lp_on_heartbeat,
+                                         &fake, &err),
+               0);
+  cr_assert_eq(ferry_rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
+  char daddr[64], target[64];
+  snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", dport);
+
+  ferry__wconfig_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.dispatcher = daddr;
+  cfg.host = "127.0.0.1";
+  cfg.threads = 1;
+  /* Room for about one chunk of two records: the task waits for the
+   * stream, so it ends only after its listing was held back. */
+  cfg.buffer_bytes = 4096;
+  cfg.chunk_bytes = 2 * WT_BYTES;
+  cfg.heartbeat_ms = LP_INTERVAL_MS;
+  cr_assert_eq(ferry__worker_start(&s.w, &cfg, &s.loop, false, &err), 0);
+  cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
+  snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
+
+  /* An answer with a new task: the next heartbeat leaves at once (it
+   * lists the task), not an interval later. */
+  int64_t t_reg = lp_wait(&fake.t_registered, 5000, "registration");
+  int64_t t_listed = lp_wait(&fake.t_listed, 2000, "the task listed");
+  cr_assert_lt(t_listed - t_reg, 1000, "listed %lld ms after registration",
+               (long long)(t_listed - t_reg));
+
+  /* The task ends while that heartbeat is held back: the worker cuts it
+   * short and reports at once. */
+  ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
+  cr_assert_eq(receive_split(st, &f, 3, 25), 13);
+  int64_t t_done = lp_now();
+  int64_t t_fin = lp_wait(&fake.t_finished, 2000, "the finished report");
+  cr_assert_lt(t_fin - t_done, 1000);
+  cr_assert_geq(atomic_load(&fake.cut), 1, "the held call was cancelled");
+  ferry_rpc_stream_cancel(st);
+  ferry_rpc_stream_free(st);
+
+  /* Quit cuts the held heartbeat short too: the final one leaves at
+   * once. */
+  ferry_rpc_channel_free(s.ch);
+  int64_t t_stop = lp_now();
+  ferry__worker_request_stop(&s.w);
+  cr_assert(ferry__whb_join(&s.w, 3000), "the heartbeat thread exits");
+  int64_t t_drain = lp_wait(&fake.t_draining, 1, "draining reported");
+  cr_assert_lt(t_drain - t_stop, 1000, "the final heartbeat took %lld ms",
+               (long long)(t_drain - t_stop));
   ferry_rpc_server_shutdown(disp, fake_done, NULL);
   pthread_join(s.thread, NULL);
   cr_assert(ferry__worker_close(&s.w, 1000));

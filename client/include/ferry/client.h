@@ -53,6 +53,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "ferry/augment.h"
+#include "ferry/dlpack.h"
 #include "ferry/error.h"
 
 /* ferry_next's results besides 0 and errors. */
@@ -79,18 +85,52 @@ typedef struct ferry_client_options_s {
                              (ferry/tfrecord.h) */
   uint32_t batch_size;    /* 0: the spec's batch() */
   bool drop_remainder;    /* drop each epoch's last partial batch */
-  uint32_t prefetch;      /* batches assembled ahead (default 4) */
+  uint32_t prefetch;      /* batches assembled ahead: the staging ring's
+                             depth (default 3) */
   uint32_t splits_in_flight; /* splits held at once (default 8) */
   uint32_t heartbeat_ms;  /* default 250 */
   uint32_t connect_timeout_ms; /* dispatcher answer deadline (default 5000) */
   uint32_t dispatcher_timeout_ms; /* no heartbeat answer for this long fails
                                      the client (default 30000) */
+
+  /* The GPU node path (issue 4). Zero values keep host batches of uint8
+   * images, as without these fields. */
+  bool gpu;               /* stage batches to CUDA device `device`: pinned
+                             host slots, an asynchronous copy and the
+                             augmentation kernel; the batch's `output` is
+                             device memory */
+  int device;             /* CUDA device id (with gpu) */
+  bool device_fallback;   /* gpu but no usable CUDA device: host batches
+                             (augmented by the CPU twin) with a logged
+                             warning, instead of failing */
+  const char *augment;    /* NULL or "": no augmentation; else the
+                             ferry/augment.h text form, e.g.
+                             "flip(horizontal) | rotate(0.1) | zoom(0.1) | "
+                             "rescale(1/255)" */
+  uint64_t augment_seed;  /* with epoch, batch index and image index, the
+                             key of every image's random parameters */
+  ferry_dtype_t dtype;    /* augmented output type (default float32) */
+  ferry_layout_t layout;  /* augmented output layout (default NHWC) */
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial
  * batch), NHWC uint8 images and one int64 label and record id per record
  * (0 when the spec has label(none)). All records of a batch belong to one
- * epoch. Owned by the client; valid until ferry_batch_release. */
+ * epoch. Owned by the client; valid until ferry_batch_release.
+ *
+ * `output` is what the trainer feeds its model:
+ *   - host batches without an augmentation spec: `images` itself (uint8
+ *     NHWC; `raw` is true and dtype/layout say nothing);
+ *   - host batches with a spec: a host buffer of `size` images augmented
+ *     by the CPU twin into `dtype` and `layout`;
+ *   - GPU staging (options.gpu): device memory on CUDA device `device`
+ *     written by the augmentation kernel (an empty spec only converts to
+ *     `dtype` and `layout`). `ready_event` (a cudaEvent_t) is recorded
+ *     after the kernel: make the trainer's stream wait on it
+ *     (cudaStreamWaitEvent) before reading `output`. `images` still points
+ *     at the pinned host copy.
+ * Image i of the batch was augmented with the parameters of
+ * ferry_augment_params(spec, augment_seed, epoch, index, i). */
 typedef struct ferry_batch_s {
   const uint8_t *images;
   const int64_t *labels;
@@ -99,6 +139,12 @@ typedef struct ferry_batch_s {
   uint32_t height, width, channels;
   uint32_t epoch;
   uint64_t index;      /* batch number within the job */
+  const void *output;  /* see above */
+  bool raw;            /* output is the uint8 NHWC images */
+  ferry_dtype_t dtype;
+  ferry_layout_t layout;
+  int device;          /* CUDA device of output, or -1 for host memory */
+  void *ready_event;   /* cudaEvent_t to wait on (GPU staging), else NULL */
 } ferry_batch_t;
 
 typedef struct ferry_client_stats_s {
@@ -122,11 +168,19 @@ typedef struct ferry_client_s ferry_client_t;
  * starts the client's threads. Returns 0, or within connect_timeout_ms an
  * error with `err` naming the cause:
  *   FERRY_ESPEC    the spec text does not parse ("spec: column N: ..."),
+ *                  or the augment text ("augment spec: column N: ..."),
  *                  found before any RPC;
+ *   FERRY_ENOTSUP  gpu is set without device_fallback and no CUDA device
+ *                  can be used (the text says why: a build without CUDA,
+ *                  no device, a driver error), before any RPC;
+ *   FERRY_ETOOSMALL the augmentation cannot apply to the images (rotate
+ *                  or zoom on 1-pixel-wide or -high images);
  *   FERRY_ENOENT   the dispatcher found no file for a pattern, or does not
  *                  know the dataset id (its text names the pattern/file);
  *   FERRY_EINVAL   missing options, no batch size (neither batch_size nor
- *                  a batch() stage), or a request the dispatcher refused;
+ *                  a batch() stage), a device id beyond the devices
+ *                  present, an unknown dtype or layout, or a request the
+ *                  dispatcher refused;
  *   FERRY_ESHAPE   the images have no fixed shape (JPEG without resize);
  *   FERRY_EGRPC_*  the dispatcher was unreachable or failed
  *                  ("dispatcher HOST:PORT unreachable within N ms").
@@ -140,17 +194,50 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
  * FERRY_END (the job is over), FERRY_ETIMEDOUT, or an error whose message
  * carries a worker's or the dispatcher's text (e.g. the file and byte
  * offset of a corrupt record under policy fail; the dispatcher out of
- * reach for dispatcher_timeout_ms). Errors other than FERRY_ETIMEDOUT are
- * final: every later call returns the same. At most `prefetch` batches
- * may be held unreleased: asking for another fails with FERRY_EINVAL.
- * Waits on a condition variable (no polling); the time spent inside
- * counts as the trainer's wait in the stats. */
+ * reach for dispatcher_timeout_ms, a failed augmentation or CUDA call).
+ * Errors other than FERRY_ETIMEDOUT are final: every later call returns
+ * the same. At most `prefetch` batches may be held unreleased: asking for
+ * another fails with FERRY_EINVAL. Waits on a condition variable (no
+ * polling); the time spent inside counts as the trainer's wait in the
+ * stats (including an augmentation that ferry_next had to run itself
+ * because no reader had done it yet). */
 int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
                ferry_error_t *err);
 
 /* Returns a batch's memory to the client (batches may be released in any
- * order). NULL is ignored. */
+ * order). NULL is ignored. With GPU staging the client may overwrite the
+ * batch's device buffers as soon as this returns: the trainer's device
+ * work that reads `output` must be finished (e.g. its stream
+ * synchronised), or use ferry_batch_release_after. */
 void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch);
+
+/* ferry_batch_release for work still queued: the client's next write into
+ * the batch's device buffers waits (on the device, not the host) for
+ * everything enqueued on `stream` (a cudaStream_t; NULL is the legacy
+ * default stream) before this call. The same as ferry_batch_release for
+ * host batches. */
+void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
+                               void *stream);
+
+/* Exports a held batch's `output` as a DLPack tensor without a copy:
+ * shape (size, height, width, channels) for NHWC and raw batches, (size,
+ * channels, height, width) for NCHW; strides NULL (compact row-major);
+ * dtype uint8 (raw), float32, float16 or bfloat16; device kDLCPU (host
+ * batches) or kDLCUDA with the batch's device id.
+ *
+ * Ownership: the tensor takes over the trainer's hold on the batch. The
+ * trainer must not call ferry_batch_release on it any more; the consumer
+ * (PyTorch's from_dlpack, JAX, CuPy) calls the tensor's deleter exactly
+ * once when it is done, which releases the batch as
+ * ferry_batch_release_after(c, batch, NULL) does (ordered after the
+ * legacy default stream: a consumer on another stream must synchronise
+ * it first). The DLManagedTensor and its shape are the batch slot's own
+ * (no allocation) and are valid until the deleter runs, which must happen
+ * before ferry_client_free. With GPU staging the consumer must wait on
+ * `ready_event` first (DLPack carries no event). A batch can be exported
+ * once: a second call fails with FERRY_EINVAL, as does a batch not held. */
+int ferry_batch_to_dlpack(ferry_client_t *c, const ferry_batch_t *batch,
+                          DLManagedTensor **out);
 
 /* Counters since ferry_client_new; `records` counts records handed out
  * (a remainder dropped under drop_remainder is not). */
@@ -165,5 +252,9 @@ uint64_t ferry_client_id(const ferry_client_t *c);
  * streams, joins the threads and frees everything, batches included.
  * Takes at most about 2 s with an unreachable dispatcher. NULL is fine. */
 void ferry_client_free(ferry_client_t *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* FERRY_CLIENT_H */
