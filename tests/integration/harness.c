@@ -24,6 +24,7 @@
 extern char **environ;
 
 static hx_proc_t procs[HX_MAX_PROCS];
+static bool forgotten[HX_MAX_PROCS]; /* slots hx_forget handed back */
 static int nprocs;
 static char tmpdir[256];
 static bool atexit_set;
@@ -186,8 +187,10 @@ void hx_dump_logs(void) {
 void hx_reap_all(void) {
   if (getenv("FERRY_IT_LOGS") != NULL)
     hx_dump_logs();
-  for (int i = 0; i < nprocs; i++)
+  for (int i = 0; i < nprocs; i++) {
     reap_proc(&procs[i]);
+    forgotten[i] = false;
+  }
   nprocs = 0;
   if (tmpdir[0] != '\0') {
     if (getenv("FERRY_IT_KEEP") == NULL)
@@ -201,11 +204,14 @@ void hx_reap_all(void) {
 int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
              int wait_ms, char *why, size_t why_len) {
   *out = NULL;
-  if (nprocs == HX_MAX_PROCS) {
+  int slot = 0;
+  while (slot < nprocs && !forgotten[slot])
+    slot++;
+  if (slot == HX_MAX_PROCS) {
     snprintf(why, why_len, "too many processes");
     return -1;
   }
-  hx_proc_t *p = &procs[nprocs];
+  hx_proc_t *p = &procs[slot];
   memset(p, 0, sizeof(*p));
   p->out_fd = -1;
   snprintf(p->name, sizeof(p->name), "%s", name);
@@ -251,7 +257,9 @@ int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
   }
   p->pid = pid;
   p->out_fd = fds[0];
-  nprocs++;
+  if (slot == nprocs)
+    nprocs++;
+  forgotten[slot] = false;
   note_pid(pid);
 
   /* The listening line, bounded by wait_ms. */
@@ -370,6 +378,16 @@ int hx_stop(hx_proc_t *p, int sig, int wait_ms, double *elapsed_ms) {
   return st;
 }
 
+void hx_forget(hx_proc_t *p) {
+  if (p == NULL || p < procs || p >= procs + nprocs || p->pid > 0)
+    return;
+  if (p->out_fd >= 0)
+    close(p->out_fd);
+  memset(p, 0, sizeof(*p));
+  p->out_fd = -1;
+  forgotten[p - procs] = true;
+}
+
 /* ---- Status over gRPC ---------------------------------------------------- */
 
 int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
@@ -480,11 +498,19 @@ static int64_t label_of(int file, int rec) { return (file * 7 + rec) % 10; }
 int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
                     int per_file, int h, int w, int c) {
   memset(ds, 0, sizeof(*ds));
-  if (nfiles > HX_MAX_FILES)
+  if (nfiles < 1)
     return -1;
+  ds->files = calloc((size_t)nfiles, sizeof(ds->files[0]));
+  ds->offsets = calloc((size_t)nfiles, sizeof(ds->offsets[0]));
+  if (ds->files == NULL || ds->offsets == NULL) {
+    hx_dataset_free(ds);
+    return -1;
+  }
   snprintf(ds->dir, sizeof(ds->dir), "%s/%s", hx_tmpdir(), sub);
-  if (mkdir(ds->dir, 0755) != 0 && errno != EEXIST)
+  if (mkdir(ds->dir, 0755) != 0 && errno != EEXIST) {
+    hx_dataset_free(ds);
     return -1;
+  }
   snprintf(ds->glob, sizeof(ds->glob), "%s/data-*.tfrecord", ds->dir);
   ds->nfiles = nfiles;
   ds->per_file = per_file;
@@ -544,10 +570,14 @@ fail:
 }
 
 void hx_dataset_free(hx_dataset_t *ds) {
-  for (int f = 0; f < HX_MAX_FILES; f++) {
+  /* Only the files hx_make_dataset got to have offsets (calloc'ed: the
+   * rest are NULL). */
+  for (int f = 0; ds->offsets != NULL && f < ds->nfiles; f++)
     free(ds->offsets[f]);
-    ds->offsets[f] = NULL;
-  }
+  free(ds->offsets);
+  free(ds->files);
+  ds->offsets = NULL;
+  ds->files = NULL;
 }
 
 int hx_corrupt_record(hx_dataset_t *ds, int file, int rec) {

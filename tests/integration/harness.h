@@ -20,8 +20,9 @@
 #include "ferry/client.h"
 #include "ferry/error.h"
 
-#define HX_MAX_PROCS 16
-#define HX_MAX_FILES 16
+/* Daemons registered at once: bench_trainer runs a dispatcher and up to
+ * 64 workers (hx_forget frees the slots of stopped ones). */
+#define HX_MAX_PROCS 72
 
 /* A started daemon. */
 typedef struct hx_proc_s {
@@ -52,9 +53,9 @@ typedef struct hx_dataset_s {
   char glob[600];
   int nfiles, per_file;
   int h, w, c;
-  char files[HX_MAX_FILES][600];
+  char (*files)[600]; /* nfiles paths */
   /* Byte offset of every record, per file (per_file entries each). */
-  uint64_t *offsets[HX_MAX_FILES];
+  uint64_t **offsets;
   /* Records whose data CRC was corrupted (excluded from the expected
    * ids under policy skip). */
   uint64_t corrupt[64];
@@ -98,6 +99,12 @@ int hx_start_worker(hx_proc_t **out, const char *dispatcher,
  * be NULL). */
 int hx_stop(hx_proc_t *p, int sig, int wait_ms, double *elapsed_ms);
 
+/* Frees the slot of a process that hx_stop has reaped, so that a later
+ * hx_spawn may reuse it: for programs that start more daemons over their
+ * life than HX_MAX_PROCS. `p` must not be used afterwards; NULL or a
+ * process still running is left alone. */
+void hx_forget(hx_proc_t *p);
+
 /* SIGKILLs and reaps every daemon still running, closes their pipes, and
  * removes the temporary directory. Idempotent. */
 void hx_reap_all(void);
@@ -116,7 +123,8 @@ void hx_dump_logs(void);
  * at most `wait_ms`. Returns the number seen last. */
 int hx_wait_workers(const char *dispatcher, int n, int wait_ms);
 
-/* Writes a dataset into a fresh directory under hx_tmpdir(). */
+/* Writes a dataset into a fresh directory under hx_tmpdir(), any number
+ * of files. Free it with hx_dataset_free. */
 int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
                     int per_file, int h, int w, int c);
 void hx_dataset_free(hx_dataset_t *ds);

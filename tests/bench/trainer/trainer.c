@@ -5,10 +5,11 @@
  * wall time spent inside ferry_next, for several worker counts. With
  * enough workers the stall stays below 3%: the GPU is kept ~97% busy.
  *
- * It starts a local cluster (build/dispatcher/ferry-dispatcher and N
- * build/worker/ferry-worker processes, stopped with SIGTERM and a bounded
- * wait) or uses one given with --dispatcher, and writes its dataset with
- * Ferry's TFRecord writer: Examples with image (raw 32x32x3), label, id.
+ * It starts a local cluster (ferry-dispatcher and N ferry-worker
+ * processes from this build, stopped with SIGTERM and a bounded wait) or
+ * uses one given with --dispatcher, and writes its dataset with Ferry's
+ * TFRecord writer: Examples with image (raw 32x32x3), label, id. Both are
+ * the integration tests' harness (tests/integration/harness.h).
  *
  *   bench_trainer [--workers 1,2] [--step-ms 10] [--batches 300] ...
  *   bench_trainer --quick       a short smoke run (ctest bench/trainer-quick)
@@ -16,23 +17,16 @@
  * Prints a table and "bench trainer: ok" on success.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "ferry/client.h"
 #include "ferry/error.h"
-#include "ferry/tfrecord.h"
-
-extern char **environ;
+#include "ferry/rpc.h"
+#include "harness.h"
 
 #define IMG_H 32
 #define IMG_W 32
@@ -55,7 +49,7 @@ static struct {
   int files, records_per_file;
   const char *pipeline; /* the stages after decode */
   const char *augment;  /* client-side augmentation (CPU twin) */
-  const char *bin_dir;  /* the build tree */
+  const char *bin_dir;  /* a build tree, or NULL: this one */
   int heartbeat_ms;     /* the daemons' and the client's */
 } opt = {
     .workers = {1, 2},
@@ -69,7 +63,6 @@ static struct {
     .records_per_file = 4096,
     .heartbeat_ms = 100,
     .pipeline = "dilate(3) | blur(11, 0.8)",
-    .bin_dir = FERRY_BUILD_DIR,
 };
 
 static void usage(void) {
@@ -89,6 +82,7 @@ static void usage(void) {
       "  --augment TEXT      client-side augmentation (CPU twin)\n"
       "  --dispatcher H:P    use a running cluster (one run, its workers)\n"
       "  --bin-dir DIR       build tree with dispatcher/ and worker/\n"
+      "                      (default: the one bench_trainer was built in)\n"
       "  --quick             a short smoke run: 1 worker, 40 batches\n");
 }
 
@@ -189,196 +183,8 @@ static int parse_args(int argc, char **argv) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- Dataset ------------------------------------------------------------ */
-
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-static size_t varint_len(uint64_t v) {
-  uint8_t tmp[10];
-  return put_varint(tmp, v);
-}
-
-/* One map entry of Features: key -> Feature holding one int64 or one
- * bytes value, written in the protobuf wire format by hand. */
-static size_t put_entry(uint8_t *p, const char *key, const uint8_t *bytes,
-                        size_t blen, uint64_t ival) {
-  size_t klen = strlen(key);
-  /* Feature: bytes_list = 1 {value = 1} or int64_list = 3 {packed 1}. */
-  size_t inner = bytes != NULL ? 1 + varint_len(blen) + blen
-                               : 1 + varint_len(varint_len(ival)) +
-                                     varint_len(ival);
-  size_t feature = 1 + varint_len(inner) + inner;
-  size_t entry = 1 + varint_len(klen) + klen + 1 + varint_len(feature) +
-                 feature;
-  size_t n = 0;
-  p[n++] = 0x0a; /* Features.feature = 1 (map entry) */
-  n += put_varint(p + n, entry);
-  p[n++] = 0x0a; /* key */
-  n += put_varint(p + n, klen);
-  memcpy(p + n, key, klen);
-  n += klen;
-  p[n++] = 0x12; /* value: Feature */
-  n += put_varint(p + n, feature);
-  if (bytes != NULL) {
-    p[n++] = 0x0a; /* bytes_list */
-    n += put_varint(p + n, inner);
-    p[n++] = 0x0a;
-    n += put_varint(p + n, blen);
-    memcpy(p + n, bytes, blen);
-    n += blen;
-  } else {
-    p[n++] = 0x1a; /* int64_list */
-    n += put_varint(p + n, inner);
-    p[n++] = 0x0a; /* packed values */
-    n += put_varint(p + n, varint_len(ival));
-    n += put_varint(p + n, ival);
-  }
-  return n;
-}
-
-/* Example { features = 1 { image, label, id } }. */
-static size_t make_example(uint8_t *buf, const uint8_t *img, uint64_t label,
-                           uint64_t id) {
-  uint8_t body[IMG_BYTES + 256];
-  size_t n = 0;
-  n += put_entry(body + n, "image", img, IMG_BYTES, 0);
-  n += put_entry(body + n, "label", NULL, 0, label);
-  n += put_entry(body + n, "id", NULL, 0, id);
-  size_t m = 0;
-  buf[m++] = 0x0a;
-  m += put_varint(buf + m, n);
-  memcpy(buf + m, body, n);
-  return m + n;
-}
-
-static int write_dataset(const char *dir) {
-  uint8_t img[IMG_BYTES], rec[IMG_BYTES + 512];
-  uint64_t id = 0, x = 0x9E3779B97F4A7C15ull;
-  for (int f = 0; f < opt.files; f++) {
-    char path[4096];
-    ferry_tfr_writer_t *w;
-    ferry_error_t err = {0};
-    snprintf(path, sizeof(path), "%s/train-%03d.tfrecord", dir, f);
-    if (ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err) != 0) {
-      fprintf(stderr, "bench_trainer: %s\n", err.msg);
-      return -1;
-    }
-    for (int r = 0; r < opt.records_per_file; r++, id++) {
-      for (int i = 0; i < IMG_BYTES; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        img[i] = (uint8_t)(x >> 56);
-      }
-      size_t len = make_example(rec, img, id % 10, id);
-      if (ferry_tfr_writer_write(w, rec, len, &err) != 0) {
-        fprintf(stderr, "bench_trainer: %s\n", err.msg);
-        ferry_tfr_writer_close(w, NULL);
-        return -1;
-      }
-    }
-    if (ferry_tfr_writer_close(w, &err) != 0) {
-      fprintf(stderr, "bench_trainer: %s\n", err.msg);
-      return -1;
-    }
-  }
-  return 0;
-}
-
-/* ---- Daemons ------------------------------------------------------------ */
-
-typedef struct proc_s {
-  pid_t pid;
-  int out_fd;
-  char address[256];
-} proc_t;
-
-/* Starts argv with stdout on a pipe and stderr in `log`, and waits up to
- * 10 s for its "... listening on HOST:PORT" line. */
-static int spawn_daemon(proc_t *p, char *const argv[], const char *log) {
-  int fds[2];
-  posix_spawn_file_actions_t fa;
-  memset(p, 0, sizeof(*p));
-  p->pid = -1;
-  if (pipe(fds) != 0)
-    return -1;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  int rc = posix_spawn(&p->pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (rc != 0) {
-    fprintf(stderr, "bench_trainer: cannot start %s: %s\n", argv[0],
-            strerror(rc));
-    close(fds[0]);
-    p->pid = -1;
-    return -1;
-  }
-  p->out_fd = fds[0];
-  char line[512];
-  size_t n = 0;
-  double deadline = now_s() + 10;
-  while (now_s() < deadline && n < sizeof(line) - 1) {
-    struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
-    if (poll(&pfd, 1, 100) <= 0)
-      continue;
-    ssize_t k = read(p->out_fd, line + n, 1);
-    if (k <= 0)
-      break;
-    if (line[n] == '\n') {
-      line[n] = '\0';
-      const char *at = strstr(line, "listening on ");
-      if (at != NULL) {
-        snprintf(p->address, sizeof(p->address), "%s", at + 13);
-        return 0;
-      }
-      n = 0;
-      continue;
-    }
-    n++;
-  }
-  fprintf(stderr, "bench_trainer: %s did not say where it listens (log: "
-                  "%s)\n", argv[0], log);
-  return -1;
-}
-
-/* SIGTERM, then up to 5 s for it to exit, then SIGKILL. */
-static void stop_daemon(proc_t *p) {
-  if (p->pid <= 0)
-    return;
-  kill(p->pid, SIGTERM);
-  double deadline = now_s() + 5;
-  int st;
-  while (waitpid(p->pid, &st, WNOHANG) == 0) {
-    if (now_s() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &st, 0);
-      break;
-    }
-    struct timespec ts = {0, 10 * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  if (p->out_fd > 0)
-    close(p->out_fd);
-  p->pid = -1;
-}
+/* Seconds on the monotonic clock. */
+static double now_s(void) { return hx_now_ms() / 1e3; }
 
 /* ---- The trainer -------------------------------------------------------- */
 
@@ -457,40 +263,41 @@ static int train(const char *dispatcher, const char *spec, result_t *r) {
   return 0;
 }
 
-/* One run with n local workers (or the given cluster when n is 0). */
-static int run(const char *root, const char *spec, int n, result_t *r) {
-  proc_t d = {.pid = -1}, w[64];
-  char bin[4096], log[4096], wd[4096], threads[16], hb[16];
+/* One run with n local workers (or the given cluster when n is 0). The
+ * daemons get their own defaults but for the heartbeat and threads. */
+static int run(const char *spec, int n, result_t *r) {
+  hx_proc_t *d = NULL, *w[64] = {NULL};
+  hx_daemon_opts_t o = {.heartbeat_ms = opt.heartbeat_ms,
+                        .worker_timeout_ms = 10000,
+                        .client_timeout_ms = 10000,
+                        .threads = opt.threads,
+                        .buffer_bytes = 256ull << 20};
+  char why[512];
   int rc = -1, started = 0;
   r->workers = n;
   if (opt.dispatcher != NULL)
     return train(opt.dispatcher, spec, r);
-  snprintf(wd, sizeof(wd), "%s/dispatcher-%d", root, n);
-  mkdir(wd, 0755);
-  snprintf(bin, sizeof(bin), "%s/dispatcher/ferry-dispatcher", opt.bin_dir);
-  snprintf(log, sizeof(log), "%s/dispatcher-%d.log", root, n);
-  snprintf(hb, sizeof(hb), "%d", opt.heartbeat_ms);
-  char *dargv[] = {bin, "--port", "0", "--host", "127.0.0.1", "--work-dir",
-                   wd, "--heartbeat-ms", hb, NULL};
-  if (spawn_daemon(&d, dargv, log) != 0)
+  if (hx_start_dispatcher(&d, &o, why, sizeof(why)) != 0) {
+    fprintf(stderr, "bench_trainer: %s\n", why);
     goto out;
-  snprintf(bin, sizeof(bin), "%s/worker/ferry-worker", opt.bin_dir);
-  snprintf(threads, sizeof(threads), "%d", opt.threads);
-  for (; started < n; started++) {
-    snprintf(log, sizeof(log), "%s/worker-%d-%d.log", root, n, started);
-    char *wargv[] = {bin, "--dispatcher", d.address, "--port", "0",
-                     "--host", "127.0.0.1", "--threads", threads,
-                     "--heartbeat-ms", hb, NULL};
-    if (spawn_daemon(&w[started], wargv, log) != 0) {
-      started++;
+  }
+  for (; started < n; started++)
+    if (hx_start_worker(&w[started], d->addr, &o, why, sizeof(why)) != 0) {
+      fprintf(stderr, "bench_trainer: %s\n", why);
       goto out;
     }
-  }
-  rc = train(d.address, spec, r);
+  /* Measure with every worker registered, not while the last ones join. */
+  if (hx_wait_workers(d->addr, n, 10000) < n)
+    fprintf(stderr, "bench_trainer: %d worker(s) did not register\n", n);
+  else
+    rc = train(d->addr, spec, r);
 out:
-  for (int i = 0; i < started; i++)
-    stop_daemon(&w[i]);
-  stop_daemon(&d);
+  for (int i = 0; i < n; i++) {
+    hx_stop(w[i], SIGTERM, 5000, NULL);
+    hx_forget(w[i]);
+  }
+  hx_stop(d, SIGTERM, 5000, NULL);
+  hx_forget(d);
   return rc;
 }
 
@@ -498,21 +305,29 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv) != 0)
     return 2;
   signal(SIGPIPE, SIG_IGN);
-  char root[] = "/tmp/ferry-trainer-XXXXXX";
-  if (mkdtemp(root) == NULL) {
-    perror("bench_trainer: mkdtemp");
+  /* The harness finds the daemons through these when they are set. */
+  char bin[4096];
+  if (opt.bin_dir != NULL) {
+    snprintf(bin, sizeof(bin), "%s/dispatcher/ferry-dispatcher", opt.bin_dir);
+    setenv("FERRY_IT_DISPATCHER", bin, 1);
+    snprintf(bin, sizeof(bin), "%s/worker/ferry-worker", opt.bin_dir);
+    setenv("FERRY_IT_WORKER", bin, 1);
+  }
+  /* One gRPC initialisation for the whole run, not one per status poll
+   * and client. */
+  ferry_rpc_init();
+  printf("bench_trainer: dataset %d x %d records of %dx%dx%d in %s/train\n",
+         opt.files, opt.records_per_file, IMG_H, IMG_W, IMG_C, hx_tmpdir());
+  hx_dataset_t ds;
+  if (hx_make_dataset(&ds, "train", opt.files, opt.records_per_file, IMG_H,
+                      IMG_W, IMG_C) != 0) {
+    fprintf(stderr, "bench_trainer: cannot write the dataset in %s\n",
+            hx_tmpdir());
     return 1;
   }
-  printf("bench_trainer: dataset %d x %d records of %dx%dx%d in %s\n",
-         opt.files, opt.records_per_file, IMG_H, IMG_W, IMG_C, root);
-  if (write_dataset(root) != 0)
-    return 1;
   char spec[8192];
-  snprintf(spec, sizeof(spec),
-           "tfrecord(\"%s/train-*.tfrecord\") | decode(raw, %d, %d, %d)%s%s "
-           "| batch(%d)",
-           root, IMG_H, IMG_W, IMG_C, opt.pipeline[0] ? " | " : "",
-           opt.pipeline, opt.batch);
+  hx_spec(&ds, opt.pipeline, opt.batch, spec, sizeof(spec));
+  hx_dataset_free(&ds);
   printf("spec: %s\n", spec);
   if (opt.augment != NULL)
     printf("augment (client, CPU twin): %s\n", opt.augment);
@@ -525,9 +340,9 @@ int main(int argc, char **argv) {
   int runs = opt.dispatcher != NULL ? 1 : opt.n_workers;
   for (int i = 0; i < runs; i++) {
     int n = opt.dispatcher != NULL ? 0 : opt.workers[i];
-    if (run(root, spec, n, &res[nres]) != 0) {
+    if (run(spec, n, &res[nres]) != 0) {
       fprintf(stderr, "bench_trainer: the run with %d worker(s) failed "
-                      "(logs in %s)\n", n, root);
+                      "(logs in %s)\n", n, hx_tmpdir());
       failed = 1;
       break;
     }
@@ -554,13 +369,13 @@ int main(int argc, char **argv) {
            "%s)\n", 100 * best->stall, best->workers,
            best->stall < 0.03 ? "PASS" : "MISS");
   }
-  if (failed)
+  ferry_rpc_shutdown();
+  /* hx_reap_all (at exit) removes the temporary directory, but keeps the
+   * logs of a failed run. */
+  if (failed) {
+    setenv("FERRY_IT_KEEP", "1", 1);
     return 1;
-  /* The dataset is removed; logs of a failed run are kept. */
-  char cmd[4200];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-  if (system(cmd) != 0)
-    fprintf(stderr, "bench_trainer: could not remove %s\n", root);
+  }
   printf("bench trainer: ok\n");
   return 0;
 }
