@@ -76,6 +76,8 @@ echo
 echo "== trainer: 2 epochs of $spec"
 "$build/client/examples/ferry-example-trainer" --dispatcher "$dispatcher" \
   --spec "$spec" --epochs 2 --job-name demo
+echo "(this trainer does no work per batch, so it spends its time waiting;"
+echo " tests/bench/trainer measures the stall with a simulated training step)"
 
 echo
 echo "== cluster status"

@@ -170,10 +170,17 @@ static void print_text(FILE *out, const Ferry__V1__GetStatusResponse *st,
     else
       fprintf(out, "%" PRId64 "\n", j->num_epochs);
     fputs("    ", out);
-    print_bar(out, j->delivered, j->total);
-    fprintf(out, "  %" PRIu64 " of %" PRIu64 " records this epoch, %" PRIu64
-                 " in all\n",
-            j->delivered, j->total, j->delivered_all);
+    if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED) {
+      /* The epoch counter has moved past the last epoch: show the job. */
+      print_bar(out, 1, 1);
+      fprintf(out, "  every epoch delivered, %" PRIu64 " records in all\n",
+              j->delivered_all);
+    } else {
+      print_bar(out, j->delivered, j->total);
+      fprintf(out, "  %" PRIu64 " of %" PRIu64 " records this epoch, %" PRIu64
+                   " in all\n",
+              j->delivered, j->total, j->delivered_all);
+    }
     fprintf(out, "    dataset %s  skipped %" PRIu64 "\n",
             j->dataset_id ? j->dataset_id : "", j->skipped);
     for (size_t k = 0; k < j->n_skipped_by_file; k++)
