@@ -142,6 +142,12 @@ int ferry__chunk_parse(ferry__chunk_parser_t *p, const ferry__src_t *src,
     uint64_t key, v = 0, len = 0;
     if ((rc = read_varint(p, src, &pos, &key, err)) != 0)
       return rc;
+    /* Tags are 32-bit varints: at most 5 bytes, as in protobuf-c and the
+     * Example parser (fuzz_chunk cross-checks with protobuf-c). */
+    if (pos - at > 5)
+      return ferry__seterr(err, FERRY_EVARINT,
+                           "chunk: byte offset %zu: tag longer than 5 bytes",
+                           at);
     uint32_t field = (uint32_t)(key >> 3), wt = (uint32_t)(key & 7);
     if (field == 0 || key >> 3 > 0x1fffffff)
       return ferry__seterr(err, FERRY_EINVAL,

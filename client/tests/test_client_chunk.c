@@ -155,6 +155,11 @@ Test(client_chunk, malformed_fields) {
       {(const uint8_t[]){0x7a, 0x80, 0x01, 1, 2}, 5, FERRY_EOVERRUN},
       /* field number 0. */
       {(const uint8_t[]){0x00, 0x01}, 2, FERRY_EINVAL},
+      /* a 6-byte tag (an unknown fixed64 field written overlong): found by
+       * fuzz_chunk, refused by protobuf-c too. */
+      {(const uint8_t[]){0xa9, 0xff, 0xa5, 0xff, 0x8d, 0x00, 0, 0, 0, 0, 0, 0,
+                         0, 0},
+       14, FERRY_EVARINT},
       /* two labels for one record. */
       {(const uint8_t[]){0x30, 1, 0x38, 1, 0x40, 1, 0x48, 1, 0x52, 2, 1, 2,
                          0x7a, 1, 7},
