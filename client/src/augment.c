@@ -228,7 +228,9 @@ static int parse_factor(parser *p, const char *op, float *out) {
     return rc;
   if (!(v >= 0.0 && v < 1.0))
     return spec_err(p, pos, "%s factor %g is outside [0, 1)", op, v);
-  *out = (float)v;
+  /* -0 is 0 (the op is off); + 0.0 makes it +0 so the spec has one
+   * form (fuzz_augment compares specs bit for bit after a round trip). */
+  *out = (float)v + 0.0f;
   /* A factor just below 1 must not round up to 1 in float. */
   if (*out >= 1.0f)
     *out = 0.99999994f;

@@ -229,6 +229,19 @@ static void parse_fails(const char *text, const char *needle) {
   cr_assert(s.flip == FERRY_FLIP_NONE && s.rotate == 0 && !s.rescale);
 }
 
+Test(augment_spec, negative_zero_is_zero) {
+  /* Found by fuzz_augment: "rotate(-0)" parsed to -0.0f, formatted as no
+   * rotate at all, and read back as +0.0f: two forms of one spec. */
+  ferry_augment_spec_t s;
+  ferry_error_t err;
+  ferry_augment_spec_init(&s);
+  cr_assert_eq(ferry_augment_spec_parse("rotate(-0) | zoom(-0.0)", &s, &err),
+               0, "%s", err.msg);
+  cr_assert_not(signbit(s.rotate));
+  cr_assert_not(signbit(s.zoom));
+  ferry_augment_spec_close(&s);
+}
+
 Test(augment_spec, errors_name_the_column) {
   parse_fails("flip(horizontal) | rotate(1.5)", "column 27: rotate factor");
   parse_fails("rotate(-0.1)", "column 8: rotate factor -0.1 is outside");
