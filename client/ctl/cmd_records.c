@@ -1,14 +1,10 @@
 /* ferryctl records inspect|index: look inside TFRecord files and write
  * DALI-compatible index files.
  *
- * inspect reads each file with the reader's SKIP policy so that one bad
- * record does not hide the next. The reader keeps only the most recent bad
- * record's error, so the loop watches the skip counter after every call:
- * when it grows, the records skipped lie between the end of the previous
- * good record and the current one, which gives the first bad record's
- * offset exactly. When a run holds one record, its error is the reader's
- * last_bad; for longer runs the first record is read again on its own to
- * learn its error, and the last one's is last_bad. */
+ * inspect reads each file with the reader's SKIP policy, so that one bad
+ * record does not hide the next, and lists every bad record the reader
+ * reports through its on_skip callback.
+ */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,15 +17,12 @@
 #include "ferry/options.h"
 #include "ferry/tfrecord.h"
 
-#define FRAMING_BYTES 16u
 #define MAX_KEYS 4096       /* distinct keys tracked per file */
 #define MAX_ERRORS 100000   /* error entries kept per file and kind */
 #define SHOW_NUMBERS 8      /* numbers shown per feature */
 #define SHOW_BYTES 3        /* bytes values shown per feature */
 #define TEXT_PREFIX 40      /* printable prefix of a bytes value */
 #define HEX_PREFIX 16       /* hex prefix of a binary bytes value */
-#define MAX_PROBES 64       /* re-reads of bad runs per file */
-#define UNKNOWN_OFFSET UINT64_MAX
 
 static const char records_usage[] =
     "usage: ferryctl records inspect FILE... [options]\n"
@@ -83,12 +76,11 @@ static const ferry_compression_t compression_of_choice[] = {
     FERRY_COMPRESSION_AUTO, FERRY_COMPRESSION_NONE, FERRY_COMPRESSION_GZIP,
     FERRY_COMPRESSION_ZLIB};
 
-/* One bad record (or run of bad records) or one malformed Example. */
+/* One bad record or one malformed Example. */
 typedef struct problem_s {
-  uint64_t offset; /* byte offset of the record, or UNKNOWN_OFFSET */
-  uint64_t index;  /* record slot number, or UNKNOWN_OFFSET */
-  uint64_t count;  /* bad records this entry stands for */
-  int code;       /* 0: an entry standing for errors not kept */
+  uint64_t offset; /* byte offset of the record */
+  uint64_t index;  /* record slot number */
+  int code;
   char *msg;
 } problem_t;
 
@@ -128,13 +120,13 @@ typedef struct file_report_s {
   uint32_t *slots;     /* hash table of indices + 1 into keys */
   size_t n_slots;
   uint64_t untracked_keys; /* occurrences of keys past MAX_KEYS */
-  unsigned probes;         /* bad runs read again (MAX_PROBES) */
+  int skip_rc;             /* < 0: recording a bad record failed */
   saved_record_t *shown;
   size_t n_shown;
 } file_report_t;
 
 static int problems_add(problems_t *p, uint64_t offset, uint64_t index,
-                        uint64_t count, int code, const char *msg) {
+                        int code, const char *msg) {
   if (p->n == MAX_ERRORS) {
     p->dropped++;
     return 0;
@@ -150,7 +142,7 @@ static int problems_add(problems_t *p, uint64_t offset, uint64_t index,
   char *m = ferry__strdup(msg);
   if (m == NULL)
     return FERRY_ENOMEM;
-  p->v[p->n++] = (problem_t){offset, index, count, code, m};
+  p->v[p->n++] = (problem_t){offset, index, code, m};
   return 0;
 }
 
@@ -277,73 +269,13 @@ static int count_features(file_report_t *f, const ferry_example_t *ex,
   return 0;
 }
 
-/* The offset a reader message names ("... at byte offset N: ..."), or
- * UNKNOWN_OFFSET. */
-static uint64_t offset_in_message(const char *msg) {
-  const char *p = strstr(msg, "offset ");
-  if (p == NULL)
-    return UNKNOWN_OFFSET;
-  p += 7;
-  if (*p < '0' || *p > '9')
-    return UNKNOWN_OFFSET;
-  return strtoull(p, NULL, 10);
-}
-
-/* Reads the first bad record at `offset` again, alone and under policy
- * FAIL, to learn its own error (the skipping reader only kept the last
- * one of the run). Returns the error code, or 0 if it could not tell. */
-static int probe_bad(const file_report_t *f, const inspect_opts_t *o,
-                     uint64_t offset, uint64_t slot, ferry_error_t *err) {
-  ferry_tfr_options_t ro;
-  ferry_tfr_options_init(&ro);
-  ro.compression = f->compression;
-  ro.max_record_len = o->max_record_bytes;
-  ro.on_error = FERRY_ON_ERROR_FAIL;
-  ro.start_offset = offset;
-  ro.start_index = slot;
-  ro.max_records = 1;
-  ferry_tfr_reader_t *r = NULL;
-  if (ferry_tfr_reader_open(f->path, &ro, &r, NULL) < 0)
-    return 0;
-  ferry_record_t rec;
-  int rc = ferry_tfr_reader_next(r, &rec, err);
-  ferry_tfr_reader_free(r);
-  return rc < 0 && rc != FERRY_EOF ? rc : 0;
-}
-
-/* Records a run of `count` bad records starting at `offset` (slot `slot`)
- * whose last error is `last`. */
-static int add_bad_run(file_report_t *f, const inspect_opts_t *o,
-                       uint64_t offset, uint64_t slot, uint64_t count,
-                       const ferry_error_t *last) {
-  if (count == 1)
-    return problems_add(&f->bad, offset, slot, 1, last->code, last->msg);
-  ferry_error_t first;
-  ferry_error_clear(&first);
-  int code = 0;
-  if (f->probes < MAX_PROBES) {
-    f->probes++;
-    code = probe_bad(f, o, offset, slot, &first);
-  }
-  int rc;
-  if (code < 0)
-    rc = problems_add(&f->bad, offset, slot, 1, code, first.msg);
-  else
-    rc = problems_add(&f->bad, offset, slot, 1, 0,
-                      "bad record (its own error was not kept)");
-  if (rc < 0)
-    return rc;
-  if (count > 2) {
-    char msg[160];
-    snprintf(msg, sizeof(msg), "%llu more bad records (their errors were "
-             "not kept)", (unsigned long long)(count - 2));
-    rc = problems_add(&f->bad, UNKNOWN_OFFSET, UNKNOWN_OFFSET, count - 2, 0,
-                      msg);
-    if (rc < 0)
-      return rc;
-  }
-  return problems_add(&f->bad, offset_in_message(last->msg),
-                      slot + count - 1, 1, last->code, last->msg);
+/* The reader's on_skip callback: one bad record. */
+static void on_bad_record(const ferry_error_t *err, uint64_t offset,
+                          uint64_t index, void *arg) {
+  file_report_t *f = arg;
+  int rc = problems_add(&f->bad, offset, index, err->code, err->msg);
+  if (rc < 0 && f->skip_rc == 0)
+    f->skip_rc = rc;
 }
 
 /* Reads one file into `f`. Returns 0, or FERRY_ENOMEM. Problems with the
@@ -355,6 +287,8 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
   ro.on_error = FERRY_ON_ERROR_SKIP;
   ro.max_record_len = o->max_record_bytes;
   ro.compression = compression_of_choice[o->compression];
+  ro.on_skip = on_bad_record;
+  ro.on_skip_arg = f;
 
   ferry_tfr_reader_t *r = NULL;
   int rc = ferry_tfr_reader_open(f->path, &ro, &r, &f->open_err);
@@ -363,25 +297,15 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
     return 0;
   }
   f->compression = ferry_tfr_reader_compression(r);
-  uint64_t pos = 0, skipped = 0;
   ferry_error_t err;
   ferry_error_clear(&err);
   int out = 0;
   for (;;) {
     ferry_record_t rec;
     rc = ferry_tfr_reader_next(r, &rec, &err);
-    ferry_tfr_stats_t st;
-    ferry_tfr_reader_stats(r, &st);
-    if (st.skipped > skipped) {
-      out = add_bad_run(f, o, pos, f->records + skipped,
-                        st.skipped - skipped, &st.last_bad);
-      if (out < 0)
-        break;
-      skipped = st.skipped;
-      /* A stream error that the reader also counted is reported once. */
-      if (rc < 0 && rc != FERRY_EOF && st.last_bad.code == rc &&
-          strcmp(st.last_bad.msg, err.msg) == 0)
-        rc = FERRY_EOF;
+    if (f->skip_rc < 0) {
+      out = f->skip_rc;
+      break;
     }
     if (rc == FERRY_EOF)
       break;
@@ -390,7 +314,6 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
       f->fatal_err = err;
       break;
     }
-    pos = rec.offset + rec.len + FRAMING_BYTES;
     f->records++;
     f->bytes += rec.len;
     if (f->n_shown < (size_t)o->show) {
@@ -412,7 +335,7 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
       break;
     }
     if (rc < 0) {
-      out = problems_add(&f->malformed, rec.offset, rec.index, 1, rc,
+      out = problems_add(&f->malformed, rec.offset, rec.index, rc,
                          err.msg);
       if (out < 0)
         break;
@@ -423,7 +346,9 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
     if (out < 0)
       break;
   }
-  f->skipped = skipped;
+  ferry_tfr_stats_t st;
+  ferry_tfr_reader_stats(r, &st);
+  f->skipped = st.skipped;
   ferry_tfr_reader_free(r);
   return out;
 }
@@ -536,27 +461,14 @@ static void print_values(FILE *out, const ferry_feature_t *ft, bool json) {
   }
 }
 
-static void json_u64_or_null(FILE *out, uint64_t v) {
-  if (v == UNKNOWN_OFFSET)
-    fputs("null", out);
-  else
-    fprintf(out, "%llu", (unsigned long long)v);
-}
-
 static void json_problems(FILE *out, const problems_t *p) {
   putc('[', out);
   for (size_t i = 0; i < p->n; i++) {
     const problem_t *e = &p->v[i];
-    fputs(i ? ",\n      {\"offset\": " : "\n      {\"offset\": ", out);
-    json_u64_or_null(out, e->offset);
-    fputs(", \"record\": ", out);
-    json_u64_or_null(out, e->index);
-    fprintf(out, ", \"count\": %llu, \"error\": ",
-            (unsigned long long)e->count);
-    if (e->code == 0)
-      fputs("null", out);
-    else
-      fprintf(out, "\"%s\"", ferry_err_name(e->code));
+    fprintf(out,
+            "%s{\"offset\": %llu, \"record\": %llu, \"error\": \"%s\"",
+            i ? ",\n      " : "\n      ", (unsigned long long)e->offset,
+            (unsigned long long)e->index, ferry_err_name(e->code));
     fputs(", \"message\": ", out);
     ferryctl_json_string(out, e->msg, strlen(e->msg));
     putc('}', out);
@@ -649,13 +561,8 @@ static void text_report(FILE *out, const file_report_t *f,
   fprintf(out, "  bad records: %llu\n", (unsigned long long)f->skipped);
   for (size_t i = 0; i < f->bad.n; i++) {
     const problem_t *e = &f->bad.v[i];
-    if (e->offset == UNKNOWN_OFFSET)
-      fputs("    offset unknown: ", out);
-    else
-      fprintf(out, "    offset %llu: ", (unsigned long long)e->offset);
-    if (e->code != 0)
-      fprintf(out, "%s: ", ferry_err_name(e->code));
-    fprintf(out, "%s\n", e->msg);
+    fprintf(out, "    offset %llu: %s: %s\n", (unsigned long long)e->offset,
+            ferry_err_name(e->code), e->msg);
   }
   if (f->bad.dropped)
     fprintf(out, "    ... and %llu more not listed\n",

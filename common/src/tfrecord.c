@@ -545,6 +545,14 @@ static bool is_record_error(int code) {
          code == FERRY_ETOOLONG || code == FERRY_ECOMPRESS;
 }
 
+/* Counts a skipped bad record at r->pos (policy SKIP) and reports it. */
+static void note_skip(ferry_tfr_reader_t *r, const ferry_error_t *e) {
+  r->stats.skipped++;
+  r->stats.last_bad = *e;
+  if (r->opts.on_skip != NULL)
+    r->opts.on_skip(e, r->pos, r->next_index, r->opts.on_skip_arg);
+}
+
 static int fail(ferry_tfr_reader_t *r, int code, const ferry_error_t *e,
                 ferry_error_t *err) {
   r->sticky = code;
@@ -593,8 +601,7 @@ int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
     if (r->opts.on_error == FERRY_ON_ERROR_FAIL || !is_record_error(rc))
       return fail(r, rc, &e, err);
 
-    r->stats.skipped++;
-    r->stats.last_bad = e;
+    note_skip(r, &e);
     switch (rc) {
     case FERRY_EDATACRC:
       r->pos += r->bad_len + FRAMING_LEN;
@@ -610,8 +617,7 @@ int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
       }
       if (rc == FERRY_ECOMPRESS) {
         /* The stream broke while scanning: one more bad stretch. */
-        r->stats.skipped++;
-        r->stats.last_bad = e;
+        note_skip(r, &e);
         r->done = true;
         return FERRY_EOF;
       }

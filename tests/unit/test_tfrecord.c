@@ -1157,3 +1157,60 @@ Test(tfrecord_conformance, dali_extra_indices_parse) {
     ferry_free(v);
   }
 }
+
+/* on_skip reports every skipped record, consecutive ones included, with its
+ * own code, byte offset and index (what `ferryctl records inspect` lists). */
+typedef struct skips_s {
+  int n;
+  int code[8];
+  uint64_t offset[8], index[8];
+} skips_t;
+
+static void note_skipped(const ferry_error_t *err, uint64_t offset,
+                         uint64_t index, void *arg) {
+  skips_t *s = arg;
+  if (s->n < 8) {
+    s->code[s->n] = err->code;
+    s->offset[s->n] = offset;
+    s->index[s->n] = index;
+  }
+  s->n++;
+}
+
+Test(tfrecord, on_skip_reports_each_bad_record, .init = make_tmpdir,
+     .fini = remove_tmpdir) {
+  size_t len;
+  uint8_t *b = good_file(&len);
+  skips_t s = {0};
+  ferry_tfr_options_t o = opts_with(FERRY_COMPRESSION_AUTO,
+                                    FERRY_ON_ERROR_SKIP);
+  ferry_tfr_reader_t *r;
+  ferry_record_t rec;
+  ferry_error_t err;
+  int good = 0;
+  /* Records 1 and 2 have bad data CRCs, record 4 a bad length CRC. */
+  b[1 * BAD_REC + 12 + BAD_SZ] ^= 0x01;
+  b[2 * BAD_REC + 12 + BAD_SZ] ^= 0x01;
+  b[4 * BAD_REC + 9] ^= 0x40;
+  spit3("skips.tfrecord", b, len);
+  o.on_skip = note_skipped;
+  o.on_skip_arg = &s;
+  cr_assert_eq(ferry_tfr_reader_open(tpath("skips.tfrecord.gz"), &o, &r,
+                                     &err),
+               0, "%s", err.msg);
+  while (ferry_tfr_reader_next(r, &rec, &err) == 0)
+    good++;
+  ferry_tfr_reader_free(r);
+  cr_assert_eq(good, 2);
+  cr_assert_eq(s.n, 3);
+  cr_assert_eq(s.code[0], FERRY_EDATACRC);
+  cr_assert_eq(s.offset[0], 1 * BAD_REC);
+  cr_assert_eq(s.index[0], 1);
+  cr_assert_eq(s.code[1], FERRY_EDATACRC);
+  cr_assert_eq(s.offset[1], 2 * BAD_REC);
+  cr_assert_eq(s.index[1], 2);
+  cr_assert_eq(s.code[2], FERRY_ELENCRC);
+  cr_assert_eq(s.offset[2], 4 * BAD_REC);
+  cr_assert_eq(s.index[2], 4);
+  free(b);
+}

@@ -38,6 +38,13 @@ typedef struct ferry_tfr_options_s {
                               seek; compressed: decompress and discard) */
   uint64_t start_index;    /* index the first record is numbered with */
   uint64_t max_records;    /* stop after this many; 0 = no limit */
+  /* Policy SKIP: called for every bad record skipped, in file order, on
+   * the reader's thread, with its error (code, and a message naming the
+   * file and byte offset), its byte offset and its record index. NULL: no
+   * call (the count and the last error are in the stats). */
+  void (*on_skip)(const ferry_error_t *err, uint64_t offset, uint64_t index,
+                  void *arg);
+  void *on_skip_arg;
 } ferry_tfr_options_t;
 
 /* Fills `opts` with the defaults above. */
