@@ -1600,6 +1600,39 @@ out:
   return rc;
 }
 
+/* Re-leases the rows the client asks to restart: it lost records of them
+ * in transit (a broken stream to a live worker), so their lease cannot
+ * complete. Only a row still bound to the client, not done, leased, and
+ * at the lease the client names: a restart for an older lease (a retried
+ * or delayed request, after the re-lease it asked for) is stale. As for
+ * a lost worker, the new lease starts at `delivered` with lease + 1; the
+ * old task is cancelled by the worker's next heartbeat diff. */
+static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
+                         const Ferry__V1__ClientHeartbeatRequest *req) {
+  if (!j->started || !RUNNING(j))
+    return;
+  for (size_t i = 0; i < req->n_progress; i++) {
+    const Ferry__V1__SplitProgress *p = req->progress[i];
+    int64_t r;
+    row_t *row;
+    if (!p->restart || p->epoch != j->epoch)
+      continue;
+    if ((r = row_index(j, p->split, p->worker_id)) < 0)
+      continue;
+    row = &j->rows[r];
+    if (row->client != client || row->done || row->worker == 0 ||
+        row->lease != p->lease)
+      continue;
+    FERRY_LOG(FERRY_LOG_INFO,
+              "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split "
+              "%u (lease %" PRIu64 ") from %" PRIu64, j->id, client,
+              j->epoch, row->split, row->lease, row->delivered);
+    recount(d);
+    if (bind_row(d, j, (uint32_t)r, client, worker_for(d, j, row)) != 0)
+      return;
+  }
+}
+
 static int fill_workers(ferry_disp_t *d, Ferry__V1__ClientHeartbeatResponse *r,
                         ferry_arena_t *a) {
   r->workers = ferry__arena_alloc(a, (d->nworkers + 1) * sizeof(void *));
@@ -1702,6 +1735,8 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
   }
   if (c->active)
     record_progress(d, j, c->id, req);
+  if (c->active && !req->leaving)
+    restart_rows(d, j, c->id, req);
   if (req->leaving && c->active)
     emit_client_left(d, j, c->id, false);
   schedule(d);

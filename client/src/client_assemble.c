@@ -179,6 +179,61 @@ static void kick_locked(ferry_client_t *c) {
   pthread_cond_signal(&c->hb_cv);
 }
 
+/* ---- Restarts ---------------------------------------------------------- */
+
+/* Asks for a restart of split `s` at `lease` unless one was already asked
+ * for that lease or a newer one (once per lease generation), or the lease
+ * is older than one the client already knows (a superseded lease's loss
+ * does not matter). */
+static void mark_restart_locked(ferry_client_t *c, ferry__split_t *s,
+                                uint64_t lease) {
+  if (lease < s->lease || lease <= s->restart_lease)
+    return;
+  s->lease = lease;
+  s->restart_lease = lease;
+  s->restart = FERRY__RESTART_PENDING;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "client: epoch %u split %u: records of lease %llu lost in "
+            "transit; asking for a restart from %llu", s->epoch, s->split,
+            (unsigned long long)lease, (unsigned long long)s->delivered);
+  kick_locked(c);
+}
+
+void ferry__client_restart_worker_locked(ferry_client_t *c,
+                                         uint64_t worker_id) {
+  for (size_t i = 0; i < c->n_splits; i++) {
+    ferry__split_t *s = &c->splits[i];
+    if (s->assigned && s->worker_id == worker_id && !fully_received(s))
+      mark_restart_locked(c, s, s->lease);
+  }
+}
+
+size_t ferry__client_progress_locked(ferry_client_t *c,
+                                     Ferry__V1__SplitProgress *prog,
+                                     Ferry__V1__SplitProgress **pp) {
+  for (size_t i = 0; i < c->n_splits; i++) {
+    ferry__split_t *s = &c->splits[i];
+    ferry__v1__split_progress__init(&prog[i]);
+    prog[i].epoch = s->epoch;
+    prog[i].split = s->split;
+    prog[i].delivered = s->delivered;
+    prog[i].worker_id = s->worker_id;
+    if (s->restart == FERRY__RESTART_PENDING) {
+      prog[i].restart = true;
+      prog[i].lease = s->restart_lease;
+      s->restart = FERRY__RESTART_SENT;
+    }
+    pp[i] = &prog[i];
+  }
+  return c->n_splits;
+}
+
+void ferry__client_restart_unsent_locked(ferry_client_t *c) {
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (c->splits[i].restart == FERRY__RESTART_SENT)
+      c->splits[i].restart = FERRY__RESTART_PENDING;
+}
+
 /* ---- Slots ------------------------------------------------------------- */
 
 static void close_fill_locked(ferry_client_t *c) {
@@ -293,13 +348,19 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
   }
   bool was_received = fully_received(s);
   if (ch->first > s->received) {
-    FERRY_LOG(FERRY_LOG_WARN,
+    /* A gap: records in between were lost in transit (a stream that
+     * broke while its worker went on), so this lease cannot complete the
+     * split: ask the dispatcher for a new one from `delivered`. */
+    FERRY_LOG(FERRY_LOG_DEBUG,
               "client: epoch %u split %u: chunk at position %llu but %llu "
               "expected; dropped", ch->epoch, ch->split,
               (unsigned long long)ch->first,
               (unsigned long long)s->received);
+    mark_restart_locked(c, s, ch->lease);
     goto out;
   }
+  if (ch->lease > s->lease)
+    s->lease = ch->lease;
   if (ch->last) {
     s->has_total = true;
     s->total = ch->first + ch->count;
@@ -401,6 +462,12 @@ void ferry__client_apply_heartbeat(
     }
     s->assigned = true;
     s->worker_id = a->worker_id;
+    if (a->lease > s->lease)
+      s->lease = a->lease;
+    /* The restart asked for came: the new lease replays from delivered
+     * and the received count drops what was already taken. */
+    if (s->restart != FERRY__RESTART_NONE && a->lease > s->restart_lease)
+      s->restart = FERRY__RESTART_NONE;
     /* A total from the split's last chunk wins: under policy skip it is
      * below the scan's count. */
     if (a->num_records > 0 && !s->has_total) {

@@ -198,9 +198,17 @@ static void *reader_main(void *arg) {
     if (rc != 0) {
       /* A lost worker is the dispatcher's business: it re-leases the
        * splits, and the next heartbeat reopens a stream if needed. */
-      if (rc != FERRY_EOF && !w->stop && !c->stopping)
+      if (rc != FERRY_EOF && !w->stop && !c->stopping) {
         FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
                   e.msg);
+        /* If the worker is alive it goes on with later chunks on the
+         * reopened stream: what was in flight is lost for good, so its
+         * leases of our splits must start again from delivered. */
+        pthread_mutex_lock(&c->mu);
+        ferry__client_restart_worker_locked(
+            c, __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED));
+        pthread_mutex_unlock(&c->mu);
+      }
       break;
     }
     ferry__src_from_msg(&src, &msg);
@@ -384,16 +392,7 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   prog = ferry__calloc(n ? n : 1, sizeof(*prog));
   pp = ferry__calloc(n ? n : 1, sizeof(*pp));
   if (prog != NULL && pp != NULL) {
-    for (size_t i = 0; i < n; i++) {
-      const ferry__split_t *s = &c->splits[i];
-      ferry__v1__split_progress__init(&prog[i]);
-      prog[i].epoch = s->epoch;
-      prog[i].split = s->split;
-      prog[i].delivered = s->delivered;
-      prog[i].worker_id = s->worker_id;
-      pp[i] = &prog[i];
-    }
-    req.n_progress = n;
+    req.n_progress = ferry__client_progress_locked(c, prog, pp);
     req.progress = pp;
     uint32_t held = ferry__client_held_locked(c);
     req.want_splits = leaving || held >= c->opts.splits_in_flight
@@ -415,8 +414,13 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   rc = ferry_rpc_unary(c->dch, M_HEARTBEAT, buf, len, deadline_ms, 0, &reply,
                        &reply_len, err);
   ferry__free(buf);
-  if (rc != 0)
+  if (rc != 0) {
+    /* The dispatcher may not have seen the restarts: ask again. */
+    pthread_mutex_lock(&c->mu);
+    ferry__client_restart_unsent_locked(c);
+    pthread_mutex_unlock(&c->mu);
     return rc;
+  }
   *out = ferry__v1__client_heartbeat_response__unpack(&pb_allocator,
                                                       reply_len, reply);
   ferry__free(reply);

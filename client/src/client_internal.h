@@ -98,6 +98,14 @@ typedef struct ferry__split_s {
   uint64_t received;  /* next position expected (reserved in a slot) */
   uint64_t delivered; /* records handed to the trainer */
   bool assigned;      /* listed in the latest heartbeat answer */
+  uint64_t lease;     /* the newest lease generation seen (answer, chunk) */
+  /* Restart (records lost in transit: the lease cannot complete): asked
+   * for lease `restart_lease`, once per lease generation. PENDING goes
+   * out with the next heartbeat, which makes it SENT (back to PENDING if
+   * that heartbeat failed); an answer with a newer lease ends it. */
+  uint64_t restart_lease;
+  enum { FERRY__RESTART_NONE = 0, FERRY__RESTART_PENDING,
+         FERRY__RESTART_SENT } restart;
 } ferry__split_t;
 
 /* A run of records of one split inside a batch slot. */
@@ -303,6 +311,24 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
  * batch). Takes the lock. */
 void ferry__client_apply_heartbeat(ferry_client_t *c,
                                    const Ferry__V1__ClientHeartbeatResponse *r);
+
+/* Marks every split the worker holds for the client and has not fully
+ * received for a restart at its current lease (its stream broke: records
+ * in flight are lost) and wakes the heartbeat thread. Lock held. */
+void ferry__client_restart_worker_locked(ferry_client_t *c,
+                                         uint64_t worker_id);
+
+/* Fills the heartbeat's progress: prog[i] for every split entry, pp[i]
+ * pointing at it (both hold c->n_splits entries); returns the count. A
+ * pending restart goes out here (restart, lease) and becomes sent, so
+ * each lease generation is restarted once. Lock held. */
+size_t ferry__client_progress_locked(ferry_client_t *c,
+                                     Ferry__V1__SplitProgress *prog,
+                                     Ferry__V1__SplitProgress **pp);
+
+/* The heartbeat that carried the sent restarts failed: they are pending
+ * again. Lock held. */
+void ferry__client_restart_unsent_locked(ferry_client_t *c);
 
 /* Fails the client (first failure wins) and wakes every waiter. Lock
  * held. */

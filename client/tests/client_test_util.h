@@ -35,6 +35,7 @@ typedef struct tu_chunk_opts_s {
   const char *error;
   bool no_labels;
   bool payload_first; /* the payload field before the header fields */
+  uint64_t lease;     /* 0: lease 3 */
 } tu_chunk_opts_t;
 
 /* Builds a Chunk message in a ferry__malloc'd buffer. */
@@ -50,7 +51,7 @@ static inline uint8_t *tu_chunk(const tu_chunk_opts_t *o, size_t *len) {
   m.job_id = 7;
   m.epoch = o->epoch;
   m.split = o->split;
-  m.lease = 3;
+  m.lease = o->lease ? o->lease : 3;
   m.first = o->first;
   m.count = o->count;
   m.height = o->h;

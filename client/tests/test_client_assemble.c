@@ -518,3 +518,154 @@ Test(client_assemble, chunks_of_a_finished_epoch_are_dropped) {
   cr_assert_eq(next_rc(c), FERRY_END, "a late copy was delivered again");
   ferry_client_free(c);
 }
+
+/* Feeds one chunk of lease `lease` (worker 1). */
+static void feed_lease(ferry_client_t *c, uint32_t split, uint64_t lease,
+                       uint64_t first, uint32_t count, bool last) {
+  tu_chunk_opts_t o = {.split = split, .first = first, .count = count,
+                       .h = H, .w = W, .c = C, .last = last, .lease = lease};
+  size_t len;
+  uint8_t *buf = tu_chunk(&o, &len);
+  tu_slices_t t;
+  ferry__src_t src;
+  ferry__chunk_parser_t p;
+  ferry__chunk_t ch;
+  ferry_error_t err = {0};
+  tu_slices_init(&t, buf, len, 7);
+  tu_src(&src, &t);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
+  ch.worker_id = 1;
+  cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), 0);
+  ferry__chunk_parser_close(&p);
+  tu_slices_close(&t);
+  ferry__free(buf);
+}
+
+/* An answer assigning epoch 0's `split` (10 records) to worker 1 at
+ * `lease`. */
+static void beat_lease(ferry_client_t *c, uint32_t split, uint64_t lease,
+                       bool exhausted) {
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Assignment a = FERRY__V1__ASSIGNMENT__INIT, *pa = &a;
+  a.split = split;
+  a.num_records = 10;
+  a.worker_id = 1;
+  a.lease = lease;
+  r.epoch_exhausted = exhausted;
+  r.n_assignments = 1;
+  r.assignments = &pa;
+  r.error = (char *)"";
+  ferry__client_apply_heartbeat(c, &r);
+}
+
+/* The progress a heartbeat would send now for the one split entry. */
+static Ferry__V1__SplitProgress progress1(ferry_client_t *c) {
+  Ferry__V1__SplitProgress prog[1], *pp[1];
+  pthread_mutex_lock(&c->mu);
+  cr_assert_eq(c->n_splits, 1);
+  cr_assert_eq(ferry__client_progress_locked(c, prog, pp), 1);
+  cr_assert_eq(pp[0], &prog[0]);
+  pthread_mutex_unlock(&c->mu);
+  return prog[0];
+}
+
+Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
+  ferry_client_t *c = local(4, 4, false);
+  Ferry__V1__SplitProgress p;
+  beat_lease(c, 2, 3, false);
+  feed_lease(c, 2, 3, 0, 4, false);
+  ferry_batch_release(c, take(c, 4, 0));
+  p = progress1(c);
+  cr_assert_not(p.restart, "no gap yet");
+  cr_assert_eq(p.delivered, 4);
+
+  /* Positions 4 and 5 were lost in transit; the worker went on. */
+  c->hb_kick = false;
+  feed_lease(c, 2, 3, 6, 2, false);
+  cr_assert_eq(ferry__client_split(c, 0, 2)->received, 4, "gap dropped");
+  cr_assert(c->hb_kick, "a restart wakes the heartbeat thread");
+  p = progress1(c);
+  cr_assert(p.restart);
+  cr_assert_eq(p.lease, 3);
+  cr_assert_eq(p.delivered, 4);
+  cr_assert_eq(p.split, 2);
+  /* Once per lease generation: more of the gap asks nothing more. */
+  feed_lease(c, 2, 3, 8, 2, true);
+  p = progress1(c);
+  cr_assert_not(p.restart, "restart sent once");
+
+  /* The heartbeat failed: the dispatcher may not have it, so it goes out
+   * again. */
+  pthread_mutex_lock(&c->mu);
+  ferry__client_restart_unsent_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  p = progress1(c);
+  cr_assert(p.restart);
+  cr_assert_eq(p.lease, 3);
+
+  /* The answer brings lease 4 (from the dispatcher's delivered, which
+   * lags: 2); the restart is over. */
+  beat_lease(c, 2, 4, true);
+  cr_assert_eq(ferry__client_split(c, 0, 2)->restart, FERRY__RESTART_NONE);
+  pthread_mutex_lock(&c->mu);
+  ferry__client_restart_unsent_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  cr_assert_not(progress1(c).restart);
+  /* A late chunk of the old lease past the gap asks for nothing. */
+  feed_lease(c, 2, 3, 9, 1, true);
+  cr_assert_not(progress1(c).restart);
+  cr_assert_eq(ferry__client_split(c, 0, 2)->received, 4);
+
+  /* The new lease replays from 2: 2 and 3 are dropped, 4..9 taken once. */
+  feed_lease(c, 2, 4, 2, 5, false);
+  feed_lease(c, 2, 4, 7, 3, true);
+  const ferry_batch_t *b1 = take(c, 4, 0), *b2 = take(c, 2, 0);
+  for (uint32_t r = 0; r < 4; r++)
+    cr_assert_eq(b1->ids[r], tu_id(2, 4 + r));
+  for (uint32_t r = 0; r < 2; r++)
+    cr_assert_eq(b2->ids[r], tu_id(2, 8 + r));
+  ferry_batch_release(c, b1);
+  ferry_batch_release(c, b2);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  ferry__split_t *s = ferry__client_split(c, 0, 2);
+  cr_assert_eq(s->received, 10);
+  cr_assert_eq(s->delivered, 10);
+  cr_assert_not(progress1(c).restart);
+  ferry_client_free(c);
+}
+
+Test(client_assemble, a_broken_stream_restarts_the_workers_open_splits) {
+  ferry_client_t *c = local(4, 4, false);
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Assignment a[3], *pa[3];
+  for (size_t i = 0; i < 3; i++) {
+    ferry__v1__assignment__init(&a[i]);
+    a[i].split = (uint32_t)i;
+    a[i].num_records = 4;
+    a[i].worker_id = i == 2 ? 9 : 1; /* split 2 is on another worker */
+    a[i].lease = 5 + i;
+    pa[i] = &a[i];
+  }
+  r.n_assignments = 3;
+  r.assignments = pa;
+  r.error = (char *)"";
+  ferry__client_apply_heartbeat(c, &r);
+  feed_lease(c, 0, 5, 0, 4, true); /* split 0 fully received */
+  pthread_mutex_lock(&c->mu);
+  ferry__client_restart_worker_locked(c, 1);
+  cr_assert_eq(ferry__client_split(c, 0, 0)->restart, FERRY__RESTART_NONE,
+               "nothing of a fully received split is lost");
+  cr_assert_eq(ferry__client_split(c, 0, 1)->restart,
+               FERRY__RESTART_PENDING);
+  cr_assert_eq(ferry__client_split(c, 0, 1)->restart_lease, 6);
+  cr_assert_eq(ferry__client_split(c, 0, 2)->restart, FERRY__RESTART_NONE,
+               "another worker's split");
+  cr_assert(c->hb_kick);
+  pthread_mutex_unlock(&c->mu);
+  const ferry_batch_t *b = take(c, 4, 0);
+  ferry_batch_release(c, b);
+  ferry_client_free(c);
+}

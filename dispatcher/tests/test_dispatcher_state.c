@@ -593,6 +593,154 @@ Test(dispatcher, lost_worker_rows_are_released_from_delivered) {
   }
 }
 
+/* A client heartbeat restarting one split at `lease` after acknowledging
+ * `delivered` of it. */
+static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
+                                                  uint64_t job,
+                                                  uint64_t client,
+                                                  uint32_t split,
+                                                  uint64_t delivered,
+                                                  uint64_t lease,
+                                                  int64_t now) {
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__SplitProgress p = FERRY__V1__SPLIT_PROGRESS__INIT, *pp = &p;
+  Ferry__V1__ClientHeartbeatResponse *resp;
+  ferry_error_t err = {0};
+  p.split = split;
+  p.delivered = delivered;
+  p.restart = true;
+  p.lease = lease;
+  req.job_id = job;
+  req.client_id = client;
+  req.progress = &pp;
+  req.n_progress = 1;
+  resp = ferry__arena_alloc(&fx_arena, sizeof(*resp));
+  ferry__v1__client_heartbeat_response__init(resp);
+  cr_assert_eq(ferry__disp_client_heartbeat(d, &req, resp, &fx_arena, now,
+                                            &err),
+               0, "%s", err.msg);
+  return resp;
+}
+
+static const Ferry__V1__Assignment *
+assignment_of(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
+  for (size_t i = 0; i < c->n_assignments; i++)
+    if (c->assignments[i]->split == split)
+      return c->assignments[i];
+  cr_assert_fail("split %u not assigned", split);
+  return NULL;
+}
+
+Test(dispatcher, restart_releases_from_delivered) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  const Ferry__V1__Assignment *as;
+  uint32_t split_a = 0, split_b = 0;
+  size_t before;
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  for (size_t i = 0; i < 2; i++)
+    if (c->assignments[i]->worker_id == a->worker_id)
+      split_a = c->assignments[i]->split;
+    else
+      split_b = c->assignments[i]->split;
+  {
+    fx_task_t t = TASK(j->job_id, 0, split_a, 1);
+    a = fx_worker(D, a->worker_id, "a", &t, 1, false, 10);
+    cr_assert_eq(a->n_cancelled, 0);
+  }
+  /* The client lost records of split_a in transit after taking 4. */
+  c = restart(D, j->job_id, j->client_id, split_a, 4, 1, 20);
+  as = assignment_of(c, split_a);
+  cr_assert_eq(as->lease, 2, "a restart is a new lease");
+  cr_assert_neq(as->worker_id, 0);
+  cr_assert_eq(assignment_of(c, split_b)->lease, 1, "other rows unchanged");
+  /* The holder's next heartbeat cancels the old task and (a tie: the
+   * lowest id, the same worker) starts the new one at delivered. */
+  cr_assert_eq(as->worker_id, a->worker_id);
+  {
+    fx_task_t t = TASK(j->job_id, 0, split_a, 1);
+    a = fx_worker(D, a->worker_id, "a", &t, 1, false, 30);
+    cr_assert_eq(a->n_cancelled, 1);
+    cr_assert_eq(a->cancelled[0]->split, split_a);
+    cr_assert_eq(a->cancelled[0]->lease, 1);
+    cr_assert_eq(a->n_new_tasks, 1);
+    cr_assert_eq(a->new_tasks[0]->split->index, split_a);
+    cr_assert_eq(a->new_tasks[0]->lease, 2);
+    cr_assert_eq(a->new_tasks[0]->start, 4, "resumes at delivered");
+    cr_assert_eq(a->new_tasks[0]->client_id, j->client_id);
+  }
+  /* A stale restart (the old lease, e.g. a retried request) changes
+   * nothing and commits nothing. */
+  before = fx_entries.n;
+  c = restart(D, j->job_id, j->client_id, split_a, 4, 1, 40);
+  cr_assert_eq(assignment_of(c, split_a)->lease, 2);
+  cr_assert_eq(fx_entries.n, before, "a stale restart is not journaled");
+  /* Nor does a restart of a row not bound to the client. */
+  {
+    Ferry__V1__GetOrCreateJobResponse *o = fx_job(D, id, "", DIST, 1, FAIL,
+                                                  40);
+    before = fx_entries.n;
+    restart(D, o->job_id, o->client_id, split_a, 0, 2, 40);
+    cr_assert_eq(fx_entries.n, before, "another client's restart");
+  }
+  /* A restart at the current lease re-leases again, to the least loaded
+   * worker: b (1 task) ties with a (1 task): a, the lowest id. */
+  c = restart(D, j->job_id, j->client_id, split_a, 6, 2, 50);
+  as = assignment_of(c, split_a);
+  cr_assert_eq(as->lease, 3);
+  cr_assert_eq(as->worker_id, a->worker_id);
+  cr_assert_gt(fx_entries.n, before);
+
+  /* Replaying the journal gives the same state: the restart is an
+   * ordinary Assign entry. */
+  {
+    ferry_disp_config_t cfg;
+    ferry_disp_t *r;
+    ferry_error_t err = {0};
+    uint8_t *sa, *sb;
+    size_t la, lb;
+    Ferry__V1__WorkerHeartbeatResponse *wa, *wr;
+    ferry__disp_config_init(&cfg);
+    cfg.worker_timeout_ms = cfg.client_timeout_ms = 1000;
+    cfg.job_gc_ms = 5000;
+    cfg.records_per_split = 10;
+    cr_assert_eq(ferry__disp_new(&cfg, 0, &r), 0);
+    for (size_t i = 0; i < fx_entries.n; i++)
+      cr_assert_eq(ferry__disp_apply(r, fx_entries.e[i], fx_entries.len[i],
+                                     60, &err),
+                   0, "entry %zu: %s", i, err.msg);
+    ferry__disp_replayed(r, 60);
+    sa = fx_status_bytes(D, 60, &la);
+    sb = fx_status_bytes(r, 60, &lb);
+    cr_assert_eq(la, lb);
+    cr_assert_arr_eq(sa, sb, la, "replayed status differs from the live one");
+    /* The same worker asks both: the same diff (lease 3 from 6). */
+    {
+      fx_task_t t = TASK(j->job_id, 0, split_a, 2);
+      wa = fx_worker(D, a->worker_id, "a", &t, 1, false, 70);
+      wr = fx_worker(r, a->worker_id, "a", &t, 1, false, 70);
+    }
+    cr_assert_eq(wa->n_cancelled, 1);
+    cr_assert_eq(wr->n_cancelled, 1);
+    cr_assert_eq(wa->n_new_tasks, 1);
+    cr_assert_eq(wr->n_new_tasks, 1);
+    cr_assert_eq(wa->new_tasks[0]->lease, 3);
+    cr_assert_eq(wr->new_tasks[0]->lease, 3);
+    cr_assert_eq(wa->new_tasks[0]->start, 6);
+    cr_assert_eq(wr->new_tasks[0]->start, 6);
+    ferry__disp_free(r);
+  }
+  (void)b;
+}
+
 Test(dispatcher, lost_client_rows_return_to_the_pool) {
   const char *id = dataset(2);
   Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
