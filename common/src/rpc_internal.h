@@ -11,8 +11,9 @@
 #define FERRY__RPC_MAX_ARGS 10
 
 /* Fills `args` (FERRY__RPC_MAX_ARGS entries) from the options, for a
- * server or a client channel: message size limits and keepalive settings
- * that agree with each other. Returns the number of entries used. */
+ * server or a client channel: message size limits, keepalive settings
+ * that agree with each other, and (client channels) a fast reconnect
+ * backoff. Returns the number of entries used. */
 size_t ferry__rpc_channel_args(const ferry_rpc_options_t *opts, bool server,
                                grpc_arg *args);
 

@@ -314,19 +314,30 @@ int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
 
 int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
                         char *why, size_t why_len) {
+  return hx_start_dispatcher_at(out, o, 0, NULL, why, why_len);
+}
+
+int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
+                           int port, const char *work_dir, char *why,
+                           size_t why_len) {
   hx_daemon_opts_t d = {0};
   if (o != NULL)
     d = *o;
-  char hb[16], wt[16], ct[16], wd[600];
+  char hb[16], wt[16], ct[16], pt[16], wd[600];
   snprintf(hb, sizeof(hb), "%d", d.heartbeat_ms ? d.heartbeat_ms : 100);
   snprintf(wt, sizeof(wt), "%d",
            d.worker_timeout_ms ? d.worker_timeout_ms : 2000);
   snprintf(ct, sizeof(ct), "%d",
            d.client_timeout_ms ? d.client_timeout_ms : 5000);
+  snprintf(pt, sizeof(pt), "%d", port);
   static int count;
-  snprintf(wd, sizeof(wd), "%s/dispatcher-%d", hx_tmpdir(), ++count);
+  ++count;
+  if (work_dir != NULL)
+    snprintf(wd, sizeof(wd), "%s", work_dir);
+  else
+    snprintf(wd, sizeof(wd), "%s/dispatcher-%d", hx_tmpdir(), count);
   mkdir(wd, 0755);
-  char *argv[] = {(char *)hx_dispatcher_bin(), "--port", "0", "--host",
+  char *argv[] = {(char *)hx_dispatcher_bin(), "--port", pt, "--host",
                   "127.0.0.1", "--work-dir", wd, "--worker-timeout-ms", wt,
                   "--client-timeout-ms", ct, "--heartbeat-ms", hb, NULL};
   char name[32];

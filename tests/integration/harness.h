@@ -93,6 +93,14 @@ int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
 int hx_start_worker(hx_proc_t **out, const char *dispatcher,
                     const hx_daemon_opts_t *o, char *why, size_t why_len);
 
+/* Starts ferry-dispatcher on `port` (0: any free port) with `work_dir` as
+ * its --work-dir (created if absent; NULL: a fresh directory under
+ * hx_tmpdir()): a dispatcher restarted on the port and journal of one
+ * that died. */
+int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
+                           int port, const char *work_dir, char *why,
+                           size_t why_len);
+
 /* Sends `sig` and waits up to `wait_ms` for the process to exit, then
  * SIGKILLs and reaps it. Returns the wait status (or -1 if it had to be
  * killed) and the time from the signal to the exit in *elapsed_ms (may

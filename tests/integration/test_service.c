@@ -535,3 +535,103 @@ Test(service, leases_do_not_wait_for_heartbeats) {
   free(expected);
   hx_dataset_free(&ds);
 }
+
+/* ---- The dispatcher killed mid-epoch ------------------------------------ */
+
+/* Workers and clients retry a lost dispatcher every 100 ms to 1 s
+ * (rpc_common.c): an epoch over 8 splits finishes well within this. */
+#define RESTART_BUDGET_MS 5000.0
+
+typedef struct restarter_s {
+  uint32_t at;
+  bool done;
+  int port;
+  char work_dir[600];
+  double kill_ms, up_ms;
+  int rc;
+  char why[512];
+} restarter_t;
+
+/* SIGKILLs the dispatcher and starts a new one on its port and journal,
+ * from inside the client's loop: the client, its heartbeat thread and
+ * the workers see the outage with records in flight. */
+static void restart_dispatcher_after(uint32_t batches, void *arg) {
+  restarter_t *r = arg;
+  if (r->done || batches < r->at)
+    return;
+  r->done = true;
+  r->kill_ms = hx_now_ms();
+  hx_stop(D, SIGKILL, 2000, NULL);
+  r->rc = hx_start_dispatcher_at(&D, NULL, r->port, r->work_dir, r->why,
+                                 sizeof(r->why));
+  r->up_ms = hx_now_ms();
+}
+
+/* The journal restores jobs, split tables and leases; the workers' and
+ * the client's heartbeats find the new process on the same address by
+ * themselves, and the epoch still delivers every record once. */
+Test(service, dispatcher_killed_mid_epoch_still_exactly_once) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "data", 8, 1000, 32, 32, 3), 0);
+  restarter_t r = {.at = 3};
+  snprintf(r.work_dir, sizeof(r.work_dir), "%s/dispatcher-journal",
+           hx_tmpdir());
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher_at(&D, NULL, 0, r.work_dir, why,
+                                      sizeof(why)), 0, "%s", why);
+  const char *colon = strrchr(D->addr, ':');
+  cr_assert_not_null(colon, "no port in %s", D->addr);
+  r.port = atoi(colon + 1);
+  cr_assert_gt(r.port, 0, "no port in %s", D->addr);
+  char addr[64];
+  snprintf(addr, sizeof(addr), "%s", D->addr);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(hx_start_worker(&W[i], addr, NULL, why, sizeof(why)), 0,
+                 "%s", why);
+  cr_assert_eq(hx_wait_workers(addr, 2, 10000), 2,
+               "the workers did not register within 10 s");
+  char spec[1024];
+  hx_spec(&ds, NULL, 64, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, addr, spec);
+  o.num_epochs = 2;
+  o.prefetch = 2;
+  /* Two splits of eight at a time: most leases of epoch 0 come from the
+   * restarted dispatcher. */
+  o.splits_in_flight = 2;
+  ferry_client_t *c = new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  for (int epoch = 0; epoch < 2; epoch++) {
+    hx_ids_t got = {0};
+    ferry_error_t err = {0};
+    int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS,
+                              restart_dispatcher_after, &r, &err);
+    cr_assert(r.done, "the epoch ended before the kill (%u batches)",
+              got.batches);
+    cr_assert_eq(r.rc, 0, "cannot restart the dispatcher on port %d: %s",
+                 r.port, r.why);
+    if (rc != FERRY_EPOCH_END)
+      hx_dump_logs();
+    cr_assert_eq(rc, FERRY_EPOCH_END, "epoch %d: after the restart "
+                 "ferry_next returned %d: %s (%zu records)", epoch, rc,
+                 err.msg, got.n);
+    cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why,
+                               sizeof(why)),
+              "epoch %d with the dispatcher restarted: %s", epoch, why);
+    cr_assert(!got.bad_pixels, "record %#llx has wrong pixels",
+              (unsigned long long)got.bad_pixel_id);
+    if (epoch == 0) {
+      double ms = hx_now_ms() - r.kill_ms;
+      cr_log_info("restart took %.0f ms; epoch 0 finished %.0f ms after "
+                  "the kill", r.up_ms - r.kill_ms, ms);
+      cr_assert_lt(ms, RESTART_BUDGET_MS, "epoch 0 finished %.0f ms after "
+                   "the kill", ms);
+    }
+    hx_ids_free(&got);
+  }
+  expect_end(c);
+  ferry_client_free(c);
+  free(expected);
+  hx_dataset_free(&ds);
+}
