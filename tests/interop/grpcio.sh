@@ -6,8 +6,13 @@
 #
 # Usage: grpcio.sh --dispatcher PATH --proto-dir DIR
 # Exits 0 when every check passed, 1 otherwise, 77 (skip) when grpcio,
-# protobuf or protoc is missing.
+# protobuf or protoc is missing or FERRY_SKIP_INTEROP=1.
 set -u
+
+if [ "${FERRY_SKIP_INTEROP:-0}" = 1 ]; then
+  echo "grpcio: skipped: FERRY_SKIP_INTEROP=1"
+  exit 77
+fi
 
 here=$(cd "$(dirname "$0")" && pwd)
 dispatcher=''
