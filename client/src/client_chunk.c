@@ -165,15 +165,23 @@ int ferry__chunk_parse(ferry__chunk_parser_t *p, const ferry__src_t *src,
                              "chunk: byte offset %zu: field %u past the end",
                              at, field);
       break;
-    case 2:
+    case 2: {
+      size_t len_at = pos;
       if ((rc = read_varint(p, src, &pos, &len, err)) != 0)
         return rc;
+      /* Lengths are 32-bit varints too (protobuf-c refuses longer ones;
+       * found by fuzz_chunk). */
+      if (pos - len_at > 5)
+        return ferry__seterr(err, FERRY_EVARINT,
+                             "chunk: byte offset %zu: length longer than 5 "
+                             "bytes", len_at);
       if (len > src->len - pos)
         return ferry__seterr(err, FERRY_EOVERRUN,
                              "chunk: byte offset %zu: field %u length %llu "
                              "past the end", at, field,
                              (unsigned long long)len);
       break;
+    }
     default:
       return ferry__seterr(err, FERRY_EWIRETYPE,
                            "chunk: byte offset %zu: wire type %u", at, wt);

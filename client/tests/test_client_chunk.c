@@ -160,6 +160,9 @@ Test(client_chunk, malformed_fields) {
       {(const uint8_t[]){0xa9, 0xff, 0xa5, 0xff, 0x8d, 0x00, 0, 0, 0, 0, 0, 0,
                          0, 0},
        14, FERRY_EVARINT},
+      /* a 6-byte length (0 written overlong): found by fuzz_chunk. */
+      {(const uint8_t[]){0x72, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}, 7,
+       FERRY_EVARINT},
       /* two labels for one record. */
       {(const uint8_t[]){0x30, 1, 0x38, 1, 0x40, 1, 0x48, 1, 0x52, 2, 1, 2,
                          0x7a, 1, 7},
