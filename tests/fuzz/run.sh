@@ -2,6 +2,10 @@
 # Runs every fuzz target in BUILD_DIR/tests/fuzz for SECONDS each, starting
 # from its seed corpus (copied, so the committed corpus stays as it is).
 # Exits non-zero on the first crash, leak or sanitizer report.
+#
+# The mutation sequence is seeded (FERRY_FUZZ_SEED, default 1), so a run is
+# the prefix of any longer run with the same seed: what CI explores in its
+# minute was explored before landing. Set another seed to explore anew.
 set -euo pipefail
 build=${1:?usage: run.sh BUILD_DIR [SECONDS]}
 seconds=${2:-60}
@@ -15,7 +19,8 @@ for bin in "$build"/tests/fuzz/fuzz_*; do
   mkdir -p "$work/$name"
   if [ -d "$here/corpus/$name" ]; then cp -r "$here/corpus/$name/." "$work/$name/"; fi
   echo "fuzz_$name: ${seconds}s"
-  if ! "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+  if ! "$bin" -seed="${FERRY_FUZZ_SEED:-1}" -max_total_time="$seconds" \
+       -rss_limit_mb=2048 -timeout=10 \
        -print_final_stats=1 -artifact_prefix="$work/crash-$name-" \
        "$work/$name" > "$work/$name.log" 2>&1; then
     tail -n 60 "$work/$name.log"
