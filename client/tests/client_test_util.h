@@ -154,4 +154,30 @@ static inline void tu_src(ferry__src_t *src, const tu_slices_t *t) {
   src->ctx = t;
 }
 
+/* Builds the chunk `o` describes, cuts it into slices of `slice` bytes,
+ * parses it as the stream reader does and hands it to the client as if it
+ * came on the stream of `worker`. Returns the parser's code if it refused
+ * the message, else ferry__client_on_chunk's. */
+static inline int tu_feed(ferry_client_t *c, const tu_chunk_opts_t *o,
+                          uint64_t worker, size_t slice) {
+  size_t len;
+  uint8_t *buf = tu_chunk(o, &len);
+  tu_slices_t t;
+  ferry__src_t src;
+  ferry__chunk_parser_t p;
+  ferry__chunk_t ch;
+  tu_slices_init(&t, buf, len, slice);
+  tu_src(&src, &t);
+  ferry__chunk_parser_init(&p);
+  int rc = ferry__chunk_parse(&p, &src, &ch, NULL);
+  if (rc == 0) {
+    ch.worker_id = worker;
+    rc = ferry__client_on_chunk(c, &ch, &src, NULL);
+  }
+  ferry__chunk_parser_close(&p);
+  tu_slices_close(&t);
+  ferry__free(buf);
+  return rc;
+}
+
 #endif /* FERRY_CLIENT_TEST_UTIL_H */

@@ -30,23 +30,7 @@ static int feed_w(ferry_client_t *c, uint64_t worker, uint32_t epoch,
                   uint32_t split, uint64_t first, uint32_t count, bool last) {
   tu_chunk_opts_t o = {.epoch = epoch, .split = split, .first = first,
                        .count = count, .h = H, .w = W, .c = C, .last = last};
-  size_t len;
-  uint8_t *buf = tu_chunk(&o, &len);
-  tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
-  ferry_error_t err = {0};
-  tu_slices_init(&t, buf, len, 5);
-  tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
-  ch.worker_id = worker;
-  int rc = ferry__client_on_chunk(c, &ch, &src, NULL);
-  ferry__chunk_parser_close(&p);
-  tu_slices_close(&t);
-  ferry__free(buf);
-  return rc;
+  return tu_feed(c, &o, worker, 5);
 }
 
 static int feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
@@ -524,22 +508,7 @@ static void feed_lease(ferry_client_t *c, uint32_t split, uint64_t lease,
                        uint64_t first, uint32_t count, bool last) {
   tu_chunk_opts_t o = {.split = split, .first = first, .count = count,
                        .h = H, .w = W, .c = C, .last = last, .lease = lease};
-  size_t len;
-  uint8_t *buf = tu_chunk(&o, &len);
-  tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
-  ferry_error_t err = {0};
-  tu_slices_init(&t, buf, len, 7);
-  tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
-  ch.worker_id = 1;
-  cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), 0);
-  ferry__chunk_parser_close(&p);
-  tu_slices_close(&t);
-  ferry__free(buf);
+  cr_assert_eq(tu_feed(c, &o, 1, 7), 0);
 }
 
 /* An answer assigning epoch 0's `split` (10 records) to worker 1 at

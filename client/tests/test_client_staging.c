@@ -43,21 +43,7 @@ static void feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
                  uint64_t first, uint32_t count, bool last) {
   tu_chunk_opts_t o = {.epoch = epoch, .split = split, .first = first,
                        .count = count, .h = H, .w = W, .c = C, .last = last};
-  size_t len;
-  uint8_t *buf = tu_chunk(&o, &len);
-  tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
-  ferry_error_t err = {0};
-  tu_slices_init(&t, buf, len, 64);
-  tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), 0);
-  ferry__chunk_parser_close(&p);
-  tu_slices_close(&t);
-  ferry__free(buf);
+  cr_assert_eq(tu_feed(c, &o, 0, 64), 0);
 }
 
 /* A heartbeat answer: split `split` of `epoch` with `total` records, the
