@@ -2,11 +2,16 @@
  *
  * The reader sees its input as one byte stream, the uncompressed TFRecord
  * framing, through window(): "give me `need` bytes from the current
- * offset". Uncompressed input is a memory map or a caller's buffer, so the
- * window is a pointer into it and records are returned without copying.
- * Compressed input is inflated into one buffer that grows to the largest
- * record seen and is then reused, so steady-state reading allocates
- * nothing. */
+ * offset". A caller's buffer is used in place. A file is never mapped: a
+ * file truncated under a mapping kills the process with SIGBUS, so files
+ * are read with pread(2). Uncompressed files go through a sliding read
+ * window (one buffer, refilled in WIN_MIN pieces, grown only for a record
+ * larger than it), and records are returned as pointers into it: no copy
+ * per record beyond the read itself. Compressed input is read in ZIN_BUF
+ * pieces and inflated into one buffer that grows to the largest record
+ * seen. Either way steady-state reading allocates nothing. A file that
+ * ends before the size it had when opened was truncated under the reader:
+ * every message then says so. */
 #include "ferry/tfrecord.h"
 
 #include <fcntl.h>
@@ -15,7 +20,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -33,16 +37,26 @@
 #define ZBUF_MIN (64u << 10)
 /* Input is handed to zlib in pieces that fit its 32-bit counters. */
 #define ZIN_CHUNK (1u << 30)
+/* File input: compressed bytes are read in pieces of this size. */
+#define ZIN_BUF (256u << 10)
+/* File input, uncompressed: the read window's size (pread size). 256 KiB
+ * keeps the window in L2 while the CRC reads what pread just wrote
+ * (docs/PERFORMANCE.md). */
+#define WIN_MIN (256u << 10)
 
 struct ferry_tfr_reader_s {
   char *name;
   ferry_tfr_options_t opts;
   ferry_compression_t compression; /* resolved: never AUTO */
 
-  const uint8_t *src; /* the whole file or caller buffer */
+  const uint8_t *src; /* memory input: the caller's buffer */
   size_t src_len;
-  void *map; /* non-NULL when src is our mmap */
-  size_t map_len;
+  int fd;             /* file input; -1 for memory input */
+  uint64_t file_size; /* file input: its size when opened */
+  bool in_eof;        /* no more input bytes (file or buffer) */
+  bool shrunk;        /* the file ended before file_size */
+  uint64_t eof_at;    /* where, when shrunk */
+  uint8_t *zin;       /* compressed file input: ZIN_BUF bytes */
 
   uint64_t pos;        /* offset of the next record in the stream */
   uint64_t next_index; /* number of the record at pos */
@@ -62,9 +76,11 @@ struct ferry_tfr_reader_s {
   size_t z_bad_at; /* where, in the compressed input */
   char z_msg[160];
   size_t in_pos; /* input bytes handed to zlib so far */
+  /* Compressed input, and uncompressed file input (the read window). */
   uint8_t *buf;
   size_t cap, beg, end;
   uint64_t buf_off;
+  char note[160]; /* "" or why the input ended early (shrunk) */
   uint64_t bad_len; /* length of the record behind an EDATACRC */
 };
 
@@ -157,20 +173,102 @@ static const char *zname(const ferry_tfr_reader_t *r) {
   return ferry_compression_name(r->compression);
 }
 
-/* Fills buf[end, cap) with more output. Returns 0 or a negative code. */
-static int inflate_some(ferry_tfr_reader_t *r, ferry_error_t *err) {
-  z_stream *zs = &r->zs;
-  size_t room = r->cap - r->end;
-  int zr;
+/* pread(2) that retries on EINTR and reads until `n` bytes or the end of
+ * the file. Returns the count or -errno. */
+static int64_t pread_full(int fd, uint8_t *p, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = pread(fd, p + got, n - got, (off_t)(off + got));
+    if (k < 0) {
+      if (errno == EINTR)
+        continue;
+      return -(int64_t)errno;
+    }
+    if (k == 0)
+      break;
+    got += (size_t)k;
+  }
+  return (int64_t)got;
+}
 
-  if (zs->avail_in == 0 && r->in_pos < r->src_len) {
+/* Notes that file input ended at `at`: when that is before the size the
+ * file had when opened, it was truncated under the reader. */
+static void note_end(ferry_tfr_reader_t *r, uint64_t at) {
+  r->in_eof = true;
+  if (r->fd >= 0 && at < r->file_size && !r->shrunk) {
+    r->shrunk = true;
+    r->eof_at = at;
+    snprintf(r->note, sizeof(r->note),
+             " (the file was truncated while being read: it ends at byte "
+             "offset %" PRIu64 " but had %" PRIu64 " bytes when opened)",
+             at, r->file_size);
+  }
+}
+
+static int read_error(ferry_tfr_reader_t *r, int64_t neg_errno, uint64_t off,
+                      ferry_error_t *err) {
+  int e = (int)-neg_errno;
+  return ferry__seterr(err, ferry_err_from_errno(e),
+                       "%s: read at byte offset %" PRIu64 ": %s", r->name,
+                       off, strerror(e));
+}
+
+/* Compressed input: makes zs->avail_in > 0 unless the input is over.
+ * Returns 0 or a negative code. */
+static int refill(ferry_tfr_reader_t *r, ferry_error_t *err) {
+  z_stream *zs = &r->zs;
+  if (zs->avail_in > 0 || r->in_eof)
+    return 0;
+  if (r->fd < 0) {
     size_t chunk = r->src_len - r->in_pos;
+    if (chunk == 0) {
+      r->in_eof = true;
+      return 0;
+    }
     if (chunk > ZIN_CHUNK)
       chunk = ZIN_CHUNK;
     zs->next_in = (Bytef *)(uintptr_t)(r->src + r->in_pos);
     zs->avail_in = (uInt)chunk;
     r->in_pos += chunk;
+    return 0;
   }
+  int64_t n = pread_full(r->fd, r->zin, ZIN_BUF, r->in_pos);
+  if (n < 0)
+    return read_error(r, n, r->in_pos, err);
+  if (n == 0) {
+    note_end(r, r->in_pos);
+    return 0;
+  }
+  zs->next_in = r->zin;
+  zs->avail_in = (uInt)n;
+  r->in_pos += (size_t)n;
+  return 0;
+}
+
+/* Whether a gzip member starts at compressed offset `at` (after the end of
+ * the previous one; at least one byte follows it). */
+static bool gzip_magic_at(ferry_tfr_reader_t *r, size_t at) {
+  uint8_t m[2];
+  if (r->zs.avail_in >= 2) {
+    memcpy(m, r->zs.next_in, 2);
+  } else if (r->fd < 0) {
+    if (r->src_len - at < 2)
+      return false;
+    memcpy(m, r->src + at, 2);
+  } else if (pread_full(r->fd, m, 2, at) != 2) {
+    return false;
+  }
+  return m[0] == 0x1f && m[1] == 0x8b;
+}
+
+/* Fills buf[end, cap) with more output. Returns 0 or a negative code. */
+static int inflate_some(ferry_tfr_reader_t *r, ferry_error_t *err) {
+  z_stream *zs = &r->zs;
+  size_t room = r->cap - r->end;
+  int zr, rc;
+
+  if ((rc = refill(r, err)) < 0)
+    return rc;
   if (room > UINT_MAX)
     room = UINT_MAX;
   zs->next_out = r->buf + r->end;
@@ -183,24 +281,26 @@ static int inflate_some(ferry_tfr_reader_t *r, ferry_error_t *err) {
   case Z_OK:
     return 0;
   case Z_STREAM_END:
-    if (consumed == r->src_len) {
+    if ((rc = refill(r, err)) < 0)
+      return rc;
+    if (zs->avail_in == 0 && r->in_eof) {
       r->z_eof = true;
       return 0;
     }
     /* Concatenated gzip members form one stream (as gzip -d reads
      * them); anything else after the end is an error, not ignored. */
     if (r->compression == FERRY_COMPRESSION_GZIP &&
-        r->src_len - consumed >= 2 && r->src[consumed] == 0x1f &&
-        r->src[consumed + 1] == 0x8b) {
+        gzip_magic_at(r, consumed)) {
       inflateReset(zs);
       return 0;
     }
     snprintf(r->z_msg, sizeof(r->z_msg),
-             "%zu bytes of trailing data after the end of the stream",
-             r->src_len - consumed);
+             "%" PRIu64 " bytes of trailing data after the end of the stream",
+             (r->fd < 0 ? (uint64_t)r->src_len : r->file_size) -
+                 (uint64_t)consumed);
     break;
   case Z_BUF_ERROR:
-    if (zs->avail_in == 0 && r->in_pos == r->src_len) {
+    if (zs->avail_in == 0 && r->in_eof) {
       r->z_eof = true;
       r->z_trunc = true;
       return 0;
@@ -223,6 +323,64 @@ static int inflate_some(ferry_tfr_reader_t *r, ferry_error_t *err) {
   return 0;
 }
 
+/* Grows buf to at least `need` bytes (keeping buf[beg, end)). */
+static int grow_buf(ferry_tfr_reader_t *r, size_t need, size_t min,
+                    ferry_error_t *err) {
+  size_t ncap = r->cap != 0 ? r->cap : min;
+  while (ncap < need) {
+    if (ncap > SIZE_MAX / 2)
+      return ferry__seterr(err, FERRY_ENOMEM, "%s: buffer overflow",
+                           r->name);
+    ncap *= 2;
+  }
+  if (ncap == r->cap)
+    return 0;
+  uint8_t *nb = ferry__realloc(r->buf, ncap);
+  if (nb == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM,
+                         "%s: out of memory growing the read buffer to %zu "
+                         "bytes",
+                         r->name, ncap);
+  r->buf = nb;
+  r->cap = ncap;
+  return 0;
+}
+
+/* Uncompressed file input: the sliding window. buf[beg, end) holds the
+ * file's bytes from buf_off; refills read as much as fits. */
+static int64_t window_file(ferry_tfr_reader_t *r, size_t need,
+                           const uint8_t **p, ferry_error_t *err) {
+  if (r->pos > r->buf_off + (r->end - r->beg)) {
+    r->beg = r->end = 0; /* a jump past the window (a seek) */
+  } else {
+    r->beg += (size_t)(r->pos - r->buf_off);
+  }
+  r->buf_off = r->pos;
+  while (r->end - r->beg < need && !r->in_eof) {
+    size_t have = r->end - r->beg;
+    if (r->beg > 0) {
+      memmove(r->buf, r->buf + r->beg, have);
+      r->end = have;
+      r->beg = 0;
+    }
+    if (r->cap < need || r->cap == 0) {
+      int rc = grow_buf(r, need, WIN_MIN, err);
+      if (rc < 0)
+        return rc;
+    }
+    uint64_t at = r->buf_off + have;
+    int64_t n = pread_full(r->fd, r->buf + r->end, r->cap - r->end, at);
+    if (n < 0)
+      return read_error(r, n, at, err);
+    r->end += (size_t)n;
+    if ((size_t)n < r->cap - have)
+      note_end(r, at + (uint64_t)n);
+  }
+  size_t have = r->end - r->beg;
+  *p = r->buf + r->beg;
+  return (int64_t)(have < need ? have : need);
+}
+
 /* Makes up to `need` bytes from r->pos visible at *p. Returns how many
  * (fewer than `need` only at the end of the stream) or a negative code. */
 static int64_t window(ferry_tfr_reader_t *r, size_t need, const uint8_t **p,
@@ -230,6 +388,8 @@ static int64_t window(ferry_tfr_reader_t *r, size_t need, const uint8_t **p,
   size_t have;
 
   if (r->compression == FERRY_COMPRESSION_NONE) {
+    if (r->fd >= 0)
+      return window_file(r, need, p, err);
     have = r->src_len - (size_t)r->pos;
     *p = r->src + r->pos;
     return (int64_t)(have < need ? have : need);
@@ -243,19 +403,9 @@ static int64_t window(ferry_tfr_reader_t *r, size_t need, const uint8_t **p,
       r->beg = 0;
     }
     if (r->end == r->cap) {
-      size_t ncap = r->cap != 0 ? r->cap * 2 : ZBUF_MIN;
-      uint8_t *nb;
-      if (ncap < r->cap)
-        return ferry__seterr(err, FERRY_ENOMEM, "%s: buffer overflow",
-                             r->name);
-      nb = ferry__realloc(r->buf, ncap);
-      if (nb == NULL)
-        return ferry__seterr(err, FERRY_ENOMEM,
-                             "%s: out of memory growing the read buffer "
-                             "to %zu bytes",
-                             r->name, ncap);
-      r->buf = nb;
-      r->cap = ncap;
+      int rc = grow_buf(r, r->cap + 1, ZBUF_MIN, err);
+      if (rc < 0)
+        return rc;
     }
     int rc = inflate_some(r, err);
     if (rc < 0)
@@ -266,9 +416,9 @@ static int64_t window(ferry_tfr_reader_t *r, size_t need, const uint8_t **p,
     return ferry__seterr(err, FERRY_ECOMPRESS,
                          "%s: record %" PRIu64 " at byte offset %" PRIu64
                          ": corrupt %s stream at compressed byte offset "
-                         "%zu: %s",
+                         "%zu: %s%s",
                          r->name, r->next_index, r->pos, zname(r),
-                         r->z_bad_at, r->z_msg);
+                         r->z_bad_at, r->z_msg, r->note);
   *p = r->buf + r->beg;
   return (int64_t)(have < need ? have : need);
 }
@@ -276,8 +426,9 @@ static int64_t window(ferry_tfr_reader_t *r, size_t need, const uint8_t **p,
 static int release(ferry_tfr_reader_t *r) {
   if (r->z_init)
     inflateEnd(&r->zs);
-  if (r->map != NULL)
-    munmap(r->map, r->map_len);
+  if (r->fd >= 0)
+    close(r->fd);
+  ferry__free(r->zin);
   ferry__free(r->buf);
   ferry__free(r->name);
   ferry__free(r);
@@ -289,10 +440,10 @@ void ferry_tfr_reader_free(ferry_tfr_reader_t *r) {
     release(r);
 }
 
-/* Takes ownership of `map` (may be NULL) whatever the outcome. */
-static int open_common(const uint8_t *buf, size_t len, void *map,
-                       size_t map_len, const char *name,
-                       const ferry_tfr_options_t *opts,
+/* Memory input: `buf`, `len` (fd < 0). File input: `fd` of a file of
+ * `len` bytes (taken over whatever the outcome). */
+static int open_common(const uint8_t *buf, size_t len, int fd,
+                       const char *name, const ferry_tfr_options_t *opts,
                        ferry_tfr_reader_t **out, ferry_error_t *err) {
   ferry_tfr_reader_t *r;
   int zr;
@@ -300,15 +451,15 @@ static int open_common(const uint8_t *buf, size_t len, void *map,
   *out = NULL;
   r = ferry__calloc(1, sizeof(*r));
   if (r == NULL || (r->name = ferry__strdup(name)) == NULL) {
-    if (map != NULL)
-      munmap(map, map_len);
+    if (fd >= 0)
+      close(fd);
     ferry__free(r);
     return ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory", name);
   }
-  r->map = map;
-  r->map_len = map_len;
-  r->src = buf;
-  r->src_len = len;
+  r->fd = fd;
+  r->file_size = len;
+  r->src = fd < 0 ? buf : NULL;
+  r->src_len = fd < 0 ? len : 0;
   if (opts != NULL)
     r->opts = *opts;
   else
@@ -322,7 +473,18 @@ static int open_common(const uint8_t *buf, size_t len, void *map,
     r->compression = r->opts.compression;
     break;
   case FERRY_COMPRESSION_AUTO:
-    r->compression = detect(buf, len);
+    if (fd >= 0) {
+      uint8_t head[HEADER_LEN];
+      int64_t n = pread_full(fd, head, sizeof(head), 0);
+      if (n < 0) {
+        int code = read_error(r, n, 0, err);
+        release(r);
+        return code;
+      }
+      r->compression = detect(head, (size_t)n);
+    } else {
+      r->compression = detect(buf, len);
+    }
     break;
   default:
     ferry__seterr(err, FERRY_EINVAL, "%s: unknown compression %d", name,
@@ -350,6 +512,11 @@ static int open_common(const uint8_t *buf, size_t len, void *map,
     r->pos = r->opts.start_offset;
     r->started = true;
   } else {
+    if (fd >= 0 && (r->zin = ferry__malloc(ZIN_BUF)) == NULL) {
+      ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory", name);
+      release(r);
+      return FERRY_ENOMEM;
+    }
     r->zs.zalloc = zalloc_cb;
     r->zs.zfree = zfree_cb;
     r->zs.opaque = Z_NULL;
@@ -371,14 +538,13 @@ static int open_common(const uint8_t *buf, size_t len, void *map,
 int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
                               const ferry_tfr_options_t *opts,
                               ferry_tfr_reader_t **out, ferry_error_t *err) {
-  return open_common(buf, len, NULL, 0, name != NULL ? name : "<memory>",
-                     opts, out, err);
+  return open_common(buf, len, -1, name != NULL ? name : "<memory>", opts,
+                     out, err);
 }
 
 int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
                           ferry_tfr_reader_t **out, ferry_error_t *err) {
   struct stat st;
-  void *map = NULL;
   int fd, code;
 
   *out = NULL;
@@ -397,19 +563,8 @@ int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
     close(fd);
     return ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
   }
-  if (st.st_size > 0) {
-    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      code = ferry_err_from_errno(errno);
-      ferry__seterr(err, code, "%s: mmap: %s", path, strerror(errno));
-      close(fd);
-      return code;
-    }
-    madvise(map, (size_t)st.st_size, MADV_SEQUENTIAL);
-  }
-  close(fd);
-  return open_common(map != NULL ? map : (const void *)"", (size_t)st.st_size,
-                     map, (size_t)st.st_size, path, opts, out, err);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return open_common(NULL, (size_t)st.st_size, fd, path, opts, out, err);
 }
 
 ferry_compression_t ferry_tfr_reader_compression(const ferry_tfr_reader_t *r) {
@@ -459,16 +614,21 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
     if (r->z_trunc)
       return ferry__seterr(err, FERRY_ECOMPRESS,
                            AT "corrupt %s stream: the input ends before the "
-                              "end-of-stream marker",
-                           r->name, r->next_index, r->pos, zname(r));
+                              "end-of-stream marker%s",
+                           r->name, r->next_index, r->pos, zname(r), r->note);
+    if (r->shrunk)
+      return ferry__seterr(err, FERRY_ETRUNCLEN,
+                           AT "file ends before the next record header%s",
+                           r->name, r->next_index, r->pos, r->note);
     return FERRY_EOF;
   }
   if (n < HEADER_LEN)
     return ferry__seterr(err, FERRY_ETRUNCLEN,
                          AT "file ends inside the 12-byte record header "
-                            "(%" PRId64 " bytes left)%s",
+                            "(%" PRId64 " bytes left)%s%s",
                          r->name, r->next_index, r->pos, n,
-                         r->z_trunc ? " and the compressed stream is cut" : "");
+                         r->z_trunc ? " and the compressed stream is cut" : "",
+                         r->note);
   len = load_le64(b);
   stored = load_le32(b + 8);
   /* The length CRC is checked even when verify_crc is off: a length that
@@ -494,9 +654,10 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
     return ferry__seterr(err, FERRY_ETRUNCDATA,
                          AT "file ends inside the record data or footer "
                             "(record needs %" PRIu64 " bytes, %" PRId64
-                            " left)%s",
+                            " left)%s%s",
                          r->name, r->next_index, r->pos, len + FRAMING_LEN, n,
-                         r->z_trunc ? " and the compressed stream is cut" : "");
+                         r->z_trunc ? " and the compressed stream is cut" : "",
+                         r->note);
   if (r->opts.verify_crc) {
     stored = load_le32(b + HEADER_LEN + len);
     computed = ferry_crc32c_mask(ferry_crc32c(0, b + HEADER_LEN, len));

@@ -1214,3 +1214,133 @@ Test(tfrecord, on_skip_reports_each_bad_record, .init = make_tmpdir,
   cr_assert_eq(s.index[2], 4);
   free(b);
 }
+
+/* A file truncated (or rewritten) between open and read: never SIGBUS
+ * (the reader does not map files), an error naming the file, the byte
+ * offset and the truncation under policy fail, the end of the file under
+ * skip; the records before the cut read intact. */
+static void read_until_cut(const char *name, ferry_compression_t c,
+                           ferry_error_policy_t pol, off_t cut, size_t rec,
+                           size_t nrec, size_t *good, int *code,
+                           ferry_error_t *err, uint64_t *skipped) {
+  ferry_tfr_options_t o = opts_with(c, pol);
+  ferry_tfr_reader_t *r;
+  ferry_record_t rc;
+  ferry_tfr_stats_t st;
+  int k;
+  cr_assert_eq(ferry_tfr_reader_open(tpath(name), &o, &r, err), 0, "%s",
+               err->msg);
+  *good = 0;
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(ferry_tfr_reader_next(r, &rc, err), 0, "%s", err->msg);
+    check_content(&rc, *good, rec);
+    (*good)++;
+  }
+  cr_assert_eq(truncate(tpath(name), cut), 0);
+  while ((k = ferry_tfr_reader_next(r, &rc, err)) == 0) {
+    cr_assert_lt(*good, nrec, "%s: more records than written", name);
+    check_content(&rc, *good, rec);
+    (*good)++;
+  }
+  *code = k;
+  ferry_tfr_reader_stats(r, &st);
+  *skipped = st.skipped;
+  ferry_tfr_reader_free(r);
+}
+
+Test(tfrecord, file_truncated_between_open_and_read, .init = make_tmpdir,
+     .fini = remove_tmpdir) {
+  enum { N = 300, REC = 4000, FRAMED = REC + 16 };
+  size_t sizes[N], good;
+  for (size_t i = 0; i < N; i++)
+    sizes[i] = REC;
+  ferry_error_t err;
+  uint64_t skipped;
+  int code;
+  char want[128];
+
+  /* Inside record 150's data: policy fail names file and offset. */
+  write_records(tpath("cut.tfrecord"), FERRY_COMPRESSION_NONE, sizes, N);
+  read_until_cut("cut.tfrecord", FERRY_COMPRESSION_NONE, FERRY_ON_ERROR_FAIL,
+                 150 * FRAMED + 100, REC, N, &good, &code, &err, &skipped);
+  cr_assert_eq(good, 150);
+  cr_assert_eq(code, FERRY_ETRUNCDATA, "%d %s", code, err.msg);
+  snprintf(want, sizeof(want), "record 150 at byte offset %d", 150 * FRAMED);
+  cr_assert(strstr(err.msg, tpath("cut.tfrecord")) != NULL, "%s", err.msg);
+  cr_assert(strstr(err.msg, want) != NULL, "%s", err.msg);
+  cr_assert(strstr(err.msg, "truncated while being read") != NULL, "%s",
+            err.msg);
+
+  /* Exactly at a record boundary: still an error, not a clean end. */
+  write_records(tpath("cut.tfrecord"), FERRY_COMPRESSION_NONE, sizes, N);
+  read_until_cut("cut.tfrecord", FERRY_COMPRESSION_NONE, FERRY_ON_ERROR_FAIL,
+                 200 * FRAMED, REC, N, &good, &code, &err, &skipped);
+  cr_assert_eq(good, 200);
+  cr_assert_eq(code, FERRY_ETRUNCLEN, "%d %s", code, err.msg);
+  snprintf(want, sizeof(want), "byte offset %d", 200 * FRAMED);
+  cr_assert(strstr(err.msg, want) != NULL, "%s", err.msg);
+
+  /* Policy skip: the cut ends the file, counted once. */
+  write_records(tpath("cut.tfrecord"), FERRY_COMPRESSION_NONE, sizes, N);
+  read_until_cut("cut.tfrecord", FERRY_COMPRESSION_NONE, FERRY_ON_ERROR_SKIP,
+                 150 * FRAMED + 100, REC, N, &good, &code, &err, &skipped);
+  cr_assert_eq(good, 150);
+  cr_assert_eq(code, FERRY_EOF);
+  cr_assert_eq(skipped, 1);
+
+  /* To zero bytes (the window had data left: those records still read
+   * intact, then the error). */
+  write_records(tpath("cut.tfrecord"), FERRY_COMPRESSION_NONE, sizes, N);
+  read_until_cut("cut.tfrecord", FERRY_COMPRESSION_NONE, FERRY_ON_ERROR_FAIL,
+                 0, REC, N, &good, &code, &err, &skipped);
+  cr_assert_lt(good, N);
+  cr_assert(code == FERRY_ETRUNCLEN || code == FERRY_ETRUNCDATA, "%d %s",
+            code, err.msg);
+
+  /* Compressed: the stream is cut; no crash, and an error naming the
+   * file unless the reader had already read the whole (small) file. */
+  write_records(tpath("cut.gz"), FERRY_COMPRESSION_GZIP, sizes, N);
+  struct stat stz;
+  cr_assert_eq(stat(tpath("cut.gz"), &stz), 0);
+  read_until_cut("cut.gz", FERRY_COMPRESSION_AUTO, FERRY_ON_ERROR_FAIL,
+                 stz.st_size / 2, REC, N, &good, &code, &err, &skipped);
+  if (code != FERRY_EOF) {
+    cr_assert(code == FERRY_ECOMPRESS || code == FERRY_ETRUNCDATA ||
+                  code == FERRY_ETRUNCLEN,
+              "%d %s", code, err.msg);
+    cr_assert(strstr(err.msg, tpath("cut.gz")) != NULL, "%s", err.msg);
+  } else {
+    cr_assert_eq(good, N);
+  }
+}
+
+/* A file rewritten in place under the reader: the CRCs catch it. */
+Test(tfrecord, file_rewritten_under_reader, .init = make_tmpdir,
+     .fini = remove_tmpdir) {
+  enum { N = 300, REC = 4000, FRAMED = REC + 16 };
+  size_t sizes[N];
+  for (size_t i = 0; i < N; i++)
+    sizes[i] = REC;
+  write_records(tpath("rw.tfrecord"), FERRY_COMPRESSION_NONE, sizes, N);
+  ferry_tfr_options_t o = opts_with(FERRY_COMPRESSION_NONE,
+                                    FERRY_ON_ERROR_FAIL);
+  ferry_tfr_reader_t *r;
+  ferry_record_t rec;
+  ferry_error_t err;
+  cr_assert_eq(ferry_tfr_reader_open(tpath("rw.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+  FILE *f = fopen(tpath("rw.tfrecord"), "r+b");
+  cr_assert_not_null(f);
+  fseek(f, 250L * FRAMED + 40, SEEK_SET);
+  fputs("rewritten", f);
+  fclose(f);
+  size_t good = 1;
+  int code;
+  while ((code = ferry_tfr_reader_next(r, &rec, &err)) == 0)
+    good++;
+  cr_assert_eq(good, 250);
+  cr_assert_eq(code, FERRY_EDATACRC, "%d %s", code, err.msg);
+  cr_assert(strstr(err.msg, "record 250 at byte offset") != NULL, "%s",
+            err.msg);
+  ferry_tfr_reader_free(r);
+}

@@ -66,8 +66,13 @@ typedef struct ferry_tfr_stats_s {
 
 typedef struct ferry_tfr_reader_s ferry_tfr_reader_t;
 
-/* Opens `path`. Uncompressed files are memory-mapped, so records are
- * returned without copying. Returns 0 and sets *out, or a negative code
+/* Opens `path`. The file is read with pread(2), never mapped, so a file
+ * truncated or rewritten under the reader gives an error naming the file
+ * and byte offset (a record error: policy SKIP ends the file there), not
+ * SIGBUS. Uncompressed records are returned as pointers into a sliding
+ * read window (no copy per record beyond the read). A file that ends
+ * before the size it had when opened is reported as truncated, also at a
+ * record boundary. Returns 0 and sets *out, or a negative code
  * with `err` naming the file. The reader is owned by the caller (free with
  * ferry_tfr_reader_free) and used by one thread at a time. */
 int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
