@@ -590,8 +590,9 @@ static void free_on_close(uv_handle_t *h) { ferry__free(h->data); }
 
 int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
                          ferry_rpc_server_t **out, ferry_error_t *err) {
-  grpc_arg args[FERRY__RPC_MAX_ARGS];
+  grpc_arg args[FERRY__RPC_MAX_ARGS + 1];
   ferry_rpc_server_t *s;
+  size_t nargs;
   int rc;
   *out = NULL;
   s = ferry__calloc(1, sizeof(*s));
@@ -603,8 +604,15 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
     return rc;
   }
   s->loop = loop;
-  grpc_channel_args cargs = {ferry__rpc_channel_args(&s->opts, true, args),
-                             args};
+  /* gRPC core sets SO_REUSEPORT on listening sockets by default: a second
+   * daemon on a taken port would then bind as well and the kernel would
+   * share the connections between the two. Ferry wants the bind to fail. */
+  nargs = ferry__rpc_channel_args(&s->opts, true, args);
+  args[nargs].type = GRPC_ARG_INTEGER;
+  args[nargs].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+  args[nargs].value.integer = 0;
+  nargs++;
+  grpc_channel_args cargs = {nargs, args};
   s->server = grpc_server_create(&cargs, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -677,7 +685,10 @@ int ferry_rpc_server_start(ferry_rpc_server_t *s, const char *addr,
   int bound = grpc_server_add_http2_port(s->server, addr, creds);
   grpc_server_credentials_release(creds);
   if (bound == 0)
-    return ferry__seterr(err, FERRY_EIO, "rpc: cannot listen on %s", addr);
+    return ferry__seterr(err, FERRY_EIO,
+                         "rpc: cannot listen on %s (the port is taken, or "
+                         "the host is not an address of this machine)",
+                         addr);
   grpc_server_start(s->server);
   s->state = S_STARTED;
   for (int i = 0; i < s->opts.request_slots && rc == 0; i++) {

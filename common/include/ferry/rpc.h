@@ -143,7 +143,9 @@ int ferry_rpc_server_register(ferry_rpc_server_t *server, const char *method,
 /* Binds `addr` ("127.0.0.1:0", "[::]:7070"), starts serving and stores the
  * bound port in *port (may be NULL). Fails with FERRY_EIO naming the
  * address when it cannot bind; the server then stays unstarted and must
- * still be shut down. Call once. */
+ * still be shut down. The socket is bound without SO_REUSEPORT, so a port
+ * another process listens on is refused (gRPC's default would share it).
+ * Call once. */
 int ferry_rpc_server_start(ferry_rpc_server_t *server, const char *addr,
                            int *port, ferry_error_t *err);
 
