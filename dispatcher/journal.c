@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/crc32c.h"
 #include "ferry/log.h"
 #include "ferry/tfrecord.h"
 
@@ -67,47 +68,120 @@ int ferry__journal_open(const char *dir, ferry_journal_t **out,
   return 0;
 }
 
-/* True when every byte of the file from `off` to its end is zero: what a
- * file system can leave after a crash that extended the file. */
-static bool zero_tail(int fd, uint64_t off, uint64_t end) {
-  uint8_t b[4096];
-  while (off < end) {
-    size_t want = end - off < sizeof(b) ? (size_t)(end - off) : sizeof(b);
-    ssize_t got = pread(fd, b, want, (off_t)off);
-    if (got <= 0)
-      return false;
-    for (ssize_t i = 0; i < got; i++)
-      if (b[i] != 0)
-        return false;
-    off += (uint64_t)got;
+static ssize_t pread_full(int fd, uint8_t *b, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, b + got, n - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return -1;
+    if (r == 0)
+      break;
+    got += (size_t)r;
   }
-  return true;
+  return (ssize_t)got;
+}
+
+static uint32_t le32(const uint8_t *b) {
+  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+         (uint32_t)b[3] << 24;
+}
+
+/* Whether a complete, valid record (length CRC and data CRC) starts at
+ * `off`, `h` being the (up to 12) bytes there. -1: read error. */
+static int valid_record_at(int fd, uint64_t off, uint64_t end,
+                           const uint8_t *h, size_t hn) {
+  uint8_t b[4096];
+  uint64_t len = 0, at;
+  uint32_t crc = 0;
+
+  if (hn < 12 || ferry_crc32c_unmask(le32(h + 8)) != ferry_crc32c(0, h, 8))
+    return 0;
+  for (int i = 7; i >= 0; i--)
+    len = len << 8 | h[i];
+  if (end - off < 16 || len > end - off - 16)
+    return 0;
+  for (at = off + 12; at < off + 12 + len;) {
+    size_t want = (size_t)(off + 12 + len - at < sizeof(b)
+                               ? off + 12 + len - at
+                               : sizeof(b));
+    if (pread_full(fd, b, want, at) != (ssize_t)want)
+      return -1;
+    crc = ferry_crc32c(crc, b, want);
+    at += want;
+  }
+  if (pread_full(fd, b, 4, at) != 4)
+    return -1;
+  return ferry_crc32c_unmask(le32(b)) == crc;
+}
+
+/* The first offset after `bad` (to `end`) where a complete valid record
+ * starts; `end` when there is none, -1 with errno on a read error. The
+ * header CRC rejects almost every offset from 12 bytes already held in
+ * the window; only a header that verifies costs a read of its data. */
+static int64_t next_valid_record(int fd, uint64_t bad, uint64_t end) {
+  enum { WIN = 64 << 10 };
+  uint8_t *w = ferry__malloc(WIN);
+  uint64_t base = 0, off;
+  size_t wlen = 0;
+  int64_t found = (int64_t)end;
+
+  if (w == NULL) {
+    errno = ENOMEM;
+    return -1;
+  }
+  for (off = bad + 1; off < end; off++) {
+    int v;
+    if (off < base || off + 12 > base + wlen) {
+      ssize_t n = pread_full(fd, w, WIN, off);
+      if (n < 0) {
+        found = -1;
+        break;
+      }
+      base = off;
+      wlen = (size_t)n;
+    }
+    v = valid_record_at(fd, off, end, w + (off - base),
+                        base + wlen - off < 12 ? base + wlen - off : 12);
+    if (v != 0) {
+      found = v < 0 ? -1 : (int64_t)off;
+      break;
+    }
+  }
+  ferry__free(w);
+  return found;
 }
 
 static int cut_tail(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
   FERRY_LOG(FERRY_LOG_WARN,
-            "%s: torn tail at byte offset %" PRIu64 " (%" PRIu64
-            " bytes) cut off",
-            j->path, at, j->size - at);
+            "journal: cut %" PRIu64 " torn bytes at offset %" PRIu64
+            " of %s (no valid entry follows them: a crash tail)",
+            j->size - at, at, j->path);
   if (ftruncate(j->fd, (off_t)at) != 0 || fdatasync(j->fd) != 0)
     return sys_err(err, "cannot truncate the torn tail", j->path);
   j->size = at;
   return 0;
 }
 
-/* Decides what a reader error at `at` means: a torn tail (cut it) or
- * corruption (fatal). */
+/* Decides what a reader error at `at` means. A crash can leave the last
+ * entry cut short, or followed (or overwritten from inside) by zeros or
+ * garbage up to the end of the file: nothing valid comes after the
+ * damage, and the damaged bytes are a torn tail (cut them). Damage that a
+ * complete valid record follows cannot come from a crash while
+ * appending: corruption (fatal, naming both offsets). */
 static int bad_record(ferry_journal_t *j, int code, uint64_t at,
                       const ferry_error_t *rerr, ferry_error_t *err) {
-  if (code == FERRY_ETRUNCLEN || code == FERRY_ETRUNCDATA ||
-      ((code == FERRY_ELENCRC || code == FERRY_EDATACRC ||
-        code == FERRY_ETOOLONG) &&
-       zero_tail(j->fd, at, j->size)))
+  int64_t next = next_valid_record(j->fd, at, j->size);
+  if (next < 0)
+    return sys_err(err, "cannot read the journal's tail", j->path);
+  if ((uint64_t)next >= j->size)
     return cut_tail(j, at, err);
   return ferry__seterr(err, code,
                        "%s: corrupt journal entry at byte offset %" PRIu64
-                       ": %s",
-                       j->path, at, rerr->msg);
+                       ": %s (a valid entry follows at byte offset %" PRIu64
+                       ", so this is not a torn tail; refusing to replay)",
+                       j->path, at, rerr->msg, (uint64_t)next);
 }
 
 int ferry__journal_replay(ferry_journal_t *j, ferry_journal_entry_cb cb,

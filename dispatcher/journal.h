@@ -31,11 +31,18 @@ typedef int (*ferry_journal_entry_cb)(const uint8_t *entry, size_t len,
 int ferry__journal_open(const char *dir, ferry_journal_t **out,
                         ferry_error_t *err);
 
-/* Replays every entry from the start of the file through `cb`. A torn
- * tail (a record cut short by a crash, or zero bytes the file system
- * left after the last complete record) is cut off the file and replay
- * succeeds; any other bad record fails with its code and an error naming
- * the byte offset. Stores the number of entries in *n (may be NULL).
+/* Replays every entry from the start of the file through `cb`. On a bad
+ * record at byte offset X, the rest of the file is searched (from X + 1)
+ * for an offset where a complete valid record starts (length CRC and
+ * data CRC both verify):
+ *   - none: a torn tail (the last entry cut short, or zeros or garbage a
+ *     crash left from inside it to the end of the file). The file is
+ *     truncated at X, a warning "journal: cut N torn bytes at offset X"
+ *     is logged and the replay succeeds;
+ *   - one: corruption. The replay fails with the reader's code and an
+ *     error naming X (and the valid record's offset); nothing is cut.
+ * An entry that frames correctly but `cb` refuses fails with an error
+ * naming its offset. Stores the number of entries in *n (may be NULL).
  * Call before the first append. */
 int ferry__journal_replay(ferry_journal_t *j, ferry_journal_entry_cb cb,
                           void *arg, uint64_t *n, ferry_error_t *err);

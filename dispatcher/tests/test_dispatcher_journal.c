@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/log.h"
 #include "fixture.h"
 #include "journal.h"
 
@@ -282,4 +283,153 @@ Test(journal, bad_entry_is_fatal_with_its_offset) {
   cr_assert(strstr(err.msg, "byte offset 0") != NULL, "%s", err.msg);
   ferry__journal_close(j);
   ferry__disp_free(b);
+}
+
+/* ---- Crash tails (issue 7): damage that nothing valid follows is cut,
+ * damage followed by a valid entry is refused. ---------------------------- */
+
+static char logged[4][512];
+static int nlogged;
+
+static void keep_log(int level, const char *msg, void *arg) {
+  (void)arg;
+  if (level == FERRY_LOG_WARN && nlogged < 4)
+    snprintf(logged[nlogged++], sizeof(logged[0]), "%s", msg);
+}
+
+/* Overwrites [from, to) of the journal with `byte` (or pseudo-random
+ * bytes when byte < 0), extending the file if `to` is past its end. */
+static void damage(off_t from, off_t to, int byte) {
+  int fd = open(journal_path(), O_WRONLY);
+  uint32_t x = 12345;
+  cr_assert_geq(fd, 0);
+  for (off_t o = from; o < to; o++) {
+    uint8_t b;
+    x = x * 1103515245u + 12345u;
+    b = byte >= 0 ? (uint8_t)byte : (uint8_t)(x >> 16);
+    cr_assert_eq(pwrite(fd, &b, 1, o), 1);
+  }
+  close(fd);
+}
+
+/* Replays, expecting success with `entries` entries, a file cut to `cut`
+ * and the warning naming the cut. */
+static void expect_cut(uint64_t entries, off_t cut, off_t was) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  uint64_t n = 0;
+  int seen = 0;
+  char want[128];
+
+  nlogged = 0;
+  ferry_log_set_callback(keep_log, NULL);
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+               err.msg);
+  ferry_log_set_callback(NULL, NULL);
+  cr_assert_eq(n, entries);
+  cr_assert_eq(file_size(), cut, "file is %lld bytes, not cut at %lld",
+               (long long)file_size(), (long long)cut);
+  cr_assert_eq(ferry__journal_size(j), (uint64_t)cut);
+  snprintf(want, sizeof(want), "journal: cut %lld torn bytes at offset %lld",
+           (long long)(was - cut), (long long)cut);
+  cr_assert_eq(nlogged, 1);
+  cr_assert(strstr(logged[0], want) != NULL, "'%s' lacks '%s'", logged[0],
+            want);
+  ferry__journal_close(j);
+}
+
+Test(journal, zeros_from_inside_the_last_entry_are_cut) {
+  write_three();
+  /* The last entry's data zeroed from its middle, then a zero-filled
+   * extension: what a crash on some file systems leaves. */
+  damage(232 + 12 + 40, 348 + 8192, 0);
+  expect_cut(2, 232, 348 + 8192);
+}
+
+Test(journal, zeros_over_the_last_header_are_cut) {
+  write_three();
+  damage(232 + 3, 348, 0);
+  expect_cut(2, 232, 348);
+}
+
+Test(journal, garbage_tail_is_cut) {
+  write_three();
+  damage(232 + 20, 348 + 3000, -1);
+  expect_cut(2, 232, 348 + 3000);
+  /* Garbage from inside the header too. */
+  cr_assert_eq(unlink(journal_path()), 0);
+  write_three();
+  damage(232 + 4, 348 + 100, -1);
+  expect_cut(2, 232, 348 + 100);
+}
+
+Test(journal, tail_cut_mid_header_is_cut) {
+  write_three();
+  cr_assert_eq(truncate(journal_path(), 232 + 7), 0);
+  expect_cut(2, 232, 232 + 7);
+}
+
+Test(journal, damage_followed_by_a_valid_entry_is_refused) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  uint64_t n;
+  int seen = 0;
+
+  /* Zeros over the second entry (header included), the third intact. */
+  write_three();
+  damage(116, 200, 0);
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0);
+  cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
+  cr_assert(strstr(err.msg, "valid entry follows at byte offset 232") !=
+                NULL,
+            "%s", err.msg);
+  cr_assert_eq(file_size(), 348, "nothing is cut");
+  ferry__journal_close(j);
+
+  /* Garbage in the middle, and zeros after the last valid entry: still
+   * corruption (a valid entry follows the first damage). */
+  cr_assert_eq(unlink(journal_path()), 0);
+  write_three();
+  damage(116 + 30, 116 + 60, -1);
+  damage(348, 348 + 512, 0);
+  seen = 0;
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0);
+  cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
+  cr_assert_eq(file_size(), 348 + 512, "nothing is cut");
+  ferry__journal_close(j);
+}
+
+Test(journal, appends_and_replays_after_a_cut) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  uint64_t n = 0;
+  int seen = 0;
+  uint8_t e[100];
+
+  write_three();
+  damage(232 + 50, 348 + 4096, 0);
+  expect_cut(2, 232, 348 + 4096);
+  /* Append the third entry again, and a fourth, after the cut. */
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(n, 2);
+  for (int i = 2; i < 4; i++) {
+    memset(e, 'a' + i, sizeof(e));
+    ferry__journal_append(j, e, sizeof(e));
+  }
+  cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+  cr_assert_eq(file_size(), 4 * 116);
+  ferry__journal_close(j);
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  seen = 0;
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(n, 4);
+  cr_assert_eq(seen, 4);
+  cr_assert_eq(file_size(), 4 * 116, "nothing cut");
+  ferry__journal_close(j);
 }
