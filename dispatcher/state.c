@@ -36,6 +36,7 @@
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "ferry/v1/journal.pb-c.h"
+#include "shard_index.h"
 
 typedef Ferry__V1__JournalEntry entry_t;
 
@@ -1224,6 +1225,28 @@ out:
   return rc;
 }
 
+/* Cuts an uncompressed file into splits of `per` records from its trusted
+ * DALI index (shard_index.h) instead of scanning its headers. */
+static int scan_index(const ferry_tfr_index_entry_t *v, size_t n,
+                      uint32_t file, uint32_t per, splits_t *out) {
+  split_t cur = {file, 0, 0, 0, 0};
+  for (size_t i = 0; i < n; i++) {
+    if (cur.count == 0) {
+      cur.offset = v[i].offset;
+      cur.first = i;
+    }
+    cur.end = v[i].offset + v[i].size;
+    if (++cur.count == per) {
+      if (push_split(out, &cur) != 0)
+        return FERRY_ENOMEM;
+      cur.count = 0;
+    }
+  }
+  if (cur.count > 0 && push_split(out, &cur) != 0)
+    return FERRY_ENOMEM;
+  return 0;
+}
+
 static void scanned_from_stat(scanned_t *f, const struct stat *st) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
@@ -1278,12 +1301,15 @@ static bool reuse_scan(ferry_disp_t *d, const char *path, uint32_t file,
   return false;
 }
 
-/* Scans one file into splits; *f gets its identity as scanned. */
+/* Scans one file into splits (from FILE.idx when it can be trusted, see
+ * shard_index.h); *f gets its identity as scanned. */
 static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
                      uint32_t per, uint64_t max_len, splits_t *out,
                      scanned_t *f, ferry_error_t *err) {
   uint8_t h[12];
   struct stat st;
+  ferry_tfr_index_entry_t *idx = NULL;
+  size_t nidx = 0;
   ssize_t n;
   int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
 
@@ -1300,6 +1326,11 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
     } else if (is_compressed(c, h, (size_t)n)) {
       split_t s = {file, 0, 0, 0, 0};
       rc = push_split(out, &s);
+    } else if ((rc = ferry__shard_index_load(path, fd, &st, max_len, &idx,
+                                             &nidx)) != 0) {
+      if (rc > 0)
+        rc = scan_index(idx, nidx, file, per, out);
+      ferry__free(idx);
     } else {
       rc = scan_plain(fd, (uint64_t)st.st_size, file, per, max_len, out,
                       path);

@@ -1896,6 +1896,10 @@ int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
       size_t len = strlen(path);
       if (len > 0 && path[len - 1] == '/')
         continue;
+      /* DALI index files (FILE.idx, `ferryctl records index`) sit next
+       * to the shards and match their globs: never a shard. */
+      if (len >= 4 && strcmp(path + len - 4, ".idx") == 0)
+        continue;
       if (cnt == cap) {
         size_t ncap = cap ? cap * 2 : 16;
         char **no = ferry__realloc(out, ncap * sizeof(char *));
@@ -1919,7 +1923,7 @@ int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
     if (rc == 0 && added == 0)
       rc = ferry__seterr(err, FERRY_ENOENT,
                          "tfrecord: pattern '%.300s' matches only "
-                         "directories",
+                         "directories and .idx index files",
                          pat);
     globfree(&g);
   }

@@ -1038,6 +1038,47 @@ Test(spec, expand_files) {
   rm_tree(dir);
 }
 
+/* Issue 7: `ferryctl records index` writes FILE.idx next to each shard,
+ * and a glob like train-* matches those too: they are never shards. */
+Test(spec, expand_files_skips_index_files) {
+  char dir[] = "/tmp/ferry-spec-XXXXXX", want[600];
+  static const char *const star[] = {"train-*"};
+  static const char *const only_idx[] = {"*.idx"};
+  ferry_spec_t s;
+  ferry_error_t err = {0};
+  char **files;
+  size_t n;
+
+  cr_assert_not_null(mkdtemp(dir));
+  touch(dir, "train-0.tfrecord");
+  touch(dir, "train-0.tfrecord.idx");
+  touch(dir, "train-1.tfrecord");
+  touch(dir, "train-1.tfrecord.idx");
+  touch(dir, "train-2.idx"); /* DALI's tfrecord2idx naming */
+  touch(dir, "train-3.idxx");
+  spec_with(&s, dir, star, 1);
+  cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), 0, "%s",
+               err.msg);
+  {
+    static const char *const order[] = {"train-0.tfrecord", "train-1.tfrecord",
+                                        "train-3.idxx"};
+    cr_assert_eq(n, 3);
+    for (size_t i = 0; i < n; i++) {
+      snprintf(want, sizeof(want), "%s/%s", dir, order[i]);
+      cr_assert_str_eq(files[i], want);
+    }
+  }
+  ferry_spec_free_files(files, n);
+  ferry_spec_close(&s);
+
+  spec_with(&s, dir, only_idx, 1);
+  cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
+  cr_assert(strstr(err.msg, ".idx index files") != NULL, "%s", err.msg);
+  cr_assert(strstr(err.msg, "*.idx") != NULL, "%s", err.msg);
+  ferry_spec_close(&s);
+  rm_tree(dir);
+}
+
 /* --- Allocation failures ------------------------------------------------*/
 
 Test(spec, alloc_failure_injection) {

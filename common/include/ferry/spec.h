@@ -109,8 +109,10 @@ uint64_t ferry_spec_fingerprint(const ferry_spec_t *spec);
 int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c);
 
 /* Expands the patterns (glob(3), sorted, deduplicated) into a
- * ferry_free()-able array of ferry_free()-able paths. No match for a
- * pattern is FERRY_ENOENT naming the pattern. */
+ * ferry_free()-able array of ferry_free()-able paths. Directories and
+ * files whose name ends in ".idx" (DALI index files next to the shards)
+ * are left out. No match for a pattern (or only those) is FERRY_ENOENT
+ * naming the pattern. */
 int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
                             size_t *n, ferry_error_t *err);
 void ferry_spec_free_files(char **files, size_t n);
