@@ -29,6 +29,10 @@ static const ferry_option_t table[] = {
      "heartbeat interval until the dispatcher says otherwise"},
     {"chunk-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, chunk_bytes),
      "2M", 1, 64 << 20, NULL, "target payload size of one chunk"},
+    {"spill-dir", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, spill_dir),
+     NULL, 0, 0, NULL,
+     "directory of the unlinked files shuffled GZIP/ZLIB shards are inflated "
+     "into (default: $TMPDIR, else /tmp)"},
     {"config", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, config), NULL, 0,
      0, NULL, "config file of 'name = value' lines (flags override it)"},
     {"log-level", FERRY_OPT_ENUM, offsetof(ferry__wconfig_t, log_level),

@@ -7,8 +7,15 @@
  * while a client reconnects, wait in the queue (the pool bounds them);
  * chunks of cancelled tasks are dropped when the inbox is drained or a
  * purge is asked for.
+ *
+ * Stall clock: each queue publishes in its pool key (stall_since_ms) since
+ * when it has had chunks queued or a send in flight without gRPC taking
+ * one (a completed send); 0 while empty. Heartbeats report it per task as
+ * TaskProgress.stalled_ms, and the dispatcher takes the splits of a client
+ * whose stream stalls past --client-stall-ms.
  */
 #include <string.h>
+#include <time.h>
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
@@ -22,7 +29,26 @@ struct ferry__wqueue_s {
   size_t n;
   ferry_rpc_call_t *call; /* the open StreamChunks call, or NULL */
   bool sending;           /* a send of `call` is in flight */
+  ferry__wkey_t *key;     /* the stream's pool key (a reference) */
 };
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return ms > 0 ? ms : 1;
+}
+
+/* Publishes the stall clock: restarted on `progress` (gRPC took a chunk),
+ * started when the queue begins to wait, stopped when it is idle. */
+static void queue_mark(ferry__wqueue_t *q, bool progress) {
+  if (q->key == NULL)
+    return;
+  if (q->head == NULL && !q->sending)
+    atomic_store(&q->key->stall_since_ms, 0);
+  else if (progress || atomic_load(&q->key->stall_since_ms) == 0)
+    atomic_store(&q->key->stall_since_ms, now_ms());
+}
 
 static ferry__wqueue_t *queue_get(ferry__worker_t *w, uint64_t job_id,
                                   uint64_t client_id, bool create) {
@@ -37,6 +63,7 @@ static ferry__wqueue_t *queue_get(ferry__worker_t *w, uint64_t job_id,
   q->w = w;
   q->job_id = job_id;
   q->client_id = client_id;
+  q->key = ferry__wpool_key_get(&w->pool, job_id, client_id, false);
   q->next = w->queues;
   w->queues = q;
   return q;
@@ -48,6 +75,9 @@ static void queues_trim(ferry__worker_t *w) {
     ferry__wqueue_t *q = *pp;
     if (q->call == NULL && q->head == NULL) {
       *pp = q->next;
+      if (q->key != NULL)
+        atomic_store(&q->key->stall_since_ms, 0);
+      ferry__wpool_key_put(&w->pool, q->key, false);
       ferry__free(q);
     } else {
       pp = &q->next;
@@ -74,6 +104,7 @@ static void queue_purge(ferry__wqueue_t *q, bool all) {
     }
   }
   q->tail = prev;
+  queue_mark(q, false);
 }
 
 static void send_next(ferry__wqueue_t *q);
@@ -88,9 +119,11 @@ static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
      * call. The queue waits for a reconnect. */
     q->call = NULL;
     ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "stream broken");
+    queue_mark(q, false);
     return;
   }
   send_next(q);
+  queue_mark(q, true);
 }
 
 static void send_next(ferry__wqueue_t *q) {
@@ -174,6 +207,7 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
             (unsigned long long)job_id, (unsigned long long)client_id, q->n);
   ferry_rpc_call_on_cancel(call, on_call_cancel, q);
   send_next(q);
+  queue_mark(q, false);
 }
 
 int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
@@ -259,8 +293,10 @@ void ferry__winbox_on_async(uv_async_t *a) {
   if (purge)
     for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
       queue_purge(q, false);
-  for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+  for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
     send_next(q);
+    queue_mark(q, false);
+  }
   if (purge)
     queues_trim(w);
   if (stop)

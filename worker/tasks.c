@@ -1,11 +1,22 @@
 /* The task runner: the chunk pool, the task table, the pipeline cache and
  * the pipeline threads.
  *
- * A thread takes a whole task (one split) at a time. Without shuffle it
- * streams the split's records from the reader in file order; with shuffle
- * it first collects them (pointers into the mapping for uncompressed
- * files, copies into a thread-owned arena for compressed ones, whose
- * reader reuses its buffer) and walks them in the split's permutation.
+ * A thread runs one task (one split) until it ends or parks. Without
+ * shuffle it streams the split's records from the reader in file order;
+ * with shuffle one pass of the reader builds a table of where each record
+ * is (its data's offset in the shard; for GZIP/ZLIB shards, whose inflated
+ * stream cannot be read at random, in an unlinked spill file the pass
+ * writes), then the permutation is walked reading each record back with
+ * pread (shard records are checked against their CRC again: the file may
+ * have changed). Memory: the reader's window, one record, 40 bytes per
+ * record of the split; never the split itself.
+ *
+ * Parking: when the task's stream is at its share of the pool (or the pool
+ * is full), the acquire does not wait. The task keeps its run state (the
+ * reader, the table and position, the record just processed) and goes on
+ * the parked list; the thread takes the next pending task. A release of
+ * one of the stream's chunks (of any chunk when the pool was full) puts it
+ * back at the head of the pending queue.
  * Positions in split order count the records the pipeline produced: a
  * record the reader skipped (bad CRC) never gets one, and under policy
  * skip neither does a record the pipeline rejects, so a lease resumed
@@ -17,10 +28,16 @@
  * A full chunk is handed on only when the next record needs room, so the
  * split's final chunk is always the one marked `last`.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/crc32c.h"
 #include "ferry/log.h"
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
@@ -57,6 +74,11 @@ void ferry__wpool_close(ferry__wpool_t *p) {
     c = next;
   }
   p->free_list = NULL;
+  while (p->keys != NULL) { /* only when a test left references behind */
+    ferry__wkey_t *k = p->keys;
+    p->keys = k->next;
+    ferry__free(k);
+  }
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->lock);
 }
@@ -65,62 +87,192 @@ static bool is_set(const atomic_bool *flag) {
   return flag != NULL && atomic_load(flag);
 }
 
+ferry__wkey_t *ferry__wpool_key_get(ferry__wpool_t *p, uint64_t job_id,
+                                    uint64_t client_id, bool task) {
+  pthread_mutex_lock(&p->lock);
+  ferry__wkey_t *k = p->keys;
+  while (k != NULL && (k->job_id != job_id || k->client_id != client_id))
+    k = k->next;
+  if (k == NULL && (k = ferry__calloc(1, sizeof(*k))) != NULL) {
+    k->job_id = job_id;
+    k->client_id = client_id;
+    atomic_init(&k->stall_since_ms, 0);
+    k->next = p->keys;
+    p->keys = k;
+  }
+  if (k != NULL) {
+    k->refs++;
+    if (task)
+      k->tasks++;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return k;
+}
+
+/* Drops a reference; pool lock held. */
+static void key_put_locked(ferry__wpool_t *p, ferry__wkey_t *k, bool task) {
+  if (task)
+    k->tasks--;
+  if (--k->refs > 0)
+    return;
+  for (ferry__wkey_t **pp = &p->keys; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == k) {
+      *pp = k->next;
+      break;
+    }
+  ferry__free(k);
+}
+
+void ferry__wpool_key_put(ferry__wpool_t *p, ferry__wkey_t *k, bool task) {
+  if (k == NULL)
+    return;
+  pthread_mutex_lock(&p->lock);
+  key_put_locked(p, k, task);
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* The share of `k` for a block of `need` bytes: the cap divided by the
+ * active streams (with live tasks or chunks out, `k` included), at least
+ * two blocks. Pool lock held. */
+static uint64_t share_of(ferry__wpool_t *p, const ferry__wkey_t *k,
+                         size_t need) {
+  uint64_t n = 0;
+  bool self = false;
+  for (const ferry__wkey_t *q = p->keys; q != NULL; q = q->next)
+    if (q->tasks > 0 || q->used > 0) {
+      n++;
+      self |= q == k;
+    }
+  if (!self)
+    n++;
+  uint64_t share = p->cap / n, floor = 2 * (uint64_t)need;
+  return share > floor ? share : floor;
+}
+
+uint64_t ferry__wpool_share(ferry__wpool_t *p, ferry__wkey_t *k, size_t need) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t s = share_of(p, k, need);
+  pthread_mutex_unlock(&p->lock);
+  return s;
+}
+
+enum { TAKE_OK, TAKE_FULL_KEY, TAKE_FULL_POOL };
+
+/* Reserves `need` bytes for `key` (may be NULL: no share). On TAKE_OK,
+ * *reuse is a free block to lay out, or NULL: allocate `need` bytes.
+ * Pool lock held. */
+static int take(ferry__wpool_t *p, ferry__wkey_t *key, size_t need, bool tiny,
+                ferry__wchunk_t **reuse) {
+  *reuse = NULL;
+  if (key != NULL && !tiny && key->used > 0 &&
+      key->used + need > share_of(p, key, need))
+    return TAKE_FULL_KEY;
+  /* Reuse a free block that fits without wasting more than half. */
+  ferry__wchunk_t **pp = &p->free_list;
+  while (*pp != NULL &&
+         ((*pp)->block_size < need || (*pp)->block_size > 2 * need))
+    pp = &(*pp)->next;
+  if (*pp != NULL) {
+    ferry__wchunk_t *c = *pp;
+    *pp = c->next;
+    p->cached -= c->block_size;
+    p->used += c->block_size;
+    if (key != NULL)
+      key->used += c->block_size;
+    *reuse = c;
+    return TAKE_OK;
+  }
+  if (!(p->used + need <= p->cap || p->used == 0 || tiny))
+    return TAKE_FULL_POOL;
+  /* Make room among the free blocks, which count against the cap. */
+  while (p->free_list != NULL && p->used + p->cached + need > p->cap) {
+    ferry__wchunk_t *f = p->free_list;
+    p->free_list = f->next;
+    p->cached -= f->block_size;
+    ferry__aligned_free(f);
+  }
+  p->used += need;
+  if (key != NULL)
+    key->used += need;
+  return TAKE_OK;
+}
+
+/* After TAKE_OK, pool lock released: the chunk, or NULL (*oom). */
+static ferry__wchunk_t *finish_take(ferry__wpool_t *p, ferry__wkey_t *key,
+                                    ferry__wchunk_t *reuse, size_t need,
+                                    uint32_t cap, size_t rec_bytes,
+                                    bool *oom) {
+  ferry__wchunk_t *c = reuse;
+  size_t size = reuse != NULL ? reuse->block_size : need;
+  if (c == NULL) {
+    c = ferry__aligned_alloc(64, need);
+    if (c == NULL) {
+      pthread_mutex_lock(&p->lock);
+      p->used -= need;
+      if (key != NULL) {
+        key->used -= need;
+        key_put_locked(p, key, false);
+      }
+      pthread_cond_broadcast(&p->cv);
+      pthread_mutex_unlock(&p->lock);
+      *oom = true;
+      return NULL;
+    }
+    c->pool = p;
+  }
+  c = ferry__wchunk_layout(c, size, cap, rec_bytes);
+  c->key = key;
+  return c;
+}
+
+ferry__wchunk_t *ferry__wpool_acquire_key(ferry__wpool_t *p,
+                                          ferry__wkey_t *key, uint32_t cap,
+                                          size_t rec_bytes, bool wait,
+                                          const atomic_bool *cancel_a,
+                                          const atomic_bool *cancel_b,
+                                          uint64_t *gen, bool *key_full,
+                                          bool *oom) {
+  size_t need = ferry__wchunk_block_size(cap, rec_bytes);
+  ferry__wchunk_t *reuse;
+  *oom = false;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    if (is_set(cancel_a) || is_set(cancel_b))
+      break;
+    int why = take(p, key, need, cap == 0, &reuse);
+    if (why == TAKE_OK) {
+      if (key != NULL)
+        key->refs++; /* the chunk's */
+      pthread_mutex_unlock(&p->lock);
+      return finish_take(p, key, reuse, need, cap, rec_bytes, oom);
+    }
+    p->waits++;
+    if (gen != NULL)
+      *gen = p->gen;
+    if (key_full != NULL)
+      *key_full = why == TAKE_FULL_KEY;
+    if (!wait)
+      break;
+    pthread_cond_wait(&p->cv, &p->lock);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
 ferry__wchunk_t *ferry__wpool_acquire(ferry__wpool_t *p, uint32_t cap,
                                       size_t rec_bytes,
                                       const atomic_bool *cancel_a,
                                       const atomic_bool *cancel_b,
                                       bool *oom) {
-  size_t need = ferry__wchunk_block_size(cap, rec_bytes);
-  ferry__wchunk_t *c = NULL;
-  *oom = false;
-  pthread_mutex_lock(&p->lock);
-  for (;;) {
-    if (is_set(cancel_a) || is_set(cancel_b)) {
-      pthread_mutex_unlock(&p->lock);
-      return NULL;
-    }
-    /* Reuse a free block that fits without wasting more than half. */
-    ferry__wchunk_t **pp = &p->free_list;
-    while (*pp != NULL &&
-           ((*pp)->block_size < need || (*pp)->block_size > 2 * need))
-      pp = &(*pp)->next;
-    if (*pp != NULL) {
-      c = *pp;
-      *pp = c->next;
-      p->cached -= c->block_size;
-      p->used += c->block_size;
-      pthread_mutex_unlock(&p->lock);
-      return ferry__wchunk_layout(c, c->block_size, cap, rec_bytes);
-    }
-    if (p->used + need <= p->cap || p->used == 0) {
-      /* Make room among the free blocks, which count against the cap. */
-      while (p->free_list != NULL && p->used + p->cached + need > p->cap) {
-        ferry__wchunk_t *f = p->free_list;
-        p->free_list = f->next;
-        p->cached -= f->block_size;
-        ferry__aligned_free(f);
-      }
-      p->used += need;
-      pthread_mutex_unlock(&p->lock);
-      c = ferry__aligned_alloc(64, need);
-      if (c == NULL) {
-        pthread_mutex_lock(&p->lock);
-        p->used -= need;
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->lock);
-        *oom = true;
-        return NULL;
-      }
-      c->pool = p;
-      return ferry__wchunk_layout(c, need, cap, rec_bytes);
-    }
-    p->waits++;
-    pthread_cond_wait(&p->cv, &p->lock);
-  }
+  return ferry__wpool_acquire_key(p, NULL, cap, rec_bytes, true, cancel_a,
+                                  cancel_b, NULL, NULL, oom);
 }
 
 void ferry__wpool_release(ferry__wchunk_t *c) {
   ferry__wpool_t *p = c->pool;
+  ferry__wkey_t *key = c->key;
+  uint64_t job_id = key != NULL ? key->job_id : 0;
+  uint64_t client_id = key != NULL ? key->client_id : 0;
   if (c->task != NULL) {
     ferry__wtask_unref(c->task);
     c->task = NULL;
@@ -128,10 +280,28 @@ void ferry__wpool_release(ferry__wchunk_t *c) {
   pthread_mutex_lock(&p->lock);
   p->used -= c->block_size;
   p->cached += c->block_size;
+  if (key != NULL) {
+    key->used -= c->block_size;
+    key_put_locked(p, key, false);
+    c->key = NULL;
+  }
   c->next = p->free_list;
   p->free_list = c;
+  p->gen++;
+  void (*cb)(void *, uint64_t, uint64_t) =
+      p->parked > 0 ? p->on_release : NULL;
+  void *cb_arg = p->on_release_arg;
+  if (cb != NULL)
+    p->in_cb++;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->lock);
+  if (cb != NULL) {
+    cb(cb_arg, job_id, client_id);
+    pthread_mutex_lock(&p->lock);
+    p->in_cb--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->lock);
+  }
 }
 
 void ferry__wpool_wake(ferry__wpool_t *p) {
@@ -185,13 +355,56 @@ static void pipe_free(ferry__wpipe_t *p) {
   ferry__free(p);
 }
 
+static void run_free(struct ferry__wrun_s *ru);
+
+/* The task no longer makes its stream active (it ended). */
+static void key_idle(ferry__wtask_t *k) {
+  if (!k->key_active)
+    return;
+  pthread_mutex_lock(&k->pool->lock);
+  k->key->tasks--;
+  pthread_mutex_unlock(&k->pool->lock);
+  k->key_active = false;
+}
+
 void ferry__wtask_unref(ferry__wtask_t *task) {
   if (atomic_fetch_sub(&task->refs, 1) != 1)
     return;
+  run_free(task->run);
+  ferry__wpool_key_put(task->pool, task->key, task->key_active);
   if (task->pipe != NULL)
     pipe_unref(task->pipe);
   ferry__free(task->file);
   ferry__free(task);
+}
+
+/* The pool's release callback: puts the tasks parked on that stream (or
+ * on the whole pool) back at the head of the pending queue. */
+static void wake_parked(void *arg, uint64_t job_id, uint64_t client_id) {
+  ferry__wtasks_t *t = arg;
+  int moved = 0;
+  pthread_mutex_lock(&t->lock);
+  for (ferry__wtask_t **pp = &t->parked; *pp != NULL;) {
+    ferry__wtask_t *k = *pp;
+    if (!k->park_pool && (k->job_id != job_id || k->client_id != client_id)) {
+      pp = &k->qnext;
+      continue;
+    }
+    *pp = k->qnext;
+    k->state = WT_PENDING;
+    k->qnext = t->qhead;
+    t->qhead = k;
+    if (t->qtail == NULL)
+      t->qtail = k;
+    moved++;
+  }
+  if (moved > 0) {
+    pthread_mutex_lock(&t->pool->lock);
+    t->pool->parked -= moved;
+    pthread_mutex_unlock(&t->pool->lock);
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->lock);
 }
 
 int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,
@@ -210,6 +423,19 @@ int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,
   t->emit = emit;
   t->emit_arg = emit_arg;
   t->next_pipe_id = 1;
+  pthread_mutex_lock(&pool->lock);
+  pool->on_release = wake_parked;
+  pool->on_release_arg = t;
+  pthread_mutex_unlock(&pool->lock);
+  return 0;
+}
+
+int ferry__wtasks_set_spill_dir(ferry__wtasks_t *t, const char *dir) {
+  char *copy = NULL;
+  if (dir != NULL && dir[0] != '\0' && (copy = ferry__strdup(dir)) == NULL)
+    return FERRY_ENOMEM;
+  ferry__free(t->spill_dir);
+  t->spill_dir = copy;
   return 0;
 }
 
@@ -295,6 +521,15 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *m) {
     ferry__free(k);
     return FERRY_ENOMEM;
   }
+  k->pool = t->pool;
+  k->key = ferry__wpool_key_get(t->pool, m->job_id, m->client_id, true);
+  if (k->key == NULL) {
+    pthread_mutex_unlock(&t->lock);
+    ferry__free(k->file);
+    ferry__free(k);
+    return FERRY_ENOMEM;
+  }
+  k->key_active = true;
   atomic_init(&k->refs, 1);
   atomic_init(&k->cancelled, false);
   k->job_id = m->job_id;
@@ -355,6 +590,20 @@ static void dequeue(ferry__wtasks_t *t, ferry__wtask_t *k) {
   }
 }
 
+/* Unlinks a parked task. Tasks lock held. */
+static void unpark(ferry__wtasks_t *t, ferry__wtask_t *k) {
+  for (ferry__wtask_t **pp = &t->parked; *pp != NULL; pp = &(*pp)->qnext)
+    if (*pp == k) {
+      *pp = k->qnext;
+      k->qnext = NULL;
+      k->state = WT_DONE;
+      pthread_mutex_lock(&t->pool->lock);
+      t->pool->parked--;
+      pthread_mutex_unlock(&t->pool->lock);
+      return;
+    }
+}
+
 bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
                           uint32_t epoch, uint32_t split, uint64_t lease) {
   ferry__wtask_t **link;
@@ -368,6 +617,8 @@ bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
   k->next = NULL;
   if (k->state == WT_PENDING)
     dequeue(t, k);
+  else if (k->state == WT_PARKED)
+    unpark(t, k);
   atomic_store(&k->cancelled, true);
   pthread_mutex_unlock(&t->lock);
   /* A thread blocked on the pool rechecks its task's flag. */
@@ -423,6 +674,9 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
   Ferry__V1__TaskProgress *tp = (Ferry__V1__TaskProgress *)(ptrs + n);
   char *texts = (char *)(tp + n);
   size_t i = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
   for (ferry__wtask_t *k = t->list; k != NULL; k = k->next, i++) {
     Ferry__V1__TaskProgress *p = &tp[i];
     ferry__v1__task_progress__init(p);
@@ -433,6 +687,9 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
     p->produced = k->produced;
     p->finished = k->finished;
     p->skipped = k->skipped;
+    int64_t since = k->key != NULL ? atomic_load(&k->key->stall_since_ms) : 0;
+    p->stalled_ms = since > 0 && now_ms > since ? (uint64_t)(now_ms - since)
+                                                 : 0;
     char *text = texts + i * ERROR_TEXT;
     if (k->state == WT_DONE && k->error_code != 0) {
       p->error_code = k->error_code;
@@ -457,25 +714,11 @@ struct ctx_slot {
   uint64_t used; /* LRU tick */
 };
 
-/* A collected record of a shuffled split. */
-struct rec_ref {
-  const uint8_t *data; /* NULL while `arena_off` is meant */
-  size_t arena_off;
-  size_t len;
-  uint64_t offset, index;
-};
-
 struct ferry__wthread_s {
   ferry__wtasks_t *t;
   pthread_t tid;
   struct ctx_slot slots[CTX_SLOTS];
   uint64_t tick;
-  struct rec_ref *recs;
-  size_t recs_cap;
-  uint64_t *order;
-  size_t order_cap;
-  uint8_t *arena;
-  size_t arena_cap;
 };
 
 ferry__wthread_t *ferry__wthread_new(ferry__wtasks_t *t) {
@@ -493,9 +736,6 @@ void ferry__wthread_free(ferry__wthread_t *th) {
       ferry_pipeline_ctx_free(th->slots[i].ctx);
       pipe_unref(th->slots[i].pipe);
     }
-  ferry__free(th->recs);
-  ferry__free(th->order);
-  ferry__free(th->arena);
   ferry__free(th);
 }
 
@@ -544,16 +784,74 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
   return true;
 }
 
+/* ---- A task's run state -------------------------------------------------- */
+
+/* Spill files are written through a buffer of this size. */
+#define SPILL_WBUF (1u << 20)
+
+/* A record of a shuffled split: where its data is read back. */
+struct rec_ref {
+  uint64_t at;  /* the data's offset in the shard, or in the spill file */
+  uint64_t len;
+  uint64_t offset, index; /* in the shard's stream (for messages, ids) */
+};
+
+/* What a started task needs to go on where it stopped: it outlives the
+ * thread when the task parks. */
+typedef struct ferry__wrun_s {
+  ferry_tfr_reader_t *rd;
+  uint64_t out, skipped;
+  /* Shuffled splits: the record table built by one pass of the reader,
+   * then walked in the permutation from `next`. */
+  bool collected;
+  struct rec_ref *recs;
+  size_t nrecs, recs_cap;
+  uint64_t *order;
+  uint64_t next;
+  int fd;       /* the shard (uncompressed) or the spill file; -1 */
+  bool spill;
+  uint8_t *rbuf; /* one record read back (+ its footer) */
+  size_t rbuf_cap;
+  uint8_t *wbuf; /* spill writes */
+  size_t wlen;
+  uint64_t spill_len;
+  /* The record processed when the task parked, waiting for a chunk. */
+  bool pending;
+  uint8_t *pix;
+  size_t pix_cap;
+  int h, w, c;
+  int64_t label, id;
+} wrun_t;
+
+static void run_free(wrun_t *ru) {
+  if (ru == NULL)
+    return;
+  ferry_tfr_reader_free(ru->rd);
+  if (ru->fd >= 0)
+    close(ru->fd);
+  ferry__free(ru->recs);
+  ferry__free(ru->order);
+  ferry__free(ru->rbuf);
+  ferry__free(ru->wbuf);
+  ferry__free(ru->pix);
+  ferry__free(ru);
+}
+
 /* ---- Running a task ------------------------------------------------------ */
 
 typedef struct run_s {
   ferry__wthread_t *th;
   ferry__wtask_t *task;
+  wrun_t *ru;
   ferry_pipeline_ctx_t *ctx;
   ferry__wchunk_t *cur; /* the chunk being filled */
   uint64_t out;         /* positions done (from 0) */
   uint64_t skipped;     /* pipeline rejects at positions >= start */
   bool stopped;         /* cancelled, or the worker stops */
+  bool may_park;
+  bool parked;          /* a chunk would have to wait: park the task */
+  bool park_key_full;
+  uint64_t park_gen;
   int err_code;
   ferry_error_t err;
 } run_t;
@@ -584,21 +882,25 @@ static int flush(run_t *r, bool last) {
   return 0;
 }
 
-/* A fresh chunk for `cap` records; NULL when stopped or out of memory
- * (r->err set). */
+/* A fresh chunk for `cap` records; NULL when stopped, out of memory
+ * (r->err set) or, when the task may park, when the stream's share or the
+ * pool is full (r->parked set). */
 static ferry__wchunk_t *new_chunk(run_t *r, uint32_t cap, int h, int w,
                                   int ch) {
   ferry__wtasks_t *t = r->th->t;
   ferry__wtask_t *k = r->task;
   bool oom;
   size_t rb = (size_t)h * (size_t)w * (size_t)ch;
-  ferry__wchunk_t *c =
-      ferry__wpool_acquire(t->pool, cap, rb, &k->cancelled, &t->stop, &oom);
+  ferry__wchunk_t *c = ferry__wpool_acquire_key(
+      t->pool, k->key, cap, rb, !r->may_park, &k->cancelled, &t->stop,
+      &r->park_gen, &r->park_key_full, &oom);
   if (c == NULL) {
     if (oom)
       ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory for a chunk");
-    else
+    else if (should_stop(r) || !r->may_park)
       r->stopped = true;
+    else
+      r->parked = true;
     return NULL;
   }
   atomic_fetch_add(&k->refs, 1);
@@ -615,8 +917,56 @@ static ferry__wchunk_t *new_chunk(run_t *r, uint32_t cap, int h, int w,
   return c;
 }
 
-/* Runs one record; returns false when the task ends here (stopped or
- * failed). */
+/* Puts one produced record into the current chunk (a new one when full
+ * or of another shape). Returns false when the task ends or parks here;
+ * on parking the record is kept in the run state. */
+static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
+                       int64_t label, int64_t id) {
+  size_t rb = (size_t)h * (size_t)w * (size_t)c;
+  ferry__wchunk_t *cur = r->cur;
+  if (cur != NULL && (cur->count == cur->cap || cur->h != h || cur->w != w ||
+                      cur->c != c)) {
+    if (flush(r, false) != 0)
+      return false;
+    cur = NULL;
+  }
+  if (cur == NULL) {
+    uint64_t kk = rb > 0 ? r->th->t->chunk_bytes / rb : MAX_CHUNK_RECORDS;
+    if (kk < 1)
+      kk = 1;
+    if (kk > MAX_CHUNK_RECORDS)
+      kk = MAX_CHUNK_RECORDS;
+    cur = r->cur = new_chunk(r, (uint32_t)kk, h, w, c);
+    if (cur == NULL) {
+      wrun_t *ru = r->ru;
+      if (r->parked && pix != ru->pix) {
+        if (!grow((void **)&ru->pix, &ru->pix_cap, rb > 0 ? rb : 1, 1)) {
+          r->parked = false;
+          ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+          return false;
+        }
+        memcpy(ru->pix, pix, rb);
+        ru->h = h;
+        ru->w = w;
+        ru->c = c;
+        ru->label = label;
+        ru->id = id;
+        ru->pending = true;
+      }
+      return false;
+    }
+  }
+  memcpy(cur->payload + (size_t)cur->count * rb, pix, rb);
+  cur->labels[cur->count] = label;
+  cur->ids[cur->count] = id;
+  cur->count++;
+  r->out++;
+  if (pix == r->ru->pix)
+    r->ru->pending = false;
+  return true;
+}
+
+/* Runs one record; returns false when the task ends or parks here. */
 static bool do_record(run_t *r, const uint8_t *data, size_t len,
                       uint64_t offset, uint64_t index) {
   ferry__wtask_t *k = r->task;
@@ -650,38 +1000,17 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     r->out++;
     return true;
   }
-  size_t rb = (size_t)h * (size_t)w * (size_t)c;
-  ferry__wchunk_t *cur = r->cur;
-  if (cur != NULL && (cur->count == cur->cap || cur->h != h || cur->w != w ||
-                      cur->c != c)) {
-    if (flush(r, false) != 0)
-      return false;
-    cur = NULL;
-  }
-  if (cur == NULL) {
-    uint64_t kk = rb > 0 ? r->th->t->chunk_bytes / rb : MAX_CHUNK_RECORDS;
-    if (kk < 1)
-      kk = 1;
-    if (kk > MAX_CHUNK_RECORDS)
-      kk = MAX_CHUNK_RECORDS;
-    cur = r->cur = new_chunk(r, (uint32_t)kk, h, w, c);
-    if (cur == NULL)
-      return false;
-  }
-  memcpy(cur->payload + (size_t)cur->count * rb, pix, rb);
-  cur->labels[cur->count] = label;
-  cur->ids[cur->count] = (int64_t)((uint64_t)k->file_index << 40 | index);
-  cur->count++;
-  r->out++;
-  return true;
+  return put_record(r, pix, h, w, c, label,
+                    (int64_t)((uint64_t)k->file_index << 40 | index));
 }
 
-/* Streams the split in file order. Returns the reader's result. */
-static int run_identity(run_t *r, ferry_tfr_reader_t *rd) {
+/* Streams the split in file order. Returns the reader's result (0 when
+ * the task stopped, failed in the pipeline or parked). */
+static int run_identity(run_t *r) {
   ferry__wtask_t *k = r->task;
   ferry_record_t rec;
   int rc;
-  while ((rc = ferry_tfr_reader_next(rd, &rec, &r->err)) == 0) {
+  while ((rc = ferry_tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       return FERRY_EOF;
     if (!do_record(r, rec.data, rec.len, rec.offset, rec.index))
@@ -690,45 +1019,204 @@ static int run_identity(run_t *r, ferry_tfr_reader_t *rd) {
   return rc;
 }
 
-/* Collects the split, then walks its permutation. */
-static int run_shuffled(run_t *r, ferry_tfr_reader_t *rd) {
-  ferry__wthread_t *th = r->th;
+static int64_t pread_full(int fd, uint8_t *p, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = pread(fd, p + got, n - got, (off_t)(off + got));
+    if (k < 0) {
+      if (errno == EINTR)
+        continue;
+      return -(int64_t)errno;
+    }
+    if (k == 0)
+      break;
+    got += (size_t)k;
+  }
+  return (int64_t)got;
+}
+
+static int spill_flush(run_t *r) {
+  wrun_t *ru = r->ru;
+  size_t off = 0;
+  while (off < ru->wlen) {
+    ssize_t n = pwrite(ru->fd, ru->wbuf + off, ru->wlen - off,
+                       (off_t)(ru->spill_len - ru->wlen + off));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : ENOSPC;
+      return ferry__seterr(&r->err, ferry_err_from_errno(e),
+                           "%s: spill file in %s: write: %s", r->task->file,
+                           r->th->t->spill_dir != NULL ? r->th->t->spill_dir
+                                                       : "$TMPDIR",
+                           strerror(e));
+    }
+    off += (size_t)n;
+  }
+  ru->wlen = 0;
+  return 0;
+}
+
+/* An unlinked spill file in the spill directory. */
+static int spill_open(run_t *r) {
+  const char *dir = r->th->t->spill_dir;
+  if (dir == NULL)
+    dir = getenv("TMPDIR");
+  if (dir == NULL || dir[0] == '\0')
+    dir = "/tmp";
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ferry-spill-XXXXXX", dir);
+    fd = mkstemp(path);
+    if (fd >= 0)
+      unlink(path);
+  }
+  if (fd < 0)
+    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
+                         "%s: cannot create a spill file in %s: %s",
+                         r->task->file, dir, strerror(errno));
+  r->ru->fd = fd;
+  return 0;
+}
+
+/* The shuffled split's first pass: the reader checks every record once
+ * and the table keeps where each one's data is. Compressed records are
+ * copied into the spill file (the inflated stream is not seekable). */
+static int collect(run_t *r) {
   ferry__wtask_t *k = r->task;
-  bool copy = ferry_tfr_reader_compression(rd) != FERRY_COMPRESSION_NONE;
-  size_t n = 0, arena_len = 0;
+  wrun_t *ru = r->ru;
   ferry_record_t rec;
   int rc;
-  while ((rc = ferry_tfr_reader_next(rd, &rec, &r->err)) == 0) {
+  ru->spill = ferry_tfr_reader_compression(ru->rd) != FERRY_COMPRESSION_NONE;
+  if (ru->spill) {
+    if ((rc = spill_open(r)) < 0)
+      return rc;
+    if ((ru->wbuf = ferry__malloc(SPILL_WBUF)) == NULL)
+      return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  } else if ((ru->fd = open(k->file, O_RDONLY | O_CLOEXEC)) < 0) {
+    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
+                         "%s: open: %s", k->file, strerror(errno));
+  }
+  while ((rc = ferry_tfr_reader_next(ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       break;
-    if ((n & 1023) == 0 && should_stop(r))
+    if ((ru->nrecs & 1023) == 0 && should_stop(r))
       return 0;
-    if (!grow((void **)&th->recs, &th->recs_cap, n + 1, sizeof(*th->recs)))
+    if (!grow((void **)&ru->recs, &ru->recs_cap, ru->nrecs + 1,
+              sizeof(*ru->recs)))
       return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-    struct rec_ref *ref = &th->recs[n++];
+    struct rec_ref *ref = &ru->recs[ru->nrecs++];
     ref->len = rec.len;
     ref->offset = rec.offset;
     ref->index = rec.index;
-    ref->data = rec.data;
-    if (copy) {
-      if (!grow((void **)&th->arena, &th->arena_cap, arena_len + rec.len, 1))
-        return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-      memcpy(th->arena + arena_len, rec.data, rec.len);
-      ref->data = NULL;
-      ref->arena_off = arena_len;
-      arena_len += rec.len;
+    if (!ru->spill) {
+      ref->at = rec.offset + 12;
+      continue;
+    }
+    ref->at = ru->spill_len;
+    size_t done = 0;
+    while (done < rec.len) {
+      size_t n = rec.len - done;
+      if (n > SPILL_WBUF - ru->wlen)
+        n = SPILL_WBUF - ru->wlen;
+      memcpy(ru->wbuf + ru->wlen, rec.data + done, n);
+      ru->wlen += n;
+      ru->spill_len += n;
+      done += n;
+      if (ru->wlen == SPILL_WBUF && (rc = spill_flush(r)) < 0)
+        return rc;
     }
   }
   if (rc != 0 && rc != FERRY_EOF)
     return rc;
-  if (!grow((void **)&th->order, &th->order_cap, n, sizeof(*th->order)))
+  if (ru->spill) {
+    if ((rc = spill_flush(r)) < 0)
+      return rc;
+    ferry__free(ru->wbuf);
+    ru->wbuf = NULL;
+  }
+  ru->order = ferry__malloc((ru->nrecs > 0 ? ru->nrecs : 1) *
+                            sizeof(*ru->order));
+  if (ru->order == NULL)
     return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-  ferry__wshuffle(th->order, n, k->shuffle, k->seed, k->epoch, k->split);
-  for (size_t i = 0; i < n; i++) {
-    const struct rec_ref *ref = &th->recs[th->order[i]];
-    const uint8_t *data = ref->data != NULL ? ref->data
-                                            : th->arena + ref->arena_off;
-    if (!do_record(r, data, ref->len, ref->offset, ref->index))
+  ferry__wshuffle(ru->order, ru->nrecs, k->shuffle, k->seed, k->epoch,
+                  k->split);
+  ru->collected = true;
+  return 0;
+}
+
+/* Reads a collected record back into ru->rbuf. A shard record is checked
+ * against its data CRC again: the file may have changed since the first
+ * pass. Returns 0 or a negative code with r->err set. */
+static int read_back(run_t *r, const struct rec_ref *ref) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  size_t n = (size_t)ref->len + (ru->spill ? 0 : 4);
+  if (!grow((void **)&ru->rbuf, &ru->rbuf_cap, n > 0 ? n : 1, 1))
+    return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  int64_t got = pread_full(ru->fd, ru->rbuf, n, ref->at);
+  const char *what = ru->spill ? "spill file of " : "";
+  if (got < 0)
+    return ferry__seterr(&r->err, ferry_err_from_errno((int)-got),
+                         "%s%s: record %llu at byte offset %llu: read: %s",
+                         what, k->file, (unsigned long long)ref->index,
+                         (unsigned long long)ref->offset,
+                         strerror((int)-got));
+  if ((size_t)got < n)
+    return ferry__seterr(&r->err, FERRY_ETRUNCDATA,
+                         "%s%s: record %llu at byte offset %llu: file ends "
+                         "inside the record data (%lld of %zu bytes): it was "
+                         "truncated while the worker read it",
+                         what, k->file, (unsigned long long)ref->index,
+                         (unsigned long long)ref->offset, (long long)got, n);
+  if (!ru->spill) {
+    const uint8_t *f = ru->rbuf + ref->len;
+    uint32_t stored = (uint32_t)f[0] | (uint32_t)f[1] << 8 |
+                      (uint32_t)f[2] << 16 | (uint32_t)f[3] << 24;
+    uint32_t computed =
+        ferry_crc32c_mask(ferry_crc32c(0, ru->rbuf, (size_t)ref->len));
+    if (stored != computed)
+      return ferry__seterr(&r->err, FERRY_EDATACRC,
+                           "%s: record %llu at byte offset %llu: record data "
+                           "CRC mismatch on reading it again (stored 0x%08x, "
+                           "computed 0x%08x): the file changed while the "
+                           "worker read it",
+                           k->file, (unsigned long long)ref->index,
+                           (unsigned long long)ref->offset, stored, computed);
+  }
+  return 0;
+}
+
+/* Builds the table once, then walks the permutation from ru->next. */
+static int run_shuffled(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  int rc;
+  if (!ru->collected) {
+    if ((rc = collect(r)) < 0)
+      return rc;
+    if (!ru->collected)
+      return 0; /* stopped */
+  }
+  while (ru->next < ru->nrecs) {
+    const struct rec_ref *ref = &ru->recs[ru->order[ru->next++]];
+    if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
+      if ((ru->next & 1023) == 0 && should_stop(r))
+        return 0;
+      r->out++; /* as do_record would, without reading the record */
+      continue;
+    }
+    if ((rc = read_back(r, ref)) < 0) {
+      if (k->policy != FERRY_ON_ERROR_SKIP)
+        return rc;
+      if (r->out >= k->start)
+        r->skipped++;
+      FERRY_LOG(FERRY_LOG_DEBUG, "%s (skipped)", r->err.msg);
+      ferry_error_clear(&r->err);
+      continue;
+    }
+    if (!do_record(r, ru->rbuf, (size_t)ref->len, ref->offset, ref->index))
       return 0;
   }
   return FERRY_EOF;
@@ -757,43 +1245,102 @@ static void fail(run_t *r, int code) {
   pthread_mutex_unlock(&t->lock);
 }
 
-void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *k) {
+enum { PARK_DONE, PARK_RETRY, PARK_STOP };
+
+/* Parks `k` unless a release came since the acquire failed (retry) or it
+ * was cancelled (stop). */
+static int park(ferry__wtasks_t *t, ferry__wtask_t *k, const run_t *r) {
+  pthread_mutex_lock(&t->lock);
+  if (atomic_load(&k->cancelled) || atomic_load(&t->stop)) {
+    pthread_mutex_unlock(&t->lock);
+    return PARK_STOP;
+  }
+  pthread_mutex_lock(&t->pool->lock);
+  if (t->pool->gen != r->park_gen) {
+    pthread_mutex_unlock(&t->pool->lock);
+    pthread_mutex_unlock(&t->lock);
+    return PARK_RETRY;
+  }
+  t->pool->parked++;
+  pthread_mutex_unlock(&t->pool->lock);
+  k->state = WT_PARKED;
+  k->park_pool = !r->park_key_full;
+  k->qnext = t->parked;
+  t->parked = k;
+  pthread_mutex_unlock(&t->lock);
+  return PARK_DONE;
+}
+
+/* Opens the task's reader (the first step of a task). */
+static int run_begin(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = ferry__calloc(1, sizeof(*ru));
+  if (ru == NULL)
+    return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  ru->fd = -1;
+  k->run = ru;
+  ferry_tfr_options_t o;
+  ferry_tfr_options_init(&o);
+  o.compression = k->pipe->spec.compression;
+  o.on_error = (ferry_error_policy_t)k->policy;
+  o.start_offset = k->byte_offset;
+  o.start_index = k->first_record;
+  o.max_records = k->num_records;
+  return ferry_tfr_reader_open(k->file, &o, &ru->rd, &r->err);
+}
+
+/* Runs `k` until it ends (true) or parks (false: it is on the parked
+ * list, or, with may_park false, never). */
+static bool task_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
   ferry__wtasks_t *t = th->t;
   run_t r;
   memset(&r, 0, sizeof(r));
   r.th = th;
   r.task = k;
+  r.may_park = may_park;
   ferry_error_clear(&r.err);
 
-  ferry_tfr_reader_t *rd = NULL;
   int rc = 0;
   if (k->pipe == NULL) {
     ferry__seterr(&r.err, k->error_code, "%s", k->error);
     rc = k->error_code;
   } else if ((r.ctx = get_ctx(th, k->pipe, &r.err)) == NULL) {
     rc = r.err.code != 0 ? r.err.code : FERRY_ENOMEM;
+  } else if (k->run == NULL && (rc = run_begin(&r)) != 0) {
+    /* rc and r.err say why */
   } else {
-    ferry_tfr_options_t o;
-    ferry_tfr_options_init(&o);
-    o.compression = k->pipe->spec.compression;
-    o.on_error = (ferry_error_policy_t)k->policy;
-    o.start_offset = k->byte_offset;
-    o.start_index = k->first_record;
-    o.max_records = k->num_records;
-    rc = ferry_tfr_reader_open(k->file, &o, &rd, &r.err);
-    if (rc == 0) {
-      rc = k->shuffle ? run_shuffled(&r, rd) : run_identity(&r, rd);
-      if (rc == FERRY_EOF)
-        rc = 0;
-      else if (rc == 0 && r.err.code != 0 && !r.stopped)
-        rc = r.err.code; /* a pipeline error under policy fail */
+    for (;;) {
+      wrun_t *ru = r.ru = k->run;
+      r.out = ru->out;
+      r.skipped = ru->skipped;
+      r.parked = false;
+      rc = 0;
+      if (!ru->pending ||
+          put_record(&r, ru->pix, ru->h, ru->w, ru->c, ru->label, ru->id))
+        rc = k->shuffle ? run_shuffled(&r) : run_identity(&r);
+      if (!r.parked)
+        break;
+      ru->out = r.out;
+      ru->skipped = r.skipped;
+      int pr = park(t, k, &r);
+      if (pr == PARK_DONE)
+        return false;
+      if (pr == PARK_STOP) {
+        r.parked = false;
+        r.stopped = true;
+        break;
+      }
     }
+    if (rc == FERRY_EOF)
+      rc = 0;
+    else if (rc == 0 && r.err.code != 0 && !r.stopped)
+      rc = r.err.code; /* a pipeline error under policy fail */
   }
   if (rc == 0 && !r.stopped && r.err.code == 0) {
     /* The split is complete: its final chunk carries `last` (an empty
      * one when nothing was left to produce). */
     ferry_tfr_stats_t st;
-    ferry_tfr_reader_stats(rd, &st);
+    ferry_tfr_reader_stats(k->run->rd, &st);
     if (k->start == 0)
       r.skipped += st.skipped;
     if (r.cur == NULL) {
@@ -818,15 +1365,23 @@ void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *k) {
   }
   if (r.cur != NULL) /* stopped mid-chunk: the task's chunks are moot */
     ferry__wpool_release(r.cur);
-  ferry_tfr_reader_free(rd);
   pthread_mutex_lock(&t->lock);
+  wrun_t *ru = k->run;
+  k->run = NULL;
   k->state = WT_DONE;
   bool news = k->error_code != 0 || k->skipped > 0 ||
               (k->finished &&
                (k->num_records == 0 || k->produced != k->num_records));
   pthread_mutex_unlock(&t->lock);
+  run_free(ru);
+  key_idle(k);
   if (t->on_end != NULL)
     t->on_end(t->end_arg, news);
+  return true;
+}
+
+void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *k) {
+  task_step(th, k, false);
 }
 
 /* ---- Threads ------------------------------------------------------------- */
@@ -850,7 +1405,7 @@ static void *thread_main(void *arg) {
     k->state = WT_RUNNING;
     atomic_fetch_add(&k->refs, 1);
     pthread_mutex_unlock(&t->lock);
-    ferry__wthread_run_task(th, k);
+    task_step(th, k, true);
     ferry__wtask_unref(k);
   }
   return NULL;
@@ -904,6 +1459,22 @@ void ferry__wtasks_stop(ferry__wtasks_t *t) {
 
 void ferry__wtasks_close(ferry__wtasks_t *t) {
   ferry__wtasks_stop(t);
+  /* No release calls back into the table from here on. */
+  ferry__wpool_t *p = t->pool;
+  pthread_mutex_lock(&p->lock);
+  p->on_release = NULL;
+  while (p->in_cb > 0)
+    pthread_cond_wait(&p->cv, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+  pthread_mutex_lock(&t->lock);
+  int parked = 0;
+  for (ferry__wtask_t *k = t->parked; k != NULL; k = k->qnext)
+    parked++;
+  t->parked = NULL;
+  pthread_mutex_unlock(&t->lock);
+  pthread_mutex_lock(&p->lock);
+  p->parked -= parked;
+  pthread_mutex_unlock(&p->lock);
   ferry__wtask_t *k = t->list;
   t->list = t->qhead = t->qtail = NULL;
   while (k != NULL) {
@@ -912,6 +1483,8 @@ void ferry__wtasks_close(ferry__wtasks_t *t) {
     k = next;
   }
   pipes_trim(t, 0);
+  ferry__free(t->spill_dir);
+  t->spill_dir = NULL;
   pthread_cond_destroy(&t->cv);
   pthread_mutex_destroy(&t->lock);
 }

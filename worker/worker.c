@@ -118,7 +118,8 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
   pthread_condattr_destroy(&ca);
   if (ferry__wpool_init(&w->pool, cfg->buffer_bytes) != 0 ||
       ferry__wtasks_init(&w->tasks, &w->pool, cfg->chunk_bytes,
-                         ferry__winbox_push, w) != 0)
+                         ferry__winbox_push, w) != 0 ||
+      ferry__wtasks_set_spill_dir(&w->tasks, cfg->spill_dir) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {
     w->tasks.on_end = ferry__whb_task_ended;

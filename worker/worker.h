@@ -19,6 +19,14 @@
  *   pending queue, every task's progress fields and the pipeline cache.
  * - The chunk pool (ferry__wpool_t) has its own mutex and condvar; chunk
  *   buffers go back to it from any thread (gRPC's slice free callbacks).
+ *   It also keeps one key per stream (job, client): the bytes its chunks
+ *   hold, bounded by the stream's share of the pool (ferry__wpool_share).
+ * - Isolation: a pipeline thread never waits on a full share or a full
+ *   pool. The task parks (its run state: reader, position, the one record
+ *   already processed) and the thread takes another; the release of one
+ *   of the stream's chunks (or any chunk, when the whole pool was full)
+ *   puts it back at the head of the pending queue. So a stalled client
+ *   holds at most its share and no thread.
  * - A task is reference-counted (atomic): the table, the thread running it
  *   and each of its chunks hold one. Its `cancelled` flag is atomic.
  *
@@ -56,6 +64,7 @@ typedef struct ferry__wconfig_s {
   uint64_t buffer_bytes; /* chunk pool bound */
   int64_t heartbeat_ms;
   uint64_t chunk_bytes;  /* target chunk payload size */
+  char *spill_dir;       /* shuffled compressed shards; NULL: $TMPDIR */
   char *config;
   int log_level;
   bool help;
@@ -66,6 +75,20 @@ typedef struct ferry__wconfig_s {
 typedef struct ferry__wtask_s ferry__wtask_t;
 typedef struct ferry__wpool_s ferry__wpool_t;
 
+/* One stream (job, client) as the pool sees it. Counts under the pool
+ * lock; stall_since_ms is written by the loop thread (stream.c) and read
+ * by the heartbeat thread. */
+typedef struct ferry__wkey_s {
+  struct ferry__wkey_s *next;
+  uint64_t job_id, client_id;
+  int refs;      /* tasks, queues and chunks pointing here */
+  int tasks;     /* live tasks: the stream is active while > 0 */
+  uint64_t used; /* bytes in its chunks handed out */
+  /* CLOCK_MONOTONIC ms since when the stream has had chunks queued or in
+   * flight without gRPC taking one; 0 while it flows or is empty. */
+  atomic_int_least64_t stall_since_ms;
+} ferry__wkey_t;
+
 /* A chunk: up to `cap` records of one split, laid out in one pool block:
  * this struct, the packed header area, labels, ids, then the payload. */
 typedef struct ferry__wchunk_s {
@@ -73,6 +96,7 @@ typedef struct ferry__wchunk_s {
   ferry__wpool_t *pool;
   size_t block_size;            /* the whole block, for the pool's count */
   ferry__wtask_t *task;         /* a reference; NULL once handed to gRPC */
+  ferry__wkey_t *key;           /* a reference; NULL for unkeyed acquires */
   atomic_int send_refs;         /* pieces gRPC still holds */
 
   uint64_t job_id, client_id, lease;
@@ -92,7 +116,9 @@ typedef struct ferry__wchunk_s {
 
 /* The pool of chunk blocks, bounded in bytes: blocks handed out plus free
  * blocks kept for reuse never exceed `cap` (except one block larger than
- * the cap when nothing else is out, so a huge record cannot deadlock). */
+ * the cap when nothing else is out, so a huge record cannot deadlock, and
+ * record-less chunks: `last` and error markers of ~1.6 KiB). Keyed
+ * acquires also keep each stream within its share. */
 struct ferry__wpool_s {
   pthread_mutex_t lock;
   pthread_cond_t cv;
@@ -101,6 +127,13 @@ struct ferry__wpool_s {
   uint64_t cached; /* bytes in free blocks */
   ferry__wchunk_t *free_list;
   uint64_t waits;  /* times an acquire had to wait (tests, stats) */
+  ferry__wkey_t *keys;
+  uint64_t gen;    /* releases so far (parking races) */
+  int parked;      /* tasks parked on the pool (the task table's count) */
+  int in_cb;       /* on_release calls running */
+  /* Called after a release while tasks are parked (no lock held). */
+  void (*on_release)(void *arg, uint64_t job_id, uint64_t client_id);
+  void *on_release_arg;
 };
 
 int ferry__wpool_init(ferry__wpool_t *p, uint64_t cap);
@@ -116,7 +149,28 @@ ferry__wchunk_t *ferry__wpool_acquire(ferry__wpool_t *p, uint32_t cap,
                                       const atomic_bool *cancel_a,
                                       const atomic_bool *cancel_b,
                                       bool *oom);
-/* Returns a block (any thread). Drops the chunk's task reference. */
+/* The stream's key, created at the first reference; `task` also counts a
+ * live task (the stream is active). NULL when out of memory. */
+ferry__wkey_t *ferry__wpool_key_get(ferry__wpool_t *p, uint64_t job_id,
+                                    uint64_t client_id, bool task);
+void ferry__wpool_key_put(ferry__wpool_t *p, ferry__wkey_t *k, bool task);
+/* The bytes stream `k` may hold in blocks of `need` bytes: the cap divided
+ * by the number of active streams (live tasks or chunks out), at least two
+ * blocks (so a stream always has one chunk filling while one is sent). */
+uint64_t ferry__wpool_share(ferry__wpool_t *p, ferry__wkey_t *k, size_t need);
+/* Like ferry__wpool_acquire for stream `key` (NULL: no share), within its
+ * share. Record-less chunks (cap 0) are always granted. With `wait` false
+ * it returns NULL at once when the share or the pool is full: then *gen is
+ * the pool's release count seen and *key_full says which bound it was. */
+ferry__wchunk_t *ferry__wpool_acquire_key(ferry__wpool_t *p,
+                                          ferry__wkey_t *key, uint32_t cap,
+                                          size_t rec_bytes, bool wait,
+                                          const atomic_bool *cancel_a,
+                                          const atomic_bool *cancel_b,
+                                          uint64_t *gen, bool *key_full,
+                                          bool *oom);
+/* Returns a block (any thread). Drops the chunk's task and key
+ * references; wakes the tasks parked on its stream or on the pool. */
 void ferry__wpool_release(ferry__wchunk_t *c);
 /* Wakes every waiter so it rechecks its cancel flags. */
 void ferry__wpool_wake(ferry__wpool_t *p);
@@ -140,7 +194,7 @@ size_t ferry__wchunk_pieces(ferry__wchunk_t *c, ferry_rpc_piece_t out[2]);
 
 /* ---- Tasks (tasks.c) ---------------------------------------------------- */
 
-typedef enum { WT_PENDING, WT_RUNNING, WT_DONE } ferry__wtask_state_t;
+typedef enum { WT_PENDING, WT_RUNNING, WT_PARKED, WT_DONE } ferry__wtask_state_t;
 
 /* A compiled pipeline shared by tasks with the same spec bytes. */
 typedef struct ferry__wpipe_s {
@@ -155,7 +209,7 @@ typedef struct ferry__wpipe_s {
 
 struct ferry__wtask_s {
   struct ferry__wtask_s *next;  /* the table's list */
-  struct ferry__wtask_s *qnext; /* the pending queue */
+  struct ferry__wtask_s *qnext; /* the pending queue or the parked list */
   atomic_int refs;
   atomic_bool cancelled;
 
@@ -170,7 +224,14 @@ struct ferry__wtask_s {
   uint64_t seed;
   int policy;               /* FERRY_ON_ERROR_* */
   ferry__wpipe_t *pipe;     /* NULL when the spec did not compile */
+  ferry__wpool_t *pool;
+  ferry__wkey_t *key;       /* its stream's key (a task reference) */
 
+  /* The run state while started and not ended (the thread running it, or
+   * nobody while parked or queued again); freed with the task. */
+  struct ferry__wrun_s *run;
+  bool park_pool;           /* parked on the whole pool, not its share */
+  bool key_active;          /* counted in key->tasks (until it ends) */
   /* Progress (tasks lock). */
   ferry__wtask_state_t state;
   uint64_t produced; /* positions done, counted from 0 */
@@ -195,6 +256,8 @@ typedef struct ferry__wtasks_s {
   pthread_cond_t cv;   /* a task was queued, or stop */
   ferry__wtask_t *list;
   ferry__wtask_t *qhead, *qtail;
+  ferry__wtask_t *parked;  /* parked tasks (linked by qnext) */
+  char *spill_dir;         /* owned copy; NULL: $TMPDIR or /tmp */
   ferry__wpipe_t *pipes;
   uint64_t next_pipe_id;
   atomic_bool stop;
@@ -233,6 +296,7 @@ bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
 void ferry__wtasks_drain(ferry__wtasks_t *t);
 
 /* A copy of one task's progress (tests). Returns false when unknown. */
+/* (TaskProgress.stalled_ms in heartbeats comes from the task's key.) */
 typedef struct ferry__wprogress_s {
   ferry__wtask_state_t state;
   uint64_t produced, skipped;
@@ -251,8 +315,16 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 
 void ferry__wtask_unref(ferry__wtask_t *task);
 
+/* Sets the directory of spill files (copied; NULL: $TMPDIR or /tmp). A
+ * shuffled GZIP/ZLIB split is inflated once into an unlinked spill file
+ * there and read back record by record in its permutation, so a worker's
+ * memory stays within --buffer-bytes plus 40 bytes per record of the
+ * split (docs/ARCHITECTURE.md). */
+int ferry__wtasks_set_spill_dir(ferry__wtasks_t *t, const char *dir);
+
 /* Runs one task to its end on the calling thread with `ctxs`, a thread's
- * ctx cache (exported for tests that drive a task without threads). */
+ * ctx cache (exported for tests that drive a task without threads). Waits
+ * when its share is full instead of parking. */
 typedef struct ferry__wthread_s ferry__wthread_t;
 ferry__wthread_t *ferry__wthread_new(ferry__wtasks_t *t);
 void ferry__wthread_free(ferry__wthread_t *th);
