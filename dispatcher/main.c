@@ -15,6 +15,7 @@
 #include "journal.h"
 #include "rpc_handlers.h"
 #include "state.h"
+#include "workdir.h"
 
 #ifndef FERRY_VERSION
 #define FERRY_VERSION "0.0.0"
@@ -42,8 +43,9 @@ typedef struct settings_s {
 static const ferry_option_t options[] = {
     OPT("port", FERRY_OPT_INT, port, "5050", 0, 65535, NULL,
         "TCP port to listen on (0: any free port)"),
-    OPT("host", FERRY_OPT_STRING, host, "127.0.0.1", 0, 0, NULL,
-        "address to bind"),
+    OPT("host", FERRY_OPT_STRING, host, "0.0.0.0", 0, 0, NULL,
+        "address to bind (0.0.0.0: every interface; 127.0.0.1: this "
+        "machine only)"),
     OPT("work-dir", FERRY_OPT_STRING, work_dir, NULL, 0, 0, NULL,
         "directory of the journal (required)"),
     OPT("config", FERRY_OPT_STRING, config, NULL, 0, 0, NULL,
@@ -72,6 +74,7 @@ typedef struct daemon_s {
   ferry_rpc_server_t *rpc;
   ferry_disp_t *state;
   ferry_journal_t *journal;
+  int lock_fd; /* WORKDIR/lock, held while the process runs */
   ferry_disp_service_t svc;
   bool stopping;
   int exit_code;
@@ -169,7 +172,9 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   cfg.heartbeat_ms = (uint32_t)s->heartbeat_ms;
   if ((rc = ferry__disp_new(&cfg, ferry__disp_now_ms(), &d->state)) != 0)
     return ferry__seterr(err, rc, "out of memory");
-  if ((rc = ferry__journal_open(s->work_dir, &d->journal, err)) != 0 ||
+  /* Before the replay: a second dispatcher must not touch the journal. */
+  if ((rc = ferry__workdir_lock(s->work_dir, &d->lock_fd, err)) != 0 ||
+      (rc = ferry__journal_open(s->work_dir, &d->journal, err)) != 0 ||
       (rc = ferry__journal_replay(d->journal, replay_entry, d->state, &n,
                                   err)) != 0)
     return rc;
@@ -208,6 +213,9 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   uv_timer_start(&d->tick, on_tick, TICK_MS, TICK_MS);
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
   uv_signal_start(&d->sigint, on_signal, SIGINT);
+  /* No TLS yet (a later issue): a non-loopback bind is plaintext. */
+  FERRY_LOG(FERRY_LOG_INFO, "bound to %s:%d (--host %s), plaintext gRPC",
+            s->host, port, s->host);
   printf(v6 ? "ferry-dispatcher listening on [%s]:%d\n"
             : "ferry-dispatcher listening on %s:%d\n",
          s->host, port);
@@ -242,6 +250,7 @@ int main(int argc, char **argv) {
   ferry_rpc_tune_malloc();
   ferry_rpc_init();
   uv_loop_init(&d.loop);
+  d.lock_fd = -1;
   if ((rc = open_state(&d, &s, &err)) != 0 ||
       (rc = start(&d, &s, &err)) != 0) {
     FERRY_LOG(FERRY_LOG_ERROR, "%s", err.msg);
@@ -251,6 +260,7 @@ int main(int argc, char **argv) {
   }
   uv_run(&d.loop, UV_RUN_DEFAULT);
   ferry__journal_close(d.journal);
+  ferry__workdir_unlock(d.lock_fd);
   ferry__disp_free(d.state);
   uv_loop_close(&d.loop);
   ferry_rpc_shutdown();

@@ -14,11 +14,14 @@ static const ferry_option_t table[] = {
      NULL, 0, 0, NULL, "dispatcher address HOST:PORT; required"},
     {"port", FERRY_OPT_INT, offsetof(ferry__wconfig_t, port), "0", 0, 65535,
      NULL, "port of the Worker service (0: any free port)"},
-    {"host", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, host), "127.0.0.1",
-     0, 0, NULL, "address to bind (0.0.0.0: every interface)"},
+    {"host", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, host), "0.0.0.0",
+     0, 0, NULL,
+     "address to bind (0.0.0.0: every interface; 127.0.0.1: this machine "
+     "only)"},
     {"advertise", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, advertise),
      NULL, 0, 0, NULL,
-     "host clients dial (default: --host, or the host name for a wildcard)"},
+     "HOST:PORT (or HOST, with the bound port) the dispatcher gives to "
+     "clients (default: --host, or this machine's host name for 0.0.0.0)"},
     {"threads", FERRY_OPT_INT, offsetof(ferry__wconfig_t, threads), "0", 0,
      4096, NULL, "pipeline threads (0: one per core)"},
     {"buffer-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, buffer_bytes),
@@ -110,6 +113,15 @@ int main(int argc, char **argv) {
 
   int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
   if (rc == 0) {
+    /* Logged before the listening line, which tools wait for. */
+    FERRY_LOG(FERRY_LOG_INFO,
+              "bound to %s:%d (--host), plaintext gRPC; advertising %s to "
+              "the dispatcher and clients (%s)",
+              cfg.host, w.port, w.address,
+              cfg.advertise != NULL && cfg.advertise[0] != '\0'
+                  ? "--advertise"
+                  : "no --advertise: the bind host, or this machine's name "
+                    "for a wildcard");
     printf("ferry-worker listening on %s:%d\n", cfg.host, w.port);
     fflush(stdout);
     FERRY_LOG(FERRY_LOG_INFO, "worker %s: %zu threads, buffer %llu bytes, "

@@ -338,7 +338,8 @@ int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
     snprintf(wd, sizeof(wd), "%s/dispatcher-%d", hx_tmpdir(), count);
   mkdir(wd, 0755);
   char *argv[] = {(char *)hx_dispatcher_bin(), "--port", pt, "--host",
-                  "127.0.0.1", "--work-dir", wd, "--worker-timeout-ms", wt,
+                  (char *)(d.host ? d.host : "127.0.0.1"), "--work-dir", wd,
+                  "--worker-timeout-ms", wt,
                   "--client-timeout-ms", ct, "--heartbeat-ms", hb, NULL};
   char name[32];
   snprintf(name, sizeof(name), "dispatcher%d", count);
@@ -357,8 +358,10 @@ int hx_start_worker(hx_proc_t **out, const char *dispatcher,
            (unsigned long long)(d.buffer_bytes ? d.buffer_bytes
                                                : 64ull << 20));
   char *argv[] = {(char *)hx_worker_bin(), "--dispatcher", (char *)dispatcher,
-                  "--port", "0", "--host", "127.0.0.1", "--threads", th,
-                  "--buffer-bytes", bb, "--heartbeat-ms", hb, NULL};
+                  "--port", "0", "--host",
+                  (char *)(d.host ? d.host : "127.0.0.1"), "--threads", th,
+                  "--buffer-bytes", bb, "--heartbeat-ms", hb,
+                  d.host ? "--advertise" : NULL, (char *)d.host, NULL};
   static int count;
   char name[32];
   snprintf(name, sizeof(name), "worker%d", ++count);

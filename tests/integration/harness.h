@@ -42,6 +42,8 @@ typedef struct hx_daemon_opts_s {
   int client_timeout_ms;    /* dispatcher: 5000 */
   int threads;              /* worker: 1 */
   uint64_t buffer_bytes;    /* worker: 64 MiB */
+  const char *host;         /* --host ("127.0.0.1"); a worker given one
+                               also gets --advertise HOST */
 } hx_daemon_opts_t;
 
 /* A generated dataset: nfiles files of `per_file` records each, named
