@@ -4,10 +4,19 @@
 # pipeline stage by stage, then starts a local cluster (a dispatcher and two
 # workers on 127.0.0.1), runs a trainer through 2 epochs of
 #   decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8) | batch(1024)
-# and shuts everything down.
+# and shuts everything down. Whatever happens (success, a failed step,
+# Ctrl-C, SIGTERM), every process it started is stopped before it exits,
+# and it says whether they are all gone.
 #
 #   FERRY_DEMO_DIR=DIR          where the dataset and logs go (/tmp/ferry-demo)
 #   FERRY_DEMO_RECORDS=N        dataset size (100000)
+#   FERRY_DEMO_EPOCHS=N         epochs the trainer reads (2)
+#   FERRY_BUILD_DIR=DIR         build tree ($root/build-release)
+#   FERRY_DEMO_NO_BUILD=1       use the binaries already in FERRY_BUILD_DIR
+#                               (no package installation, no build)
+#   FERRY_DEMO_SKIP_BENCH=1     skip the one-process pipeline measurement
+#   FERRY_DEMO_PIDFILE=FILE     append "PID NAME" for every process started
+#                               (tests check that none is left)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,11 +24,85 @@ build=${FERRY_BUILD_DIR:-$root/build-release}
 demo=${FERRY_DEMO_DIR:-/tmp/ferry-demo}
 data=$demo/data
 records=${FERRY_DEMO_RECORDS:-100000}
+epochs=${FERRY_DEMO_EPOCHS:-2}
+pidfile=${FERRY_DEMO_PIDFILE:-}
 
-"$root/deploy/install-deps.sh"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target ferryctl ferry-dispatcher \
-  ferry-worker ferry-example-trainer
+# ---- Every process this script starts in the background, and how they
+# are stopped: on any exit (the EXIT trap also runs after INT and TERM).
+pids=()
+names=()
+stopped=0
+
+# alive PID: the process exists and is not a zombie waiting to be reaped.
+alive() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st:0:1}" != Z ]
+}
+
+# stop_all: SIGTERM to everything started, up to 10 s for it to exit,
+# SIGKILL to what is left, reap, then check with kill -0 that nothing
+# remains. Returns 1 (and says which) if something does. A signal in the
+# middle runs the traps, whose EXIT trap starts it over.
+stop_all() {
+  local p i left=() any
+  [ "$stopped" = 0 ] || return 0
+  [ "${#pids[@]}" -gt 0 ] || return 0
+  echo "stopping ${#pids[@]} processes: ${names[*]}"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for _ in $(seq 100); do
+    any=0
+    for p in "${pids[@]}"; do if alive "$p"; then any=1; fi; done
+    [ "$any" = 1 ] || break
+    sleep 0.1
+  done
+  for i in "${!pids[@]}"; do
+    if alive "${pids[$i]}"; then
+      echo "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for 10 s:" \
+        "SIGKILL" >&2
+      kill -KILL "${pids[$i]}" 2>/dev/null || true
+    fi
+  done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for i in "${!pids[@]}"; do
+    if kill -0 "${pids[$i]}" 2>/dev/null; then
+      left+=("${names[$i]} (pid ${pids[$i]})")
+    fi
+  done
+  if [ "${#left[@]}" -gt 0 ]; then
+    echo "ERROR: still running after the shutdown: ${left[*]}" >&2
+    return 1
+  fi
+  stopped=1
+  echo "all ${#pids[@]} processes this demo started have exited" \
+    "(pids ${pids[*]})"
+}
+
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM
+  stop_all || rc=1
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'echo "interrupted" >&2; exit 130' INT
+trap 'echo "terminated" >&2; exit 143' TERM
+
+# track PID NAME: remember a background process (and note it in the pid
+# file).
+track() {
+  pids+=("$1")
+  names+=("$2")
+  if [ -n "$pidfile" ]; then echo "$1 $2" >>"$pidfile"; fi
+}
+
+if [ "${FERRY_DEMO_NO_BUILD:-0}" != 1 ]; then
+  "$root/deploy/install-deps.sh"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target ferryctl ferry-dispatcher \
+    ferry-worker ferry-example-trainer
+fi
 ferryctl=$build/client/ctl/ferryctl
 
 echo "== generating $records 32x32x3 raw records in $data"
@@ -29,31 +112,29 @@ mkdir -p "$demo"
   --format raw --size 32x32 --seed 7
 "$ferryctl" records inspect "$data/train-00000-of-00004.tfrecord"
 
-echo
-echo "== the seed pipeline in one process, stage by stage"
-"$ferryctl" bench pipeline --quick
+if [ "${FERRY_DEMO_SKIP_BENCH:-0}" != 1 ]; then
+  echo
+  echo "== the seed pipeline in one process, stage by stage"
+  "$ferryctl" bench pipeline --quick
+fi
 
 echo
 echo "== a local cluster: a dispatcher and 2 workers on 127.0.0.1"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
 
-# start NAME LOG CMD...: runs a daemon, waits (10 s at most) for its
-# "listening on HOST:PORT" line and prints HOST:PORT.
+# start NAME LOG CMD...: runs a daemon in the background (in this shell,
+# not in a $(...) subshell, so that its pid is kept), waits (10 s at
+# most) for its "listening on HOST:PORT" line and sets $addr to HOST:PORT.
 start() {
   local name=$1 log=$2
   shift 2
   "$@" >"$log.out" 2>"$log.err" &
-  pids+=($!)
+  track $! "$name"
   for _ in $(seq 100); do
     if grep -q "listening on" "$log.out" 2>/dev/null; then
-      sed -n 's/.*listening on //p' "$log.out" | head -n 1
+      addr=$(sed -n 's/.*listening on //p' "$log.out" | head -n 1)
       return 0
     fi
+    if ! alive "${pids[-1]}"; then break; fi
     sleep 0.1
   done
   echo "$name did not start; its log:" >&2
@@ -61,21 +142,26 @@ start() {
   return 1
 }
 
-dispatcher=$(start dispatcher "$demo/dispatcher" \
+start dispatcher "$demo/dispatcher" \
   "$build/dispatcher/ferry-dispatcher" --port 0 --host 127.0.0.1 \
-  --work-dir "$demo/dispatcher-state")
+  --work-dir "$demo/dispatcher-state"
+dispatcher=$addr
 echo "dispatcher at $dispatcher"
 for i in 1 2; do
-  w=$(start "worker $i" "$demo/worker$i" "$build/worker/ferry-worker" \
-    --dispatcher "$dispatcher" --port 0 --host 127.0.0.1 --threads 1)
-  echo "worker $i at $w"
+  start "worker$i" "$demo/worker$i" "$build/worker/ferry-worker" \
+    --dispatcher "$dispatcher" --port 0 --host 127.0.0.1 --threads 1
+  echo "worker $i at $addr"
 done
 
 spec="tfrecord(\"$data/train-*.tfrecord\") | decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8) | batch(1024)"
 echo
-echo "== trainer: 2 epochs of $spec"
+echo "== trainer: $epochs epochs of $spec"
+# In the background and waited for, so that Ctrl-C or SIGTERM reach the
+# traps at once (bash runs a trap only after a foreground command ends).
 "$build/client/examples/ferry-example-trainer" --dispatcher "$dispatcher" \
-  --spec "$spec" --epochs 2 --job-name demo
+  --spec "$spec" --epochs "$epochs" --job-name demo &
+track $! trainer
+wait "${pids[-1]}"
 echo "(this trainer does no work per batch, so it spends its time waiting;"
 echo " tests/bench/trainer measures the stall with a simulated training step)"
 
@@ -85,6 +171,5 @@ echo "== cluster status"
 
 echo
 echo "== shutting down"
-cleanup
-pids=()
-echo "all daemons exited; logs in $demo"
+stop_all
+echo "logs in $demo"
