@@ -22,12 +22,14 @@ static void on_signal(uv_signal_t *h, int signum) {
   ferry__worker_shutdown(w);
 }
 
-/* The host clients should dial: --advertise, else --host unless it is a
- * wildcard, else this machine's name. */
+/* The address clients should dial: --advertise (HOST:PORT as given, or
+ * HOST with the bound port), else --host unless it is a wildcard, else
+ * this machine's name (gethostname), with the bound port. A bare IPv6
+ * address gets its brackets. */
 static void make_address(ferry__worker_t *w) {
   const ferry__wconfig_t *cfg = &w->cfg;
   char host[256];
-  const char *h = cfg->advertise;
+  const char *h = cfg->advertise, *colon;
   if (h == NULL || h[0] == '\0') {
     h = cfg->host;
     if (h == NULL || h[0] == '\0' || strcmp(h, "0.0.0.0") == 0 ||
@@ -38,7 +40,14 @@ static void make_address(ferry__worker_t *w) {
       h = host;
     }
   }
-  snprintf(w->address, sizeof(w->address), "%s:%d", h, w->port);
+  colon = strchr(h, ':');
+  if (h[0] == '[' ? strstr(h, "]:") != NULL
+                  : colon != NULL && strchr(colon + 1, ':') == NULL)
+    snprintf(w->address, sizeof(w->address), "%s", h); /* has its port */
+  else if (colon != NULL && h[0] != '[')
+    snprintf(w->address, sizeof(w->address), "[%s]:%d", h, w->port);
+  else
+    snprintf(w->address, sizeof(w->address), "%s:%d", h, w->port);
 }
 
 static void on_closed(uv_handle_t *h) { (void)h; }
@@ -137,10 +146,14 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
   if ((rc = ferry__wstream_register(w, err)) != 0 ||
       (rc = ferry_rpc_health_register(w->server, services, 1, err)) != 0)
     goto fail;
-  snprintf(addr, sizeof(addr), "%s:%d",
-           cfg->host != NULL && cfg->host[0] != '\0' ? cfg->host
-                                                     : "127.0.0.1",
-           (int)cfg->port);
+  {
+    const char *h = cfg->host != NULL && cfg->host[0] != '\0' ? cfg->host
+                                                              : "127.0.0.1";
+    /* A bare IPv6 address ("::1") needs its brackets before the port. */
+    snprintf(addr, sizeof(addr),
+             strchr(h, ':') != NULL && h[0] != '[' ? "[%s]:%d" : "%s:%d", h,
+             (int)cfg->port);
+  }
   rc = ferry_rpc_server_start(w->server, addr, &w->port, err);
   if (rc != 0)
     goto fail;
