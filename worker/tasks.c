@@ -131,9 +131,12 @@ void ferry__wpool_key_put(ferry__wpool_t *p, ferry__wkey_t *k, bool task) {
   pthread_mutex_unlock(&p->lock);
 }
 
-/* The share of `k` for a block of `need` bytes: the cap divided by the
- * active streams (with live tasks or chunks out, `k` included), at least
- * two blocks. Pool lock held. */
+/* The share of `k` for a block of `need` bytes: the cap divided by one
+ * more than the active streams (with live tasks or chunks out, `k`
+ * included), at least two blocks. The one share kept free is what a
+ * stream that becomes active finds while the others hold theirs: shares
+ * are computed at acquire time, and a stalled stream keeps what it took
+ * when there were fewer streams. Pool lock held. */
 static uint64_t share_of(ferry__wpool_t *p, const ferry__wkey_t *k,
                          size_t need) {
   uint64_t n = 0;
@@ -145,7 +148,7 @@ static uint64_t share_of(ferry__wpool_t *p, const ferry__wkey_t *k,
     }
   if (!self)
     n++;
-  uint64_t share = p->cap / n, floor = 2 * (uint64_t)need;
+  uint64_t share = p->cap / (n + 1), floor = 2 * (uint64_t)need;
   return share > floor ? share : floor;
 }
 

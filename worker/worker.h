@@ -155,8 +155,9 @@ ferry__wkey_t *ferry__wpool_key_get(ferry__wpool_t *p, uint64_t job_id,
                                     uint64_t client_id, bool task);
 void ferry__wpool_key_put(ferry__wpool_t *p, ferry__wkey_t *k, bool task);
 /* The bytes stream `k` may hold in blocks of `need` bytes: the cap divided
- * by the number of active streams (live tasks or chunks out), at least two
- * blocks (so a stream always has one chunk filling while one is sent). */
+ * by one more than the number of active streams (live tasks or chunks
+ * out, `k` included; one share stays free for a stream that becomes
+ * active), at least two blocks (one chunk filling while one is sent). */
 uint64_t ferry__wpool_share(ferry__wpool_t *p, ferry__wkey_t *k, size_t need);
 /* Like ferry__wpool_acquire for stream `key` (NULL: no share), within its
  * share. Record-less chunks (cap 0) are always granted. With `wait` false

@@ -953,3 +953,32 @@ bool hx_json_int_after(const char *text, const char *anchor, const char *key,
   *value = v;
   return true;
 }
+
+int hx_compress_dataset(hx_dataset_t *ds, int c) {
+  for (int f = 0; f < ds->nfiles; f++) {
+    char tmp[700];
+    snprintf(tmp, sizeof(tmp), "%s.z", ds->files[f]);
+    ferry_tfr_options_t o;
+    ferry_tfr_options_init(&o);
+    o.compression = FERRY_COMPRESSION_NONE;
+    ferry_tfr_reader_t *rd = NULL;
+    ferry_tfr_writer_t *wr = NULL;
+    ferry_error_t err = {0};
+    ferry_record_t rec;
+    int rc;
+    if (ferry_tfr_reader_open(ds->files[f], &o, &rd, &err) != 0)
+      return -1;
+    if (ferry_tfr_writer_open(tmp, (ferry_compression_t)c, &wr, &err) != 0) {
+      ferry_tfr_reader_free(rd);
+      return -1;
+    }
+    while ((rc = ferry_tfr_reader_next(rd, &rec, &err)) == 0)
+      if (ferry_tfr_writer_write(wr, rec.data, rec.len, &err) != 0)
+        break;
+    ferry_tfr_reader_free(rd);
+    if (ferry_tfr_writer_close(wr, &err) != 0 || rc != FERRY_EOF ||
+        rename(tmp, ds->files[f]) != 0)
+      return -1;
+  }
+  return 0;
+}

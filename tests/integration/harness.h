@@ -139,6 +139,11 @@ int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
                     int per_file, int h, int w, int c);
 void hx_dataset_free(hx_dataset_t *ds);
 
+/* Rewrites every file of the dataset compressed with `c` (GZIP or ZLIB;
+ * the same records, so offsets in the uncompressed stream and ids stay).
+ * Returns 0 or -1. */
+int hx_compress_dataset(hx_dataset_t *ds, int c);
+
 /* Flips a bit of the data CRC of record `rec` of file `file`. */
 int hx_corrupt_record(hx_dataset_t *ds, int file, int rec);
 

@@ -393,15 +393,17 @@ Test(tasks, backpressure_then_cancel, .timeout = 60) {
   wt_file_make(&f, 200, FERRY_COMPRESSION_NONE, SIZE_MAX);
   rig_t r;
   size_t block = ferry__wchunk_block_size(2, WT_BYTES);
-  rig_init(&r, 3 * block, 2 * WT_BYTES);
+  /* One stream's share is half the pool (one share stays free). */
+  rig_init(&r, 6 * block, 2 * WT_BYTES);
   r.sink.hold = true;
   ferry_error_t err;
   cr_assert_eq(ferry__wtasks_start(&r.tasks, 2, &err), 0);
   wt_task_t t;
   wt_task(&t, &f, 0, 200, false);
   cr_assert_eq(ferry__wtasks_add(&r.tasks, &t.task), 1);
-  /* Three blocks fit: a full chunk is handed on when the next record
-   * needs room, so three are emitted and the fourth acquire waits. */
+  /* Three blocks fit the share: a full chunk is handed on when the next
+   * record needs room, so three are emitted and the fourth acquire parks
+   * the task. */
   bool waited = false;
   for (int i = 0; i < 5000000 && !waited; i++) {
     pthread_mutex_lock(&r.pool.lock);

@@ -1,0 +1,258 @@
+/* Issue 7, points 5 and 6 with real processes: a worker survives a shard
+ * truncated under it (the client gets the error, the worker serves the
+ * next job), a stalled trainer slows only itself (per-stream shares of
+ * the worker's chunk pool), and a shuffled GZIP shard stays within
+ * --buffer-bytes (spill file instead of buffering the split).
+ *
+ * Every wait is bounded; every record id of a completed epoch is counted
+ * against the dataset's multiset. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ferry/tfrecord.h"
+#include "harness.h"
+
+#define NEXT_TIMEOUT_MS 10000
+
+static hx_proc_t *D;
+static hx_proc_t *W[2];
+
+static void setup(void) {
+  hx_track_runner_pids = true;
+  D = NULL;
+  memset(W, 0, sizeof(W));
+}
+
+static void teardown(void) { hx_reap_all(); }
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+  (void)stats;
+  hx_sweep_runner_pids();
+}
+
+TestSuite(worker_faults, .init = setup, .fini = teardown, .timeout = 240);
+
+static void cluster(int n, const hx_daemon_opts_t *wopts) {
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher(&D, NULL, why, sizeof(why)), 0, "%s", why);
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(hx_start_worker(&W[i], D->addr, wopts, why, sizeof(why)), 0,
+                 "%s", why);
+  int seen = hx_wait_workers(D->addr, n, 10000);
+  if (seen != n)
+    hx_dump_logs();
+  cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
+}
+
+static ferry_client_t *new_client(const ferry_client_options_t *o) {
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_client_new(o, &c, &err);
+  if (rc != 0)
+    hx_dump_logs();
+  cr_assert_eq(rc, 0, "ferry_client_new: %s (%s)", err.msg,
+               ferry_strerror(rc));
+  return c;
+}
+
+/* One epoch of `spec` on a new client, every id once; returns records/s. */
+static double one_epoch(const char *spec, const hx_dataset_t *ds, int shuffle,
+                        bool check_pixels) {
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 1;
+  if (shuffle) {
+    o.shuffle = 1;
+    o.shuffle_seed = 7;
+  }
+  ferry_client_t *c = new_client(&o);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  double t0 = hx_now_ms();
+  int rc = hx_collect_epoch(c, &got, ds, check_pixels, NEXT_TIMEOUT_MS, NULL,
+                            NULL, &err);
+  double ms = hx_now_ms() - t0;
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END, "ferry_next returned %d (%s) after %zu "
+               "records: %s", rc, rc < 0 ? ferry_strerror(rc) : "", got.n,
+               err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(ds, false, &n);
+  char why[256];
+  bool same = hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why));
+  cr_expect(!got.bad_pixels, "record %#llx has wrong pixels or label",
+            (unsigned long long)got.bad_pixel_id);
+  size_t total = got.n;
+  free(want);
+  hx_ids_free(&got);
+  ferry_client_free(c);
+  cr_assert(same, "%s", why);
+  return (double)total * 1000.0 / (ms > 1 ? ms : 1);
+}
+
+static bool alive(const hx_proc_t *p) {
+  return p->pid > 0 && waitpid(p->pid, NULL, WNOHANG) == 0 &&
+         kill(p->pid, 0) == 0;
+}
+
+/* (a) A shard truncated while a worker reads it: no SIGBUS; under policy
+ * fail the client gets an error naming the file and a byte offset within
+ * a bounded time; the worker then serves another job to its end. */
+Test(worker_faults, shard_truncated_under_a_reading_worker) {
+  hx_dataset_t big, small;
+  /* One 37 MB shard of 12 KiB records: three splits of 1024. */
+  cr_assert_eq(hx_make_dataset(&big, "big", 1, 3000, 64, 64, 3), 0);
+  cr_assert_eq(hx_make_dataset(&small, "small", 2, 300, 8, 8, 3), 0);
+  hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 4u << 20};
+  cluster(1, &wo);
+
+  char spec[1024];
+  hx_spec(&big, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 1;
+  ferry_client_t *c = new_client(&o);
+  const ferry_batch_t *b = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+  cr_assert_eq(rc, 0, "first batch: %d %s", rc, err.msg);
+  ferry_batch_release(c, b);
+  /* The client stops reading: the worker parks on its full share with
+   * the shard open at some offset well before 60% of it. Then cut it. */
+  usleep(300 * 1000);
+  uint64_t cut = big.offsets[0][1800] + 100;
+  cr_assert_eq(truncate(big.files[0], (off_t)cut), 0);
+  fprintf(stderr, "truncated %s to %llu bytes\n", big.files[0],
+          (unsigned long long)cut);
+
+  double t0 = hx_now_ms();
+  size_t records = 32;
+  for (;;) {
+    rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+    if (rc != 0)
+      break;
+    records += b->size;
+    ferry_batch_release(c, b);
+    cr_assert_lt(hx_now_ms() - t0, 30000.0, "no error within 30 s");
+  }
+  double ms = hx_now_ms() - t0;
+  fprintf(stderr, "error after %.0f ms and %zu records: %s\n", ms, records,
+          err.msg);
+  if (rc >= 0)
+    hx_dump_logs();
+  cr_assert_lt(rc, 0, "ferry_next returned %d, not an error", rc);
+  cr_assert_neq(rc, FERRY_ETIMEDOUT, "the client hung: %s", err.msg);
+  cr_assert(strstr(err.msg, big.files[0]) != NULL, "no file name in: %s",
+            err.msg);
+  cr_assert(strstr(err.msg, "offset") != NULL, "no offset in: %s", err.msg);
+  cr_assert_lt(records, 3000);
+  ferry_client_free(c);
+
+  cr_assert(alive(W[0]), "the worker died (status %d)", W[0]->status);
+  hx_spec(&small, NULL, 32, spec, sizeof(spec));
+  one_epoch(spec, &small, 0, true);
+  cr_assert(alive(W[0]), "the worker died after the second job");
+  hx_dataset_free(&big);
+  hx_dataset_free(&small);
+}
+
+/* (b) Job A's trainer stalls (holds its batch, stops calling ferry_next)
+ * while job B runs on the same workers: B keeps at least half the
+ * throughput it had alone. */
+Test(worker_faults, stalled_client_slows_only_itself) {
+  hx_dataset_t a, bds;
+  cr_assert_eq(hx_make_dataset(&a, "a", 4, 1000, 64, 64, 3), 0);
+  cr_assert_eq(hx_make_dataset(&bds, "b", 4, 1000, 32, 32, 3), 0);
+  hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 16u << 20};
+  cluster(2, &wo);
+  char spec_a[1024], spec_b[1024];
+  hx_spec(&a, NULL, 32, spec_a, sizeof(spec_a));
+  hx_spec(&bds, NULL, 32, spec_b, sizeof(spec_b));
+
+  double alone = one_epoch(spec_b, &bds, 0, true);
+
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec_a);
+  o.num_epochs = 1;
+  ferry_client_t *ca = new_client(&o);
+  const ferry_batch_t *held = NULL;
+  ferry_error_t err = {0};
+  for (int i = 0; i < 3; i++) {
+    if (held != NULL)
+      ferry_batch_release(ca, held);
+    int rc = ferry_next(ca, &held, NEXT_TIMEOUT_MS, &err);
+    cr_assert_eq(rc, 0, "job A batch %d: %d %s", i, rc, err.msg);
+  }
+  /* A holds its batch and reads no more: its streams fill their shares. */
+  usleep(1000 * 1000);
+  double stalled = one_epoch(spec_b, &bds, 0, true);
+  fprintf(stderr,
+          "job B: %.0f records/s alone, %.0f records/s with job A stalled "
+          "(ratio %.2f)\n",
+          alone, stalled, stalled / alone);
+  cr_assert_geq(stalled, 0.5 * alone,
+                "job B: %.0f records/s alone, %.0f with job A stalled",
+                alone, stalled);
+  ferry_batch_release(ca, held);
+  ferry_client_free(ca);
+  hx_dataset_free(&a);
+  hx_dataset_free(&bds);
+}
+
+static long status_kib(pid_t pid, const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long v = -1;
+  if (f == NULL)
+    return -1;
+  while (fgets(line, sizeof(line), f) != NULL)
+    if (strncmp(line, field, strlen(field)) == 0 &&
+        line[strlen(field)] == ':') {
+      v = strtol(line + strlen(field) + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+/* (c) A shuffled GZIP shard of 98 MB (inflated) under --buffer-bytes 4 MiB:
+ * the worker's peak resident memory grows by at most the buffer plus 32
+ * MiB (reader and spill buffers, one record, the record table, gRPC's
+ * buffers, malloc slack), never by the split. */
+#define MEM_CONSTANT_KIB (32L << 10)
+Test(worker_faults, shuffled_gzip_within_buffer_bytes) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "gz", 1, 8000, 64, 64, 3), 0);
+  cr_assert_eq(hx_compress_dataset(&ds, FERRY_COMPRESSION_GZIP), 0);
+  hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 4u << 20};
+  cluster(1, &wo);
+  long rss0 = status_kib(W[0]->pid, "VmRSS");
+  cr_assert_gt(rss0, 0);
+  char spec[1024];
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s\", compression=gzip) | decode(raw, %d, %d, %d) | "
+           "batch(32)",
+           ds.glob, ds.h, ds.w, ds.c);
+  one_epoch(spec, &ds, 1, true);
+  long hwm = status_kib(W[0]->pid, "VmHWM");
+  long rss1 = status_kib(W[0]->pid, "VmRSS");
+  long bound = rss0 + (long)(4u << 10) + MEM_CONSTANT_KIB;
+  fprintf(stderr,
+          "worker memory: VmRSS %ld KiB before, VmHWM %ld KiB and VmRSS %ld "
+          "KiB after a shuffled epoch of a %.0f MB GZIP shard; bound %ld KiB "
+          "(before + --buffer-bytes 4 MiB + %ld MiB)\n",
+          rss0, hwm, rss1,
+          (double)ds.per_file * (64 * 64 * 3 + 60) / 1e6, bound,
+          MEM_CONSTANT_KIB >> 10);
+  cr_assert_leq(hwm, bound, "VmHWM %ld KiB over %ld KiB", hwm, bound);
+  hx_dataset_free(&ds);
+}
