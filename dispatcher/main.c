@@ -30,6 +30,7 @@ typedef struct settings_s {
   char *config;
   int64_t worker_timeout_ms;
   int64_t client_timeout_ms;
+  int64_t client_stall_ms;
   int64_t job_gc_ms;
   int64_t records_per_split;
   int64_t heartbeat_ms;
@@ -52,6 +53,10 @@ static const ferry_option_t options[] = {
         "config file of 'name = value' lines; flags override it"),
     OPT("worker-timeout-ms", FERRY_OPT_INT, worker_timeout_ms, "10000", 1,
         86400000, NULL, "a worker without heartbeat this long is lost"),
+    OPT("client-stall-ms", FERRY_OPT_INT, client_stall_ms, "30000", 0,
+        86400000, NULL,
+        "a client whose stream has not taken a chunk this long loses its "
+        "splits like a dead one (0: never)"),
     OPT("client-timeout-ms", FERRY_OPT_INT, client_timeout_ms, "10000", 1,
         86400000, NULL, "a client without heartbeat this long is lost"),
     OPT("job-gc-ms", FERRY_OPT_INT, job_gc_ms, "60000", 0, 86400000, NULL,
@@ -167,6 +172,7 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   ferry__disp_config_init(&cfg);
   cfg.worker_timeout_ms = s->worker_timeout_ms;
   cfg.client_timeout_ms = s->client_timeout_ms;
+  cfg.client_stall_ms = s->client_stall_ms;
   cfg.job_gc_ms = s->job_gc_ms;
   cfg.records_per_split = (uint32_t)s->records_per_split;
   cfg.heartbeat_ms = (uint32_t)s->heartbeat_ms;
@@ -180,6 +186,10 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
     return rc;
   ferry__disp_replayed(d->state, ferry__disp_now_ms());
   ferry__disp_set_sink(d->state, ferry__journal_sink, d->journal);
+  /* The boot entry keeps this process's lease generations above every
+   * earlier one's; it is synced with the first RPC's entries. */
+  if ((rc = ferry__disp_boot(d->state, err)) != 0)
+    return rc;
   FERRY_LOG(FERRY_LOG_INFO, "journal %s/journal: %" PRIu64 " entries replayed",
             s->work_dir, n);
   return 0;

@@ -16,8 +16,16 @@
  *   unaffected).
  * - A row is bound to at most one client (`client`, 0: unassigned) and
  *   leased to at most one worker (`worker`, 0: waiting for one). Every new
- *   lease gets lease = previous + 1 and start = delivered, so a re-leased
- *   row resumes where the client's acknowledged count stands.
+ *   lease gets the next generation (at least boot << 32, `boot` being
+ *   journaled once per process, so above every earlier process's) and start =
+ *   delivered, so a re-leased row resumes where the client's acknowledged
+ *   count stands.
+ * - Only the binding of a row to a client is journaled (JournalAssign).
+ *   Which worker holds its lease, the generation and the start are
+ *   volatile: a re-lease to another worker changes nothing durable, so it
+ *   costs no journal write. After a replay every row waits for a worker
+ *   (worker 0) and is leased again to workers that heartbeat to the new
+ *   process; their old tasks are cancelled by the lease diff.
  */
 #include "state.h"
 
@@ -170,11 +178,19 @@ typedef struct row_s {
   uint64_t skip_lease; /* skipped-count dedupe: last lease seen ... */
   uint64_t skip_seen;  /* ... and its cumulative count */
   uint64_t listed;     /* volatile: heartbeat generation that listed it */
+  /* Volatile: restarts in a row without progress, and the worker whose
+   * lease failed last, which the row avoids until `avoid_until`. */
+  uint32_t restarts;
+  uint64_t avoid;
+  int64_t avoid_until;
 } row_t;
 
 typedef struct client_s {
   uint64_t id;
   bool active;
+  uint64_t incarnation; /* joins after the first (journaled) */
+  bool no_renew;        /* volatile: its stream stalled; heartbeats no
+                         * longer renew its lease, so it expires */
   int64_t last_hb;
   double stall_fraction, batches_per_second; /* volatile stats */
   uint64_t batches;
@@ -218,6 +234,8 @@ typedef struct worker_s {
   uint32_t ntasks; /* volatile: leased rows not done */
   uint64_t beats;  /* volatile: heartbeats answered since this process
                     * started (the first one is never held back) */
+  int64_t suspect_since; /* volatile: a client lost its stream (-1: no);
+                          * cleared by a heartbeat arriving after it */
 } worker_t;
 
 struct ferry_disp_s {
@@ -230,6 +248,7 @@ struct ferry_disp_s {
   worker_t **workers;
   size_t nworkers;
   uint64_t next_job, next_client, next_worker;
+  uint64_t boot; /* this process's boot number (JournalBoot) */
   uint64_t hb_gen;
   uint64_t changes; /* live entries committed: wakes waiting heartbeats */
   ferry_disp_sink_cb sink;
@@ -248,6 +267,7 @@ void ferry__disp_config_init(ferry_disp_config_t *cfg) {
   cfg->records_per_split = 1024;
   cfg->heartbeat_ms = 1000;
   cfg->max_record_len = FERRY_TFR_DEFAULT_MAX_RECORD;
+  cfg->client_stall_ms = 30000;
 }
 
 /* Appends one pointer to an array whose capacity is implied by its count:
@@ -437,18 +457,44 @@ static void recount(ferry_disp_t *d) {
   }
 }
 
-/* The live, non-draining worker with the fewest tasks (lowest id on a
- * tie), or NULL. */
-static worker_t *pick_worker(ferry_disp_t *d) {
+/* A worker that may take new leases: live, not draining, heard from by
+ * this process, not behind on its heartbeats (missed more than two
+ * intervals) and not suspected (a client lost its stream to it and it has
+ * not heartbeated since). A dead worker is thus skipped long before its
+ * timeout declares it lost. */
+static bool eligible(const ferry_disp_t *d, const worker_t *w) {
+  int64_t late = 2 * (int64_t)d->cfg.heartbeat_ms + 500;
+  return !w->lost && !w->draining && w->beats > 0 && w->suspect_since < 0 &&
+         d->now - w->last_hb <= late;
+}
+
+/* True while `row` must not be leased to `w`: its last lease there
+ * failed moments ago (backoff after a restart). */
+static bool avoided(const ferry_disp_t *d, const row_t *row,
+                    const worker_t *w) {
+  return row != NULL && row->avoid == w->id && d->now < row->avoid_until;
+}
+
+/* The eligible worker with the fewest tasks (lowest id on a tie) that
+ * `row` (may be NULL) does not avoid, or NULL. */
+static worker_t *pick_worker(ferry_disp_t *d, const row_t *row) {
   worker_t *best = NULL;
   for (size_t i = 0; i < d->nworkers; i++) {
     worker_t *w = d->workers[i];
-    if (w->lost || w->draining)
+    if (!eligible(d, w) || avoided(d, row, w))
       continue;
     if (best == NULL || w->ntasks < best->ntasks)
       best = w;
   }
   return best;
+}
+
+/* The row's next lease generation: one more than its current one, and at
+ * least boot << 32, so that the first lease of a process is above every
+ * lease an earlier process issued for the row without journaling it. */
+static uint64_t next_lease(const ferry_disp_t *d, const row_t *row) {
+  uint64_t floor = d->boot << 32;
+  return row->lease + 1 > floor ? row->lease + 1 : floor;
 }
 
 /* ---- Apply: the only code that changes journaled state ------------------ */
@@ -567,8 +613,11 @@ static int apply_client_joined(ferry_disp_t *d,
     c = &j->clients[j->nclients++];
     memset(c, 0, sizeof(*c));
     c->id = m->client_id;
+  } else {
+    c->incarnation++; /* a rejoin: it lost every split it held */
   }
   c->active = true;
+  c->no_renew = false;
   c->last_hb = d->now;
   if (RUNNING(j))
     j->idle_since = -1;
@@ -625,8 +674,10 @@ static int apply_progress(ferry_disp_t *d,
     row_t *r = job_row(j, m->epoch, m->rows[i]->row);
     if (r == NULL)
       return bad_entry(err, "progress: row", m->rows[i]->row);
-    if (m->rows[i]->delivered > r->delivered)
+    if (m->rows[i]->delivered > r->delivered) {
       r->delivered = m->rows[i]->delivered;
+      r->restarts = 0; /* progress: restarts no longer count in a row */
+    }
     row_check_done(r);
   }
   return 0;
@@ -749,6 +800,7 @@ static int apply_worker_registered(ferry_disp_t *d,
   ferry__free(w->address);
   w->address = addr;
   w->lost = false;
+  w->suspect_since = -1;
   w->last_hb = d->now;
   if (m->worker_id >= d->next_worker)
     d->next_worker = m->worker_id + 1;
@@ -818,6 +870,14 @@ static int apply_job_gc(ferry_disp_t *d, const Ferry__V1__JournalJobGC *m,
   return bad_entry(err, "job", m->job_id);
 }
 
+static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,
+                      ferry_error_t *err) {
+  if (m->boot <= d->boot)
+    return bad_entry(err, "boot", m->boot);
+  d->boot = m->boot;
+  return 0;
+}
+
 static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   switch (e->entry_case) {
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_REGISTER_DATASET:
@@ -848,6 +908,8 @@ static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
     return apply_skipped(d, e->skipped, err);
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_GC:
     return apply_job_gc(d, e->job_gc, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_BOOT:
+    return apply_boot(d, e->boot, err);
   default:
     return ferry__seterr(err, FERRY_EINVAL, "journal entry of unknown kind %d",
                          (int)e->entry_case);
@@ -906,7 +968,19 @@ void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms) {
       j->clients[c].last_hb = now_ms;
     if (j->idle_since >= 0)
       j->idle_since = now_ms;
+    /* Leases are volatile: the journal may not know the last one. */
+    for (uint32_t r = 0; r < j->nrows; r++)
+      j->rows[r].worker = 0;
   }
+}
+
+int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err) {
+  Ferry__V1__JournalBoot m = FERRY__V1__JOURNAL_BOOT__INIT;
+  m.boot = d->boot + 1;
+  entry_t e = FERRY__V1__JOURNAL_ENTRY__INIT;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_BOOT;
+  e.boot = &m;
+  return commit(d, &e, err);
 }
 
 /* ---- Entry builders ----------------------------------------------------- */
@@ -963,20 +1037,38 @@ static int emit_job_failed(ferry_disp_t *d, job_t *j, int code,
 
 /* ---- Decisions: epochs and leases ------------------------------------- */
 
-/* Leases row `r` to worker `w` (NULL: leaves it waiting, worker 0). */
+/* Binds row `r` to `client` and leases it to worker `w` (NULL: leaves it
+ * waiting, worker 0) from its delivered count. Only a change of client is
+ * journaled; a re-lease for the same client is volatile (see the
+ * invariants) but still wakes waiting worker heartbeats. */
 static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
                     worker_t *w) {
   row_t *row = &j->rows[r];
-  if (w == NULL)
-    return emit_assign(d, j, r, client, 0, row->lease, row->start);
-  w->ntasks++;
-  return emit_assign(d, j, r, client, w->id, row->lease + 1, row->delivered);
+  uint64_t worker = w != NULL ? w->id : 0;
+  uint64_t lease = w != NULL ? next_lease(d, row) : row->lease;
+  uint64_t start = w != NULL ? row->delivered : row->start;
+  if (w != NULL)
+    w->ntasks++;
+  if (row->client != client)
+    return emit_assign(d, j, r, client, worker, lease, start);
+  if (row->worker == worker && row->lease == lease)
+    return 0;
+  row->worker = worker;
+  row->lease = lease;
+  row->start = start;
+  d->changes++;
+  return 0;
 }
 
 /* The worker a row should be leased to now: its pinned worker in
- * parallel_epochs, else the least loaded one. */
+ * parallel_epochs (if live and not in its backoff), else the least loaded
+ * eligible one it does not avoid. */
 static worker_t *worker_for(ferry_disp_t *d, job_t *j, const row_t *row) {
-  return PAR(j) ? live_worker(d, row->pinned) : pick_worker(d);
+  if (PAR(j)) {
+    worker_t *w = live_worker(d, row->pinned);
+    return w != NULL && !avoided(d, row, w) ? w : NULL;
+  }
+  return pick_worker(d, row);
 }
 
 /* Leases every bound row that waits for a worker. */
@@ -986,11 +1078,8 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
     worker_t *w;
     if (row->client == 0 || row->worker != 0 || row->done)
       continue;
-    if ((w = worker_for(d, j, row)) == NULL) {
-      if (PAR(j))
-        continue;
-      return; /* no live worker at all */
-    }
+    if ((w = worker_for(d, j, row)) == NULL)
+      continue; /* waits: no eligible worker, or in its backoff */
     bind_row(d, j, r, row->client, w);
   }
 }
@@ -1574,6 +1663,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   resp->client_id = client;
   resp->num_epochs = j->num_epochs;
   resp->records_per_epoch = ds->known_records;
+  resp->client_timeout_ms = d->cfg.client_timeout_ms;
   ferry__disp_arena_allocator(a, &al);
   resp->spec = ferry__v1__pipeline_spec__unpack(&al, ds->spec_len,
                                                 ds->spec_bytes);
@@ -1631,6 +1721,45 @@ out:
   return rc;
 }
 
+/* Re-leases row `r`, whose current lease cannot complete. The worker that
+ * held it is suspected until it heartbeats again, and the row avoids it
+ * for a backoff that doubles with each restart in a row (100 ms up to the
+ * worker timeout), so a dead worker is not handed the same split again and
+ * again before its timeout. A row restarted FERRY_DISP_MAX_RESTARTS times
+ * without progress fails its job, naming it. */
+static int restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
+  row_t *row = &j->rows[r];
+  const split_t *sp = &j->ds->splits[row->split];
+  worker_t *w = find_worker(d, row->worker);
+  int64_t backoff = 100;
+
+  if (++row->restarts > FERRY_DISP_MAX_RESTARTS) {
+    char msg[700];
+    snprintf(msg, sizeof(msg),
+             "epoch %u split %u (%s, records from %" PRIu64 "): restarted %u "
+             "times in a row without progress; giving up", j->epoch,
+             row->split, j->ds->files[sp->file], sp->first,
+             FERRY_DISP_MAX_RESTARTS);
+    return emit_job_failed(d, j, FERRY_EIO, msg);
+  }
+  for (uint32_t k = 1; k < row->restarts && backoff < INT64_MAX / 2; k++)
+    backoff *= 2;
+  if (backoff > d->cfg.worker_timeout_ms)
+    backoff = d->cfg.worker_timeout_ms;
+  row->avoid = row->worker;
+  row->avoid_until = d->now + backoff;
+  if (w != NULL && w->suspect_since < 0)
+    w->suspect_since = d->now;
+  FERRY_LOG(FERRY_LOG_INFO,
+            "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split %u "
+            "(lease %" PRIu64 " on worker %" PRIu64 ") from %" PRIu64
+            " (restart %u in a row)", j->id, row->client, j->epoch,
+            row->split, row->lease, row->worker, row->delivered,
+            row->restarts);
+  recount(d);
+  return bind_row(d, j, r, row->client, worker_for(d, j, row));
+}
+
 /* Re-leases the rows the client asks to restart: it lost records of them
  * in transit (a broken stream to a live worker), so their lease cannot
  * complete. Only a row still bound to the client, not done, leased, and
@@ -1654,12 +1783,7 @@ static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     if (row->client != client || row->done || row->worker == 0 ||
         row->lease != p->lease)
       continue;
-    FERRY_LOG(FERRY_LOG_INFO,
-              "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split "
-              "%u (lease %" PRIu64 ") from %" PRIu64, j->id, client,
-              j->epoch, row->split, row->lease, row->delivered);
-    recount(d);
-    if (bind_row(d, j, (uint32_t)r, client, worker_for(d, j, row)) != 0)
+    if (restart_row(d, j, (uint32_t)r) != 0)
       return;
   }
 }
@@ -1705,6 +1829,7 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
     as->worker_id = w != NULL ? w->id : (PAR(j) ? row->pinned : 0);
     as->worker_address = w != NULL ? w->address : "";
     as->lease = row->lease;
+    as->start = row->delivered;
     r->assignments[r->n_assignments++] = as;
   }
   return 0;
@@ -1758,7 +1883,9 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
       return rc;
     c = find_client(j, req->client_id);
   }
-  c->last_hb = now_ms;
+  /* A client being fenced (stalled stream) is not renewed: it expires. */
+  if (!c->no_renew)
+    c->last_hb = now_ms;
   if (req->stats != NULL) {
     c->stall_fraction = req->stats->stall_fraction;
     c->batches_per_second = req->stats->batches_per_second;
@@ -1766,15 +1893,19 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
   }
   if (c->active)
     record_progress(d, j, c->id, req);
-  if (c->active && !req->leaving)
+  if (c->active && !req->leaving && !c->no_renew)
     restart_rows(d, j, c->id, req);
   if (req->leaving && c->active)
     emit_client_left(d, j, c->id, false);
   schedule(d);
-  if (!req->leaving && c->active) {
+  if (!req->leaving && c->active && !c->no_renew) {
     bind_rows(d, j, c->id, req->want_splits);
     schedule(d);
   }
+  c = find_client(j, req->client_id);
+  resp->incarnation = c->incarnation;
+  resp->fenced = c->no_renew;
+  resp->client_timeout_ms = d->cfg.client_timeout_ms;
   return fill_client_resp(d, j, c->id, resp, a, err);
 }
 
@@ -1830,6 +1961,19 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
     if (row == NULL)
       continue;
     r = (uint32_t)(row - j->rows);
+    if (d->cfg.client_stall_ms > 0 &&
+        t->stalled_ms >= (uint64_t)d->cfg.client_stall_ms) {
+      client_t *c = find_client(j, row->client);
+      if (c != NULL && c->active && !c->no_renew) {
+        c->no_renew = true;
+        FERRY_LOG(FERRY_LOG_WARN,
+                  "job %" PRIu64 ": client %" PRIu64 " has not read its "
+                  "stream from worker %" PRIu64 " for %" PRIu64 " ms: its "
+                  "lease is no longer renewed, its splits go back to the "
+                  "pool after the client timeout", j->id, c->id, w->id,
+                  t->stalled_ms);
+      }
+    }
     if (t->error_code != 0) {
       emit_job_failed(d, j, t->error_code, t->error[0] ? t->error
                                                        : ferry_strerror(
@@ -1970,6 +2114,9 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if ((w = worker_for_heartbeat(d, req, err)) == NULL)
     return err != NULL && err->code != 0 ? err->code : FERRY_ENOMEM;
   w->last_hb = now_ms;
+  if (w->suspect_since >= 0 && now_ms > w->suspect_since)
+    w->suspect_since = -1; /* alive after all */
+  w->beats++;
   w->threads = req->threads;
   w->buffer_bytes = req->buffer_bytes;
   w->buffer_free_bytes = req->buffer_free_bytes;
@@ -1978,7 +2125,6 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   w->draining = req->draining;
   record_tasks(d, w, req);
   schedule(d);
-  w->beats++;
   return fill_worker_resp(d, w, req, resp, a, err);
 }
 

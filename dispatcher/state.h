@@ -47,10 +47,14 @@ typedef struct ferry_disp_config_s {
   uint32_t records_per_split; /* default split size */
   uint32_t heartbeat_ms;      /* told to workers */
   uint64_t max_record_len;    /* the scan ends a file at a longer header */
+  /* A client whose stream to a worker has had chunks waiting this long
+   * without taking one (the worker's TaskProgress.stalled_ms) stops being
+   * renewed and loses its splits after client_timeout_ms; 0: never. */
+  int64_t client_stall_ms;
 } ferry_disp_config_t;
 
 /* Fills `cfg` with the defaults (10 s, 10 s, 60 s, 1024, 1000 ms,
- * FERRY_TFR_DEFAULT_MAX_RECORD). */
+ * FERRY_TFR_DEFAULT_MAX_RECORD, 30 s). */
 void ferry__disp_config_init(ferry_disp_config_t *cfg);
 
 typedef struct ferry_disp_s ferry_disp_t;
@@ -75,8 +79,18 @@ int ferry__disp_apply(ferry_disp_t *d, const uint8_t *entry, size_t len,
                       int64_t now_ms, ferry_error_t *err);
 
 /* Ends a replay: every live worker and client counts as heartbeated at
- * `now_ms`, and idle jobs start their GC delay from there. */
+ * `now_ms`, idle jobs start their GC delay from there, and every row
+ * waits for a new lease (leases are not journaled). */
 void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms);
+
+/* Journals the start of this process (boot number = the last one + 1),
+ * which keeps its lease generations above every earlier process's. Call
+ * once after the replay, with the sink installed. Returns 0 or the
+ * commit's error. */
+int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err);
+
+/* Consecutive restarts of one row without progress that fail its job. */
+#define FERRY_DISP_MAX_RESTARTS 16
 
 /* ---- RPCs ----------------------------------------------------------------
  * Each returns 0 with the response filled (in `a`), or a negative code

@@ -166,6 +166,43 @@ static bool fully_received(const ferry__split_t *s) {
   return s->has_total && s->received >= s->total;
 }
 
+/* The entry of a split the dispatcher lists for this client, for a chunk
+ * of it. A worker may learn of a lease (its heartbeat) before the client
+ * does (its own heartbeat's answer), so a chunk of a split not listed yet
+ * waits for up to two more answers, bounded in time, before it is
+ * dropped as one of a split the client does not hold (moved to another
+ * client, or done). NULL then. Lock held. */
+static ferry__split_t *held_split_locked(ferry_client_t *c, uint32_t epoch,
+                                         uint32_t split, uint64_t kw,
+                                         const bool *stop) {
+  uint32_t seen = c->hb_applied;
+  uint32_t wait_ms = 4 * c->opts.heartbeat_ms;
+  struct timespec deadline;
+  if (wait_ms < 1000)
+    wait_ms = 1000;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += wait_ms / 1000;
+  deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  for (;;) {
+    ferry__split_t *s = ferry__client_split_of(c, epoch, split, kw);
+    if (s != NULL && s->assigned)
+      return s;
+    if (c->hb_applied >= seen + 2 || c->stopping || c->fail_code != 0 ||
+        (stop != NULL && *stop) ||
+        pthread_cond_timedwait(&c->ready_cv, &c->mu, &deadline) ==
+            ETIMEDOUT)
+      break;
+  }
+  FERRY_LOG(FERRY_LOG_DEBUG,
+            "client: a chunk of epoch %u split %u, which this client does "
+            "not hold: dropped", epoch, split);
+  return NULL;
+}
+
 uint32_t ferry__client_held_locked(const ferry_client_t *c) {
   uint32_t n = 0;
   for (size_t i = 0; i < c->n_splits; i++)
@@ -249,6 +286,95 @@ static void close_fill_locked(ferry_client_t *c) {
     pthread_cond_broadcast(&c->ready_cv);
 }
 
+/* Frees a discarded slot once no reader copies into it and no thread
+ * prepares it. */
+static void free_discarded_locked(ferry_client_t *c, ferry__slot_t *s) {
+  if (s->state != FERRY__SLOT_DISCARDED || s->copied != s->size ||
+      s->preparing)
+    return;
+  s->state = FERRY__SLOT_FREE;
+  pthread_cond_broadcast(&c->space_cv);
+}
+
+/* ---- Fencing ----------------------------------------------------------- */
+
+void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
+                                const char *why) {
+  uint64_t dropped = 0;
+  for (uint32_t i = 0; i < c->qlen; i++) {
+    ferry__slot_t *s = &c->slots[c->queue[(c->qhead + i) % c->ap.prefetch]];
+    dropped += s->size;
+    s->state = FERRY__SLOT_DISCARDED;
+    free_discarded_locked(c, s);
+  }
+  c->qlen = 0;
+  c->fill = -1;
+  for (size_t i = 0; i < c->n_splits; i++) {
+    ferry__split_t *s = &c->splits[i];
+    s->received = s->delivered;
+    if (!drop_splits && s->assigned &&
+        !(s->has_total && s->delivered >= s->total))
+      mark_restart_locked(c, s, s->lease);
+  }
+  if (drop_splits)
+    c->n_splits = 0;
+  c->fenced = true;
+  c->fences++;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "client %llu: %s: stopped handing out batches and dropped %llu "
+            "records not handed out yet%s", (unsigned long long)c->client_id,
+            why, (unsigned long long)dropped,
+            drop_splits ? "; the splits went to other clients" : "");
+  pthread_cond_broadcast(&c->space_cv);
+  pthread_cond_broadcast(&c->ready_cv);
+  pthread_cond_broadcast(&c->hb_cv);
+}
+
+/* Fences the client when its lease ran out. Lock held. Returns true while
+ * the client is fenced. */
+static bool lease_lapsed_locked(ferry_client_t *c) {
+  if (!c->networked_lease)
+    return false;
+  if (!c->fenced && ferry__client_now() > c->lease_until) {
+    char why[160];
+    snprintf(why, sizeof(why),
+             "no heartbeat answered for %.0f ms (the dispatcher's client "
+             "timeout is %lld ms)",
+             (ferry__client_now() - c->lease_until) * 1e3 +
+                 c->client_timeout_ms * FERRY__LEASE_FRACTION,
+             (long long)c->client_timeout_ms);
+    ferry__client_fence_locked(c, false, why);
+  }
+  return c->fenced;
+}
+
+void ferry__client_renew(ferry_client_t *c, double t_send,
+                         const Ferry__V1__ClientHeartbeatResponse *r) {
+  pthread_mutex_lock(&c->mu);
+  if (r->client_timeout_ms > 0) {
+    c->networked_lease = true;
+    c->client_timeout_ms = r->client_timeout_ms;
+  }
+  if (r->fenced) {
+    if (!c->fenced)
+      ferry__client_fence_locked(c, false,
+                                 "the dispatcher no longer renews our lease "
+                                 "(a stream stalled)");
+  } else if (c->networked_lease) {
+    double until = t_send + (double)c->client_timeout_ms * 1e-3 *
+                                FERRY__LEASE_FRACTION;
+    if (until > c->lease_until)
+      c->lease_until = until;
+    if (c->fenced && ferry__client_now() <= c->lease_until) {
+      c->fenced = false;
+      FERRY_LOG(FERRY_LOG_INFO, "client %llu: lease renewed; handing out "
+                "batches again", (unsigned long long)c->client_id);
+      pthread_cond_broadcast(&c->ready_cv);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* Prepares a slot marked by nobody else: marks it, drops the lock for the
  * work, takes it back and records the outcome (a failure fails the
  * client). */
@@ -259,6 +385,10 @@ static void prepare_unlocked(ferry_client_t *c, ferry__slot_t *s) {
   int rc = ferry__staging_prepare(c, s, &e);
   pthread_mutex_lock(&c->mu);
   s->preparing = false;
+  if (s->state == FERRY__SLOT_DISCARDED) {
+    free_discarded_locked(c, s);
+    return; /* fenced meanwhile: its batch is gone */
+  }
   if (rc == 0)
     s->prepared = true;
   else
@@ -340,9 +470,16 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
    * a re-leased duplicate) would look like a new split. */
   if (c->hb_seen && ch->epoch < c->d_epochs_done)
     goto out;
+  /* Fenced: nothing is taken until the lease is renewed. */
+  if (lease_lapsed_locked(c))
+    goto out;
   uint64_t kw = key_worker(c, ch->worker_id);
-  ferry__split_t *s = split_get(c, ch->epoch, ch->split, kw);
-  if (s == NULL) {
+  ferry__split_t *s;
+  if (c->networked) {
+    /* Only splits the dispatcher lists for this client are taken. */
+    if ((s = held_split_locked(c, ch->epoch, ch->split, kw, stop)) == NULL)
+      goto out;
+  } else if ((s = split_get(c, ch->epoch, ch->split, kw)) == NULL) {
     ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
     goto out;
   }
@@ -370,12 +507,15 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
     /* Re-read after every unlock: another reader may have taken the same
      * positions from a re-leased duplicate meanwhile. */
     s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
-    if (s == NULL || s->received >= end)
+    if (s == NULL || s->received >= end || s->received < ch->first)
       break;
     if (!take_slot_locked(c, ch->epoch, stop))
       break;
+    /* A fence while waiting for a slot moves received back below this
+     * chunk, or drops the split. */
     s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
-    if (s == NULL || s->received >= end)
+    if (s == NULL || s->received >= end || s->received < ch->first ||
+        lease_lapsed_locked(c))
       break;
     ferry__slot_t *slot = &c->slots[c->fill];
     uint64_t off = s->received - ch->first;
@@ -411,6 +551,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
 
     pthread_mutex_lock(&c->mu);
     slot->copied += n;
+    free_discarded_locked(c, slot);
     if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
       /* The reader that completes a batch augments it (or enqueues it on
        * the device) right away, in parallel with the trainer. */
@@ -436,6 +577,21 @@ out:
 void ferry__client_apply_heartbeat(
     ferry_client_t *c, const Ferry__V1__ClientHeartbeatResponse *r) {
   pthread_mutex_lock(&c->mu);
+  c->hb_applied++;
+  /* Another incarnation: the dispatcher declared this client lost (or
+   * its stream stalled) and gave every split it held to other clients,
+   * from what it had acknowledged. Whatever was not handed out is not
+   * ours to hand out any more. */
+  if (c->have_incarnation && r->incarnation != c->incarnation) {
+    char why[120];
+    snprintf(why, sizeof(why),
+             "the dispatcher took our splits away (incarnation %llu -> %llu)",
+             (unsigned long long)c->incarnation,
+             (unsigned long long)r->incarnation);
+    ferry__client_fence_locked(c, true, why);
+  }
+  c->have_incarnation = true;
+  c->incarnation = r->incarnation;
   if (!c->hb_seen)
     c->cur_epoch = r->epoch;
   c->hb_seen = true;
@@ -454,12 +610,18 @@ void ferry__client_apply_heartbeat(
   size_t known = c->n_splits;
   for (size_t i = 0; i < r->n_assignments; i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
-    ferry__split_t *s =
-        split_get(c, a->epoch, a->split, key_worker(c, a->worker_id));
+    uint64_t kw = key_worker(c, a->worker_id);
+    bool fresh = ferry__client_split_of(c, a->epoch, a->split, kw) == NULL;
+    ferry__split_t *s = split_get(c, a->epoch, a->split, kw);
     if (s == NULL) {
       ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
       break;
     }
+    /* A split new to this client counts from where the dispatcher's
+     * acknowledged count stands (it may have moved from another client):
+     * its chunks start there, and a count from 0 would see a gap. */
+    if (fresh)
+      s->received = s->delivered = a->start;
     s->assigned = true;
     s->worker_id = a->worker_id;
     if (a->lease > s->lease)
@@ -553,6 +715,9 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
       rc = FERRY_END;
       break;
     }
+    /* Past the lease nothing is handed out (the fence empties the
+     * queue); a renewal brings new records. */
+    (void)lease_lapsed_locked(c);
     if (c->qlen > 0) {
       ferry__slot_t *s = &c->slots[c->queue[c->qhead]];
       if (s->state == FERRY__SLOT_CLOSED && s->copied == s->size) {

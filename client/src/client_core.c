@@ -163,6 +163,13 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->job_id = r->job_id;
   c->client_id = r->client_id;
   c->num_epochs = r->num_epochs;
+  /* The dispatcher counts this client alive from the call's arrival: the
+   * lease runs from when it was sent (t0 of the call, see get_job's
+   * caller). */
+  if (r->client_timeout_ms > 0) {
+    c->networked_lease = true;
+    c->client_timeout_ms = r->client_timeout_ms;
+  }
   rc = 0;
   if (parsed != NULL) {
     rc = ferry_spec_copy(spec, parsed);
@@ -446,10 +453,12 @@ static void *hb_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     Ferry__V1__ClientHeartbeatResponse *r;
     ferry_error_t e;
+    double t_send = ferry__client_now();
     int rc = heartbeat(c, false, deadline, &r, &e);
     if (rc == 0) {
       c->last_hb_ok = ferry__client_now();
       ferry__client_apply_heartbeat(c, r);
+      ferry__client_renew(c, t_send, r);
       sync_workers(c, r);
       ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
     } else {
@@ -608,8 +617,11 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
     goto fail;
   }
+  double t_job = ferry__client_now();
   if ((rc = get_job(c, have_parsed ? &parsed : NULL, &spec, t0, err)) != 0)
     goto fail;
+  c->lease_until = t_job + (double)c->client_timeout_ms * 1e-3 *
+                               FERRY__LEASE_FRACTION;
   if (!have_parsed && ((rc = batch_shape(c, &spec, err)) != 0 ||
                        (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;

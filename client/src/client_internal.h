@@ -119,7 +119,10 @@ typedef enum {
   FERRY__SLOT_FREE = 0,
   FERRY__SLOT_FILLING, /* taking reservations */
   FERRY__SLOT_CLOSED,  /* full or flushed: ready once every copy is done */
-  FERRY__SLOT_HANDED   /* held by the trainer */
+  FERRY__SLOT_HANDED,  /* held by the trainer */
+  FERRY__SLOT_DISCARDED /* dropped by a fence while a reader still copied
+                         * into it or a thread prepared it: free once the
+                         * last of them is done */
 } ferry__slot_state_t;
 
 /* A slot's DLPack export: the tensor the consumer holds and its shape
@@ -229,6 +232,23 @@ struct ferry_client_s {
   uint32_t cur_epoch; /* the epoch ferry_next is delivering */
   bool ended;         /* FERRY_END returned */
 
+  /* Fencing (docs/ARCHITECTURE.md, "Exactly once"): the client hands out
+   * batches only before `lease_until` (monotonic seconds): the send time
+   * of the last heartbeat the dispatcher answered without `fenced`, plus
+   * 3/4 of the dispatcher's client timeout. Past it, or when an answer
+   * says `fenced`, the client drops every record it has not handed out
+   * and waits for a renewal (`fenced` true meanwhile). An answer with
+   * another incarnation means the dispatcher took every split away: the
+   * split table is dropped too. */
+  bool networked_lease; /* fencing on (a dispatcher that told a timeout) */
+  int64_t client_timeout_ms;
+  double lease_until;
+  bool fenced;
+  bool have_incarnation;
+  uint64_t incarnation;
+  uint64_t fences;     /* times the client fenced itself (tests, stats) */
+  uint32_t hb_applied; /* heartbeat answers applied */
+
   /* A sticky failure: ferry_next returns it. */
   int fail_code;
   char fail_msg[sizeof(((ferry_error_t *)0)->msg)];
@@ -311,6 +331,26 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
  * batch). Takes the lock. */
 void ferry__client_apply_heartbeat(ferry_client_t *c,
                                    const Ferry__V1__ClientHeartbeatResponse *r);
+
+/* The share of the dispatcher's client timeout after which a client
+ * whose heartbeats go unanswered stops handing out batches. */
+#define FERRY__LEASE_FRACTION 0.75
+
+/* Fences the client: every slot not handed to the trainer is dropped (a
+ * slot a reader still copies into, or a thread prepares, is freed when
+ * that ends), each split's received count falls back to its delivered
+ * count, and with `drop_splits` the split table is emptied (the splits
+ * moved to other clients); without it each split still held asks for a
+ * restart from delivered. `why` is logged. Lock held. */
+void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
+                                const char *why);
+
+/* After a heartbeat sent at `t_send` (monotonic seconds) was answered
+ * with `r`: renews the lease (and lifts a fence) unless the answer says
+ * `fenced`, in which case the client fences itself at once. Takes the
+ * lock. */
+void ferry__client_renew(ferry_client_t *c, double t_send,
+                         const Ferry__V1__ClientHeartbeatResponse *r);
 
 /* Marks every split the worker holds for the client and has not fully
  * received for a restart at its current lease (its stream broke: records

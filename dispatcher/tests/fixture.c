@@ -197,6 +197,7 @@ Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,
     t[i].finished = tasks[i].finished;
     t[i].skipped = tasks[i].skipped;
     t[i].error_code = tasks[i].error_code;
+    t[i].stalled_ms = tasks[i].stalled_ms;
     if (tasks[i].error != NULL)
       t[i].error = (char *)tasks[i].error;
     tp[i] = &t[i];
@@ -232,6 +233,7 @@ uint8_t *fx_status_bytes(ferry_disp_t *d, int64_t now, size_t *len) {
   for (size_t i = 0; i < s->n_workers; i++) {
     s->workers[i]->last_heartbeat_ms_ago = 0;
     s->workers[i]->threads = 0;
+    s->workers[i]->tasks = 0; /* leases are volatile too */
     s->workers[i]->buffer_bytes = s->workers[i]->buffer_free_bytes = 0;
   }
   for (size_t i = 0; i < s->n_jobs; i++)

@@ -64,6 +64,7 @@ typedef struct fx_task_s {
   bool finished;
   int32_t error_code;
   const char *error;
+  uint64_t stalled_ms; /* its client's stream took nothing this long */
 } fx_task_t;
 
 Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,

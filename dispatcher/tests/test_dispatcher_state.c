@@ -657,25 +657,35 @@ Test(dispatcher, restart_releases_from_delivered) {
     cr_assert_eq(a->n_cancelled, 0);
   }
   /* The client lost records of split_a in transit after taking 4. */
+  before = fx_entries.n;
   c = restart(D, j->job_id, j->client_id, split_a, 4, 1, 20);
   as = assignment_of(c, split_a);
   cr_assert_eq(as->lease, 2, "a restart is a new lease");
-  cr_assert_neq(as->worker_id, 0);
+  cr_assert_eq(as->start, 4, "from delivered");
   cr_assert_eq(assignment_of(c, split_b)->lease, 1, "other rows unchanged");
-  /* The holder's next heartbeat cancels the old task and (a tie: the
-   * lowest id, the same worker) starts the new one at delivered. */
-  cr_assert_eq(as->worker_id, a->worker_id);
+  /* Not to the worker whose lease failed (it is suspected and avoided),
+   * though it ties with b on load. */
+  cr_assert_eq(as->worker_id, b->worker_id);
+  cr_assert_eq(fx_entries.n, before + 1,
+               "only the progress is journaled, not the re-lease");
   {
+    /* a's next heartbeat cancels the old task and gives it nothing new;
+     * b starts the new lease at delivered. */
     fx_task_t t = TASK(j->job_id, 0, split_a, 1);
     a = fx_worker(D, a->worker_id, "a", &t, 1, false, 30);
     cr_assert_eq(a->n_cancelled, 1);
     cr_assert_eq(a->cancelled[0]->split, split_a);
     cr_assert_eq(a->cancelled[0]->lease, 1);
-    cr_assert_eq(a->n_new_tasks, 1);
-    cr_assert_eq(a->new_tasks[0]->split->index, split_a);
-    cr_assert_eq(a->new_tasks[0]->lease, 2);
-    cr_assert_eq(a->new_tasks[0]->start, 4, "resumes at delivered");
-    cr_assert_eq(a->new_tasks[0]->client_id, j->client_id);
+    cr_assert_eq(a->n_new_tasks, 0);
+    b = fx_worker(D, b->worker_id, "b", NULL, 0, false, 30);
+    cr_assert_eq(b->n_new_tasks, 2);
+    for (size_t i = 0; i < 2; i++) {
+      if (b->new_tasks[i]->split->index != split_a)
+        continue;
+      cr_assert_eq(b->new_tasks[i]->lease, 2);
+      cr_assert_eq(b->new_tasks[i]->start, 4, "resumes at delivered");
+      cr_assert_eq(b->new_tasks[i]->client_id, j->client_id);
+    }
   }
   /* A stale restart (the old lease, e.g. a retried request) changes
    * nothing and commits nothing. */
@@ -691,23 +701,24 @@ Test(dispatcher, restart_releases_from_delivered) {
     restart(D, o->job_id, o->client_id, split_a, 0, 2, 40);
     cr_assert_eq(fx_entries.n, before, "another client's restart");
   }
-  /* A restart at the current lease re-leases again, to the least loaded
-   * worker: b (1 task) ties with a (1 task): a, the lowest id. */
+  /* A restart at the current lease moves it back to a: a heartbeated
+   * after its suspicion, and b is now the one avoided. */
   c = restart(D, j->job_id, j->client_id, split_a, 6, 2, 50);
   as = assignment_of(c, split_a);
   cr_assert_eq(as->lease, 3);
   cr_assert_eq(as->worker_id, a->worker_id);
-  cr_assert_gt(fx_entries.n, before);
+  cr_assert_eq(as->start, 6);
 
-  /* Replaying the journal gives the same state: the restart is an
-   * ordinary Assign entry. */
+  /* Replaying the journal gives the same journaled state; leases are not
+   * journaled, so after the boot entry every row is leased again with a
+   * generation above every earlier one. */
   {
     ferry_disp_config_t cfg;
     ferry_disp_t *r;
     ferry_error_t err = {0};
     uint8_t *sa, *sb;
     size_t la, lb;
-    Ferry__V1__WorkerHeartbeatResponse *wa, *wr;
+    Ferry__V1__WorkerHeartbeatResponse *wr;
     ferry__disp_config_init(&cfg);
     cfg.worker_timeout_ms = cfg.client_timeout_ms = 1000;
     cfg.job_gc_ms = 5000;
@@ -718,27 +729,24 @@ Test(dispatcher, restart_releases_from_delivered) {
                                      60, &err),
                    0, "entry %zu: %s", i, err.msg);
     ferry__disp_replayed(r, 60);
+    cr_assert_eq(ferry__disp_boot(r, &err), 0, "%s", err.msg);
     sa = fx_status_bytes(D, 60, &la);
     sb = fx_status_bytes(r, 60, &lb);
     cr_assert_eq(la, lb);
     cr_assert_arr_eq(sa, sb, la, "replayed status differs from the live one");
-    /* The same worker asks both: the same diff (lease 3 from 6). */
     {
-      fx_task_t t = TASK(j->job_id, 0, split_a, 2);
-      wa = fx_worker(D, a->worker_id, "a", &t, 1, false, 70);
+      fx_task_t t = TASK(j->job_id, 0, split_a, 3);
       wr = fx_worker(r, a->worker_id, "a", &t, 1, false, 70);
     }
-    cr_assert_eq(wa->n_cancelled, 1);
-    cr_assert_eq(wr->n_cancelled, 1);
-    cr_assert_eq(wa->n_new_tasks, 1);
-    cr_assert_eq(wr->n_new_tasks, 1);
-    cr_assert_eq(wa->new_tasks[0]->lease, 3);
-    cr_assert_eq(wr->new_tasks[0]->lease, 3);
-    cr_assert_eq(wa->new_tasks[0]->start, 6);
-    cr_assert_eq(wr->new_tasks[0]->start, 6);
+    cr_assert_eq(wr->n_cancelled, 1, "the old process's lease is cancelled");
+    cr_assert_geq(wr->n_new_tasks, 1);
+    for (size_t i = 0; i < wr->n_new_tasks; i++) {
+      cr_assert_geq(wr->new_tasks[i]->lease, (uint64_t)1 << 32);
+      if (wr->new_tasks[i]->split->index == split_a)
+        cr_assert_eq(wr->new_tasks[i]->start, 6);
+    }
     ferry__disp_free(r);
   }
-  (void)b;
 }
 
 Test(dispatcher, lost_client_rows_return_to_the_pool) {
@@ -1040,8 +1048,8 @@ Test(dispatcher, skipped_counts_per_job_and_file) {
   w = fx_worker(D, 0, "w", NULL, 0, false, 0);
   j = fx_job(D, id, "", DIST, 1, SKIP, 0);
   fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
-  t[0] = (fx_task_t){j->job_id, 0, 0, 1, 5, 3, false, 0, NULL};
-  t[1] = (fx_task_t){j->job_id, 0, 1, 1, 5, 1, false, 0, NULL};
+  t[0] = (fx_task_t){j->job_id, 0, 0, 1, 5, 3, false, 0, NULL, 0};
+  t[1] = (fx_task_t){j->job_id, 0, 1, 1, 5, 1, false, 0, NULL, 0};
   fx_worker(D, w->worker_id, "w", t, 2, false, 10);
   t[0].skipped = 4; /* cumulative: one more */
   fx_worker(D, w->worker_id, "w", t, 2, false, 20);
@@ -1078,7 +1086,7 @@ Test(dispatcher, unknown_count_known_when_finished) {
   fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 10);
   c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 10);
   cr_assert_eq(c->n_assignments, 1, "not done while the total is unknown");
-  t = (fx_task_t){j->job_id, 0, 0, 1, 100, 0, true, 0, NULL};
+  t = (fx_task_t){j->job_id, 0, 0, 1, 100, 0, true, 0, NULL, 0};
   fx_worker(D, w->worker_id, "w", &t, 1, false, 20);
   c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 30);
   cr_assert_eq(c->state, FINISHED);
@@ -1214,7 +1222,7 @@ static void sim_worker_hb(sim_worker_t *w, uint64_t job, int64_t now) {
     sim_task_t *s = &w->tasks[i];
     /* Workers produce instantly: every task is finished. */
     t[i] = (fx_task_t){job, s->epoch, s->split, s->lease, s->count, 0, true,
-                       0, NULL};
+                       0, NULL, 0};
   }
   r = fx_worker(D, w->id, w->addr, t, w->n, false, now);
   w->id = r->worker_id;
@@ -1362,4 +1370,181 @@ Test(dispatcher, exactly_once_with_failures) {
   cr_assert_str_eq(s->workers[1]->state, "lost");
   cr_assert_gt(releases_mid_split, 0, "no split was re-leased mid-way");
   cr_assert_gt(tasks_on_late_worker, 0, "the late worker got no task");
+}
+
+/* ---- Client faults (issue 7) -------------------------------------------- */
+
+/* The assignment of `split` in `c`, or NULL. */
+static const Ferry__V1__Assignment *
+find_assignment(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
+  for (size_t i = 0; i < c->n_assignments; i++)
+    if (c->assignments[i]->split == split)
+      return c->assignments[i];
+  return NULL;
+}
+
+/* A split moved from a client that left to another one carries the
+ * position it starts from: the new client counts from there (counting
+ * from 0 made it see a gap and ask for restarts forever). */
+Test(dispatcher, moved_split_carries_its_start) {
+  const char *id = dataset(2);
+  fx_worker(D, 0, "w", NULL, 0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j1 = fx_job(D, id, "m", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *j2 = fx_job(D, id, "m", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t prog[4] = {0, 0, 7, 0};
+
+  c = fx_client(D, j1->job_id, j1->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_assert_eq(c->assignments[i]->start, 0);
+  prog[1] = c->assignments[0]->split;
+  /* Client 1 took 7 records of its first split and leaves. */
+  fx_client(D, j1->job_id, j1->client_id, 0, prog, 1, true, 10);
+  c = fx_client(D, j2->job_id, j2->client_id, 2, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, 2, "the rows returned at once");
+  cr_assert_eq(find_assignment(c, (uint32_t)prog[1])->start, 7);
+  cr_assert_eq(find_assignment(c, (uint32_t)(1 - prog[1]))->start, 0);
+}
+
+/* A client declared lost that comes back gets a new incarnation (so it
+ * drops what it had not handed out) and fresh splits, none of its old
+ * bindings. */
+Test(dispatcher, lost_client_rejoins_with_a_new_incarnation) {
+  const char *id = dataset(4);
+  fx_worker(D, 0, "w", NULL, 0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "r", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *o = fx_job(D, id, "r", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t inc;
+
+  cr_assert_eq(j->client_timeout_ms, 1000);
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  cr_assert_not(c->fenced);
+  cr_assert_eq(c->client_timeout_ms, 1000);
+  inc = c->incarnation;
+  uint32_t first[2] = {c->assignments[0]->split, c->assignments[1]->split};
+  fx_worker(D, 1, "w", NULL, 0, false, 900);
+  fx_client(D, o->job_id, o->client_id, 0, NULL, 0, false, 900);
+  ferry__disp_tick(D, 1100); /* client j: silent since 0 */
+  c = fx_client(D, o->job_id, o->client_id, 4, NULL, 0, false, 1150);
+  cr_assert_eq(c->n_assignments, 4, "the lost client's rows went back");
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 1200);
+  cr_assert_eq(c->incarnation, inc + 1);
+  cr_assert_eq(c->n_assignments, 0, "all rows are with the other client");
+  cr_assert_null(find_assignment(c, first[0]));
+  cr_assert_null(find_assignment(c, first[1]));
+}
+
+/* A split whose lease fails again and again without progress fails the
+ * job with a message naming it, instead of looping for ever. */
+Test(dispatcher, restart_loop_fails_the_job_naming_the_split) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__GetStatusResponse *s;
+  int64_t now = 0;
+
+  c = fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 1);
+  uint32_t split = c->assignments[0]->split;
+  uint64_t lease = c->assignments[0]->lease;
+  for (int i = 0; i <= FERRY_DISP_MAX_RESTARTS; i++) {
+    c = restart(D, j->job_id, j->client_id, split, 3, lease, now);
+    if (c->state != RUNNING)
+      break;
+    /* The only worker: the row waits for its backoff to pass and for the
+     * worker to heartbeat again (it was suspected); everyone keeps
+     * heartbeating meanwhile. */
+    for (int step = 0; step < 20; step++) {
+      now += 300;
+      fx_worker(D, w->worker_id, "w", NULL, 0, false, now);
+      ferry__disp_tick(D, now);
+      c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, now);
+      cr_assert_not_null(find_assignment(c, split), "restart %d", i);
+      if (find_assignment(c, split)->lease > lease &&
+          find_assignment(c, split)->worker_id != 0)
+        break;
+    }
+    cr_assert_gt(find_assignment(c, split)->lease, lease, "restart %d", i);
+    lease = find_assignment(c, split)->lease;
+  }
+  cr_assert_eq(c->state, FAILED);
+  cr_assert(strstr(c->error, "split") != NULL &&
+                strstr(c->error, "d.tfrecord") != NULL &&
+                strstr(c->error, "restarted") != NULL,
+            "%s", c->error);
+  s = fx_status(D, now);
+  cr_assert_eq(s->jobs[0]->state, FAILED);
+}
+
+/* A worker that missed its heartbeats, or whose lease a client just lost,
+ * gets no new lease while another worker can take it. */
+Test(dispatcher, suspect_and_silent_workers_get_no_leases) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+
+  /* b is silent for more than two intervals (1000 ms each): only a. */
+  a = fx_worker(D, a->worker_id, "a", NULL, 0, false, 2600);
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 2600);
+  cr_assert_eq(c->n_assignments, 2);
+  for (size_t i = 0; i < 2; i++)
+    cr_assert_eq(c->assignments[i]->worker_id, a->worker_id);
+  /* b is back; a client loses its stream to a: its split goes to b, and
+   * a (suspected until it heartbeats) gets no other new split either. */
+  b = fx_worker(D, b->worker_id, "b", NULL, 0, false, 2700);
+  uint32_t split = c->assignments[0]->split;
+  c = restart(D, j->job_id, j->client_id, split,
+              0, c->assignments[0]->lease, 2710);
+  cr_assert_eq(find_assignment(c, split)->worker_id, b->worker_id);
+  c = fx_client(D, j->job_id, j->client_id, 3, NULL, 0, false, 2720);
+  for (size_t i = 0; i < c->n_assignments; i++)
+    if (c->assignments[i]->split != split &&
+        c->assignments[i]->lease > 1)
+      cr_assert_fail("a re-lease went to a");
+  size_t on_b = 0;
+  for (size_t i = 0; i < c->n_assignments; i++)
+    on_b += c->assignments[i]->worker_id == b->worker_id;
+  cr_assert_eq(on_b, 3, "the new splits and the restarted one go to b");
+}
+
+/* A client whose stream stalls stops being renewed: its answers say
+ * `fenced`, it gets no new split, and it is declared lost one client
+ * timeout after its last renewal, its rows back in the pool. */
+Test(dispatcher, stalled_stream_fences_then_expires_the_client) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "s", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *o = fx_job(D, id, "s", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  fx_task_t t = TASK(j->job_id, 0, 0, 1);
+
+  c = fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 1);
+  t.split = c->assignments[0]->split;
+  t.stalled_ms = 30000; /* the default --client-stall-ms */
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 100);
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 200);
+  cr_assert(c->fenced);
+  cr_assert_eq(c->n_assignments, 1, "no new split while fenced");
+  fx_client(D, o->job_id, o->client_id, 0, NULL, 0, false, 900);
+  fx_worker(D, w->worker_id, "w", NULL, 0, false, 900);
+  ferry__disp_tick(D, 900); /* renewed last at 0 (200 did not renew) */
+  c = fx_client(D, o->job_id, o->client_id, 2, NULL, 0, false, 950);
+  cr_assert_eq(c->n_assignments, 1, "still bound to the stalled client");
+  ferry__disp_tick(D, 1050);
+  c = fx_client(D, o->job_id, o->client_id, 2, NULL, 0, false, 1060);
+  cr_assert_eq(c->n_assignments, 2, "its row went back to the pool");
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1100);
+  cr_assert_not(c->fenced, "it rejoined");
+  cr_assert_eq(c->incarnation, 1);
 }

@@ -203,6 +203,13 @@ void hx_reap_all(void) {
 
 int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
              int wait_ms, char *why, size_t why_len) {
+  return hx_spawn_marked(out, name, argv, "listening on ", wait_ms, why,
+                         why_len);
+}
+
+int hx_spawn_marked(hx_proc_t **out, const char *name, char *const argv[],
+                    const char *marker, int wait_ms, char *why,
+                    size_t why_len) {
   *out = NULL;
   int slot = 0;
   while (slot < nprocs && !forgotten[slot])
@@ -270,10 +277,9 @@ int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
     char *nl = memchr(line, '\n', used);
     if (nl != NULL) {
       *nl = '\0';
-      const char *at_ = strstr(line, "listening on ");
+      const char *at_ = strstr(line, marker);
       if (at_ != NULL) {
-        snprintf(p->addr, sizeof(p->addr), "%s",
-                 at_ + strlen("listening on "));
+        snprintf(p->addr, sizeof(p->addr), "%s", at_ + strlen(marker));
         *out = p;
         return 0;
       }
@@ -285,8 +291,8 @@ int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
     }
     int left = (int)(deadline - hx_now_ms());
     if (left <= 0 || used == sizeof(line) - 1) {
-      snprintf(why, why_len, "%s printed no listening line within %d ms "
-               "(log %s)", name, wait_ms, p->log);
+      snprintf(why, why_len, "%s printed no line with '%s' within %d ms "
+               "(log %s)", name, marker, wait_ms, p->log);
       hx_dump_logs();
       reap_proc(p);
       return -1;

@@ -88,6 +88,13 @@ double hx_now_ms(void);
 int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
              int wait_ms, char *why, size_t why_len);
 
+/* hx_spawn waiting for a line containing `marker` instead (the rest of
+ * the line goes to p->addr): for programs that are not servers, such as
+ * the client processes of the client-fault tests. */
+int hx_spawn_marked(hx_proc_t **out, const char *name, char *const argv[],
+                    const char *marker, int wait_ms, char *why,
+                    size_t why_len);
+
 /* Starts ferry-dispatcher / ferry-worker (paths from FERRY_IT_DISPATCHER /
  * FERRY_IT_WORKER, else the build tree) with `o` (may be NULL). */
 int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,

@@ -1,0 +1,111 @@
+/* A trainer as a process of its own, for the client-fault tests
+ * (test_client_faults.c), which kill it, stop it or let it leave early:
+ *
+ *   it_client DISPATCHER SPEC JOB_NAME EPOCHS OUT STEP_US LEAVE_AFTER
+ *
+ * Joins the named job, prints "it_client ready: job J client C" once the
+ * client exists, then takes batches until the job ends. After each batch
+ * it appends one record to OUT with a single write(): a header {uint32
+ * epoch, uint32 n, double t_ms (CLOCK_MONOTONIC, comparable across
+ * processes)} and the batch's n record ids, then simulates a training
+ * step of STEP_US microseconds and releases the batch. With LEAVE_AFTER
+ * >= 0 it frees the client after that many batches (a clean, early
+ * leave). Exits 0 at the end of the job or after leaving, 3 on an error
+ * (printed to stderr).
+ */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/client.h"
+
+typedef struct rec_s {
+  uint32_t epoch, n;
+  double t_ms;
+} rec_t;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 8) {
+    fprintf(stderr, "usage: it_client DISPATCHER SPEC JOB_NAME EPOCHS OUT "
+                    "STEP_US LEAVE_AFTER\n");
+    return 2;
+  }
+  long step_us = atol(argv[6]), leave_after = atol(argv[7]);
+  int out = open(argv[5], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (out < 0) {
+    perror(argv[5]);
+    return 2;
+  }
+  ferry_client_options_t o;
+  ferry_client_options_init(&o);
+  o.dispatcher = argv[1];
+  o.spec = argv[2];
+  o.job_name = argv[3];
+  o.num_epochs = atoll(argv[4]);
+  o.heartbeat_ms = 50;
+  o.splits_in_flight = 4;
+  ferry_client_t *c;
+  ferry_error_t err = {0};
+  if (ferry_client_new(&o, &c, &err) != 0) {
+    fprintf(stderr, "it_client: %s\n", err.msg);
+    return 3;
+  }
+  printf("it_client ready: job %" PRIu64 " client %" PRIu64 "\n",
+         ferry_client_job_id(c), ferry_client_id(c));
+  fflush(stdout);
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  long batches = 0;
+  int rc, status = 0;
+  for (;;) {
+    const ferry_batch_t *b;
+    if (leave_after >= 0 && batches >= leave_after)
+      break;
+    rc = ferry_next(c, &b, 30000, &err);
+    if (rc == FERRY_END)
+      break;
+    if (rc == FERRY_EPOCH_END)
+      continue;
+    if (rc != 0) {
+      fprintf(stderr, "it_client: ferry_next: %s\n", err.msg);
+      status = 3;
+      break;
+    }
+    size_t need = sizeof(rec_t) + b->size * sizeof(uint64_t);
+    if (need > cap) {
+      free(buf);
+      cap = need * 2;
+      if ((buf = malloc(cap)) == NULL) {
+        status = 3;
+        break;
+      }
+    }
+    rec_t h = {b->epoch, b->size, now_ms()};
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), b->ids, b->size * sizeof(uint64_t));
+    if (write(out, buf, need) != (ssize_t)need) {
+      perror("it_client: write");
+      status = 3;
+      break;
+    }
+    if (step_us > 0) /* the simulated training step */
+      usleep((useconds_t)step_us);
+    ferry_batch_release(c, b);
+    batches++;
+  }
+  ferry_client_free(c);
+  free(buf);
+  close(out);
+  fprintf(stderr, "it_client: %ld batches, exit %d\n", batches, status);
+  return status;
+}
