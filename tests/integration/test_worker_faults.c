@@ -166,18 +166,22 @@ Test(worker_faults, shard_truncated_under_a_reading_worker) {
 
 /* (b) Job A's trainer stalls (holds its batch, stops calling ferry_next)
  * while job B runs on the same workers: B keeps at least half the
- * throughput it had alone. */
+ * throughput it had alone (each figure the better of two epochs of 16,000
+ * records; every id of each epoch counted). */
 Test(worker_faults, stalled_client_slows_only_itself) {
   hx_dataset_t a, bds;
   cr_assert_eq(hx_make_dataset(&a, "a", 4, 1000, 64, 64, 3), 0);
-  cr_assert_eq(hx_make_dataset(&bds, "b", 4, 1000, 32, 32, 3), 0);
+  cr_assert_eq(hx_make_dataset(&bds, "b", 4, 4000, 32, 32, 3), 0);
   hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 16u << 20};
   cluster(2, &wo);
   char spec_a[1024], spec_b[1024];
   hx_spec(&a, NULL, 32, spec_a, sizeof(spec_a));
   hx_spec(&bds, NULL, 32, spec_b, sizeof(spec_b));
 
+  /* The better of two epochs each time: the two cores are shared. */
   double alone = one_epoch(spec_b, &bds, 0, true);
+  double again = one_epoch(spec_b, &bds, 0, true);
+  alone = again > alone ? again : alone;
 
   ferry_client_options_t o;
   hx_client_options(&o, D->addr, spec_a);
@@ -194,6 +198,8 @@ Test(worker_faults, stalled_client_slows_only_itself) {
   /* A holds its batch and reads no more: its streams fill their shares. */
   usleep(1000 * 1000);
   double stalled = one_epoch(spec_b, &bds, 0, true);
+  again = one_epoch(spec_b, &bds, 0, true);
+  stalled = again > stalled ? again : stalled;
   fprintf(stderr,
           "job B: %.0f records/s alone, %.0f records/s with job A stalled "
           "(ratio %.2f)\n",
