@@ -1883,6 +1883,15 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
       return rc;
     c = find_client(j, req->client_id);
   }
+  if (d->cfg.client_stall_ms > 0 && c->active && !c->no_renew &&
+      req->stalled_ms >= (uint64_t)d->cfg.client_stall_ms) {
+    c->no_renew = true;
+    FERRY_LOG(FERRY_LOG_WARN,
+              "job %" PRIu64 ": client %" PRIu64 " has not read its streams "
+              "for %" PRIu64 " ms (its trainer holds every batch): its lease "
+              "is no longer renewed, its splits go back to the pool after "
+              "the client timeout", j->id, c->id, req->stalled_ms);
+  }
   /* A client being fenced (stalled stream) is not renewed: it expires. */
   if (!c->no_renew)
     c->last_hb = now_ms;

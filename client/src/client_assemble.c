@@ -348,9 +348,11 @@ static bool lease_lapsed_locked(ferry_client_t *c) {
   return c->fenced;
 }
 
-void ferry__client_renew(ferry_client_t *c, double t_send,
+void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
                          const Ferry__V1__ClientHeartbeatResponse *r) {
   pthread_mutex_lock(&c->mu);
+  if (!c->rejoined && records > c->records_acked)
+    c->records_acked = records;
   if (r->client_timeout_ms > 0) {
     c->networked_lease = true;
     c->client_timeout_ms = r->client_timeout_ms;
@@ -436,9 +438,15 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
       c->qlen++;
       c->fill = (int)i;
+      /* A slot was taken: whoever still waits starts a new stall. */
+      c->space_wait_since = c->space_waiters > 0 ? ferry__client_now() : 0;
       return true;
     }
+    if (c->space_waiters++ == 0 && c->space_wait_since == 0)
+      c->space_wait_since = ferry__client_now();
     pthread_cond_wait(&c->space_cv, &c->mu);
+    if (--c->space_waiters == 0)
+      c->space_wait_since = 0;
   }
   return true;
 }
@@ -578,6 +586,7 @@ void ferry__client_apply_heartbeat(
     ferry_client_t *c, const Ferry__V1__ClientHeartbeatResponse *r) {
   pthread_mutex_lock(&c->mu);
   c->hb_applied++;
+  c->rejoined = c->have_incarnation && r->incarnation != c->incarnation;
   /* Another incarnation: the dispatcher declared this client lost (or
    * its stream stalled) and gave every split it held to other clients,
    * from what it had acknowledged. Whatever was not handed out is not
@@ -845,6 +854,7 @@ void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {
   out->total_seconds = ferry__client_now() - c->t0;
   out->stall_fraction =
       out->total_seconds > 0 ? out->wait_seconds / out->total_seconds : 0;
+  out->records_acked = c->records_acked;
   for (size_t i = 0; i < c->n_workers; i++)
     if (!c->workers[i]->ended)
       out->workers++;

@@ -381,7 +381,7 @@ static void sync_workers(ferry_client_t *c,
 /* One ClientHeartbeat; applies the answer. Returns 0 or the RPC's error. */
 static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
                      Ferry__V1__ClientHeartbeatResponse **out,
-                     ferry_error_t *err) {
+                     uint64_t *records, ferry_error_t *err) {
   Ferry__V1__ClientHeartbeatRequest req =
       FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
   Ferry__V1__ClientStats st = FERRY__V1__CLIENT_STATS__INIT;
@@ -390,6 +390,7 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   size_t len, reply_len;
   int rc = FERRY_ENOMEM;
   *out = NULL;
+  *records = 0;
   req.job_id = c->job_id;
   req.client_id = c->client_id;
   req.leaving = leaving;
@@ -402,13 +403,21 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
     req.n_progress = ferry__client_progress_locked(c, prog, pp);
     req.progress = pp;
     uint32_t held = ferry__client_held_locked(c);
-    req.want_splits = leaving || held >= c->opts.splits_in_flight
+    /* No new splits while the trainer holds every slot: none of their
+     * records could be taken, and a trainer that stalls so would only
+     * take them from the job's other clients again and again. */
+    req.want_splits = leaving || held >= c->opts.splits_in_flight ||
+                              c->handed >= c->ap.prefetch
                           ? 0
                           : c->opts.splits_in_flight - held;
     double total = ferry__client_now() - c->t0;
     st.stall_fraction = total > 0 ? c->wait_s / total : 0;
     st.batches_per_second = total > 0 ? (double)c->batches / total : 0;
     st.batches = c->batches;
+    *records = c->records; /* what this request reports as handed out */
+    if (c->space_wait_since > 0)
+      req.stalled_ms =
+          (uint64_t)((ferry__client_now() - c->space_wait_since) * 1e3);
     c->hb_kick = false;
   }
   pthread_mutex_unlock(&c->mu);
@@ -454,11 +463,12 @@ static void *hb_main(void *arg) {
     Ferry__V1__ClientHeartbeatResponse *r;
     ferry_error_t e;
     double t_send = ferry__client_now();
-    int rc = heartbeat(c, false, deadline, &r, &e);
+    uint64_t records = 0;
+    int rc = heartbeat(c, false, deadline, &r, &records, &e);
     if (rc == 0) {
       c->last_hb_ok = ferry__client_now();
       ferry__client_apply_heartbeat(c, r);
-      ferry__client_renew(c, t_send, r);
+      ferry__client_renew(c, t_send, records, r);
       sync_workers(c, r);
       ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
     } else {
@@ -667,7 +677,8 @@ void ferry_client_free(ferry_client_t *c) {
     int deadline = c->opts.connect_timeout_ms < 2000
                        ? (int)c->opts.connect_timeout_ms
                        : 2000;
-    if (heartbeat(c, true, deadline, &r, NULL) == 0)
+    uint64_t records;
+    if (heartbeat(c, true, deadline, &r, &records, NULL) == 0)
       ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
   }
   for (size_t i = 0; i < c->n_workers; i++)

@@ -248,6 +248,13 @@ struct ferry_client_s {
   uint64_t incarnation;
   uint64_t fences;     /* times the client fenced itself (tests, stats) */
   uint32_t hb_applied; /* heartbeat answers applied */
+  bool rejoined;       /* the last answer applied had a new incarnation */
+  uint64_t records_acked; /* see ferry_client_stats_t */
+  /* Readers waiting for a free slot, and since when no slot was taken
+   * while one waited (monotonic seconds, 0: none waits): the client does
+   * not read its streams (reported as ClientHeartbeatRequest.stalled_ms). */
+  uint32_t space_waiters;
+  double space_wait_since;
 
   /* A sticky failure: ferry_next returns it. */
   int fail_code;
@@ -345,11 +352,13 @@ void ferry__client_apply_heartbeat(ferry_client_t *c,
 void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
                                 const char *why);
 
-/* After a heartbeat sent at `t_send` (monotonic seconds) was answered
- * with `r`: renews the lease (and lifts a fence) unless the answer says
- * `fenced`, in which case the client fences itself at once. Takes the
- * lock. */
-void ferry__client_renew(ferry_client_t *c, double t_send,
+/* After a heartbeat sent at `t_send` (monotonic seconds), reporting the
+ * first `records` records handed out, was answered with `r` (applied
+ * first): counts those records acknowledged unless the answer took the
+ * client's splits away, and renews the lease (and lifts a fence) unless
+ * the answer says `fenced`, in which case the client fences itself at
+ * once. Takes the lock. */
+void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
                          const Ferry__V1__ClientHeartbeatResponse *r);
 
 /* Marks every split the worker holds for the client and has not fully

@@ -70,7 +70,7 @@ static void renew(ferry_client_t *c, bool fenced) {
       FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
   r.client_timeout_ms = TIMEOUT_MS;
   r.fenced = fenced;
-  ferry__client_renew(c, ferry__client_now(), &r);
+  ferry__client_renew(c, ferry__client_now(), 0, &r);
 }
 
 static int next(ferry_client_t *c, const ferry_batch_t **b) {

@@ -329,8 +329,10 @@ int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
   hx_daemon_opts_t d = {0};
   if (o != NULL)
     d = *o;
-  char hb[16], wt[16], ct[16], pt[16], wd[600];
+  char hb[16], wt[16], ct[16], pt[16], st[16], wd[600];
   snprintf(hb, sizeof(hb), "%d", d.heartbeat_ms ? d.heartbeat_ms : 100);
+  snprintf(st, sizeof(st), "%d",
+           d.client_stall_ms ? d.client_stall_ms : 30000);
   snprintf(wt, sizeof(wt), "%d",
            d.worker_timeout_ms ? d.worker_timeout_ms : 2000);
   snprintf(ct, sizeof(ct), "%d",
@@ -346,7 +348,8 @@ int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
   char *argv[] = {(char *)hx_dispatcher_bin(), "--port", pt, "--host",
                   (char *)(d.host ? d.host : "127.0.0.1"), "--work-dir", wd,
                   "--worker-timeout-ms", wt,
-                  "--client-timeout-ms", ct, "--heartbeat-ms", hb, NULL};
+                  "--client-timeout-ms", ct, "--heartbeat-ms", hb,
+                  "--client-stall-ms", st, NULL};
   char name[32];
   snprintf(name, sizeof(name), "dispatcher%d", count);
   return hx_spawn(out, name, argv, 10000, why, why_len);

@@ -44,6 +44,7 @@ typedef struct hx_daemon_opts_s {
   uint64_t buffer_bytes;    /* worker: 64 MiB */
   const char *host;         /* --host ("127.0.0.1"); a worker given one
                                also gets --advertise HOST */
+  int client_stall_ms;      /* dispatcher: its default (30000) */
 } hx_daemon_opts_t;
 
 /* A generated dataset: nfiles files of `per_file` records each, named

@@ -7,7 +7,8 @@
  * client exists, then takes batches until the job ends. After each batch
  * it appends one record to OUT with a single write(): a header {uint32
  * epoch, uint32 n, double t_ms (CLOCK_MONOTONIC, comparable across
- * processes)} and the batch's n record ids, then simulates a training
+ * processes), uint64 acked (ferry_client_stats' records_acked)} and the
+ * batch's n record ids, then simulates a training
  * step of STEP_US microseconds and releases the batch. With LEAVE_AFTER
  * >= 0 it frees the client after that many batches (a clean, early
  * leave). Exits 0 at the end of the job or after leaving, 3 on an error
@@ -22,10 +23,12 @@
 #include <unistd.h>
 
 #include "ferry/client.h"
+#include "ferry/log.h"
 
 typedef struct rec_s {
   uint32_t epoch, n;
   double t_ms;
+  uint64_t acked;
 } rec_t;
 
 static double now_ms(void) {
@@ -46,6 +49,11 @@ int main(int argc, char **argv) {
     perror(argv[5]);
     return 2;
   }
+  /* The library's warnings (fences, restarts) go to the test's log. */
+  ferry_log_set_callback(ferry_log_to_stderr, NULL);
+  const char *lvl = getenv("FERRY_IT_CLIENT_LOG");
+  ferry_log_set_level(lvl != NULL ? ferry_log_level_parse(lvl)
+                                  : FERRY_LOG_INFO);
   ferry_client_options_t o;
   ferry_client_options_init(&o);
   o.dispatcher = argv[1];
@@ -90,7 +98,9 @@ int main(int argc, char **argv) {
         break;
       }
     }
-    rec_t h = {b->epoch, b->size, now_ms()};
+    ferry_client_stats_t st;
+    ferry_client_stats(c, &st);
+    rec_t h = {b->epoch, b->size, now_ms(), st.records_acked};
     memcpy(buf, &h, sizeof(h));
     memcpy(buf + sizeof(h), b->ids, b->size * sizeof(uint64_t));
     if (write(out, buf, need) != (ssize_t)need) {

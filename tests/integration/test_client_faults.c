@@ -11,10 +11,12 @@
  *   documented exception (docs/ARCHITECTURE.md, "Exactly once"): a record
  *   the faulted client handed to its trainer after the last heartbeat the
  *   dispatcher acknowledged. The test checks the bound from the faulted
- *   client's own log: every duplicate must come from a batch it took
- *   within TAIL_MS before the fault (two heartbeat intervals plus the
- *   heartbeat's round trip), or, for a stop, the one batch ferry_next may
- *   have been returning when the stop hit.
+ *   client's own log, which notes with each batch how many of the
+ *   records it took the dispatcher had acknowledged (records_acked): a
+ *   duplicate must be one of the records taken after the count noted
+ *   with its last batch before the fault, and (a stop) taken before the
+ *   fault or in the one batch ferry_next may have been returning when
+ *   the stop hit.
  *
  * Fault points come from a seed printed at the start (FERRY_IT_SEED
  * replays one). A worker killed mid-epoch is also checked for what it
@@ -43,7 +45,6 @@
 #define STEP_US 2000
 #define CLIENT_TIMEOUT_MS 1500
 #define CLIENT_HB_MS 50
-#define TAIL_MS (2 * CLIENT_HB_MS + 150)
 
 static hx_proc_t *D;
 static hx_proc_t *W[3];
@@ -100,6 +101,7 @@ typedef struct taken_s {
   uint32_t epoch;
   double t_ms;
   uint64_t id;
+  uint64_t acked; /* records_acked noted with its batch */
 } taken_t;
 
 typedef struct log_s {
@@ -115,13 +117,14 @@ static log_t read_log(const char *path) {
   struct {
     uint32_t epoch, n;
     double t_ms;
+    uint64_t acked;
   } h;
   while (fread(&h, sizeof(h), 1, f) == 1) {
     l.v = realloc(l.v, (l.n + h.n) * sizeof(taken_t));
     for (uint32_t i = 0; i < h.n; i++) {
       uint64_t id;
       cr_assert_eq(fread(&id, sizeof(id), 1, f), 1, "%s: torn record", path);
-      l.v[l.n++] = (taken_t){h.epoch, h.t_ms, id};
+      l.v[l.n++] = (taken_t){h.epoch, h.t_ms, id, h.acked};
     }
   }
   fclose(f);
@@ -163,6 +166,40 @@ static bool wait_log(const char *path, const char *needle, int wait_ms) {
   return false;
 }
 
+/* Batches in an it_client output file so far. */
+static long batches_in(const char *path) {
+  FILE *f = fopen(path, "rb");
+  struct {
+    uint32_t epoch, n;
+    double t_ms;
+    uint64_t acked;
+  } h;
+  long k = 0;
+  if (f == NULL)
+    return 0;
+  while (fread(&h, sizeof(h), 1, f) == 1 &&
+         fseek(f, (long)h.n * 8, SEEK_CUR) == 0)
+    k++;
+  fclose(f);
+  return k;
+}
+
+/* Waits until the client took `k` batches (true), or exited or wait_ms
+ * passed (false). */
+static bool wait_batches(hx_proc_t *p, const char *path, long k,
+                         int wait_ms) {
+  double end = hx_now_ms() + wait_ms;
+  while (batches_in(path) < k) {
+    siginfo_t si = {0};
+    bool exited = waitid(P_PID, (id_t)p->pid, &si,
+                         WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid != 0;
+    if (hx_now_ms() > end || exited)
+      return batches_in(path) >= k;
+    usleep(2000); /* polling a file: bounded by wait_ms */
+  }
+  return true;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -171,11 +208,22 @@ static int cmp_u64(const void *a, const void *b) {
 typedef enum { FAULT_LEAVE, FAULT_KILL, FAULT_STOP } fault_t;
 static const char *const fault_name[] = {"leave", "kill -9", "SIGSTOP"};
 
+/* The victim's unacknowledged tail at the fault: records_acked noted
+ * with its last batch before the fault (a lower bound of what the
+ * dispatcher had acknowledged then). */
+static uint64_t acked_at_fault(const log_t *victim, double fault_ms) {
+  uint64_t acked = 0;
+  for (size_t i = 0; i < victim->n && victim->v[i].t_ms <= fault_ms; i++)
+    acked = victim->v[i].acked;
+  return acked;
+}
+
 /* True when the victim's record `id` of `epoch` lies in the tolerated
- * tail: taken within TAIL_MS before the fault, or (a stop) the first
- * batch it logged after resuming. */
+ * tail: taken after its acknowledged count at the fault, and before the
+ * fault or (a stop) in the first batch it logged after resuming. */
 static bool in_tail(const log_t *victim, uint32_t epoch, uint64_t id,
                     double fault_ms, double resume_ms) {
+  uint64_t acked = acked_at_fault(victim, fault_ms);
   double first_after = -1;
   for (size_t i = 0; i < victim->n; i++)
     if (victim->v[i].t_ms >= resume_ms && resume_ms > 0) {
@@ -184,11 +232,9 @@ static bool in_tail(const log_t *victim, uint32_t epoch, uint64_t id,
     }
   for (size_t i = 0; i < victim->n; i++) {
     const taken_t *t = &victim->v[i];
-    if (t->epoch != epoch || t->id != id)
+    if (t->epoch != epoch || t->id != id || i < acked)
       continue;
-    if (t->t_ms <= fault_ms && t->t_ms >= fault_ms - TAIL_MS)
-      return true;
-    if (first_after >= 0 && t->t_ms == first_after)
+    if (t->t_ms <= fault_ms || (first_after >= 0 && t->t_ms == first_after))
       return true;
   }
   return false;
@@ -242,8 +288,9 @@ static void run(fault_t fault, unsigned *seed, int r) {
   char job[32], out[CLIENTS][600];
   hx_proc_t *c[CLIENTS];
   int victim = (int)(rand_r(seed) % CLIENTS);
-  long leave_after = 1 + (long)(rand_r(seed) % 60);
-  int delay_ms = 30 + (int)(rand_r(seed) % 600);
+  /* The fault point, in batches the victim took (it takes about 240). */
+  long leave_after = 1 + (long)(rand_r(seed) % 150);
+  long fault_after = 1 + (long)(rand_r(seed) % 150);
   snprintf(job, sizeof(job), "j%d-%d", (int)fault, r);
   for (int k = 0; k < CLIENTS; k++)
     c[k] = start_client(job, k, fault == FAULT_LEAVE && k == victim
@@ -251,8 +298,9 @@ static void run(fault_t fault, unsigned *seed, int r) {
                         out[k], sizeof(out[k]));
   double fault_ms = 0, resume_ms = 0;
   if (fault != FAULT_LEAVE) {
-    /* Let it take records for a while: the fault point. */
-    usleep((useconds_t)delay_ms * 1000);
+    cr_assert(wait_batches(c[victim], out[victim], fault_after, 30000),
+              "run %d: client %d ended before its %ld-th batch", r, victim,
+              fault_after);
     fault_ms = hx_now_ms();
     if (fault == FAULT_KILL) {
       hx_stop(c[victim], SIGKILL, 5000, NULL);
@@ -279,29 +327,54 @@ static void run(fault_t fault, unsigned *seed, int r) {
       continue;
     if (k == victim && fault == FAULT_STOP && exits[k] != 0)
       continue; /* may fail with a clear error: checked below */
-    if (!(WIFEXITED(exits[k]) && WEXITSTATUS(exits[k]) == 0))
+    if (!(WIFEXITED(exits[k]) && WEXITSTATUS(exits[k]) == 0)) {
+      int st;
+      char *json = hx_ferryctl_status_json(D->addr, &st);
+      fprintf(stderr, "status when client %d failed: %s\n", k,
+              json != NULL ? json : "(ferryctl failed)");
+      free(json);
+      if (getenv("FERRY_IT_DEBUG_HANG") != NULL) { /* TEMP */
+        char cmd[4096];
+        snprintf(cmd, sizeof(cmd),
+                 "for p in %d %d %d %d %d %d %d; do echo == $p; "
+                 "gdb -batch -ex 'thread apply all bt' -p $p 2>/dev/null "
+                 "| grep -E '^#|^Thread' | head -150; done > %s/hang.txt",
+                 D->pid, W[0]->pid, W[1]->pid, W[2]->pid, c[0]->pid,
+                 c[1]->pid, c[2]->pid, getenv("FERRY_IT_DEBUG_HANG"));
+        if (system(cmd) != 0)
+          fprintf(stderr, "gdb failed\n");
+      }
       hx_dump_logs();
+    }
     cr_assert(WIFEXITED(exits[k]) && WEXITSTATUS(exits[k]) == 0,
-              "run %d (%s at %d ms, client %d): client %d did not finish the "
-              "job (status %#x)", r, fault_name[fault], delay_ms, victim, k,
-              exits[k]);
+              "run %d (%s after %ld batches, client %d): client %d did not "
+              "finish the job (status %#x)", r, fault_name[fault],
+              fault_after, victim, k, exits[k]);
   }
   log_t logs[CLIENTS];
   for (int k = 0; k < CLIENTS; k++)
     logs[k] = read_log(out[k]);
   size_t dups = check_epochs(logs, victim, fault, fault_ms, resume_ms);
+  size_t before = 0;
+  for (size_t i = 0; i < logs[victim].n; i++)
+    before += fault == FAULT_LEAVE || logs[victim].v[i].t_ms <= fault_ms;
+  uint64_t tail = before - acked_at_fault(&logs[victim], fault_ms);
   char when[64];
   if (fault == FAULT_LEAVE)
     snprintf(when, sizeof(when), "after %ld batches", leave_after);
   else
-    snprintf(when, sizeof(when), "at %d ms", delay_ms);
+    snprintf(when, sizeof(when), "after %ld batches", fault_after);
+  if (fault == FAULT_LEAVE)
+    tail = 0;
   cr_log_info("run %d: %s of client %d %s: every record of %d epochs "
-              "delivered, %zu duplicates (the victim took %zu records)", r,
-              fault_name[fault], victim, when, EPOCHS, dups, logs[victim].n);
+              "delivered, %zu duplicates (the victim took %zu records, %llu "
+              "of them unacknowledged at the fault)", r, fault_name[fault],
+              victim, when, EPOCHS, dups, before, (unsigned long long)tail);
   fprintf(stderr,
           "run %d: %s of client %d %s: every record of %d epochs "
-          "delivered, %zu duplicates (the victim took %zu records)\n", r,
-          fault_name[fault], victim, when, EPOCHS, dups, logs[victim].n);
+          "delivered, %zu duplicates (the victim took %zu records, %llu of "
+          "them unacknowledged at the fault)\n", r, fault_name[fault],
+          victim, when, EPOCHS, dups, before, (unsigned long long)tail);
   for (int k = 0; k < CLIENTS; k++) {
     free(logs[k].v);
     hx_forget(c[k]);
@@ -405,4 +478,75 @@ Test(client_faults, worker_killed_costs_bounded_releases_and_journal) {
   cr_assert_leq(faulted, 2 * base + 8192,
                 "journal grew %lld bytes with a worker killed, %lld without",
                 (long long)faulted, (long long)base);
+}
+
+/* ---- A stalled client --------------------------------------------------- */
+
+/* A client of a named job that holds every batch it may hold and stops
+ * calling ferry_next, while its heartbeats go on: its stream to the
+ * workers stalls, the dispatcher stops renewing it (--client-stall-ms)
+ * and gives its splits to the other client after the client timeout. The
+ * other client finishes the epoch; every record is delivered exactly
+ * once (the stalled client's batches count, and nothing else of it). */
+Test(client_faults, stalled_client_loses_its_splits_and_the_others_finish) {
+  char why[512];
+  hx_daemon_opts_t d = {.heartbeat_ms = 100,
+                        .worker_timeout_ms = 1500,
+                        .client_timeout_ms = CLIENT_TIMEOUT_MS,
+                        .client_stall_ms = 1000};
+  hx_daemon_opts_t w = {.buffer_bytes = 1 << 20};
+  cr_assert_eq(hx_start_dispatcher(&D, &d, why, sizeof(why)), 0, "%s", why);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(hx_start_worker(&W[i], D->addr, &w, why, sizeof(why)), 0,
+                 "%s", why);
+  cr_assert_eq(hx_wait_workers(D->addr, 2, 10000), 2);
+  cr_assert_eq(hx_make_dataset(&DS, "data", 8, 500, 16, 16, 3), 0);
+  hx_spec(&DS, NULL, BATCH, SPEC, sizeof(SPEC));
+
+  ferry_client_options_t o;
+  ferry_error_t err = {0};
+  ferry_client_t *a, *b;
+  const ferry_batch_t *held[2];
+  hx_client_options(&o, D->addr, SPEC);
+  o.job_name = "stall";
+  o.num_epochs = 1;
+  o.prefetch = 2;
+  o.splits_in_flight = 4;
+  cr_assert_eq(ferry_client_new(&o, &a, &err), 0, "%s", err.msg);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(ferry_next(a, &held[i], 10000, &err), 0, "%s", err.msg);
+  /* a now holds both its batches: its readers block, its stream stalls. */
+  double t0 = hx_now_ms();
+  cr_assert_eq(ferry_client_new(&o, &b, &err), 0, "%s", err.msg);
+  hx_ids_t got = {0};
+  int rc = hx_collect_epoch(b, &got, &DS, true, 20000, NULL, NULL, &err);
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END, "%d %s", rc, err.msg);
+  double took = hx_now_ms() - t0;
+  cr_assert_eq(held[0]->epoch, 0);
+  cr_assert_eq(held[1]->epoch, 0);
+  size_t n_expected;
+  uint64_t *expected = hx_expected_ids(&DS, false, &n_expected);
+  size_t n = got.n + held[0]->size + held[1]->size;
+  uint64_t *all = malloc(n * sizeof(uint64_t));
+  memcpy(all, got.ids, got.n * sizeof(uint64_t));
+  memcpy(all + got.n, held[0]->ids, held[0]->size * sizeof(uint64_t));
+  memcpy(all + got.n + held[0]->size, held[1]->ids,
+         held[1]->size * sizeof(uint64_t));
+  cr_assert(hx_same_multiset(all, n, expected, n_expected, why, sizeof(why)),
+            "with a stalled client: %s", why);
+  cr_assert(wait_log(D->log, "has not read its stream", 1000),
+            "the dispatcher did not see the stall");
+  fprintf(stderr,
+          "stalled client: the other client finished the epoch in %.0f ms "
+          "(stall 1000 ms + client timeout %d ms); %zu records, each once\n",
+          took, CLIENT_TIMEOUT_MS, n);
+  ferry_batch_release(a, held[0]);
+  ferry_batch_release(a, held[1]);
+  ferry_client_free(a);
+  ferry_client_free(b);
+  free(all);
+  free(expected);
+  hx_ids_free(&got);
 }

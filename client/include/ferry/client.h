@@ -155,6 +155,11 @@ typedef struct ferry_client_stats_s {
   double total_seconds;  /* since ferry_client_new */
   double stall_fraction; /* wait / total */
   uint32_t workers;      /* worker streams open */
+  /* Records handed to the trainer that the dispatcher has acknowledged
+   * (it answered a heartbeat reporting them). Should this client die,
+   * at most records - records_acked of them may reach another client
+   * again (docs/ARCHITECTURE.md, "Exactly once"). */
+  uint64_t records_acked;
 } ferry_client_stats_t;
 
 /* Sets the defaults written next to each field (everything else 0/NULL:
