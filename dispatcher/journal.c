@@ -68,21 +68,6 @@ int ferry__journal_open(const char *dir, ferry_journal_t **out,
   return 0;
 }
 
-static ssize_t pread_full(int fd, uint8_t *b, size_t n, uint64_t off) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = pread(fd, b + got, n - got, (off_t)(off + got));
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      return -1;
-    if (r == 0)
-      break;
-    got += (size_t)r;
-  }
-  return (ssize_t)got;
-}
-
 static uint32_t le32(const uint8_t *b) {
   return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
          (uint32_t)b[3] << 24;
@@ -106,12 +91,12 @@ static int valid_record_at(int fd, uint64_t off, uint64_t end,
     size_t want = (size_t)(off + 12 + len - at < sizeof(b)
                                ? off + 12 + len - at
                                : sizeof(b));
-    if (pread_full(fd, b, want, at) != (ssize_t)want)
+    if (ferry__pread_full(fd, b, want, at) != (ssize_t)want)
       return -1;
     crc = ferry_crc32c(crc, b, want);
     at += want;
   }
-  if (pread_full(fd, b, 4, at) != 4)
+  if (ferry__pread_full(fd, b, 4, at) != 4)
     return -1;
   return ferry_crc32c_unmask(le32(b)) == crc;
 }
@@ -134,7 +119,7 @@ static int64_t next_valid_record(int fd, uint64_t bad, uint64_t end) {
   for (off = bad + 1; off < end; off++) {
     int v;
     if (off < base || off + 12 > base + wlen) {
-      ssize_t n = pread_full(fd, w, WIN, off);
+      ssize_t n = ferry__pread_full(fd, w, WIN, off);
       if (n < 0) {
         found = -1;
         break;

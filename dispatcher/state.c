@@ -1186,21 +1186,6 @@ static int push_split(splits_t *s, const split_t *sp) {
   return 0;
 }
 
-static ssize_t pread_full(int fd, uint8_t *buf, size_t n, uint64_t off) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      return -1;
-    if (r == 0)
-      break;
-    got += (size_t)r;
-  }
-  return (ssize_t)got;
-}
-
 static uint64_t le64(const uint8_t *b) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; i--)
@@ -1244,7 +1229,7 @@ typedef struct window_s {
  * current one. Returns -1 with errno on a read error. */
 static ssize_t window_header(window_t *w, uint64_t off, const uint8_t **h) {
   if (off < w->base || off + 12 > w->base + w->len) {
-    ssize_t n = pread_full(w->fd, w->buf, SCAN_WINDOW, off);
+    ssize_t n = ferry__pread_full(w->fd, w->buf, SCAN_WINDOW, off);
     if (n < 0)
       return -1;
     w->base = off;
@@ -1405,7 +1390,8 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
   if (fd < 0)
     return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                          strerror(errno));
-  if (fstat(fd, &st) != 0 || (n = pread_full(fd, h, sizeof(h), 0)) < 0) {
+  if (fstat(fd, &st) != 0 ||
+      (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0) {
     rc = ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                        strerror(errno));
   } else {

@@ -1022,22 +1022,6 @@ static int run_identity(run_t *r) {
   return rc;
 }
 
-static int64_t pread_full(int fd, uint8_t *p, size_t n, uint64_t off) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t k = pread(fd, p + got, n - got, (off_t)(off + got));
-    if (k < 0) {
-      if (errno == EINTR)
-        continue;
-      return -(int64_t)errno;
-    }
-    if (k == 0)
-      break;
-    got += (size_t)k;
-  }
-  return (int64_t)got;
-}
-
 static int spill_flush(run_t *r) {
   wrun_t *ru = r->ru;
   size_t off = 0;
@@ -1158,7 +1142,7 @@ static int read_back(run_t *r, const struct rec_ref *ref) {
   size_t n = (size_t)ref->len + (ru->spill ? 0 : 4);
   if (!grow((void **)&ru->rbuf, &ru->rbuf_cap, n > 0 ? n : 1, 1))
     return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-  int64_t got = pread_full(ru->fd, ru->rbuf, n, ref->at);
+  int64_t got = ferry__pread_full(ru->fd, ru->rbuf, n, ref->at);
   const char *what = ru->spill ? "spill file of " : "";
   if (got < 0)
     return ferry__seterr(&r->err, ferry_err_from_errno((int)-got),

@@ -166,15 +166,37 @@ static bool fully_received(const ferry__split_t *s) {
   return s->has_total && s->received >= s->total;
 }
 
+/* Remembers a chunk with records that was dropped (fenced, or its split
+ * not listed): should an answer list the split at that lease (or an
+ * older one) after all, apply_locked asks for a restart, as those records
+ * are lost; without it the split would wait for ever when the dropped
+ * chunk was its last. One entry per split, the newest lease kept. */
+static void note_dropped_locked(ferry_client_t *c, const ferry__chunk_t *ch,
+                                uint64_t kw) {
+  if (ch->count == 0)
+    return;
+  ferry__dropped_t *d = NULL;
+  for (uint32_t k = 0; k < FERRY__DROPPED && d == NULL; k++)
+    if (c->dropped[k].used && c->dropped[k].epoch == ch->epoch &&
+        c->dropped[k].split == ch->split && c->dropped[k].kw == kw)
+      d = &c->dropped[k];
+  if (d == NULL)
+    d = &c->dropped[c->n_dropped++ % FERRY__DROPPED];
+  else if (d->lease > ch->lease)
+    return;
+  *d = (ferry__dropped_t){ch->epoch, ch->split, kw, ch->lease, true};
+}
+
 /* The entry of a split the dispatcher lists for this client, for a chunk
  * of it. A worker may learn of a lease (its heartbeat) before the client
  * does (its own heartbeat's answer), so a chunk of a split not listed yet
  * waits for up to two more answers, bounded in time, before it is
  * dropped as one of a split the client does not hold (moved to another
  * client, or done). NULL then. Lock held. */
-static ferry__split_t *held_split_locked(ferry_client_t *c, uint32_t epoch,
-                                         uint32_t split, uint64_t kw,
-                                         const bool *stop) {
+static ferry__split_t *held_split_locked(ferry_client_t *c,
+                                         const ferry__chunk_t *ch,
+                                         uint64_t kw, const bool *stop) {
+  uint32_t epoch = ch->epoch, split = ch->split;
   uint32_t seen = c->hb_applied;
   uint32_t wait_ms = 4 * c->opts.heartbeat_ms;
   struct timespec deadline;
@@ -200,6 +222,7 @@ static ferry__split_t *held_split_locked(ferry_client_t *c, uint32_t epoch,
   FERRY_LOG(FERRY_LOG_DEBUG,
             "client: a chunk of epoch %u split %u, which this client does "
             "not hold: dropped", epoch, split);
+  note_dropped_locked(c, ch, kw);
   return NULL;
 }
 
@@ -348,9 +371,8 @@ static bool lease_lapsed_locked(ferry_client_t *c) {
   return c->fenced;
 }
 
-void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
+static void renew_locked(ferry_client_t *c, double t_send, uint64_t records,
                          const Ferry__V1__ClientHeartbeatResponse *r) {
-  pthread_mutex_lock(&c->mu);
   if (!c->rejoined && records > c->records_acked)
     c->records_acked = records;
   if (r->client_timeout_ms > 0) {
@@ -374,6 +396,12 @@ void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
       pthread_cond_broadcast(&c->ready_cv);
     }
   }
+}
+
+void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
+                         const Ferry__V1__ClientHeartbeatResponse *r) {
+  pthread_mutex_lock(&c->mu);
+  renew_locked(c, t_send, records, r);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -478,14 +506,22 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
    * a re-leased duplicate) would look like a new split. */
   if (c->hb_seen && ch->epoch < c->d_epochs_done)
     goto out;
-  /* Fenced: nothing is taken until the lease is renewed. */
-  if (lease_lapsed_locked(c))
-    goto out;
   uint64_t kw = key_worker(c, ch->worker_id);
   ferry__split_t *s;
+  /* Fenced: nothing is taken until the lease is renewed, and a split
+   * still held must then come again from its delivered count. */
+  if (lease_lapsed_locked(c)) {
+    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    if (s != NULL && s->assigned && ch->count > 0)
+      mark_restart_locked(c, s, ch->lease);
+    /* The chunk may be of a lease the answer that lifts the fence brings
+     * (after a rejoin the split table is new). */
+    note_dropped_locked(c, ch, kw);
+    goto out;
+  }
   if (c->networked) {
     /* Only splits the dispatcher lists for this client are taken. */
-    if ((s = held_split_locked(c, ch->epoch, ch->split, kw, stop)) == NULL)
+    if ((s = held_split_locked(c, ch, kw, stop)) == NULL)
       goto out;
   } else if ((s = split_get(c, ch->epoch, ch->split, kw)) == NULL) {
     ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
@@ -582,9 +618,8 @@ out:
 
 /* ---- Heartbeat answers ------------------------------------------------- */
 
-void ferry__client_apply_heartbeat(
-    ferry_client_t *c, const Ferry__V1__ClientHeartbeatResponse *r) {
-  pthread_mutex_lock(&c->mu);
+static void apply_locked(ferry_client_t *c,
+                         const Ferry__V1__ClientHeartbeatResponse *r) {
   c->hb_applied++;
   c->rejoined = c->have_incarnation && r->incarnation != c->incarnation;
   /* Another incarnation: the dispatcher declared this client lost (or
@@ -631,6 +666,17 @@ void ferry__client_apply_heartbeat(
      * its chunks start there, and a count from 0 would see a gap. */
     if (fresh)
       s->received = s->delivered = a->start;
+    /* A chunk of this split at this lease was dropped while the split
+     * was not listed yet: its records must come again. */
+    for (uint32_t k = 0; k < FERRY__DROPPED; k++) {
+      ferry__dropped_t *d = &c->dropped[k];
+      if (!d->used || d->epoch != a->epoch || d->split != a->split ||
+          d->kw != kw)
+        continue;
+      d->used = false;
+      if (d->lease >= a->lease && !fully_received(s))
+        mark_restart_locked(c, s, d->lease);
+    }
     s->assigned = true;
     s->worker_id = a->worker_id;
     if (a->lease > s->lease)
@@ -662,6 +708,22 @@ void ferry__client_apply_heartbeat(
   c->n_splits = k;
   maybe_flush_locked(c);
   pthread_cond_broadcast(&c->ready_cv);
+}
+
+void ferry__client_apply_heartbeat(
+    ferry_client_t *c, const Ferry__V1__ClientHeartbeatResponse *r) {
+  pthread_mutex_lock(&c->mu);
+  apply_locked(c, r);
+  pthread_mutex_unlock(&c->mu);
+}
+
+void ferry__client_answer(ferry_client_t *c, double t_send, uint64_t records,
+                          const Ferry__V1__ClientHeartbeatResponse *r) {
+  /* One critical section: no chunk may see the new assignments while
+   * the fence the answer lifts still holds (it would be dropped). */
+  pthread_mutex_lock(&c->mu);
+  apply_locked(c, r);
+  renew_locked(c, t_send, records, r);
   pthread_mutex_unlock(&c->mu);
 }
 

@@ -467,8 +467,7 @@ static void *hb_main(void *arg) {
     int rc = heartbeat(c, false, deadline, &r, &records, &e);
     if (rc == 0) {
       c->last_hb_ok = ferry__client_now();
-      ferry__client_apply_heartbeat(c, r);
-      ferry__client_renew(c, t_send, records, r);
+      ferry__client_answer(c, t_send, records, r);
       sync_workers(c, r);
       ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
     } else {

@@ -108,6 +108,16 @@ typedef struct ferry__split_s {
          FERRY__RESTART_SENT } restart;
 } ferry__split_t;
 
+/* A chunk dropped because the client was fenced or its split was not
+ * listed for it (yet): should an answer list the split at that lease
+ * after all, the client asks for a restart, as the records are lost. */
+typedef struct ferry__dropped_s {
+  uint32_t epoch, split;
+  uint64_t kw, lease;
+  bool used;
+} ferry__dropped_t;
+#define FERRY__DROPPED 64
+
 /* A run of records of one split inside a batch slot. */
 typedef struct ferry__seg_s {
   uint32_t epoch, split;
@@ -249,6 +259,8 @@ struct ferry_client_s {
   uint64_t fences;     /* times the client fenced itself (tests, stats) */
   uint32_t hb_applied; /* heartbeat answers applied */
   bool rejoined;       /* the last answer applied had a new incarnation */
+  ferry__dropped_t dropped[FERRY__DROPPED]; /* a ring of recent drops */
+  uint32_t n_dropped;
   uint64_t records_acked; /* see ferry_client_stats_t */
   /* Readers waiting for a free slot, and since when no slot was taken
    * while one waited (monotonic seconds, 0: none waits): the client does
@@ -360,6 +372,11 @@ void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
  * once. Takes the lock. */
 void ferry__client_renew(ferry_client_t *c, double t_send, uint64_t records,
                          const Ferry__V1__ClientHeartbeatResponse *r);
+
+/* ferry__client_apply_heartbeat and ferry__client_renew in one critical
+ * section: the heartbeat thread's way to take an answer. */
+void ferry__client_answer(ferry_client_t *c, double t_send, uint64_t records,
+                          const Ferry__V1__ClientHeartbeatResponse *r);
 
 /* Marks every split the worker holds for the client and has not fully
  * received for a restart at its current lease (its stream broke: records

@@ -118,6 +118,32 @@ Test(client_fencing, chunks_of_splits_not_held_are_dropped) {
   ferry_client_free(c);
 }
 
+/* A chunk dropped because its split was not listed yet is not lost for
+ * good: when an answer lists the split at that lease after all, the
+ * client asks for it again (else the split would wait for ever). */
+Test(client_fencing, a_dropped_chunk_of_a_split_listed_later_restarts_it) {
+  ferry_client_t *c = networked(2, 3);
+  uint32_t split = 4;
+  beat(c, 0, NULL, NULL, 0);
+  cr_assert_eq(feed(c, 4, 0, 2, true), 0); /* at lease 3 (tu_chunk) */
+  cr_assert_null(entry(c, 4));
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Assignment a = FERRY__V1__ASSIGNMENT__INIT, *pa = &a;
+  a.split = split;
+  a.num_records = 2;
+  a.worker_id = 1;
+  a.lease = 3;
+  r.n_assignments = 1;
+  r.assignments = &pa;
+  r.error = (char *)"";
+  r.client_timeout_ms = TIMEOUT_MS;
+  ferry__client_apply_heartbeat(c, &r);
+  cr_assert_not_null(entry(c, 4));
+  cr_assert_eq(entry(c, 4)->restart, FERRY__RESTART_PENDING);
+  ferry_client_free(c);
+}
+
 typedef struct feeder_s {
   ferry_client_t *c;
   int rc;

@@ -173,9 +173,8 @@ static const char *zname(const ferry_tfr_reader_t *r) {
   return ferry_compression_name(r->compression);
 }
 
-/* pread(2) that retries on EINTR and reads until `n` bytes or the end of
- * the file. Returns the count or -errno. */
-static int64_t pread_full(int fd, uint8_t *p, size_t n, uint64_t off) {
+int64_t ferry__pread_full(int fd, void *buf, size_t n, uint64_t off) {
+  uint8_t *p = buf;
   size_t got = 0;
   while (got < n) {
     ssize_t k = pread(fd, p + got, n - got, (off_t)(off + got));
@@ -232,7 +231,7 @@ static int refill(ferry_tfr_reader_t *r, ferry_error_t *err) {
     r->in_pos += chunk;
     return 0;
   }
-  int64_t n = pread_full(r->fd, r->zin, ZIN_BUF, r->in_pos);
+  int64_t n = ferry__pread_full(r->fd, r->zin, ZIN_BUF, r->in_pos);
   if (n < 0)
     return read_error(r, n, r->in_pos, err);
   if (n == 0) {
@@ -255,7 +254,7 @@ static bool gzip_magic_at(ferry_tfr_reader_t *r, size_t at) {
     if (r->src_len - at < 2)
       return false;
     memcpy(m, r->src + at, 2);
-  } else if (pread_full(r->fd, m, 2, at) != 2) {
+  } else if (ferry__pread_full(r->fd, m, 2, at) != 2) {
     return false;
   }
   return m[0] == 0x1f && m[1] == 0x8b;
@@ -369,7 +368,8 @@ static int64_t window_file(ferry_tfr_reader_t *r, size_t need,
         return rc;
     }
     uint64_t at = r->buf_off + have;
-    int64_t n = pread_full(r->fd, r->buf + r->end, r->cap - r->end, at);
+    int64_t n =
+        ferry__pread_full(r->fd, r->buf + r->end, r->cap - r->end, at);
     if (n < 0)
       return read_error(r, n, at, err);
     r->end += (size_t)n;
@@ -475,7 +475,7 @@ static int open_common(const uint8_t *buf, size_t len, int fd,
   case FERRY_COMPRESSION_AUTO:
     if (fd >= 0) {
       uint8_t head[HEADER_LEN];
-      int64_t n = pread_full(fd, head, sizeof(head), 0);
+      int64_t n = ferry__pread_full(fd, head, sizeof(head), 0);
       if (n < 0) {
         int code = read_error(r, n, 0, err);
         release(r);

@@ -71,7 +71,6 @@ static unsigned seed_for(const char *test) {
   const char *env = getenv("FERRY_IT_SEED");
   unsigned seed = env != NULL ? (unsigned)strtoul(env, NULL, 0)
                               : (unsigned)(hx_now_ms() * 1000.0);
-  cr_log_warn("%s: seed %u (FERRY_IT_SEED=%u replays it)", test, seed, seed);
   fprintf(stderr, "%s: seed %u (FERRY_IT_SEED=%u replays it)\n", test, seed,
           seed);
   return seed;
@@ -333,7 +332,10 @@ static void run(fault_t fault, unsigned *seed, int r) {
       fprintf(stderr, "status when client %d failed: %s\n", k,
               json != NULL ? json : "(ferryctl failed)");
       free(json);
-      if (getenv("FERRY_IT_DEBUG_HANG") != NULL) { /* TEMP */
+      /* FERRY_IT_DEBUG_HANG=DIR: every process's thread backtraces go to
+       * DIR/hang.txt while they still hang (how the rejoin race of
+       * ARCHITECTURE's "Exactly once" was found). */
+      if (getenv("FERRY_IT_DEBUG_HANG") != NULL) {
         char cmd[4096];
         snprintf(cmd, sizeof(cmd),
                  "for p in %d %d %d %d %d %d %d; do echo == $p; "

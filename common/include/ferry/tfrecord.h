@@ -139,4 +139,11 @@ int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
 int ferry_compression_parse(const char *name);
 const char *ferry_compression_name(ferry_compression_t c);
 
+/* pread(2) that retries on EINTR and reads until `n` bytes or the end of
+ * the file: the one way Ferry reads files at an offset (the reader, the
+ * dispatcher's scan and journal, the worker's spill files). Returns the
+ * count (short only at the end of the file) or -errno (errno is left
+ * set). */
+int64_t ferry__pread_full(int fd, void *buf, size_t n, uint64_t off);
+
 #endif /* FERRY_TFRECORD_H */
