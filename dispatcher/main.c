@@ -9,6 +9,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "ferry/options.h"
 #include "ferry/rpc.h"
@@ -36,6 +37,10 @@ typedef struct settings_s {
   int64_t heartbeat_ms;
   int log_level;
   bool help;
+  /* Issue 8: TLS and bearer tokens. */
+  char *tls_cert, *tls_key, *tls_ca;
+  bool tls_client_auth;
+  char *worker_token_file, *client_token_file, *status_token_file;
 } settings_t;
 
 #define OPT(name, type, field, def, lo, hi, choices, help)                    \
@@ -65,6 +70,24 @@ static const ferry_option_t options[] = {
         1 << 30, NULL, "default split size in records"),
     OPT("heartbeat-ms", FERRY_OPT_INT, heartbeat_ms, "1000", 10, 600000, NULL,
         "heartbeat interval told to workers"),
+    OPT("tls-cert", FERRY_OPT_STRING, tls_cert, NULL, 0, 0, NULL,
+        "PEM certificate chain: serve TLS (re-read when it changes or on "
+        "SIGHUP; without it the dispatcher serves plaintext)"),
+    OPT("tls-key", FERRY_OPT_STRING, tls_key, NULL, 0, 0, NULL,
+        "PEM private key of --tls-cert"),
+    OPT("tls-ca", FERRY_OPT_STRING, tls_ca, NULL, 0, 0, NULL,
+        "PEM CA bundle that client certificates must chain to"),
+    OPT("tls-client-auth", FERRY_OPT_BOOL, tls_client_auth, "false", 0, 0,
+        NULL, "require a client certificate signed by --tls-ca (mutual TLS)"),
+    OPT("worker-token-file", FERRY_OPT_STRING, worker_token_file, NULL, 0, 0,
+        NULL, "file holding the bearer token workers must send (none: any "
+        "caller may act as a worker)"),
+    OPT("client-token-file", FERRY_OPT_STRING, client_token_file, NULL, 0, 0,
+        NULL, "file holding the bearer token clients and ferryctl must send "
+        "(none: any caller may act as a client)"),
+    OPT("status-token-file", FERRY_OPT_STRING, status_token_file, NULL, 0, 0,
+        NULL, "file holding the token that allows GetStatus only (the "
+        "worker and client tokens allow it too; none: open)"),
     OPT("log-level", FERRY_OPT_ENUM, log_level, "info", 0, 0,
         "error|warn|info|debug", "log verbosity"),
     OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
@@ -80,6 +103,9 @@ typedef struct daemon_s {
   ferry_disp_t *state;
   ferry_journal_t *journal;
   int lock_fd; /* WORKDIR/lock, held while the process runs */
+  uv_signal_t sighup;                  /* reloads TLS files and tokens */
+  char *tokens[3];                     /* worker, client, status */
+  const settings_t *settings;
   ferry_disp_service_t svc;
   bool stopping;
   int exit_code;
@@ -127,6 +153,7 @@ static void stop(daemon_t *d, int code) {
   uv_close((uv_handle_t *)&d->tick, close_cb);
   uv_close((uv_handle_t *)&d->sigterm, close_cb);
   uv_close((uv_handle_t *)&d->sigint, close_cb);
+  uv_close((uv_handle_t *)&d->sighup, close_cb);
   ferry_rpc_health_set_serving(d->rpc, false);
   /* Held-back heartbeats first: the shutdown waits for every answer. */
   ferry__disp_rpc_stop(&d->svc);
@@ -156,6 +183,49 @@ static void on_signal(uv_signal_t *h, int signum) {
   FERRY_LOG(FERRY_LOG_INFO, "%s: shutting down",
             signum == SIGTERM ? "SIGTERM" : "SIGINT");
   stop(d, 0);
+}
+
+/* Reads the token files; on a reload a file that cannot be read keeps the
+ * token it replaces (logged). */
+static int load_tokens(daemon_t *d, const settings_t *s, bool reload,
+                       ferry_error_t *err) {
+  const char *files[3] = {s->worker_token_file, s->client_token_file,
+                          s->status_token_file};
+  static const char *const roles[3] = {"worker", "client", "status"};
+  for (int i = 0; i < 3; i++) {
+    char *tok = NULL;
+    int rc;
+    if (files[i] == NULL || files[i][0] == '\0') {
+      if (!reload)
+        FERRY_LOG(FERRY_LOG_WARN, "no --%s-token-file: the %s role is open "
+                  "to any caller", roles[i], roles[i]);
+      continue;
+    }
+    if ((rc = ferry_rpc_read_token(files[i], &tok, err)) != 0) {
+      if (!reload)
+        return ferry__prefixerr(err, "--%s-token-file", roles[i]);
+      FERRY_LOG(FERRY_LOG_WARN, "SIGHUP: keeping the %s token: %s", roles[i],
+                err->msg);
+      continue;
+    }
+    if (d->tokens[i] != NULL)
+      explicit_bzero(d->tokens[i], strlen(d->tokens[i]));
+    ferry_free(d->tokens[i]);
+    d->tokens[i] = tok;
+  }
+  d->svc.worker_token = d->tokens[0];
+  d->svc.client_token = d->tokens[1];
+  d->svc.status_token = d->tokens[2];
+  return 0;
+}
+
+static void on_sighup(uv_signal_t *h, int signum) {
+  daemon_t *d = h->data;
+  ferry_error_t err = {0};
+  (void)signum;
+  FERRY_LOG(FERRY_LOG_INFO, "SIGHUP: re-reading the TLS files and tokens");
+  ferry_rpc_server_reload_tls(d->rpc);
+  load_tokens(d, d->settings, true, &err);
 }
 
 static int replay_entry(const uint8_t *e, size_t len, void *arg,
@@ -206,7 +276,17 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   d->svc.version = FERRY_VERSION;
   d->svc.fatal = on_fatal;
   d->svc.fatal_arg = d;
-  if ((rc = ferry_rpc_server_new(&d->loop, NULL, &d->rpc, err)) != 0)
+  d->settings = s;
+  ferry_rpc_tls_t tls = {s->tls_ca, s->tls_cert, s->tls_key,
+                         s->tls_client_auth};
+  ferry_rpc_options_t ro = {0};
+  ro.tls = s->tls_cert != NULL ? &tls : NULL;
+  if (s->tls_cert == NULL && (s->tls_key != NULL || s->tls_client_auth))
+    return ferry__seterr(err, FERRY_EOPTION,
+                         "--tls-key and --tls-client-auth need --tls-cert");
+  if ((rc = load_tokens(d, s, false, err)) != 0)
+    return rc;
+  if ((rc = ferry_rpc_server_new(&d->loop, &ro, &d->rpc, err)) != 0)
     return rc;
   snprintf(addr, sizeof(addr), v6 ? "[%s]:%" PRId64 : "%s:%" PRId64, s->host,
            s->port);
@@ -223,9 +303,19 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   uv_timer_start(&d->tick, on_tick, TICK_MS, TICK_MS);
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
   uv_signal_start(&d->sigint, on_signal, SIGINT);
-  /* No TLS yet (a later issue): a non-loopback bind is plaintext. */
-  FERRY_LOG(FERRY_LOG_INFO, "bound to %s:%d (--host %s), plaintext gRPC",
-            s->host, port, s->host);
+  uv_signal_init(&d->loop, &d->sighup);
+  d->sighup.data = d;
+  uv_signal_start(&d->sighup, on_sighup, SIGHUP);
+  FERRY_LOG(FERRY_LOG_INFO, "bound to %s:%d (--host %s), %s", s->host, port,
+            s->host,
+            s->tls_cert == NULL    ? "plaintext gRPC"
+            : s->tls_client_auth ? "TLS, client certificates required"
+                                 : "TLS");
+  if (s->tls_cert == NULL && !ferry_rpc_host_is_loopback(s->host))
+    FERRY_LOG(FERRY_LOG_WARN,
+              "*** PLAINTEXT on %s:%d: anyone on the network can read and "
+              "forge this dispatcher's traffic; use --tls-cert/--tls-key "
+              "(docs/SECURITY.md) or --host 127.0.0.1 ***", s->host, port);
   printf(v6 ? "ferry-dispatcher listening on [%s]:%d\n"
             : "ferry-dispatcher listening on %s:%d\n",
          s->host, port);
@@ -272,6 +362,8 @@ int main(int argc, char **argv) {
   ferry__journal_close(d.journal);
   ferry__workdir_unlock(d.lock_fd);
   ferry__disp_free(d.state);
+  for (int i = 0; i < 3; i++)
+    ferry_free(d.tokens[i]);
   uv_loop_close(&d.loop);
   ferry_rpc_shutdown();
   ferry_options_free(options, N_OPTIONS, &s);

@@ -252,6 +252,49 @@ int ferry__disp_rpc_sync(ferry_disp_service_t *svc) {
   return 0;
 }
 
+/* Role checks (issue 8). Returns 0 when the call may proceed, else the
+ * gRPC status it was answered with. The refusal names no file and no
+ * state; the log line says which method and role. */
+enum { ROLE_CLIENT, ROLE_WORKER, ROLE_STATUS };
+
+static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
+                     int method) {
+  int role = method == 3 ? ROLE_WORKER : method == 4 ? ROLE_STATUS
+                                                     : ROLE_CLIENT;
+  const char *need = role == ROLE_WORKER   ? svc->worker_token
+                     : role == ROLE_CLIENT ? svc->client_token
+                                           : svc->status_token;
+  size_t n;
+  const char *tok;
+  bool w, c, st;
+  if (need == NULL)
+    return 0;
+  tok = ferry_rpc_call_bearer(call, &n);
+  /* Every configured token is compared, whatever matches first. */
+  w = tok != NULL && svc->worker_token != NULL &&
+      ferry_rpc_token_equal(tok, n, svc->worker_token);
+  c = tok != NULL && svc->client_token != NULL &&
+      ferry_rpc_token_equal(tok, n, svc->client_token);
+  st = tok != NULL && ferry_rpc_token_equal(tok, n, svc->status_token != NULL
+                                                        ? svc->status_token
+                                                        : "");
+  if ((role == ROLE_WORKER && w) || (role == ROLE_CLIENT && c) ||
+      (role == ROLE_STATUS && (st || w || c)))
+    return 0;
+  if (w || c || st) {
+    FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller holding another role's "
+              "token", methods[method].name);
+    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                          "this credential does not allow this method");
+    return FERRY_RPC_PERMISSION_DENIED;
+  }
+  FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller with %s bearer token",
+            methods[method].name, tok == NULL ? "no" : "a wrong");
+  ferry_rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
+                        "missing or invalid bearer token");
+  return FERRY_RPC_UNAUTHENTICATED;
+}
+
 static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                    void *user) {
   ferry_disp_binding_t *b = user;
@@ -269,6 +312,8 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                           "dispatcher: the journal failed; shutting down");
     return;
   }
+  if (authorize(svc, call, b->method) != 0)
+    return;
   ferry__disp_pb_allocator(&al);
   if ((rq = protobuf_c_message_unpack(m->req, &al, len, req)) == NULL) {
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,

@@ -40,6 +40,12 @@ struct ferry_disp_service_s {
   uint64_t waiting_changes; /* ferry__disp_changes at their last check */
   uv_timer_t wait_timer;    /* the earliest interval's end */
   bool can_wait;
+
+  /* Bearer tokens per role (issue 8); NULL: the role is open. Checked on
+   * every Dispatcher call: WorkerHeartbeat needs the worker token,
+   * RegisterDataset, GetOrCreateJob and ClientHeartbeat the client
+   * token, GetStatus the status token or either of the others. */
+  const char *worker_token, *client_token, *status_token;
 };
 
 /* Registers the five Dispatcher methods and the health service on

@@ -41,6 +41,7 @@
 #include "ferry/alloc.h"
 #include "ferry/crc32c.h"
 #include "ferry/log.h"
+#include "ferry/rpc.h"
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "ferry/v1/journal.pb-c.h"
@@ -194,6 +195,10 @@ typedef struct client_s {
   int64_t last_hb;
   double stall_fraction, batches_per_second; /* volatile stats */
   uint64_t batches;
+  /* Issue 8: the secret its heartbeats and streams must carry (journaled;
+   * none for clients of journals written before it). */
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
+  bool has_secret;
 } client_t;
 
 typedef struct job_s {
@@ -616,6 +621,10 @@ static int apply_client_joined(ferry_disp_t *d,
   } else {
     c->incarnation++; /* a rejoin: it lost every split it held */
   }
+  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
+    memcpy(c->secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
+    c->has_secret = true;
+  }
   c->active = true;
   c->no_renew = false;
   c->last_hb = d->now;
@@ -1016,10 +1025,14 @@ static int emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
 }
 
 static int emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
-                              ferry_error_t *err) {
+                              const uint8_t *secret, ferry_error_t *err) {
   Ferry__V1__JournalClientJoined m = FERRY__V1__JOURNAL_CLIENT_JOINED__INIT;
   m.job_id = j->id;
   m.client_id = client;
+  if (secret != NULL) {
+    m.client_secret.data = (uint8_t *)secret;
+    m.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
   ENTRY(e, CLIENT_JOINED, client_joined, m);
   return commit(d, &e, err);
 }
@@ -1642,8 +1655,15 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
     resp->created = true;
   }
   client = d->next_client;
-  if ((rc = emit_client_joined(d, j, client, err)) != 0)
+  uint8_t *secret = ferry__arena_alloc(a, FERRY_CLIENT_SECRET_BYTES);
+  if (secret == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if ((rc = ferry_rpc_random(secret, FERRY_CLIENT_SECRET_BYTES)) != 0)
+    return ferry__seterr(err, rc, "getrandom: %s", ferry_strerror(rc));
+  if ((rc = emit_client_joined(d, j, client, secret, err)) != 0)
     return rc;
+  resp->client_secret.data = secret;
+  resp->client_secret.len = FERRY_CLIENT_SECRET_BYTES;
   schedule(d);
   resp->job_id = j->id;
   resp->client_id = client;
@@ -1863,9 +1883,20 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     return ferry__seterr(err, FERRY_ENOENT,
                          "client %" PRIu64 " not found in job %" PRIu64,
                          req->client_id, req->job_id);
+  /* Issue 8: only the client that joined (its secret) touches its state. */
+  if (c->has_secret &&
+      (req->client_secret.len != FERRY_CLIENT_SECRET_BYTES ||
+       !ferry_rpc_bytes_equal(req->client_secret.data, c->secret,
+                              FERRY_CLIENT_SECRET_BYTES))) {
+    FERRY_LOG(FERRY_LOG_WARN, "ClientHeartbeat for job %" PRIu64 " client "
+              "%" PRIu64 " without its secret: refused", j->id, c->id);
+    return ferry__seterr(err, FERRY_EACCES, "ClientHeartbeat: this caller is "
+                         "not that client (wrong or missing client secret)");
+  }
   /* A client declared lost comes back without its old rows. */
   if (!c->active && !req->leaving && RUNNING(j)) {
-    if ((rc = emit_client_joined(d, j, req->client_id, err)) != 0)
+    if ((rc = emit_client_joined(d, j, req->client_id,
+                                 c->has_secret ? c->secret : NULL, err)) != 0)
       return rc;
     c = find_client(j, req->client_id);
   }
@@ -1953,8 +1984,15 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
     job_t *j = NULL;
     row_t *row = leased_row(d, w, t, &j);
     uint32_t r;
-    if (row == NULL)
+    if (row == NULL) {
+      /* Issue 8: a worker reports only on leases it holds. */
+      if (t->error_code != 0)
+        FERRY_LOG(FERRY_LOG_WARN, "worker %" PRIu64 " reported an error for "
+                  "job %" PRIu64 " epoch %u split %u lease %" PRIu64 ", "
+                  "which it does not hold: ignored", w->id, t->job_id,
+                  t->epoch, t->split, t->lease);
       continue;
+    }
     r = (uint32_t)(row - j->rows);
     if (d->cfg.client_stall_ms > 0 &&
         t->stalled_ms >= (uint64_t)d->cfg.client_stall_ms) {
@@ -2015,6 +2053,11 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
   s->num_records = sp->count;
   t->job_id = j->id;
   t->client_id = row->client;
+  const client_t *c = find_client((job_t *)j, row->client);
+  if (c != NULL && c->has_secret) {
+    t->client_secret.data = (uint8_t *)c->secret;
+    t->client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
   t->epoch = j->epoch;
   t->split = s;
   t->file = j->ds->files[sp->file];

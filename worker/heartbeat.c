@@ -226,7 +226,12 @@ static void *hb_main(void *arg) {
   ferry_error_t err;
   int reachable = -1; /* unknown */
 
-  if (ferry_rpc_channel_new(w->cfg.dispatcher, NULL, &ch, &err) != 0) {
+  ferry_rpc_tls_t tls = {w->cfg.tls_ca, w->cfg.tls_cert, w->cfg.tls_key,
+                         false};
+  ferry_rpc_options_t ro = {0};
+  ro.tls = w->cfg.tls_ca != NULL ? &tls : NULL;
+  ro.bearer_token = w->worker_token;
+  if (ferry_rpc_channel_new(w->cfg.dispatcher, &ro, &ch, &err) != 0) {
     FERRY_LOG(FERRY_LOG_ERROR, "dispatcher %s: %s", w->cfg.dispatcher,
               err.msg);
     return NULL;

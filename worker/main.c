@@ -36,6 +36,26 @@ static const ferry_option_t table[] = {
      NULL, 0, 0, NULL,
      "directory of the unlinked files shuffled GZIP/ZLIB shards are inflated "
      "into (default: $TMPDIR, else /tmp)"},
+    {"tls-cert", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, tls_cert), NULL,
+     0, 0, NULL,
+     "PEM certificate chain: serve TLS (re-read when it changes or on "
+     "SIGHUP); also this worker's client certificate to the dispatcher"},
+    {"tls-key", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, tls_key), NULL, 0,
+     0, NULL, "PEM private key of --tls-cert"},
+    {"tls-ca", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, tls_ca), NULL, 0,
+     0, NULL,
+     "PEM CA bundle: talk TLS to the dispatcher and verify it (and client "
+     "certificates with --tls-client-auth)"},
+    {"tls-client-auth", FERRY_OPT_BOOL,
+     offsetof(ferry__wconfig_t, tls_client_auth), "false", 0, 0, NULL,
+     "require client certificates signed by --tls-ca (mutual TLS)"},
+    {"worker-token-file", FERRY_OPT_STRING,
+     offsetof(ferry__wconfig_t, worker_token_file), NULL, 0, 0, NULL,
+     "file holding the bearer token sent to the dispatcher"},
+    {"client-token-file", FERRY_OPT_STRING,
+     offsetof(ferry__wconfig_t, client_token_file), NULL, 0, 0, NULL,
+     "file holding the bearer token StreamChunks callers must send (none: "
+     "open; the per-client secret is checked either way)"},
     {"config", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, config), NULL, 0,
      0, NULL, "config file of 'name = value' lines (flags override it)"},
     {"log-level", FERRY_OPT_ENUM, offsetof(ferry__wconfig_t, log_level),
@@ -108,16 +128,28 @@ int main(int argc, char **argv) {
   ferry_log_set_level(cfg.log_level);
   ferry_rpc_tune_malloc();
   signal(SIGPIPE, SIG_IGN);
+  /* TLS files are re-read when they change; SIGHUP must not kill. */
+  signal(SIGHUP, SIG_IGN);
   ferry_rpc_init();
   uv_loop_init(&loop);
 
   int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
   if (rc == 0) {
     /* Logged before the listening line, which tools wait for. */
+    if (cfg.tls_cert == NULL && !ferry_rpc_host_is_loopback(cfg.host))
+      FERRY_LOG(FERRY_LOG_WARN,
+                "*** PLAINTEXT on %s:%d: anyone on the network can read "
+                "this worker's streams; use --tls-cert/--tls-key "
+                "(docs/SECURITY.md) or --host 127.0.0.1 ***", cfg.host,
+                w.port);
     FERRY_LOG(FERRY_LOG_INFO,
-              "bound to %s:%d (--host), plaintext gRPC; advertising %s to "
+              "bound to %s:%d (--host), %s; advertising %s to "
               "the dispatcher and clients (%s)",
-              cfg.host, w.port, w.address,
+              cfg.host, w.port,
+              cfg.tls_cert == NULL ? "plaintext gRPC"
+              : cfg.tls_client_auth ? "TLS, client certificates required"
+                                    : "TLS",
+              w.address,
               cfg.advertise != NULL && cfg.advertise[0] != '\0'
                   ? "--advertise"
                   : "no --advertise: the bind host, or this machine's name "

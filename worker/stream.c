@@ -29,6 +29,11 @@ struct ferry__wqueue_s {
   size_t n;
   ferry_rpc_call_t *call; /* the open StreamChunks call, or NULL */
   bool sending;           /* a send of `call` is in flight */
+  /* Issue 8: the client's secret as its tasks give it (known once a chunk
+   * of one was queued), and the secret `call` presented. */
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
+  bool has_secret;
+  uint8_t call_secret[FERRY_CLIENT_SECRET_BYTES];
   ferry__wkey_t *key;     /* the stream's pool key (a reference) */
 };
 
@@ -135,6 +140,21 @@ static void send_next(ferry__wqueue_t *q) {
       return;
     }
     ferry__wchunk_t *c = q->head;
+    /* Issue 8: a chunk goes only to the call that carries its client's
+     * secret; any other call is ended and the chunk waits. */
+    if (c->task != NULL && c->task->has_secret &&
+        !ferry_rpc_bytes_equal(c->task->secret, q->call_secret,
+                               FERRY_CLIENT_SECRET_BYTES)) {
+      ferry_rpc_call_t *call = q->call;
+      q->call = NULL;
+      FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
+                "without that client's secret: ended",
+                (unsigned long long)q->job_id,
+                (unsigned long long)q->client_id);
+      ferry_rpc_stream_finish(call, FERRY_RPC_PERMISSION_DENIED,
+                              "not this client's stream");
+      return;
+    }
     q->head = c->next;
     if (q->head == NULL)
       q->tail = NULL;
@@ -183,7 +203,31 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     return;
   }
   uint64_t job_id = m->job_id, client_id = m->client_id;
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES] = {0};
+  bool secret_ok = m->client_secret.len == FERRY_CLIENT_SECRET_BYTES;
+  if (secret_ok)
+    memcpy(secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
   ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+  /* Issue 8: the client token when configured, then the client secret. */
+  if (w->client_token != NULL) {
+    size_t n;
+    const char *tok = ferry_rpc_call_bearer(call, &n);
+    if (tok == NULL || !ferry_rpc_token_equal(tok, n, w->client_token)) {
+      FERRY_LOG(FERRY_LOG_WARN, "StreamChunks: refused a caller with %s "
+                "bearer token", tok == NULL ? "no" : "a wrong");
+      ferry_rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
+                            "missing or invalid bearer token");
+      return;
+    }
+  }
+  if (!secret_ok) {
+    FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
+              "without a client secret: refused",
+              (unsigned long long)job_id, (unsigned long long)client_id);
+    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                          "not this client's stream");
+    return;
+  }
   if (w->stopping) {
     ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
                           "worker shutting down");
@@ -194,6 +238,26 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
+  if (q->has_secret &&
+      !ferry_rpc_bytes_equal(q->secret, secret, FERRY_CLIENT_SECRET_BYTES)) {
+    FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
+              "with a wrong client secret: refused",
+              (unsigned long long)job_id, (unsigned long long)client_id);
+    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                          "not this client's stream");
+    if (q->call == NULL && q->head == NULL)
+      queues_trim(w);
+    return;
+  }
+  if (q->call != NULL && !q->has_secret &&
+      !ferry_rpc_bytes_equal(q->call_secret, secret,
+                             FERRY_CLIENT_SECRET_BYTES)) {
+    /* Two callers claim one stream before any task told the secret: the
+     * first keeps it until a chunk shows which one is the client. */
+    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
+                          "stream busy; retry");
+    return;
+  }
   if (q->call != NULL) {
     /* A reconnect replaces the older call. */
     ferry_rpc_call_t *old = q->call;
@@ -202,6 +266,7 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                             "replaced by a newer stream");
   }
   q->call = call;
+  memcpy(q->call_secret, secret, FERRY_CLIENT_SECRET_BYTES);
   q->sending = false;
   FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued",
             (unsigned long long)job_id, (unsigned long long)client_id, q->n);
@@ -280,6 +345,10 @@ void ferry__winbox_on_async(uv_async_t *a) {
     if (q == NULL) {
       ferry__wpool_release(c);
     } else {
+      if (!q->has_secret && c->task != NULL && c->task->has_secret) {
+        memcpy(q->secret, c->task->secret, FERRY_CLIENT_SECRET_BYTES);
+        q->has_secret = true;
+      }
       if (q->tail != NULL)
         q->tail->next = c;
       else

@@ -537,6 +537,10 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *m) {
   atomic_init(&k->cancelled, false);
   k->job_id = m->job_id;
   k->client_id = m->client_id;
+  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
+    memcpy(k->secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
+    k->has_secret = true;
+  }
   k->lease = m->lease;
   k->epoch = m->epoch;
   if (sp != NULL) {

@@ -140,7 +140,26 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
                          uv_strerror(rc));
   w->inbox_async.data = w;
   w->async_on = true;
-  rc = ferry_rpc_server_new(loop, NULL, &w->server, err);
+  {
+    ferry_rpc_tls_t tls = {cfg->tls_ca, cfg->tls_cert, cfg->tls_key,
+                           cfg->tls_client_auth};
+    ferry_rpc_options_t ro = {0};
+    ro.tls = cfg->tls_cert != NULL ? &tls : NULL;
+    if (cfg->tls_cert == NULL && (cfg->tls_key != NULL ||
+                                  cfg->tls_client_auth)) {
+      rc = ferry__seterr(err, FERRY_EOPTION,
+                         "--tls-key and --tls-client-auth need --tls-cert");
+      goto fail;
+    }
+    if ((cfg->worker_token_file != NULL &&
+         (rc = ferry_rpc_read_token(cfg->worker_token_file, &w->worker_token,
+                                    err)) != 0) ||
+        (cfg->client_token_file != NULL &&
+         (rc = ferry_rpc_read_token(cfg->client_token_file, &w->client_token,
+                                    err)) != 0))
+      goto fail;
+    rc = ferry_rpc_server_new(loop, &ro, &w->server, err);
+  }
   if (rc != 0)
     goto fail;
   if ((rc = ferry__wstream_register(w, err)) != 0 ||
@@ -190,6 +209,8 @@ bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
               (unsigned long long)used);
   else
     ferry__wpool_close(&w->pool);
+  ferry_free(w->worker_token);
+  ferry_free(w->client_token);
   pthread_mutex_destroy(&w->inbox_lock);
   pthread_mutex_destroy(&w->hb_lock);
   pthread_cond_destroy(&w->hb_cv);

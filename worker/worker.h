@@ -68,6 +68,16 @@ typedef struct ferry__wconfig_s {
   char *config;
   int log_level;
   bool help;
+  /* Issue 8. TLS: the Worker service serves TLS with tls_cert/tls_key
+   * (tls_client_auth: clients need a certificate signed by tls_ca); the
+   * channel to the dispatcher uses TLS when tls_ca is set (verifying the
+   * dispatcher with it, presenting tls_cert/tls_key as client cert). */
+  char *tls_cert, *tls_key, *tls_ca;
+  bool tls_client_auth;
+  char *worker_token_file; /* sent to the dispatcher as a bearer token */
+  char *client_token_file; /* StreamChunks callers must send it (NULL:
+                              open; the client secret still applies) */
+
 } ferry__wconfig_t;
 
 /* ---- Chunk pool and chunks (tasks.c, chunk.c) ---------------------------- */
@@ -227,6 +237,9 @@ struct ferry__wtask_s {
   ferry__wpipe_t *pipe;     /* NULL when the spec did not compile */
   ferry__wpool_t *pool;
   ferry__wkey_t *key;       /* its stream's key (a task reference) */
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES]; /* Task.client_secret: only a
+                               stream that carries it gets the chunks */
+  bool has_secret;
 
   /* The run state while started and not ended (the thread running it, or
    * nobody while parked or queued again); freed with the task. */
@@ -383,6 +396,8 @@ typedef struct ferry__worker_s {
   atomic_uint_least64_t worker_id;
   atomic_int heartbeat_ms;
   atomic_uint_least64_t heartbeats_ok;
+  char *worker_token; /* issue 8: read from cfg.worker_token_file */
+  char *client_token; /* ... and cfg.client_token_file */
 } ferry__worker_t;
 
 /* Sets up everything on `loop` and binds the Worker service on

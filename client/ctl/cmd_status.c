@@ -25,6 +25,7 @@ typedef struct status_opts_s {
   bool json;
   bool watch;
   bool help;
+  char *tls_ca, *tls_cert, *tls_key, *token_file; /* issue 8 */
 } status_opts_t;
 
 static const ferry_option_t status_table[] = {
@@ -34,6 +35,14 @@ static const ferry_option_t status_table[] = {
      NULL, "print one JSON document instead of text"},
     {"watch", FERRY_OPT_BOOL, offsetof(status_opts_t, watch), "false", 0, 0,
      NULL, "redraw every second until interrupted"},
+    {"tls-ca", FERRY_OPT_STRING, offsetof(status_opts_t, tls_ca), NULL, 0, 0,
+     NULL, "PEM CA bundle: talk TLS to the dispatcher and verify it"},
+    {"tls-cert", FERRY_OPT_STRING, offsetof(status_opts_t, tls_cert), NULL, 0,
+     0, NULL, "PEM client certificate (mutual TLS)"},
+    {"tls-key", FERRY_OPT_STRING, offsetof(status_opts_t, tls_key), NULL, 0,
+     0, NULL, "private key of --tls-cert"},
+    {"token-file", FERRY_OPT_STRING, offsetof(status_opts_t, token_file), NULL,
+     0, 0, NULL, "file holding a bearer token (status, client or worker)"},
     {"help", FERRY_OPT_BOOL, offsetof(status_opts_t, help), "false", 0, 0,
      NULL, "print this help"},
 };
@@ -312,8 +321,20 @@ int ferryctl_status(int argc, char **argv) {
   }
   ferry_error_t err = {0};
   ferry_rpc_channel_t *ch = NULL;
+  ferry_rpc_tls_t tls = {o.tls_ca, o.tls_cert, o.tls_key, false};
+  ferry_rpc_options_t ro = {0};
+  char *token = NULL;
+  ro.tls = o.tls_ca != NULL || o.tls_cert != NULL ? &tls : NULL;
+  if (o.token_file != NULL &&
+      ferry_rpc_read_token(o.token_file, &token, &err) != 0) {
+    fprintf(stderr, "ferryctl status: --token-file: %s\n", err.msg);
+    ferry_options_free(status_table, STATUS_N, &o);
+    return FERRYCTL_EXIT_USAGE;
+  }
+  ro.bearer_token = token;
   ferry_rpc_init();
-  rc = ferry_rpc_channel_new(o.dispatcher, NULL, &ch, &err);
+  rc = ferry_rpc_channel_new(o.dispatcher, &ro, &ch, &err);
+  ferry_free(token); /* the channel keeps a copy */
   if (rc != 0) {
     fprintf(stderr, "ferryctl status: %s\n", err.msg);
     ferry_rpc_shutdown();

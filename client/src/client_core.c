@@ -72,8 +72,15 @@ static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
     return code;
   err->code = code;
   if (rc == FERRY_EGRPC_DEADLINE_EXCEEDED || rc == FERRY_EGRPC_UNAVAILABLE)
-    return ferry__prefixerr(err, "%s: dispatcher %s unreachable within %u ms",
-                            what, c->dispatcher, c->opts.connect_timeout_ms);
+    return ferry__prefixerr(err, "%s: dispatcher %s unreachable within %u ms "
+                            "(%s)", what, c->dispatcher,
+                            c->opts.connect_timeout_ms,
+                            c->rpc_opts.tls != NULL
+                                ? "down, or the TLS handshake failed: does "
+                                  "tls_ca sign its certificate, is that "
+                                  "certificate valid, is tls_cert accepted?"
+                                : "down, or it serves TLS and this client "
+                                  "plaintext (set tls_ca)");
   return ferry__prefixerr(err, "%s at dispatcher %s", what, c->dispatcher);
 }
 
@@ -163,6 +170,10 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->job_id = r->job_id;
   c->client_id = r->client_id;
   c->num_epochs = r->num_epochs;
+  if (r->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
+    memcpy(c->secret, r->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
+    c->has_secret = true;
+  }
   /* The dispatcher counts this client alive from the call's arrival: the
    * lease runs from when it was sent (t0 of the call, see get_job's
    * caller). */
@@ -274,7 +285,7 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
                         const char *address) {
   Ferry__V1__StreamChunksRequest req = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
   ferry_error_t e;
-  uint8_t buf[32];
+  uint8_t buf[64];
   ferry__worker_t *w = ferry__calloc(1, sizeof(*w));
   if (w == NULL || (w->address = ferry__strdup(address)) == NULL) {
     ferry__free(w);
@@ -285,8 +296,12 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   ferry__chunk_parser_init(&w->parser);
   req.job_id = c->job_id;
   req.client_id = c->client_id;
+  if (c->has_secret) {
+    req.client_secret.data = c->secret;
+    req.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
   size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
-  int rc = ferry_rpc_channel_new(address, NULL, &w->channel, &e);
+  int rc = ferry_rpc_channel_new(address, &c->rpc_opts, &w->channel, &e);
   if (rc == 0)
     rc = ferry_rpc_stream_open(w->channel, M_STREAM, buf, len, 0, 0,
                                &w->stream, &e);
@@ -393,6 +408,10 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   *records = 0;
   req.job_id = c->job_id;
   req.client_id = c->client_id;
+  if (c->has_secret) {
+    req.client_secret.data = c->secret;
+    req.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
   req.leaving = leaving;
   req.stats = &st;
   pthread_mutex_lock(&c->mu);
@@ -584,6 +603,18 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   c->dataset_id_opt = dup_opt(opts->dataset_id, &nomem);
   c->job_name = dup_opt(opts->job_name, &nomem);
   c->augment_text = dup_opt(opts->augment, &nomem);
+  c->tls_ca = dup_opt(opts->tls_ca, &nomem);
+  c->tls_cert = dup_opt(opts->tls_cert, &nomem);
+  c->tls_key = dup_opt(opts->tls_key, &nomem);
+  c->opts.tls_ca = c->tls_ca;
+  c->opts.tls_cert = c->tls_cert;
+  c->opts.tls_key = c->tls_key;
+  c->opts.token_file = NULL;
+  c->tls.ca_file = c->tls_ca;
+  c->tls.cert_file = c->tls_cert;
+  c->tls.key_file = c->tls_key;
+  if (c->tls_ca != NULL || c->tls_cert != NULL)
+    c->rpc_opts.tls = &c->tls;
   c->opts.dispatcher = c->dispatcher;
   c->opts.augment = c->augment_text;
   c->opts.spec = c->spec_text;
@@ -615,10 +646,20 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   if (have_parsed && ((rc = batch_shape(c, &parsed, err)) != 0 ||
                       (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;
+  if (opts->token_file != NULL && opts->token_file[0] != '\0') {
+    if ((rc = ferry_rpc_read_token(opts->token_file, &c->token, err)) != 0) {
+      ferry__prefixerr(err, "client: token file");
+      goto fail;
+    }
+    c->rpc_opts.bearer_token = c->token;
+  }
   ferry_rpc_init();
   c->rpc_inited = true;
-  if ((rc = ferry_rpc_channel_new(c->dispatcher, NULL, &c->dch, err)) != 0)
+  if ((rc = ferry_rpc_channel_new(c->dispatcher, &c->rpc_opts, &c->dch,
+                                  err)) != 0) {
+    ferry__prefixerr(err, "client: dispatcher %s", c->dispatcher);
     goto fail;
+  }
   if (has_spec) {
     if ((rc = register_dataset(c, packed, packed_len, t0, err)) != 0)
       goto fail;
@@ -695,6 +736,12 @@ void ferry_client_free(ferry_client_t *c) {
   ferry__free(c->dataset_id_opt);
   ferry__free(c->job_name);
   ferry__free(c->augment_text);
+  ferry__free(c->tls_ca);
+  ferry__free(c->tls_cert);
+  ferry__free(c->tls_key);
+  if (c->token != NULL)
+    explicit_bzero(c->token, strlen(c->token));
+  ferry__free(c->token);
   ferry__free(c->dataset_id);
   ferry__free(c);
 }

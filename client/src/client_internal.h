@@ -290,6 +290,14 @@ struct ferry_client_s {
                   * wants another) or fully delivered (the dispatcher may
                   * end the epoch) */
   bool rpc_inited;
+  /* Issue 8: owned copies of the TLS paths, the token read from
+   * opts.token_file, the channels' settings and the client secret from
+   * GetOrCreateJob (sent in heartbeats and StreamChunks). */
+  char *tls_ca, *tls_cert, *tls_key, *token;
+  ferry_rpc_tls_t tls;
+  ferry_rpc_options_t rpc_opts;
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
+  bool has_secret;
 };
 
 /* Monotonic seconds. */

@@ -13,6 +13,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ferry/alloc.h"
@@ -20,12 +21,14 @@
 
 struct ferry_rpc_channel_s {
   grpc_channel *channel;
+  char *authorization; /* "Bearer TOKEN", or NULL */
 };
 
 struct ferry_rpc_stream_s {
   grpc_completion_queue *cq;
   grpc_call *call;
   char *method;
+  const char *authorization; /* the channel's */
   grpc_metadata_array initial_md, trailing_md;
   grpc_byte_buffer *recv_bb;
   grpc_status_code status;
@@ -50,10 +53,28 @@ int ferry_rpc_channel_new(const char *target, const ferry_rpc_options_t *opts,
   if (ch == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
   grpc_channel_args cargs = {ferry__rpc_channel_args(&o, false, args), args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel_credentials *creds = NULL;
+  if (o.bearer_token != NULL) {
+    size_t n = strlen(o.bearer_token) + 8;
+    if ((ch->authorization = ferry__malloc(n)) == NULL) {
+      ferry__free(ch);
+      return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
+    }
+    snprintf(ch->authorization, n, "Bearer %s", o.bearer_token);
+  }
+  if (o.tls != NULL) {
+    if ((rc = ferry__rpc_channel_creds(o.tls, &creds, err)) != 0) {
+      ferry__free(ch->authorization);
+      ferry__free(ch);
+      return rc;
+    }
+  } else {
+    creds = grpc_insecure_credentials_create();
+  }
   ch->channel = grpc_channel_create(target, creds, &cargs);
   grpc_channel_credentials_release(creds);
   if (ch->channel == NULL) {
+    ferry__free(ch->authorization);
     ferry__free(ch);
     return ferry__seterr(err, FERRY_EINVAL, "rpc: bad target %s", target);
   }
@@ -65,6 +86,9 @@ void ferry_rpc_channel_free(ferry_rpc_channel_t *ch) {
   if (ch == NULL)
     return;
   grpc_channel_destroy(ch->channel);
+  if (ch->authorization != NULL)
+    explicit_bzero(ch->authorization, strlen(ch->authorization));
+  ferry__free(ch->authorization);
   ferry__free(ch);
 }
 
@@ -149,6 +173,7 @@ static int start_ops(ferry_rpc_stream_t *s, const grpc_op *ops, size_t n,
 static int start_call(ferry_rpc_stream_t *s, const void *req, size_t len,
                       unsigned flags) {
   grpc_op ops[4];
+  grpc_metadata auth;
   grpc_slice slice = grpc_slice_from_copied_buffer(req, len);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
   int rc;
@@ -157,6 +182,13 @@ static int start_call(ferry_rpc_stream_t *s, const void *req, size_t len,
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   if (flags & FERRY_RPC_WAIT_FOR_READY)
     ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+  if (s->authorization != NULL) {
+    memset(&auth, 0, sizeof(auth));
+    auth.key = grpc_slice_from_static_string("authorization");
+    auth.value = grpc_slice_from_static_string(s->authorization);
+    ops[0].data.send_initial_metadata.count = 1;
+    ops[0].data.send_initial_metadata.metadata = &auth;
+  }
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -186,6 +218,7 @@ int ferry_rpc_stream_open(ferry_rpc_channel_t *ch, const char *method,
     return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
   }
   s->result = 1;
+  s->authorization = ch->authorization;
   s->details = grpc_empty_slice();
   grpc_metadata_array_init(&s->initial_md);
   grpc_metadata_array_init(&s->trailing_md);

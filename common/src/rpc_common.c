@@ -80,8 +80,6 @@ int ferry__rpc_options(const ferry_rpc_options_t *opts,
   ferry_rpc_options_t o = {0};
   if (opts != NULL)
     o = *opts;
-  if (o.tls != NULL)
-    return ferry__seterr(err, FERRY_ENOTSUP, "rpc: TLS is not supported yet");
   if (o.max_message_bytes < -1 || o.keepalive_time_ms < 0 ||
       o.keepalive_timeout_ms < 0 || o.request_slots < 0)
     return ferry__seterr(err, FERRY_EINVAL, "rpc: negative option value");

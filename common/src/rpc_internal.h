@@ -4,6 +4,7 @@
 #define FERRY_RPC_INTERNAL_H
 
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 
 #include "ferry/rpc.h"
 
@@ -18,7 +19,8 @@ size_t ferry__rpc_channel_args(const ferry_rpc_options_t *opts, bool server,
                                grpc_arg *args);
 
 /* Copies `opts` (NULL: all defaults) into `out` with the defaults filled
- * in; FERRY_ENOTSUP for TLS, FERRY_EINVAL for negative values. */
+ * in; FERRY_EINVAL for negative values. `out->tls` and
+ * `out->bearer_token` still point at the caller's: copy what is kept. */
 int ferry__rpc_options(const ferry_rpc_options_t *opts,
                        ferry_rpc_options_t *out, ferry_error_t *err);
 
@@ -26,5 +28,20 @@ int ferry__rpc_options(const ferry_rpc_options_t *opts,
 struct ferry__rpc_health;
 struct ferry__rpc_health **ferry__rpc_server_health(ferry_rpc_server_t *s);
 void ferry__rpc_health_free(struct ferry__rpc_health *h);
+
+/* TLS (rpc_auth.c). Channel credentials from the files `tls` names. */
+int ferry__rpc_channel_creds(const ferry_rpc_tls_t *tls,
+                             grpc_channel_credentials **out,
+                             ferry_error_t *err);
+/* A server's TLS files (copied and checked) behind gRPC's certificate
+ * fetcher; freed after the gRPC server is destroyed. */
+struct ferry__rpc_tls_server;
+int ferry__rpc_tls_server_new(const ferry_rpc_tls_t *tls,
+                              struct ferry__rpc_tls_server **out,
+                              ferry_error_t *err);
+grpc_server_credentials *
+ferry__rpc_tls_server_creds(struct ferry__rpc_tls_server *t);
+void ferry__rpc_tls_server_force(struct ferry__rpc_tls_server *t);
+void ferry__rpc_tls_server_free(struct ferry__rpc_tls_server *t);
 
 #endif /* FERRY_RPC_INTERNAL_H */

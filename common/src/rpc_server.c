@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
@@ -102,6 +103,7 @@ struct ferry_rpc_server_s {
   ferry_rpc_done_cb done;
   void *done_arg;
   struct ferry__rpc_health *health;
+  struct ferry__rpc_tls_server *tls; /* NULL: plaintext */
 };
 
 static void process(ferry_rpc_server_t *s, struct tag *t);
@@ -532,6 +534,7 @@ static void on_closed_handle(uv_handle_t *h) {
   }
   ferry__free(s->methods);
   ferry__rpc_health_free(s->health);
+  ferry__rpc_tls_server_free(s->tls);
   pthread_mutex_destroy(&s->lock);
   ferry__free(s);
   if (done != NULL)
@@ -599,6 +602,10 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
   if (s == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
   rc = ferry__rpc_options(opts, &s->opts, err);
+  if (rc == 0 && s->opts.tls != NULL)
+    rc = ferry__rpc_tls_server_new(s->opts.tls, &s->tls, err);
+  s->opts.tls = NULL;
+  s->opts.bearer_token = NULL;
   if (rc != 0) {
     ferry__free(s);
     return rc;
@@ -620,6 +627,7 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
   rc = uv_async_init(loop, &s->async, on_async);
   if (rc != 0) {
     destroy_unstarted(s);
+    ferry__rpc_tls_server_free(s->tls);
     ferry__free(s);
     return ferry__seterr(err, FERRY_EIO, "rpc: uv_async_init: %s",
                          uv_strerror(rc));
@@ -627,6 +635,7 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
   s->async.data = s;
   if (pthread_create(&s->thread, NULL, cq_thread, s) != 0) {
     destroy_unstarted(s);
+    ferry__rpc_tls_server_free(s->tls);
     uv_close((uv_handle_t *)&s->async, free_on_close);
     return ferry__seterr(err, FERRY_EIO, "rpc: cannot start a thread");
   }
@@ -681,7 +690,12 @@ int ferry_rpc_server_start(ferry_rpc_server_t *s, const char *addr,
   int rc = 0;
   if (s->state != S_NEW)
     return ferry__seterr(err, FERRY_EINVAL, "rpc: server already started");
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  grpc_server_credentials *creds =
+      s->tls != NULL ? ferry__rpc_tls_server_creds(s->tls)
+                     : grpc_insecure_server_credentials_create();
+  if (creds == NULL)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "rpc: gRPC refused the TLS settings for %s", addr);
   int bound = grpc_server_add_http2_port(s->server, addr, creds);
   grpc_server_credentials_release(creds);
   if (bound == 0)
@@ -722,4 +736,26 @@ void ferry_rpc_server_shutdown(ferry_rpc_server_t *s, ferry_rpc_done_cb done,
 
 struct ferry__rpc_health **ferry__rpc_server_health(ferry_rpc_server_t *s) {
   return &s->health;
+}
+
+void ferry_rpc_server_reload_tls(ferry_rpc_server_t *s) {
+  ferry__rpc_tls_server_force(s->tls);
+}
+
+const char *ferry_rpc_call_bearer(const ferry_rpc_call_t *call, size_t *len) {
+  static const char prefix[] = "Bearer ";
+  *len = 0;
+  for (size_t i = 0; i < call->md.count; i++) {
+    const grpc_metadata *m = &call->md.metadata[i];
+    if (grpc_slice_str_cmp(m->key, "authorization") != 0)
+      continue;
+    size_t n = GRPC_SLICE_LENGTH(m->value);
+    const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
+    if (n < sizeof(prefix) - 1 ||
+        strncasecmp(v, prefix, sizeof(prefix) - 1) != 0)
+      return NULL;
+    *len = n - (sizeof(prefix) - 1);
+    return v + sizeof(prefix) - 1;
+  }
+  return NULL;
 }

@@ -115,6 +115,13 @@ Ferry__V1__JournalRegisterDataset *fx_last_dataset(void) {
   return NULL;
 }
 
+/* Issue 8: the client secrets fx_job received, for fx_sign. */
+static struct {
+  uint64_t job, client;
+  uint8_t secret[16];
+} secrets[1024];
+static size_t n_secrets;
+
 Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
                                           const char *name, int mode,
                                           int64_t epochs, int policy,
@@ -136,7 +143,21 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
   cr_assert_eq(ferry__disp_get_or_create_job(d, &req, resp, &fx_arena, now,
                                              &err),
                0, "%s", err.msg);
+  cr_assert_eq(resp->client_secret.len, 16);
+  cr_assert_lt(n_secrets, sizeof(secrets) / sizeof(secrets[0]));
+  secrets[n_secrets].job = resp->job_id;
+  secrets[n_secrets].client = resp->client_id;
+  memcpy(secrets[n_secrets++].secret, resp->client_secret.data, 16);
   return resp;
+}
+
+void fx_sign(Ferry__V1__ClientHeartbeatRequest *req) {
+  for (size_t i = 0; i < n_secrets; i++)
+    if (secrets[i].job == req->job_id && secrets[i].client == req->client_id) {
+      req->client_secret.data = secrets[i].secret;
+      req->client_secret.len = 16;
+      return;
+    }
 }
 
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
@@ -165,6 +186,7 @@ Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
   req.progress = pp;
   req.n_progress = n;
   req.leaving = leaving;
+  fx_sign(&req);
   resp = ferry__arena_alloc(&fx_arena, sizeof(*resp));
   ferry__v1__client_heartbeat_response__init(resp);
   rc = ferry__disp_client_heartbeat(d, &req, resp, &fx_arena, now, &err);

@@ -49,6 +49,10 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
                                           int64_t epochs, int policy,
                                           int64_t now);
 
+/* Issue 8: puts the secret fx_job got for (req->job_id, req->client_id)
+ * into a hand-built ClientHeartbeat request. */
+void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
+
 /* A client heartbeat with `n` progress reports (epoch, split, delivered,
  * worker) given as a flat array of 4-tuples. */
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,

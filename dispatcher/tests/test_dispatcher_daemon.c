@@ -320,6 +320,11 @@ static void client_takes_a_split(ferry_rpc_channel_t *ch, const char *id) {
   cq.job_id = j->job_id;
   cq.client_id = j->client_id;
   cq.want_splits = 1;
+  uint8_t secret[16];
+  cr_assert_eq(j->client_secret.len, 16);
+  memcpy(secret, j->client_secret.data, 16);
+  cq.client_secret.data = secret;
+  cq.client_secret.len = 16;
   ferry__v1__get_or_create_job_response__free_unpacked(j, NULL);
   n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
   cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/ClientHeartbeat",

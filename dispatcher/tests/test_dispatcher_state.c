@@ -615,6 +615,7 @@ static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
   req.client_id = client;
   req.progress = &pp;
   req.n_progress = 1;
+  fx_sign(&req);
   resp = ferry__arena_alloc(&fx_arena, sizeof(*resp));
   ferry__v1__client_heartbeat_response__init(resp);
   cr_assert_eq(ferry__disp_client_heartbeat(d, &req, resp, &fx_arena, now,
@@ -1117,6 +1118,7 @@ Test(dispatcher, finished_and_abandoned_jobs_are_collected) {
   cr_assert_eq(fx_status(D, 5100)->n_jobs, 0);
   req.job_id = done->job_id;
   req.client_id = done->client_id;
+  fx_sign(&req);
   cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 5200,
                                             &err),
                FERRY_ENOENT);
@@ -1144,6 +1146,7 @@ Test(dispatcher, status_contents) {
   req.stats = &st;
   st.stall_fraction = 0.25;
   st.batches = 17;
+  fx_sign(&req);
   cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 100,
                                             &err),
                0, "%s", err.msg);
@@ -1547,4 +1550,71 @@ Test(dispatcher, stalled_stream_fences_then_expires_the_client) {
   c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1100);
   cr_assert_not(c->fenced, "it rejoined");
   cr_assert_eq(c->incarnation, 1);
+}
+
+/* Issue 8: a ClientHeartbeat must carry the secret GetOrCreateJob gave its
+ * client; the worker's Task carries it; a replayed journal keeps it. */
+Test(dispatcher, client_secret_checked_and_kept_by_the_journal) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w:1", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *k = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse resp =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  ferry_error_t err = {0};
+  uint8_t wrong[16] = {0};
+
+  cr_assert_eq(j->client_secret.len, 16);
+  cr_assert(memcmp(j->client_secret.data, k->client_secret.data, 16) != 0,
+            "two clients got the same secret");
+  req.job_id = j->job_id;
+  req.client_id = j->client_id;
+  req.want_splits = 1;
+  req.leaving = true;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 10,
+                                            &err),
+               FERRY_EACCES, "no secret");
+  cr_assert(strstr(err.msg, "secret") != NULL, "%s", err.msg);
+  req.client_secret.data = wrong;
+  req.client_secret.len = 16;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 10,
+                                            &err),
+               FERRY_EACCES, "a wrong secret");
+  /* Another client's secret is wrong too. */
+  req.client_secret = k->client_secret;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 10,
+                                            &err),
+               FERRY_EACCES, "the other client's secret");
+  /* The refused calls changed nothing: the client still holds its job. */
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, 1);
+  w = fx_worker(D, w->worker_id, "w:1", NULL, 0, false, 30);
+  cr_assert_eq(w->n_new_tasks, 1);
+  cr_assert_eq(w->new_tasks[0]->client_secret.len, 16);
+  cr_assert_arr_eq(w->new_tasks[0]->client_secret.data, j->client_secret.data,
+                   16, "the task carries its client's secret");
+
+  /* A dispatcher restarted on the journal still knows the secret. */
+  ferry_disp_config_t cfg;
+  ferry_disp_t *r;
+  ferry__disp_config_init(&cfg);
+  cfg.worker_timeout_ms = cfg.client_timeout_ms = 1000;
+  cfg.records_per_split = 10;
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &r), 0);
+  for (size_t i = 0; i < fx_entries.n; i++)
+    cr_assert_eq(ferry__disp_apply(r, fx_entries.e[i], fx_entries.len[i], 40,
+                                   &err),
+                 0, "entry %zu: %s", i, err.msg);
+  ferry__disp_replayed(r, 40);
+  req.client_secret.data = wrong;
+  req.leaving = false;
+  cr_assert_eq(ferry__disp_client_heartbeat(r, &req, &resp, &fx_arena, 50,
+                                            &err),
+               FERRY_EACCES, "replayed: a wrong secret");
+  fx_client(r, j->job_id, j->client_id, 1, NULL, 0, false, 60);
+  ferry__disp_free(r);
 }

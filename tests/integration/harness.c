@@ -323,6 +323,20 @@ int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
   return hx_start_dispatcher_at(out, o, 0, NULL, why, why_len);
 }
 
+/* Issue 8: argv = base, then extra, then tail (each NULL-terminated, the
+ * last two may be NULL), cut to `cap` - 1 entries. */
+static void hx_join_argv(char **argv, size_t cap, char *const *base,
+                         const char *const *extra, char *const *tail) {
+  size_t n = 0;
+  for (size_t i = 0; base[i] != NULL && n + 1 < cap; i++)
+    argv[n++] = base[i];
+  for (size_t i = 0; extra != NULL && extra[i] != NULL && n + 1 < cap; i++)
+    argv[n++] = (char *)extra[i];
+  for (size_t i = 0; tail != NULL && tail[i] != NULL && n + 1 < cap; i++)
+    argv[n++] = tail[i];
+  argv[n] = NULL;
+}
+
 int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
                            int port, const char *work_dir, char *why,
                            size_t why_len) {
@@ -345,11 +359,13 @@ int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
   else
     snprintf(wd, sizeof(wd), "%s/dispatcher-%d", hx_tmpdir(), count);
   mkdir(wd, 0755);
-  char *argv[] = {(char *)hx_dispatcher_bin(), "--port", pt, "--host",
+  char *base[] = {(char *)hx_dispatcher_bin(), "--port", pt, "--host",
                   (char *)(d.host ? d.host : "127.0.0.1"), "--work-dir", wd,
                   "--worker-timeout-ms", wt,
                   "--client-timeout-ms", ct, "--heartbeat-ms", hb,
                   "--client-stall-ms", st, NULL};
+  char *argv[64];
+  hx_join_argv(argv, 64, base, d.extra_argv, NULL);
   char name[32];
   snprintf(name, sizeof(name), "dispatcher%d", count);
   return hx_spawn(out, name, argv, 10000, why, why_len);
@@ -366,11 +382,13 @@ int hx_start_worker(hx_proc_t **out, const char *dispatcher,
   snprintf(bb, sizeof(bb), "%llu",
            (unsigned long long)(d.buffer_bytes ? d.buffer_bytes
                                                : 64ull << 20));
-  char *argv[] = {(char *)hx_worker_bin(), "--dispatcher", (char *)dispatcher,
+  char *base[] = {(char *)hx_worker_bin(), "--dispatcher", (char *)dispatcher,
                   "--port", "0", "--host",
                   (char *)(d.host ? d.host : "127.0.0.1"), "--threads", th,
-                  "--buffer-bytes", bb, "--heartbeat-ms", hb,
-                  d.host ? "--advertise" : NULL, (char *)d.host, NULL};
+                  "--buffer-bytes", bb, "--heartbeat-ms", hb, NULL};
+  char *adv[] = {"--advertise", (char *)d.host, NULL};
+  char *argv[64];
+  hx_join_argv(argv, 64, base, d.extra_argv, d.host ? adv : NULL);
   static int count;
   char name[32];
   snprintf(name, sizeof(name), "worker%d", ++count);

@@ -45,6 +45,9 @@ typedef struct hx_daemon_opts_s {
   const char *host;         /* --host ("127.0.0.1"); a worker given one
                                also gets --advertise HOST */
   int client_stall_ms;      /* dispatcher: its default (30000) */
+  const char *const *extra_argv; /* issue 8: more flags for the daemon
+                                    (NULL-terminated; NULL: none), e.g.
+                                    --tls-cert FILE */
 } hx_daemon_opts_t;
 
 /* A generated dataset: nfiles files of `per_file` records each, named

@@ -111,6 +111,16 @@ typedef struct ferry_client_options_s {
                              key of every image's random parameters */
   ferry_dtype_t dtype;    /* augmented output type (default float32) */
   ferry_layout_t layout;  /* augmented output layout (default NHWC) */
+
+  /* Security (issue 8). NULL keeps plaintext and no token. With tls_ca or
+   * tls_cert set, every channel (dispatcher and workers) uses TLS. */
+  const char *tls_ca;     /* PEM CA bundle the dispatcher's and workers'
+                             certificates must chain to (NULL with
+                             tls_cert: gRPC's default roots) */
+  const char *tls_cert;   /* PEM client certificate for mutual TLS */
+  const char *tls_key;    /* its private key */
+  const char *token_file; /* file holding the client bearer token, sent to
+                             the dispatcher and workers on every call */
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial

@@ -42,13 +42,29 @@
 #define FERRY_RPC_UNIMPLEMENTED 12
 #define FERRY_RPC_INTERNAL 13
 #define FERRY_RPC_UNAVAILABLE 14
+#define FERRY_RPC_PERMISSION_DENIED 7
+#define FERRY_RPC_UNAUTHENTICATED 16
 
-/* TLS material (PEM text). Reserved: TLS is not implemented yet, and a
- * non-NULL `tls` in the options fails with FERRY_ENOTSUP. */
+/* Bytes of the secret the dispatcher gives each client of a job (issue 8):
+ * its ClientHeartbeat and StreamChunks calls carry it. */
+#define FERRY_CLIENT_SECRET_BYTES 16
+
+/* TLS settings: PEM files, read when the server or channel is created
+ * (an unreadable or empty file fails then, naming it). A server re-reads
+ * them when they change (checked at each new connection, and forced by
+ * ferry_rpc_server_reload_tls): connections already open keep their
+ * session, so streams are not dropped. A channel reads them once. */
 typedef struct ferry_rpc_tls_s {
-  const char *root_certs_pem;
-  const char *cert_chain_pem;
-  const char *private_key_pem;
+  const char *ca_file;   /* server: the CA bundle client certificates must
+                            chain to (needed with require_client_cert);
+                            channel: the CA bundle the server must chain
+                            to (NULL: gRPC's default roots) */
+  const char *cert_file; /* server: its certificate chain (required);
+                            channel: a client certificate for mutual TLS,
+                            or NULL */
+  const char *key_file;  /* the private key of cert_file */
+  bool require_client_cert; /* server: mutual TLS, a client without a
+                               certificate signed by ca_file is refused */
 } ferry_rpc_tls_t;
 
 /* Settings shared by servers and channels. Zero-initialise and set what
@@ -61,7 +77,11 @@ typedef struct ferry_rpc_options_s {
   int keepalive_timeout_ms; /* drop it without an answer; 0: 10000 */
   int request_slots;        /* server: calls pre-requested per method;
                                0: 8 */
-  const ferry_rpc_tls_t *tls; /* NULL: insecure (plaintext) */
+  const ferry_rpc_tls_t *tls; /* NULL: insecure (plaintext); the files it
+                                 names are copied, not the struct */
+  const char *bearer_token;   /* channel: sent on every call as
+                                 "authorization: Bearer TOKEN" (copied);
+                                 NULL: none */
 } ferry_rpc_options_t;
 
 /* Reference-counted wrappers around grpc_init/grpc_shutdown. Every user of
@@ -289,5 +309,37 @@ void ferry_rpc_stream_cancel(ferry_rpc_stream_t *s);
 /* Cancels the call if it still runs, waits for gRPC to let go of it and
  * frees the stream. NULL-safe. */
 void ferry_rpc_stream_free(ferry_rpc_stream_t *s);
+
+/* ---- Credentials (issue 8) ------------------------------------------------ */
+
+/* Reads a bearer token from `path`: the file's text without trailing
+ * white space; it must be 1 to 4096 printable ASCII characters. Warns
+ * (naming the file) when the file is readable by group or others. On
+ * success *out is ferry__malloc'ed (free with ferry_free). */
+int ferry_rpc_read_token(const char *path, char **out, ferry_error_t *err);
+
+/* The bearer token of the call's "authorization: Bearer TOKEN" metadata:
+ * a pointer into the call's metadata (valid during the handler) and its
+ * length; NULL and 0 when the call carries none. Loop thread. */
+const char *ferry_rpc_call_bearer(const ferry_rpc_call_t *call, size_t *len);
+
+/* True when the `n` bytes at `a` equal the NUL-terminated `b`, in time
+ * that depends on the lengths only (never on where they differ). */
+bool ferry_rpc_token_equal(const char *a, size_t n, const char *b);
+
+/* The same for two buffers of `n` bytes each. */
+bool ferry_rpc_bytes_equal(const void *a, const void *b, size_t n);
+
+/* Fills `buf` with `n` bytes from the kernel's random generator
+ * (getrandom). Returns 0 or a negative errno value. */
+int ferry_rpc_random(void *buf, size_t n);
+
+/* True for a host that only this machine can reach: 127.0.0.0/8, ::1,
+ * localhost. Daemons warn loudly when they serve plaintext elsewhere. */
+bool ferry_rpc_host_is_loopback(const char *host);
+
+/* Forces `server` to re-read its TLS files at the next connection, even if
+ * they look unchanged (SIGHUP). Any thread. No-op without TLS. */
+void ferry_rpc_server_reload_tls(ferry_rpc_server_t *server);
 
 #endif /* FERRY_RPC_H */
