@@ -275,9 +275,8 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
       ferry_rpc_token_equal(tok, n, svc->worker_token);
   c = tok != NULL && svc->client_token != NULL &&
       ferry_rpc_token_equal(tok, n, svc->client_token);
-  st = tok != NULL && ferry_rpc_token_equal(tok, n, svc->status_token != NULL
-                                                        ? svc->status_token
-                                                        : "");
+  st = tok != NULL && svc->status_token != NULL &&
+       ferry_rpc_token_equal(tok, n, svc->status_token);
   if ((role == ROLE_WORKER && w) || (role == ROLE_CLIENT && c) ||
       (role == ROLE_STATUS && (st || w || c)))
     return 0;

@@ -128,7 +128,8 @@ int main(int argc, char **argv) {
   ferry_log_set_level(cfg.log_level);
   ferry_rpc_tune_malloc();
   signal(SIGPIPE, SIG_IGN);
-  /* TLS files are re-read when they change; SIGHUP must not kill. */
+  /* SIGHUP forces a TLS reload (worker.c); until its handler is installed
+   * it must not kill. */
   signal(SIGHUP, SIG_IGN);
   ferry_rpc_init();
   uv_loop_init(&loop);

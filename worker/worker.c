@@ -52,6 +52,16 @@ static void make_address(ferry__worker_t *w) {
 
 static void on_closed(uv_handle_t *h) { (void)h; }
 
+/* Issue 8: re-read the TLS files at the next connection even if they
+ * look unchanged (they are also re-read whenever they change). */
+static void on_sighup(uv_signal_t *h, int signum) {
+  ferry__worker_t *w = h->data;
+  (void)signum;
+  FERRY_LOG(FERRY_LOG_INFO, "SIGHUP: re-reading the TLS files");
+  if (w->server != NULL)
+    ferry_rpc_server_reload_tls(w->server);
+}
+
 static void on_server_done(void *arg) {
   ferry__worker_t *w = arg;
   w->server = NULL;
@@ -74,6 +84,7 @@ static void on_server_done(void *arg) {
   if (w->signals_on) {
     uv_close((uv_handle_t *)&w->sigterm, on_closed);
     uv_close((uv_handle_t *)&w->sigint, on_closed);
+    uv_close((uv_handle_t *)&w->sighup, on_closed);
     w->signals_on = false;
   }
   FERRY_LOG(FERRY_LOG_INFO, "worker stopped");
@@ -186,6 +197,9 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
     w->sigterm.data = w->sigint.data = w;
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
     uv_signal_start(&w->sigint, on_signal, SIGINT);
+    uv_signal_init(loop, &w->sighup);
+    w->sighup.data = w;
+    uv_signal_start(&w->sighup, on_sighup, SIGHUP);
     w->signals_on = true;
   }
   if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {

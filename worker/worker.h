@@ -398,6 +398,7 @@ typedef struct ferry__worker_s {
   atomic_uint_least64_t heartbeats_ok;
   char *worker_token; /* issue 8: read from cfg.worker_token_file */
   char *client_token; /* ... and cfg.client_token_file */
+  uv_signal_t sighup; /* forces a TLS reload (with signals_on) */
 } ferry__worker_t;
 
 /* Sets up everything on `loop` and binds the Worker service on

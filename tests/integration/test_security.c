@@ -216,6 +216,10 @@ Test(security, mutual_tls_and_tokens_deliver_exactly_once) {
   hx_dataset_t ds;
   make_small(&ds);
   secure_cluster(2);
+  /* SIGHUP reloads certificates (and the dispatcher's tokens): the
+   * daemons must go on serving. */
+  cr_assert_eq(kill(D->pid, SIGHUP), 0);
+  cr_assert_eq(kill(W[0]->pid, SIGHUP), 0);
   char spec[1024];
   hx_spec(&ds, NULL, 32, spec, sizeof(spec));
   ferry_client_options_t o;
@@ -457,6 +461,29 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     ferry_rpc_stream_free(st);
   }
   ferry_rpc_channel_free(wch);
+  /* Without the client token the worker refuses the call outright. */
+  {
+    ferry_rpc_channel_t *nt = channel(W[0]->addr, C("ca.pem"), C("client.pem"),
+                                      C("client.key"), NULL);
+    Ferry__V1__StreamChunksRequest sq = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
+    sq.job_id = job;
+    sq.client_id = client;
+    uint8_t buf[64];
+    size_t len = ferry__v1__stream_chunks_request__pack(&sq, buf);
+    ferry_rpc_stream_t *st = NULL;
+    cr_assert_eq(ferry_rpc_stream_open(nt, "/ferry.v1.Worker/StreamChunks",
+                                       buf, len, 0, 0, &st, &err),
+                 0, "%s", err.msg);
+    ferry_rpc_msg_t msg;
+    int rc = ferry_rpc_stream_next(st, &msg, 5000, &err);
+    if (rc == 0)
+      ferry_rpc_msg_release(&msg);
+    cr_assert_eq(rc, FERRY_EGRPC_UNAUTHENTICATED,
+                 "StreamChunks without the client token: %d (%s)", rc,
+                 err.msg);
+    ferry_rpc_stream_free(st);
+    ferry_rpc_channel_free(nt);
+  }
 
   /* A forged ClientHeartbeat (the victim's ids, claims of progress, no or
    * a wrong secret) is refused. */
