@@ -32,6 +32,7 @@ typedef struct settings_s {
   int64_t worker_timeout_ms;
   int64_t client_timeout_ms;
   int64_t client_stall_ms;
+  char *data_roots;
   int64_t job_gc_ms;
   int64_t records_per_split;
   int64_t heartbeat_ms;
@@ -58,6 +59,9 @@ static const ferry_option_t options[] = {
         "config file of 'name = value' lines; flags override it"),
     OPT("worker-timeout-ms", FERRY_OPT_INT, worker_timeout_ms, "10000", 1,
         86400000, NULL, "a worker without heartbeat this long is lost"),
+    OPT("data-root", FERRY_OPT_LIST, data_roots, NULL, 0, 0, NULL,
+        "a directory datasets may be read from (repeatable; none: any "
+        "file)"),
     OPT("client-stall-ms", FERRY_OPT_INT, client_stall_ms, "30000", 0,
         86400000, NULL,
         "a client whose stream has not taken a chunk this long loses its "
@@ -106,6 +110,7 @@ typedef struct daemon_s {
   uv_signal_t sighup;                  /* reloads TLS files and tokens */
   char *tokens[3];                     /* worker, client, status */
   const settings_t *settings;
+  ferry_roots_t roots; /* --data-root */
   ferry_disp_service_t svc;
   bool stopping;
   int exit_code;
@@ -243,6 +248,12 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   cfg.worker_timeout_ms = s->worker_timeout_ms;
   cfg.client_timeout_ms = s->client_timeout_ms;
   cfg.client_stall_ms = s->client_stall_ms;
+  if ((rc = ferry_roots_init(&d->roots, s->data_roots, err)) != 0)
+    return rc;
+  cfg.roots = &d->roots;
+  if (ferry_roots_open(&d->roots))
+    FERRY_LOG(FERRY_LOG_WARN, "no --data-root: a spec may name any file "
+              "this dispatcher can read");
   cfg.job_gc_ms = s->job_gc_ms;
   cfg.records_per_split = (uint32_t)s->records_per_split;
   cfg.heartbeat_ms = (uint32_t)s->heartbeat_ms;
@@ -364,6 +375,7 @@ int main(int argc, char **argv) {
   ferry__disp_free(d.state);
   for (int i = 0; i < 3; i++)
     ferry_free(d.tokens[i]);
+  ferry_roots_close(&d.roots);
   uv_loop_close(&d.loop);
   ferry_rpc_shutdown();
   ferry_options_free(options, N_OPTIONS, &s);

@@ -13,6 +13,7 @@ typedef struct method_s {
   const char *name;
   const ProtobufCMessageDescriptor *req, *resp;
   op_fn fn;
+  size_t max_request; /* bytes; larger requests are refused unread */
 } method_t;
 
 int64_t ferry__disp_now_ms(void) { return (int64_t)(uv_hrtime() / 1000000); }
@@ -46,19 +47,22 @@ static int op_status(ferry_disp_service_t *svc, const void *req, void *resp,
 static const method_t methods[] = {
     {"/ferry.v1.Dispatcher/RegisterDataset",
      &ferry__v1__register_dataset_request__descriptor,
-     &ferry__v1__register_dataset_response__descriptor, op_register},
+     &ferry__v1__register_dataset_response__descriptor, op_register,
+     1 << 20},
     {"/ferry.v1.Dispatcher/GetOrCreateJob",
      &ferry__v1__get_or_create_job_request__descriptor,
-     &ferry__v1__get_or_create_job_response__descriptor, op_job},
+     &ferry__v1__get_or_create_job_response__descriptor, op_job, 64 << 10},
     {"/ferry.v1.Dispatcher/ClientHeartbeat",
      &ferry__v1__client_heartbeat_request__descriptor,
-     &ferry__v1__client_heartbeat_response__descriptor, op_client},
+     &ferry__v1__client_heartbeat_response__descriptor, op_client,
+     8 << 20},
     {"/ferry.v1.Dispatcher/WorkerHeartbeat",
      &ferry__v1__worker_heartbeat_request__descriptor,
-     &ferry__v1__worker_heartbeat_response__descriptor, op_worker},
+     &ferry__v1__worker_heartbeat_response__descriptor, op_worker,
+     64 << 20},
     {"/ferry.v1.Dispatcher/GetStatus",
      &ferry__v1__get_status_request__descriptor,
-     &ferry__v1__get_status_response__descriptor, op_status},
+     &ferry__v1__get_status_response__descriptor, op_status, 4 << 10},
 };
 
 /* Packs the response into one buffer and answers the call. */
@@ -313,6 +317,13 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   }
   if (authorize(svc, call, b->method) != 0)
     return;
+  /* Each method's requests are bounded in bytes before they are parsed
+   * (the fields inside are bounded again by the state machine). */
+  if (len > m->max_request) {
+    ferry_rpc_reply_error(call, FERRY_RPC_RESOURCE_EXHAUSTED,
+                          "request larger than this method accepts");
+    return;
+  }
   ferry__disp_pb_allocator(&al);
   if ((rq = protobuf_c_message_unpack(m->req, &al, len, req)) == NULL) {
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,

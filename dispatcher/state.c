@@ -162,6 +162,7 @@ typedef struct dataset_s {
   scanned_t *scanned;     /* volatile, per file; NULL after a replay */
   uint32_t scan_per;      /* ... and the scan's records per split */
   int scan_compression;   /* ... and the spec's compression */
+  int64_t idle_since;     /* volatile: unused by any job since (-1: used) */
 } dataset_t;
 
 typedef struct row_s {
@@ -273,6 +274,8 @@ void ferry__disp_config_init(ferry_disp_config_t *cfg) {
   cfg->heartbeat_ms = 1000;
   cfg->max_record_len = FERRY_TFR_DEFAULT_MAX_RECORD;
   cfg->client_stall_ms = 30000;
+  cfg->roots = NULL;
+  cfg->max_datasets = 1024;
 }
 
 /* Appends one pointer to an array whose capacity is implied by its count:
@@ -556,6 +559,7 @@ static int apply_register(ferry_disp_t *d,
     ds->known_records += s->num_records;
   }
   ds->nsplits = (uint32_t)m->n_splits;
+  ds->idle_since = d->now;
   if (push_ptr((void ***)&d->ds, &d->nds, ds) != 0)
     goto nomem;
   return 0;
@@ -588,6 +592,7 @@ static int apply_create_job(ferry_disp_t *d,
   j->seed = m->seed;
   j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
   j->idle_since = -1;
+  ds->idle_since = -1;
   j->name = ferry__strdup(m->name);
   j->skipped_by_file = ferry__calloc(ds->nfiles, sizeof(uint64_t));
   if (j->name == NULL || j->skipped_by_file == NULL ||
@@ -865,18 +870,47 @@ static int apply_skipped(ferry_disp_t *d, const Ferry__V1__JournalSkipped *m,
   return 0;
 }
 
+/* True when a job still reads the dataset. */
+static bool dataset_used(const ferry_disp_t *d, const dataset_t *ds) {
+  for (size_t i = 0; i < d->njobs; i++)
+    if (d->jobs[i]->ds == ds)
+      return true;
+  return false;
+}
+
 static int apply_job_gc(ferry_disp_t *d, const Ferry__V1__JournalJobGC *m,
                         ferry_error_t *err) {
   for (size_t i = 0; i < d->njobs; i++) {
     if (d->jobs[i]->id != m->job_id)
       continue;
+    dataset_t *ds = d->jobs[i]->ds;
     free_job(d->jobs[i]);
     memmove(&d->jobs[i], &d->jobs[i + 1],
             (d->njobs - i - 1) * sizeof(job_t *));
     d->njobs--;
+    if (!dataset_used(d, ds))
+      ds->idle_since = d->now;
     return 0;
   }
   return bad_entry(err, "job", m->job_id);
+}
+
+static int apply_dataset_gc(ferry_disp_t *d,
+                            const Ferry__V1__JournalDatasetGC *m,
+                            ferry_error_t *err) {
+  for (size_t i = 0; i < d->nds; i++) {
+    if (strcmp(d->ds[i]->id, m->dataset_id) != 0)
+      continue;
+    if (dataset_used(d, d->ds[i]))
+      break;
+    free_dataset(d->ds[i]);
+    memmove(&d->ds[i], &d->ds[i + 1], (d->nds - i - 1) * sizeof(dataset_t *));
+    d->nds--;
+    return 0;
+  }
+  return ferry__seterr(err, FERRY_EINVAL,
+                       "journal entry does not fit the state: dataset %s "
+                       "collected while unknown or in use", m->dataset_id);
 }
 
 static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,
@@ -919,6 +953,8 @@ static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
     return apply_job_gc(d, e->job_gc, err);
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_BOOT:
     return apply_boot(d, e->boot, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_DATASET_GC:
+    return apply_dataset_gc(d, e->dataset_gc, err);
   default:
     return ferry__seterr(err, FERRY_EINVAL, "journal entry of unknown kind %d",
                          (int)e->entry_case);
@@ -981,6 +1017,9 @@ void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms) {
     for (uint32_t r = 0; r < j->nrows; r++)
       j->rows[r].worker = 0;
   }
+  for (size_t i = 0; i < d->nds; i++)
+    if (d->ds[i]->idle_since >= 0)
+      d->ds[i]->idle_since = now_ms;
 }
 
 int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err) {
@@ -1037,9 +1076,65 @@ static int emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
   return commit(d, &e, err);
 }
 
+/* Length of the valid UTF-8 sequence at s (1 to 4), or 0. */
+static size_t utf8_char(const unsigned char *s) {
+  if (s[0] < 0x80)
+    return 1;
+  if (s[0] >= 0xc2 && s[0] <= 0xdf)
+    return (s[1] & 0xc0) == 0x80 ? 2 : 0;
+  if (s[0] >= 0xe0 && s[0] <= 0xef) {
+    if ((s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 ||
+        (s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f))
+      return 0;
+    return 3;
+  }
+  if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+    if ((s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 ||
+        (s[3] & 0xc0) != 0x80 || (s[0] == 0xf0 && s[1] < 0x90) ||
+        (s[0] == 0xf4 && s[1] > 0x8f))
+      return 0;
+    return 4;
+  }
+  return 0;
+}
+
+/* True when s is valid UTF-8: proto3 `string` fields must be, or every
+ * reader of a message that echoes them (GetStatus) refuses it. */
+static bool utf8_valid(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p != '\0';) {
+    size_t n = utf8_char(p);
+    if (n == 0)
+      return false;
+    p += n;
+  }
+  return true;
+}
+
+/* A copy of `s` with every byte that is not valid UTF-8 replaced by '?'
+ * (a worker's error text may carry a file name in another encoding). */
+static void utf8_clean(const char *s, char *out, size_t cap) {
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)s;
+       *p != '\0' && o + 5 < cap;) {
+    size_t n = utf8_char(p);
+    if (n == 0) {
+      out[o++] = '?';
+      p++;
+    } else {
+      memcpy(out + o, p, n);
+      o += n;
+      p += n;
+    }
+  }
+  out[o] = '\0';
+}
+
 static int emit_job_failed(ferry_disp_t *d, job_t *j, int code,
                            const char *msg) {
   Ferry__V1__JournalJobFailed m = FERRY__V1__JOURNAL_JOB_FAILED__INIT;
+  char clean[FERRY_DISP_MAX_ERROR_LEN + 8];
+  utf8_clean(msg, clean, sizeof(clean));
+  msg = clean;
   m.job_id = j->id;
   m.error_code = code;
   m.error = (char *)msg;
@@ -1180,6 +1275,24 @@ static void bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
 }
 
 /* ---- RegisterDataset ---------------------------------------------------- */
+
+/* FERRY_EINVAL when `s` is longer than `max` bytes, or (`utf8`) not
+ * valid UTF-8 (no request field is quoted back: it may be huge). */
+static int check_str(const char *s, size_t max, bool utf8, const char *what,
+                     ferry_error_t *err) {
+  size_t n = s != NULL ? strnlen(s, max + 1) : 0;
+  if (n > max)
+    return ferry__seterr(err, FERRY_EINVAL, "%s is longer than %zu bytes",
+                         what, max);
+  if (utf8 && s != NULL && !utf8_valid(s))
+    return ferry__seterr(err, FERRY_EINVAL, "%s is not valid UTF-8", what);
+  return 0;
+}
+
+static int check_len(const char *s, size_t max, const char *what,
+                     ferry_error_t *err) {
+  return check_str(s, max, true, what, err);
+}
 
 typedef struct splits_s {
   split_t *v;
@@ -1398,11 +1511,17 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
   ferry_tfr_index_entry_t *idx = NULL;
   size_t nidx = 0;
   ssize_t n;
-  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO or device named by a spec must not block the
+   * loop thread in open(); only regular files are scanned. */
+  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 
   if (fd < 0)
     return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                          strerror(errno));
+  if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    close(fd);
+    return ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
+  }
   if (fstat(fd, &st) != 0 ||
       (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0) {
     rc = ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
@@ -1516,8 +1635,26 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
   int rc;
 
   d->now = now_ms;
+  if (req->records_per_split > (1u << 24))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "records_per_split %u is over %u",
+                         req->records_per_split, 1u << 24);
   if ((rc = request_spec(req->spec, &spec, err)) != 0)
     return rc;
+  if (spec.n_patterns > FERRY_DISP_MAX_PATTERNS) {
+    rc = ferry__seterr(err, FERRY_EINVAL, "spec: over %d file patterns",
+                       FERRY_DISP_MAX_PATTERNS);
+    goto out;
+  }
+  for (size_t i = 0; i < spec.n_patterns; i++)
+    if ((rc = check_len(spec.patterns[i], FERRY_DISP_MAX_PATTERN_LEN,
+                        "a file pattern", err)) != 0)
+      goto out;
+  if ((rc = check_len(spec.image_key, FERRY_DISP_MAX_NAME_LEN, "image key",
+                      err)) != 0 ||
+      (rc = check_len(spec.label_key, FERRY_DISP_MAX_NAME_LEN, "label key",
+                      err)) != 0)
+    goto out;
   if ((rc = ferry_spec_pack(&spec, &canon, &clen)) != 0) {
     ferry__seterr(err, rc, "pipeline spec: %s", ferry_strerror(rc));
     goto out;
@@ -1527,8 +1664,37 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
     fill_register_resp(ds, resp);
     goto out;
   }
+  if (d->nds >= d->cfg.max_datasets) {
+    rc = ferry__seterr(err, FERRY_ENOSPC,
+                       "the dispatcher holds %zu datasets (its limit); a "
+                       "dataset no job uses is dropped after --job-gc-ms",
+                       d->nds);
+    goto out;
+  }
+  /* Data roots: the patterns before they are expanded (a glob must not
+   * probe outside the roots), then every file they name. */
+  for (size_t i = 0; i < spec.n_patterns; i++)
+    if ((rc = ferry_roots_check_pattern(d->cfg.roots, spec.patterns[i],
+                                        err)) != 0)
+      goto out;
   if ((rc = ferry_spec_expand_files(&spec, &files, &nfiles, err)) != 0)
     goto out;
+  if (nfiles > FERRY_DISP_MAX_FILES) {
+    rc = ferry__seterr(err, FERRY_EINVAL, "%s: over %d files",
+                       spec.patterns[0], FERRY_DISP_MAX_FILES);
+    goto out;
+  }
+  for (size_t i = 0; i < nfiles; i++)
+    if ((rc = ferry_roots_check(d->cfg.roots, files[i], err)) != 0)
+      goto out;
+  /* File names travel in `string` fields (Task.file, the status). */
+  for (size_t i = 0; i < nfiles; i++)
+    if (!utf8_valid(files[i])) {
+      rc = ferry__seterr(err, FERRY_EINVAL,
+                         "%s: a file it names has a name that is not valid "
+                         "UTF-8", spec.patterns[0]);
+      goto out;
+    }
   if ((scanned = ferry__calloc(nfiles ? nfiles : 1, sizeof(*scanned))) ==
       NULL) {
     rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
@@ -1638,6 +1804,11 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   int rc;
 
   d->now = now_ms;
+  if ((rc = check_len(req->dataset_id, FERRY_DISP_MAX_NAME_LEN, "dataset_id",
+                      err)) != 0 ||
+      (rc = check_len(o->job_name, FERRY_DISP_MAX_NAME_LEN, "job_name",
+                      err)) != 0)
+    return rc;
   if (ds == NULL)
     return ferry__seterr(err, FERRY_ENOENT, "dataset %s is not registered",
                          req->dataset_id);
@@ -1704,6 +1875,12 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
     if (row == NULL || row->client != client || row->done)
       continue;
     /* A client never acknowledges more than the split holds. */
+    if (row->total_known && p->delivered > row->total)
+      FERRY_LOG(FERRY_LOG_WARN,
+                "job %" PRIu64 ": client %" PRIu64 " reports %" PRIu64
+                " records of epoch %u split %u, which holds %" PRIu64
+                ": counted as %" PRIu64, j->id, client, p->delivered,
+                j->epoch, row->split, row->total, row->total);
     v = row->total_known && p->delivered > row->total ? row->total
                                                        : p->delivered;
     if (v <= row->delivered)
@@ -1876,6 +2053,12 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
   int rc;
 
   d->now = now_ms;
+  if (req->n_progress > FERRY_DISP_MAX_PROGRESS ||
+      req->want_splits > FERRY_DISP_MAX_WANT)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client heartbeat: over %d progress entries or %d "
+                         "splits wanted", FERRY_DISP_MAX_PROGRESS,
+                         FERRY_DISP_MAX_WANT);
   if (j == NULL)
     return ferry__seterr(err, FERRY_ENOENT, "job %" PRIu64 " not found",
                          req->job_id);
@@ -2147,8 +2330,23 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
                                  ferry_arena_t *a, int64_t now_ms,
                                  ferry_error_t *err) {
   worker_t *w;
+  int rc;
 
   d->now = now_ms;
+  if ((rc = check_len(req->address, FERRY_DISP_MAX_ADDRESS_LEN,
+                      "worker address", err)) != 0)
+    return rc;
+  if (req->address == NULL || req->address[0] == '\0')
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: no address");
+  if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "worker heartbeat: over %d tasks",
+                         FERRY_DISP_MAX_PROGRESS);
+  /* A task's error is cleaned of invalid UTF-8 when it is recorded. */
+  for (size_t i = 0; i < req->n_tasks; i++)
+    if ((rc = check_str(req->tasks[i]->error, FERRY_DISP_MAX_ERROR_LEN,
+                        false, "a task's error", err)) != 0)
+      return rc;
   if ((w = worker_for_heartbeat(d, req, err)) == NULL)
     return err != NULL && err->code != 0 ? err->code : FERRY_ENOMEM;
   w->last_hb = now_ms;
@@ -2252,11 +2450,31 @@ static void collect_jobs(ferry_disp_t *d) {
   }
 }
 
+/* Datasets no job used for job_gc_ms. */
+static void collect_datasets(ferry_disp_t *d) {
+  size_t i = d->nds;
+  while (i-- > 0) {
+    dataset_t *ds = d->ds[i];
+    Ferry__V1__JournalDatasetGC m = FERRY__V1__JOURNAL_DATASET_GC__INIT;
+    if (ds->idle_since < 0 || d->now - ds->idle_since < d->cfg.job_gc_ms ||
+        dataset_used(d, ds))
+      continue;
+    char id[FERRY_DISP_MAX_NAME_LEN + 1];
+    /* A copy: the entry is serialized after it is applied (freed). */
+    snprintf(id, sizeof(id), "%s", ds->id);
+    FERRY_LOG(FERRY_LOG_INFO, "dataset %s garbage-collected", id);
+    m.dataset_id = id;
+    ENTRY(e, DATASET_GC, dataset_gc, m);
+    commit(d, &e, NULL);
+  }
+}
+
 void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms) {
   d->now = now_ms;
   expire_workers(d);
   expire_clients(d);
   collect_jobs(d);
+  collect_datasets(d);
   schedule(d);
 }
 

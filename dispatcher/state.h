@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "ferry/error.h"
+#include "ferry/roots.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 
 /* ---- Arena: response memory freed in one go ---------------------------- */
@@ -51,7 +52,24 @@ typedef struct ferry_disp_config_s {
    * without taking one (the worker's TaskProgress.stalled_ms) stops being
    * renewed and loses its splits after client_timeout_ms; 0: never. */
   int64_t client_stall_ms;
+  /* The directories datasets may be read from (not owned; NULL or empty:
+   * any file). */
+  const ferry_roots_t *roots;
+  uint32_t max_datasets; /* registered at once (RESOURCE_EXHAUSTED past it);
+                          * unused ones go after job_gc_ms */
 } ferry_disp_config_t;
+
+/* Bounds on every request, checked before anything changes (issue 8;
+ * docs/PROTOCOL.md lists them). */
+#define FERRY_DISP_MAX_PATTERNS 64      /* patterns in a spec */
+#define FERRY_DISP_MAX_PATTERN_LEN 4096 /* bytes of one pattern */
+#define FERRY_DISP_MAX_FILES 100000     /* files a spec expands to */
+#define FERRY_DISP_MAX_NAME_LEN 256     /* job names, dataset ids */
+#define FERRY_DISP_MAX_ADDRESS_LEN 256  /* a worker's address */
+#define FERRY_DISP_MAX_PROGRESS 65536   /* SplitProgress / TaskProgress
+                                           entries in one heartbeat */
+#define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */
+#define FERRY_DISP_MAX_ERROR_LEN 4096   /* a task's error text */
 
 /* Fills `cfg` with the defaults (10 s, 10 s, 60 s, 1024, 1000 ms,
  * FERRY_TFR_DEFAULT_MAX_RECORD, 30 s). */

@@ -36,6 +36,9 @@ static const ferry_option_t table[] = {
      NULL, 0, 0, NULL,
      "directory of the unlinked files shuffled GZIP/ZLIB shards are inflated "
      "into (default: $TMPDIR, else /tmp)"},
+    {"data-root", FERRY_OPT_LIST, offsetof(ferry__wconfig_t, data_roots),
+     NULL, 0, 0, NULL,
+     "a directory datasets may be read from (repeatable; none: any file)"},
     {"tls-cert", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, tls_cert), NULL,
      0, 0, NULL,
      "PEM certificate chain: serve TLS (re-read when it changes or on "

@@ -433,6 +433,15 @@ int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,
   return 0;
 }
 
+int ferry__wtasks_set_roots(ferry__wtasks_t *t, const char *list,
+                            ferry_error_t *err) {
+  ferry_roots_close(&t->roots);
+  int rc = ferry_roots_init(&t->roots, list, err);
+  if (rc != 0)
+    ferry_roots_close(&t->roots);
+  return rc;
+}
+
 int ferry__wtasks_set_spill_dir(ferry__wtasks_t *t, const char *dir) {
   char *copy = NULL;
   if (dir != NULL && dir[0] != '\0' && (copy = ferry__strdup(dir)) == NULL)
@@ -1170,11 +1179,10 @@ static int read_back(run_t *r, const struct rec_ref *ref) {
     if (stored != computed)
       return ferry__seterr(&r->err, FERRY_EDATACRC,
                            "%s: record %llu at byte offset %llu: record data "
-                           "CRC mismatch on reading it again (stored 0x%08x, "
-                           "computed 0x%08x): the file changed while the "
-                           "worker read it",
+                           "CRC mismatch on reading it again: the file "
+                           "changed while the worker read it",
                            k->file, (unsigned long long)ref->index,
-                           (unsigned long long)ref->offset, stored, computed);
+                           (unsigned long long)ref->offset);
   }
   return 0;
 }
@@ -1277,6 +1285,12 @@ static int run_begin(run_t *r) {
   o.start_offset = k->byte_offset;
   o.start_index = k->first_record;
   o.max_records = k->num_records;
+  /* The dispatcher checked the roots at registration; check again here,
+   * where the file is opened (a forged or stale task, a symlink that
+   * moved). */
+  int rc = ferry_roots_check(&r->th->t->roots, k->file, &r->err);
+  if (rc != 0)
+    return rc;
   return ferry_tfr_reader_open(k->file, &o, &ru->rd, &r->err);
 }
 
@@ -1476,6 +1490,7 @@ void ferry__wtasks_close(ferry__wtasks_t *t) {
   pipes_trim(t, 0);
   ferry__free(t->spill_dir);
   t->spill_dir = NULL;
+  ferry_roots_close(&t->roots);
   pthread_cond_destroy(&t->cv);
   pthread_mutex_destroy(&t->lock);
 }

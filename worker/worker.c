@@ -141,6 +141,11 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
                          ferry__winbox_push, w) != 0 ||
       ferry__wtasks_set_spill_dir(&w->tasks, cfg->spill_dir) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if ((rc = ferry__wtasks_set_roots(&w->tasks, cfg->data_roots, err)) != 0)
+    return rc;
+  if (ferry_roots_open(&w->tasks.roots))
+    FERRY_LOG(FERRY_LOG_WARN, "no --data-root: tasks may read any file this "
+              "worker can open");
   if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {
     w->tasks.on_end = ferry__whb_task_ended;
     w->tasks.end_arg = w;

@@ -47,6 +47,7 @@
 
 #include "ferry/error.h"
 #include "ferry/pipeline.h"
+#include "ferry/roots.h"
 #include "ferry/rpc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
@@ -65,6 +66,7 @@ typedef struct ferry__wconfig_s {
   int64_t heartbeat_ms;
   uint64_t chunk_bytes;  /* target chunk payload size */
   char *spill_dir;       /* shuffled compressed shards; NULL: $TMPDIR */
+  char *data_roots;      /* --data-root, one per line; NULL: any file */
   char *config;
   int log_level;
   bool help;
@@ -272,6 +274,7 @@ typedef struct ferry__wtasks_s {
   ferry__wtask_t *qhead, *qtail;
   ferry__wtask_t *parked;  /* parked tasks (linked by qnext) */
   char *spill_dir;         /* owned copy; NULL: $TMPDIR or /tmp */
+  ferry_roots_t roots;     /* files a task may open (none: any) */
   ferry__wpipe_t *pipes;
   uint64_t next_pipe_id;
   atomic_bool stop;
@@ -335,6 +338,12 @@ void ferry__wtask_unref(ferry__wtask_t *task);
  * memory stays within --buffer-bytes plus 40 bytes per record of the
  * split (docs/ARCHITECTURE.md). */
 int ferry__wtasks_set_spill_dir(ferry__wtasks_t *t, const char *dir);
+
+/* Sets the data roots (`list`: one per line, NULL: none, any file); a
+ * task whose file resolves outside them fails with FERRY_EACCES before
+ * anything is opened. Returns 0 or FERRY_EINVAL naming a bad root. */
+int ferry__wtasks_set_roots(ferry__wtasks_t *t, const char *list,
+                            ferry_error_t *err);
 
 /* Runs one task to its end on the calling thread with `ctxs`, a thread's
  * ctx cache (exported for tests that drive a task without threads). Waits

@@ -289,6 +289,7 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
   ro.compression = compression_of_choice[o->compression];
   ro.on_skip = on_bad_record;
   ro.on_skip_arg = f;
+  ro.file_bytes_in_errors = true; /* the file's owner reads these */
 
   ferry_tfr_reader_t *r = NULL;
   int rc = ferry_tfr_reader_open(f->path, &ro, &r, &f->open_err);

@@ -144,6 +144,24 @@ static int set_one(const ferry_option_t *o, void *base, const char *value,
     *(char **)field = copy;
     return 0;
   }
+  case FERRY_OPT_LIST: {
+    char **list = (char **)field;
+    if (value == NULL) {
+      ferry__free(*list);
+      *list = NULL;
+      return 0;
+    }
+    size_t old = *list != NULL ? strlen(*list) : 0, add = strlen(value);
+    char *grown = ferry__realloc(*list, old + add + 2);
+    if (grown == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "option '%s': out of memory",
+                           o->name);
+    if (old > 0)
+      grown[old++] = '\n';
+    memcpy(grown + old, value, add + 1);
+    *list = grown;
+    return 0;
+  }
   case FERRY_OPT_ENUM: {
     int i = choice_index(o->choices, v);
     if (i < 0)
@@ -164,7 +182,7 @@ int ferry_options_defaults(const ferry_option_t *t, size_t n, void *base,
     const char *def = t[i].def;
     int rc;
     if (def == NULL) {
-      if (t[i].type == FERRY_OPT_STRING) {
+      if (t[i].type == FERRY_OPT_STRING || t[i].type == FERRY_OPT_LIST) {
         ferry__free(*(char **)((char *)base + t[i].offset));
         *(char **)((char *)base + t[i].offset) = NULL;
         continue;
@@ -298,6 +316,7 @@ static const char *type_hint(const ferry_option_t *o) {
   case FERRY_OPT_DOUBLE: return " X";
   case FERRY_OPT_STRING: return " STR";
   case FERRY_OPT_ENUM: return " CHOICE";
+  case FERRY_OPT_LIST: return " STR (repeatable)";
   }
   return "";
 }
@@ -320,7 +339,7 @@ void ferry_options_help(const ferry_option_t *t, size_t n, FILE *out) {
 
 void ferry_options_free(const ferry_option_t *t, size_t n, void *base) {
   for (size_t i = 0; i < n; i++) {
-    if (t[i].type == FERRY_OPT_STRING) {
+    if (t[i].type == FERRY_OPT_STRING || t[i].type == FERRY_OPT_LIST) {
       char **field = (char **)((char *)base + t[i].offset);
       ferry__free(*field);
       *field = NULL;

@@ -259,38 +259,19 @@ void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
   memcpy(seconds, ctx->t, sizeof(ctx->t));
 }
 
-/* FERRY_ENOFEATURE for `key`, listing the record's keys (briefly) so that
- * a misspelt key or a dataset of another layout is obvious. */
+/* FERRY_ENOFEATURE for `key`. The record's own keys are bytes of the file
+ * and errors travel to remote callers (issue 8), so the message gives
+ * their count and the tool that lists them, not the keys. */
 static int missing_feature(const ferry_example_t *ex, const char *key,
                            ferry_error_t *err) {
-  char keys[200];
-  size_t used = 0;
-
-  keys[0] = '\0';
-  for (size_t i = 0; i < ex->n && used + 1 < sizeof(keys); i++) {
-    const ferry_feature_t *f = &ex->features[i];
-    int klen = f->key_len > 40 ? 40 : (int)f->key_len;
-    int n = snprintf(keys + used, sizeof(keys) - used, "%s'%.*s'%s",
-                     i > 0 ? ", " : "", klen, f->key,
-                     f->key_len > 40 ? "..." : "");
-    if (n < 0 || (size_t)n >= sizeof(keys) - used) {
-      /* Cut: end with an ellipsis that fits. */
-      memcpy(keys + sizeof(keys) - 5, "...", 4);
-      break;
-    }
-    used += (size_t)n;
-  }
-  /* Keys come from the record: keep control bytes out of the message. */
-  for (size_t i = 0; keys[i] != '\0'; i++)
-    if ((unsigned char)keys[i] < 0x20 || keys[i] == 0x7f)
-      keys[i] = '?';
   if (ex->n == 0)
     return ferry__seterr(err, FERRY_ENOFEATURE,
                          "missing feature '%s' (the record has no features)",
                          key);
   return ferry__seterr(err, FERRY_ENOFEATURE,
-                       "missing feature '%s' (the record has %s)", key,
-                       keys);
+                       "missing feature '%s' (the record has %zu other "
+                       "features: `ferryctl records inspect` lists them)",
+                       key, ex->n);
 }
 
 /* Decodes the JPEG at src into ctx->buf[0], growing it to the image's

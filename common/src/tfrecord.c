@@ -548,7 +548,9 @@ int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
   int fd, code;
 
   *out = NULL;
-  fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO (or a device) named by a spec must not
+   * block; anything but a regular file is refused below. */
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     code = ferry_err_from_errno(errno);
     return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
@@ -634,6 +636,10 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
   /* The length CRC is checked even when verify_crc is off: a length that
    * is not checked must never be used to allocate or to seek. */
   computed = ferry_crc32c_mask(ferry_crc32c(0, b, 8));
+  if (stored != computed && !r->opts.file_bytes_in_errors)
+    return ferry__seterr(err, FERRY_ELENCRC,
+                         AT "record length CRC mismatch",
+                         r->name, r->next_index, r->pos);
   if (stored != computed)
     return ferry__seterr(err, FERRY_ELENCRC,
                          AT "record length CRC mismatch (stored 0x%08" PRIx32
@@ -641,6 +647,12 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
                             ")",
                          r->name, r->next_index, r->pos, stored, computed,
                          len);
+  if ((len > r->opts.max_record_len || len > SIZE_MAX - FRAMING_LEN) &&
+      !r->opts.file_bytes_in_errors)
+    return ferry__seterr(err, FERRY_ETOOLONG,
+                         AT "record length is over the maximum %" PRIu64,
+                         r->name, r->next_index, r->pos,
+                         r->opts.max_record_len);
   if (len > r->opts.max_record_len || len > SIZE_MAX - FRAMING_LEN)
     return ferry__seterr(err, FERRY_ETOOLONG,
                          AT "record length %" PRIu64
@@ -663,6 +675,10 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
     computed = ferry_crc32c_mask(ferry_crc32c(0, b + HEADER_LEN, len));
     if (stored != computed) {
       r->bad_len = len;
+      if (!r->opts.file_bytes_in_errors)
+        return ferry__seterr(err, FERRY_EDATACRC,
+                             AT "record data CRC mismatch", r->name,
+                             r->next_index, r->pos);
       return ferry__seterr(err, FERRY_EDATACRC,
                            AT "record data CRC mismatch (stored 0x%08" PRIx32
                               ", computed 0x%08" PRIx32 ")",

@@ -1552,6 +1552,174 @@ Test(dispatcher, stalled_stream_fences_then_expires_the_client) {
   cr_assert_eq(c->incarnation, 1);
 }
 
+/* ---- Hostile specs (issue 8) -------------------------------------------- */
+
+/* A FIFO named by a spec fails the registration at once, naming it; the
+ * scan never blocks in open() (the loop thread would freeze). */
+Test(dispatcher, fifo_in_a_spec_is_refused_without_blocking,
+     .timeout = 10) {
+  char path[128], spec[256];
+  Ferry__V1__RegisterDatasetResponse *r;
+  ferry_error_t err = {0};
+  D = fx_state(1000, 1000, 1000, 10);
+  snprintf(path, sizeof(path), "%s/p.tfrecord", fx_dir);
+  cr_assert_eq(mkfifo(path, 0600), 0);
+  snprintf(spec, sizeof(spec), "tfrecord(\"%s\") | decode(raw, 1, 1, 1)",
+           path);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "p.tfrecord: not a regular file") != NULL, "%s",
+            err.msg);
+}
+
+/* A state whose config names `root` as its only data root. */
+static ferry_roots_t roots;
+static ferry_disp_t *rooted_state(const char *root) {
+  ferry_disp_config_t cfg;
+  ferry_error_t err = {0};
+  ferry_disp_t *d;
+  cr_assert_eq(ferry_roots_init(&roots, root, &err), 0, "%s", err.msg);
+  ferry__disp_config_init(&cfg);
+  cfg.records_per_split = 10;
+  cfg.roots = &roots;
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &d), 0);
+  return d;
+}
+
+static int reg_text(const char *pattern, ferry_error_t *err) {
+  char spec[512];
+  Ferry__V1__RegisterDatasetResponse *r;
+  snprintf(spec, sizeof(spec), "tfrecord(\"%s\") | decode(raw, 1, 1, 1)",
+           pattern);
+  return fx_register(D, spec, 0, &r, 0, err);
+}
+
+/* Data roots: a spec whose file or glob resolves outside every root is
+ * refused before anything outside is opened or listed, with the same
+ * answer whether or not the files exist (no glob oracle); a symlink
+ * inside a root that points out is refused too. */
+Test(dispatcher, data_roots_refuse_files_outside_and_answer_globs_alike) {
+  char root[128], inside[160], link[160], pat[200];
+  ferry_error_t e1 = {0}, e2 = {0}, e3 = {0};
+  snprintf(root, sizeof(root), "%s/root", fx_dir);
+  cr_assert_eq(mkdir(root, 0755), 0);
+  D = rooted_state(root);
+  fx_write("root/d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  snprintf(inside, sizeof(inside), "%s/d.tfrecord", root);
+  cr_assert_eq(reg_text(inside, &e1), 0, "%s", e1.msg);
+
+  cr_assert_eq(reg_text("/etc/passwd", &e1), FERRY_EACCES);
+  cr_assert(strstr(e1.msg, "/etc/passwd is outside every --data-root") !=
+                NULL, "%s", e1.msg);
+  /* The glob oracle: matching and non-matching patterns answer alike. */
+  cr_assert_eq(reg_text("/etc/pass[w-z]*", &e2), FERRY_EACCES);
+  cr_assert_eq(reg_text("/etc/pass[a-v]*", &e3), FERRY_EACCES);
+  cr_assert(strstr(e2.msg, "outside every --data-root") != NULL &&
+                strstr(e3.msg, "outside every --data-root") != NULL,
+            "%s / %s", e2.msg, e3.msg);
+  cr_assert_eq(reg_text("/no/such/dir/*.tfrecord", &e3), FERRY_EACCES);
+  /* `..` out of the root. */
+  snprintf(pat, sizeof(pat), "%s/../d.tfrecord", root);
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  cr_assert_eq(reg_text(pat, &e1), FERRY_EACCES, "%s", e1.msg);
+  /* A symlink inside the root to a file outside it. */
+  snprintf(link, sizeof(link), "%s/evil.tfrecord", root);
+  cr_assert_eq(symlink("/etc/passwd", link), 0);
+  cr_assert_eq(reg_text(link, &e1), FERRY_EACCES, "%s", e1.msg);
+  snprintf(pat, sizeof(pat), "%s/*.tfrecord", root);
+  cr_assert_eq(reg_text(pat, &e1), FERRY_EACCES, "%s", e1.msg);
+  cr_assert(strstr(e1.msg, "evil.tfrecord is outside") != NULL, "%s",
+            e1.msg);
+  ferry_roots_close(&roots);
+}
+
+/* Every string and repeated field of a request is bounded before anything
+ * changes: a 10 MB worker address, a huge job name, too many progress
+ * entries are refused and leave no trace (no worker, no entry). */
+Test(dispatcher, oversized_requests_are_refused_before_any_change) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatRequest wq =
+      FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__WorkerHeartbeatResponse wr =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  ferry_error_t err = {0};
+  size_t before = fx_entries.n;
+  char *huge = malloc(10 << 20);
+  memset(huge, 'a', (10 << 20) - 1);
+  huge[(10 << 20) - 1] = '\0';
+  wq.address = huge;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 0, &err),
+               FERRY_EINVAL);
+  cr_assert(strlen(err.msg) < 200, "the address is not echoed");
+  cr_assert_eq(fx_status(D, 0)->n_workers, 0);
+  cr_assert_eq(fx_entries.n, before, "nothing journaled");
+
+  Ferry__V1__GetOrCreateJobRequest jq =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions jo = FERRY__V1__JOB_OPTIONS__INIT;
+  Ferry__V1__GetOrCreateJobResponse jr =
+      FERRY__V1__GET_OR_CREATE_JOB_RESPONSE__INIT;
+  jq.dataset_id = (char *)id;
+  jq.options = &jo;
+  jo.job_name = huge;
+  cr_assert_eq(ferry__disp_get_or_create_job(D, &jq, &jr, &fx_arena, 0, &err),
+               FERRY_EINVAL);
+  cr_assert_eq(fx_status(D, 0)->n_jobs, 0);
+  free(huge);
+
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatRequest cq =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse cr =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  cq.job_id = j->job_id;
+  cq.client_id = j->client_id;
+  cq.want_splits = FERRY_DISP_MAX_WANT + 1;
+  before = fx_entries.n;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &cq, &cr, &fx_arena, 0, &err),
+               FERRY_EINVAL);
+  cr_assert_eq(fx_entries.n, before);
+}
+
+/* Datasets are bounded in number and collected once no job has used them
+ * for --job-gc-ms (the job's own GC first). */
+Test(dispatcher, datasets_are_bounded_and_collected) {
+  ferry_disp_config_t cfg;
+  ferry_error_t err = {0};
+  char spec[256];
+  Ferry__V1__RegisterDatasetResponse *r;
+  ferry__disp_config_init(&cfg);
+  cfg.records_per_split = 10;
+  cfg.job_gc_ms = 1000;
+  cfg.max_datasets = 3;
+  D = fx_state(1000, 1000, 1000, 10);
+  ferry__disp_free(D);
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &D), 0);
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  for (int k = 1; k <= 3; k++) {
+    snprintf(spec, sizeof(spec),
+             "tfrecord(\"%s/d.tfrecord\") | decode(raw, 1, 1, %d)", fx_dir, k);
+    cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), 0, "%s", err.msg);
+  }
+  const char *used = r->dataset_id;
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/d.tfrecord\") | decode(raw, 1, 1, 9)", fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), FERRY_ENOSPC);
+  cr_assert(strstr(err.msg, "holds 3 datasets") != NULL, "%s", err.msg);
+  /* A job uses the third one: the other two go after 1 s, it stays. */
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, used, "", DIST, 1, FAIL,
+                                                10);
+  ferry__disp_tick(D, 1500);
+  cr_assert_eq(fx_status(D, 1500)->datasets, 1);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 1500, &err), 0, "%s", err.msg);
+  /* The job's client leaves: the job goes after 1 s, its dataset 1 s
+   * later. */
+  fx_client(D, j->job_id, j->client_id, 0, NULL, 0, true, 1600);
+  ferry__disp_tick(D, 2700);
+  cr_assert_eq(fx_status(D, 2700)->n_jobs, 0);
+  ferry__disp_tick(D, 3800);
+  cr_assert_eq(fx_status(D, 3800)->datasets, 0);
+}
+
 /* Issue 8: a ClientHeartbeat must carry the secret GetOrCreateJob gave its
  * client; the worker's Task carries it; a replayed journal keeps it. */
 Test(dispatcher, client_secret_checked_and_kept_by_the_journal) {
@@ -1617,4 +1785,37 @@ Test(dispatcher, client_secret_checked_and_kept_by_the_journal) {
                FERRY_EACCES, "replayed: a wrong secret");
   fx_client(r, j->job_id, j->client_id, 1, NULL, 0, false, 60);
   ferry__disp_free(r);
+}
+
+/* proto3 `string` fields must hold UTF-8, or every reader of GetStatus
+ * refuses the answer (found by the grpcio RPC fuzz: a worker address of
+ * random bytes broke `ferryctl status` for everyone): identifiers that are
+ * not UTF-8 are refused, error text is cleaned. */
+Test(dispatcher, strings_that_are_not_utf8_are_refused_or_cleaned) {
+  const char *id = dataset(2);
+  ferry_error_t err = {0};
+  Ferry__V1__WorkerHeartbeatRequest wq =
+      FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__WorkerHeartbeatResponse wr =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  wq.address = (char *)"host\xff\xfe:1";
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 0, &err),
+               FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "not valid UTF-8") != NULL, "%s", err.msg);
+  cr_assert_eq(fx_status(D, 0)->n_workers, 0);
+
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 0);
+  fx_task_t t = TASK(j->job_id, 0, c->assignments[0]->split,
+                     c->assignments[0]->lease);
+  t.error_code = FERRY_EDATACRC;
+  t.error = "caf\xe9.tfrecord: record 1 at byte offset 9: bad";
+  fx_worker(D, w->worker_id, "w", &t, 1, false, 10);
+  Ferry__V1__GetStatusResponse *s = fx_status(D, 10);
+  cr_assert_eq(s->jobs[0]->state, FAILED);
+  cr_assert_str_eq(s->jobs[0]->error,
+                   "caf?.tfrecord: record 1 at byte offset 9: bad");
 }

@@ -162,3 +162,21 @@ Test(options, parse_size) {
   cr_assert_eq(ferry_parse_size("-1", &v), FERRY_EINVAL);
   cr_assert_eq(ferry_parse_size("", &v), FERRY_EINVAL);
 }
+
+/* A repeatable option (--data-root) keeps every value, one per line. */
+Test(options, list_option_keeps_every_value) {
+  struct lsettings {
+    char *roots;
+  } s = {0};
+  static const ferry_option_t lt[] = {
+      {"data-root", FERRY_OPT_LIST, offsetof(struct lsettings, roots), NULL,
+       0, 0, NULL, "a root"},
+  };
+  cr_assert_eq(ferry_options_defaults(lt, 1, &s, NULL), 0);
+  cr_assert_null(s.roots);
+  cr_assert_eq(ferry_options_set(lt, 1, &s, "data-root", "/a", NULL), 0);
+  cr_assert_eq(ferry_options_set(lt, 1, &s, "data-root", "/b c", NULL), 0);
+  cr_assert_str_eq(s.roots, "/a\n/b c");
+  ferry_options_free(lt, 1, &s);
+  cr_assert_null(s.roots);
+}

@@ -713,7 +713,17 @@ Test(tfrecord, bad_data_byte, .init = make_tmpdir, .fini = remove_tmpdir) {
   b[1 * BAD_REC + 12 + 50] ^= 0x80;
   spit3("data.tfrecord", b, len);
   both_policies("data.tfrecord", 1, FERRY_EDATACRC, BAD_REC, want, 4, 1);
-  /* The message gives both CRCs. */
+  /* By default the message quotes nothing read from the file... */
+  cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
+  cr_assert(strstr(err.msg, "data.tfrecord: record 1 at byte offset 116: "
+                            "record data CRC mismatch") != NULL,
+            "%s", err.msg);
+  cr_assert(strstr(err.msg, "0x") == NULL, "%s", err.msg);
+  ferry_tfr_reader_free(r);
+  /* ... and for the file's owner (ferryctl) it gives both CRCs. */
+  o.file_bytes_in_errors = true;
   cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
   cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
   cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
@@ -722,6 +732,7 @@ Test(tfrecord, bad_data_byte, .init = make_tmpdir, .fini = remove_tmpdir) {
             "%s", err.msg);
   cr_assert(strstr(err.msg, ", computed 0x") != NULL, "%s", err.msg);
   ferry_tfr_reader_free(r);
+  o.file_bytes_in_errors = false;
   /* With verification off the record comes back as it is. */
   o.verify_crc = false;
   cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
@@ -1343,4 +1354,51 @@ Test(tfrecord, file_rewritten_under_reader, .init = make_tmpdir,
   cr_assert(strstr(err.msg, "record 250 at byte offset") != NULL, "%s",
             err.msg);
   ferry_tfr_reader_free(r);
+}
+
+/* Issue 8: a spec naming a secret file must not read it back through the
+ * error text. A "record" whose header is text (here the first 12 bytes of
+ * a shadow-like line) fails its length CRC; the message names the file
+ * and offset but neither the length field nor either CRC. */
+Test(tfrecord, errors_quote_no_file_bytes, .init = make_tmpdir,
+     .fini = remove_tmpdir) {
+  const char *secret = "root:*:20228:0:99999:7:::\n";
+  ferry_tfr_options_t o;
+  ferry_tfr_reader_t *r;
+  ferry_record_t rec;
+  ferry_error_t err;
+  spit3("shadow", (const uint8_t *)secret, strlen(secret));
+  ferry_tfr_options_init(&o);
+  cr_assert_eq(ferry_tfr_reader_open(tpath("shadow"), &o, &r, &err), 0);
+  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
+  cr_assert(strstr(err.msg, "shadow: record 0 at byte offset 0: record "
+                            "length CRC mismatch") != NULL, "%s", err.msg);
+  /* The length field, as a number, and the stored CRC, in hex. */
+  uint64_t len = 0;
+  uint32_t stored = 0;
+  memcpy(&len, secret, 8);
+  memcpy(&stored, secret + 8, 4);
+  char num[32], hex[16];
+  snprintf(num, sizeof(num), "%" PRIu64, len);
+  snprintf(hex, sizeof(hex), "%08" PRIx32, stored);
+  cr_assert(strstr(err.msg, num) == NULL && strstr(err.msg, hex) == NULL &&
+                strstr(err.msg, "0x") == NULL,
+            "the message quotes file bytes: %s", err.msg);
+  ferry_tfr_reader_free(r);
+}
+
+/* A FIFO (or device) named as a shard is refused at once: opening it
+ * must not block the caller (the dispatcher's loop thread). */
+Test(tfrecord, fifo_is_refused_without_blocking, .init = make_tmpdir,
+     .fini = remove_tmpdir, .timeout = 10) {
+  ferry_tfr_options_t o;
+  ferry_tfr_reader_t *r = NULL;
+  ferry_error_t err;
+  cr_assert_eq(mkfifo(tpath("pipe"), 0600), 0);
+  ferry_tfr_options_init(&o);
+  cr_assert_eq(ferry_tfr_reader_open(tpath("pipe"), &o, &r, &err),
+               FERRY_EINVAL);
+  cr_assert_null(r);
+  cr_assert(strstr(err.msg, "pipe: not a regular file") != NULL, "%s",
+            err.msg);
 }

@@ -448,3 +448,31 @@ Test(tasks, backpressure_then_cancel, .timeout = 60) {
   rig_close(&r);
   wt_file_free(&f);
 }
+
+/* Data roots (issue 8): the worker checks a task's file against its roots
+ * before it opens it: a task for a file outside (forged, or a symlink
+ * that moved) fails naming the file, and nothing is read. */
+Test(tasks, a_file_outside_the_data_roots_is_not_opened) {
+  wt_file_t f;
+  wt_file_make(&f, 10, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  rig_t r;
+  ferry_error_t err = {0};
+  rig_init(&r, 64 << 20, 1 << 20);
+  char root[] = "/tmp/ferry-roots-XXXXXX";
+  cr_assert_not_null(mkdtemp(root));
+  cr_assert_eq(ferry__wtasks_set_roots(&r.tasks, root, &err), 0, "%s",
+               err.msg);
+  wt_task_t t;
+  wt_task(&t, &f, 0, 10, false);
+  run_here(&r, &t.task);
+  Ferry__V1__Chunk *m = r.sink.chunks[r.sink.n - 1];
+  cr_assert_eq(m->error_code, FERRY_EACCES, "%d: %s", m->error_code,
+               m->error);
+  cr_assert_not_null(strstr(m->error, "is outside every --data-root"), "%s",
+                     m->error);
+  ferry__wprogress_t p = progress(&r, &t.task);
+  cr_assert_eq(p.produced, 0);
+  rig_close(&r);
+  rmdir(root);
+  wt_file_free(&f);
+}

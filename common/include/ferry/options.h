@@ -17,7 +17,9 @@ typedef enum {
   FERRY_OPT_SIZE,   /* uint64_t;  with K/M/G/T suffix (powers of 1024) */
   FERRY_OPT_DOUBLE, /* double;    bounds min..max */
   FERRY_OPT_STRING, /* char *;    owned, freed by ferry_options_free */
-  FERRY_OPT_ENUM    /* int;       index into `choices` ("a|b|c") */
+  FERRY_OPT_ENUM,   /* int;       index into `choices` ("a|b|c") */
+  FERRY_OPT_LIST    /* char *;    repeatable: each value is appended, one
+                       per line; owned, freed by ferry_options_free */
 } ferry_opt_type_t;
 
 typedef struct ferry_option_s {

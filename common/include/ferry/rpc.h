@@ -43,6 +43,7 @@
 #define FERRY_RPC_INTERNAL 13
 #define FERRY_RPC_UNAVAILABLE 14
 #define FERRY_RPC_PERMISSION_DENIED 7
+#define FERRY_RPC_RESOURCE_EXHAUSTED 8
 #define FERRY_RPC_UNAUTHENTICATED 16
 
 /* Bytes of the secret the dispatcher gives each client of a job (issue 8):

@@ -45,6 +45,12 @@ typedef struct ferry_tfr_options_s {
   void (*on_skip)(const ferry_error_t *err, uint64_t offset, uint64_t index,
                   void *arg);
   void *on_skip_arg;
+  /* Errors may quote values read from the file (stored CRCs, length
+   * fields). Default false: errors name the file, record and byte offset
+   * only, since the daemons send them to remote callers (issue 8: a
+   * length field is 8 bytes of whatever file a spec names). ferryctl,
+   * run by the file's owner, turns it on. */
+  bool file_bytes_in_errors;
 } ferry_tfr_options_t;
 
 /* Fills `opts` with the defaults above. */
