@@ -41,7 +41,17 @@ static int op_worker(ferry_disp_service_t *svc, const void *req, void *resp,
 static int op_status(ferry_disp_service_t *svc, const void *req, void *resp,
                      ferry_arena_t *a, int64_t now, ferry_error_t *err) {
   int rc = ferry__disp_status(svc->state, svc->version, resp, a, now);
-  return rc ? ferry__seterr(err, rc, "out of memory") : 0;
+  if (rc != 0)
+    return ferry__seterr(err, rc, "out of memory");
+  /* A job's error names its files: only the status credential (and the
+   * job's own clients, through their heartbeats) may read it. */
+  if (!svc->call_sees_errors) {
+    Ferry__V1__GetStatusResponse *s = resp;
+    for (size_t i = 0; i < s->n_jobs; i++)
+      if (s->jobs[i]->error != NULL && s->jobs[i]->error[0] != '\0')
+        s->jobs[i]->error = (char *)"(hidden: needs the status credential)";
+  }
+  return 0;
 }
 
 static const method_t methods[] = {
@@ -269,11 +279,15 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
                      : role == ROLE_CLIENT ? svc->client_token
                                            : svc->status_token;
   size_t n;
-  const char *tok;
+  const char *tok = ferry_rpc_call_bearer(call, &n);
   bool w, c, st;
+  svc->call_sees_errors =
+      (svc->worker_token == NULL && svc->client_token == NULL &&
+       svc->status_token == NULL) ||
+      (tok != NULL && svc->status_token != NULL &&
+       ferry_rpc_token_equal(tok, n, svc->status_token));
   if (need == NULL)
     return 0;
-  tok = ferry_rpc_call_bearer(call, &n);
   /* Every configured token is compared, whatever matches first. */
   w = tok != NULL && svc->worker_token != NULL &&
       ferry_rpc_token_equal(tok, n, svc->worker_token);

@@ -46,6 +46,11 @@ struct ferry_disp_service_s {
    * RegisterDataset, GetOrCreateJob and ClientHeartbeat the client
    * token, GetStatus the status token or either of the others. */
   const char *worker_token, *client_token, *status_token;
+  /* Set for the call being handled: the caller may read every job's
+   * error text in GetStatus (it holds the status token, or no token is
+   * configured at all). Job errors name files and offsets of that job's
+   * data; other callers see them through their own job only. */
+  bool call_sees_errors;
 };
 
 /* Registers the five Dispatcher methods and the health service on

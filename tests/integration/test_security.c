@@ -587,3 +587,60 @@ Test(security, certificate_files_are_reloaded_when_they_change) {
                "the old connection broke: %s", m);
   ferry_rpc_channel_free(before);
 }
+
+/* The first job's error as GetStatus shows it to `token_file`'s holder. */
+static void job_error(const char *token_file, char *out, size_t cap) {
+  ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), C("client.pem"),
+                                    C("client.key"), C(token_file));
+  uint8_t *reply = NULL;
+  size_t len = 0;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", "", 0,
+                               REFUSE_MS, FERRY_RPC_WAIT_FOR_READY, &reply,
+                               &len, &err),
+               0, "%s", err.msg);
+  Ferry__V1__GetStatusResponse *s =
+      ferry__v1__get_status_response__unpack(NULL, len, reply);
+  cr_assert(s != NULL && s->n_jobs > 0);
+  snprintf(out, cap, "%s", s->jobs[0]->error);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  ferry_free(reply);
+  ferry_rpc_channel_free(ch);
+}
+
+/* A job's error names its files: GetStatus shows it to the status
+ * credential only; a caller with the client (or worker) token sees that
+ * there is one, not its text (the job's own clients get it through their
+ * heartbeats). */
+Test(security, job_errors_are_shown_to_the_status_credential_only) {
+  make_certs();
+  hx_dataset_t ds;
+  make_small(&ds);
+  secure_cluster(1);
+  cr_assert_eq(hx_corrupt_record(&ds, 0, 5), 0);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  secure_options(&o, spec);
+  o.num_epochs = 1;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  const ferry_batch_t *b;
+  int rc;
+  while ((rc = ferry_next(c, &b, 10000, &err)) == 0)
+    ferry_batch_release(c, b);
+  cr_assert_eq(rc, FERRY_EDATACRC, "%d: %s", rc, err.msg);
+  cr_assert(strstr(err.msg, "data-000") != NULL,
+            "the job's client gets the whole error: %s", err.msg);
+  ferry_client_free(c);
+  char seen[600];
+  job_error("status.token", seen, sizeof(seen));
+  cr_assert(strstr(seen, "data-000") != NULL, "status: %s", seen);
+  job_error("client.token", seen, sizeof(seen));
+  cr_assert(strstr(seen, "data-000") == NULL && strstr(seen, "hidden"),
+            "client token: %s", seen);
+  job_error("worker.token", seen, sizeof(seen));
+  cr_assert(strstr(seen, "data-000") == NULL, "worker token: %s", seen);
+  hx_dataset_free(&ds);
+}
