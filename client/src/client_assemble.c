@@ -13,6 +13,18 @@
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 
+struct timespec ferry__client_deadline(uint32_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
 double ferry__client_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -199,16 +211,8 @@ static ferry__split_t *held_split_locked(ferry_client_t *c,
   uint32_t epoch = ch->epoch, split = ch->split;
   uint32_t seen = c->hb_applied;
   uint32_t wait_ms = 4 * c->opts.heartbeat_ms;
-  struct timespec deadline;
-  if (wait_ms < 1000)
-    wait_ms = 1000;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += wait_ms / 1000;
-  deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
+  struct timespec deadline =
+      ferry__client_deadline(wait_ms < 1000 ? 1000 : wait_ms);
   for (;;) {
     ferry__split_t *s = ferry__client_split_of(c, epoch, split, kw);
     if (s != NULL && s->assigned)
@@ -764,18 +768,10 @@ static void pop_locked(ferry_client_t *c) {
 int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
                ferry_error_t *err) {
   double t_start = ferry__client_now();
-  struct timespec deadline;
+  struct timespec deadline =
+      ferry__client_deadline(timeout_ms > 0 ? (uint32_t)timeout_ms : 0);
   int rc;
   *batch = NULL;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  if (timeout_ms > 0) {
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-      deadline.tv_sec++;
-      deadline.tv_nsec -= 1000000000L;
-    }
-  }
   pthread_mutex_lock(&c->mu);
   for (;;) {
     if (c->fail_code != 0) {

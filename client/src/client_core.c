@@ -500,14 +500,7 @@ static void *hb_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
       }
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += period / 1000;
-    ts.tv_nsec += (long)(period % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = ferry__client_deadline(period);
     pthread_mutex_lock(&c->mu);
     while (!c->stopping && !c->hb_kick &&
            pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts) != ETIMEDOUT)

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "ferry/augment.h"
 #include "ferry/client.h"
@@ -302,6 +303,10 @@ struct ferry_client_s {
 
 /* Monotonic seconds. */
 double ferry__client_now(void);
+
+/* The CLOCK_MONOTONIC time `ms` milliseconds from now, for the client's
+ * condition variables (created on that clock). */
+struct timespec ferry__client_deadline(uint32_t ms);
 
 /* Creates a client with the assembler only: no channel, no threads. Tests
  * feed it with ferry__client_on_chunk and ferry__client_apply_heartbeat

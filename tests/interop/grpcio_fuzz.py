@@ -14,11 +14,12 @@ when anything failed, 77 when grpcio or protoc is missing.
 import argparse
 import os
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ferry_protos  # noqa: E402
 
 
 def rss_kb(pid):
@@ -59,34 +60,10 @@ def main():
     args = ap.parse_args()
     print(f"grpcio_fuzz: seed {args.seed} (--seed {args.seed} replays it), "
           f"{args.calls} calls per method and kind")
-    try:
-        import grpc  # noqa: F401
-        import google.protobuf  # noqa: F401
-    except ImportError as e:
-        print(f"grpcio_fuzz: skipped: {e}")
-        return 77
-    protoc = shutil.which("protoc")
-    if protoc is None:
-        print("grpcio_fuzz: skipped: no protoc")
-        return 77
     work = args.work or tempfile.mkdtemp(prefix="ferry-fuzz-")
-    out = os.path.join(work, "py")
-    os.makedirs(out, exist_ok=True)
-    src = os.path.join(work, "proto")
-    os.makedirs(os.path.join(src, "ferry_health"), exist_ok=True)
-    shutil.copy(os.path.join(args.proto_dir, "grpc/health/v1/health.proto"),
-                os.path.join(src, "ferry_health/health.proto"))
-    for cmd in ([protoc, f"--proto_path={args.proto_dir}",
-                 f"--python_out={out}", "ferry/v1/common.proto",
-                 "ferry/v1/dispatcher.proto", "ferry/v1/worker.proto"],
-                [protoc, f"--proto_path={src}", f"--python_out={out}",
-                 "ferry_health/health.proto"]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"FAIL protoc: {r.stderr.strip()}")
-            print("grpcio_fuzz: 0 passed, 1 failed")
-            return 1
-    sys.path.insert(0, out)
+    rc = ferry_protos.generate("grpcio_fuzz", args.proto_dir, work)
+    if rc != 0:
+        return rc
     import grpc
     from ferry.v1 import dispatcher_pb2 as d
     from ferry.v1 import worker_pb2 as w

@@ -10,10 +10,11 @@ anything failed, 77 when grpcio or protoc is missing.
 """
 import argparse
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ferry_protos  # noqa: E402
 
 
 def main():
@@ -23,41 +24,10 @@ def main():
     ap.add_argument("--work")
     args = ap.parse_args()
 
-    try:
-        import grpc  # noqa: F401 (checked before generating anything)
-        import google.protobuf  # noqa: F401
-    except ImportError as e:
-        print(f"grpcio: skipped: {e} (apt-get install python3-grpcio "
-              "python3-protobuf)")
-        return 77
-    protoc = shutil.which("protoc")
-    if protoc is None:
-        print("grpcio: skipped: no protoc (apt-get install protobuf-compiler)")
-        return 77
-
     work = args.work or tempfile.mkdtemp(prefix="ferry-grpcio-")
-    out = os.path.join(work, "py")
-    os.makedirs(out, exist_ok=True)
-    # health.proto's path would make a Python package named "grpc", which
-    # would hide grpcio itself: generate it from a copy under another
-    # directory. The wire names (package grpc.health.v1) stay the same.
-    src = os.path.join(work, "proto")
-    os.makedirs(os.path.join(src, "ferry_health"), exist_ok=True)
-    shutil.copy(os.path.join(args.proto_dir, "grpc/health/v1/health.proto"),
-                os.path.join(src, "ferry_health/health.proto"))
-    cmds = [
-        [protoc, f"--proto_path={args.proto_dir}", f"--python_out={out}",
-         "ferry/v1/common.proto", "ferry/v1/dispatcher.proto"],
-        [protoc, f"--proto_path={src}", f"--python_out={out}",
-         "ferry_health/health.proto"],
-    ]
-    for cmd in cmds:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"FAIL protoc: {' '.join(cmd)}: {r.stderr.strip()}")
-            print("grpcio: 0 passed, 1 failed")
-            return 1
-    sys.path.insert(0, out)
+    rc = ferry_protos.generate("grpcio", args.proto_dir, work)
+    if rc != 0:
+        return rc
     import grpc
     from ferry.v1 import dispatcher_pb2
     from ferry_health import health_pb2

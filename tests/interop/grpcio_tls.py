@@ -14,10 +14,11 @@ when anything failed, 77 when grpcio or protoc is missing.
 """
 import argparse
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ferry_protos  # noqa: E402
 
 
 def main():
@@ -27,34 +28,10 @@ def main():
     ap.add_argument("--certs", required=True)
     ap.add_argument("--work")
     args = ap.parse_args()
-    try:
-        import grpc  # noqa: F401
-        import google.protobuf  # noqa: F401
-    except ImportError as e:
-        print(f"grpcio_tls: skipped: {e}")
-        return 77
-    protoc = shutil.which("protoc")
-    if protoc is None:
-        print("grpcio_tls: skipped: no protoc")
-        return 77
     work = args.work or tempfile.mkdtemp(prefix="ferry-grpcio-tls-")
-    out = os.path.join(work, "py")
-    os.makedirs(out, exist_ok=True)
-    src = os.path.join(work, "proto")
-    os.makedirs(os.path.join(src, "ferry_health"), exist_ok=True)
-    shutil.copy(os.path.join(args.proto_dir, "grpc/health/v1/health.proto"),
-                os.path.join(src, "ferry_health/health.proto"))
-    for cmd in ([protoc, f"--proto_path={args.proto_dir}",
-                 f"--python_out={out}", "ferry/v1/common.proto",
-                 "ferry/v1/dispatcher.proto"],
-                [protoc, f"--proto_path={src}", f"--python_out={out}",
-                 "ferry_health/health.proto"]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"FAIL protoc: {r.stderr.strip()}")
-            print("grpcio_tls: 0 passed, 1 failed")
-            return 1
-    sys.path.insert(0, out)
+    rc = ferry_protos.generate("grpcio_tls", args.proto_dir, work)
+    if rc != 0:
+        return rc
     import grpc
     from ferry.v1 import dispatcher_pb2
     from ferry_health import health_pb2
