@@ -228,11 +228,167 @@ static bool wait_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   return true;
 }
 
+/* ---- RegisterDataset on the thread pool -----------------------------------
+ * ferry__disp_reg_begin runs in handle(); the expansion and the scan run on
+ * libuv's thread pool, the reuse of earlier scans and the commit on the
+ * loop (state.h), so a slow file system never stalls the other calls. The
+ * call stays open meanwhile. A client cancel or the daemon stopping answers
+ * it at once; its work then ends early and commits nothing. */
+
+struct ferry_disp_regcall_s {
+  ferry_disp_regcall_t *next;
+  ferry_disp_service_t *svc;
+  ferry_rpc_call_t *call; /* NULL once answered */
+  ferry_disp_reg_t *reg;
+  uv_work_t work;
+  bool queued;   /* the work is on the pool (uv_cancel may be called) */
+  bool scanning; /* the work is the scan (else the expansion) */
+};
+
+static void reg_free(ferry_disp_regcall_t *p) {
+  ferry_disp_service_t *svc = p->svc;
+  for (ferry_disp_regcall_t **pp = &svc->registering; *pp != NULL;
+       pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      svc->n_registering--;
+      break;
+    }
+  ferry__disp_reg_free(p->reg);
+  ferry__free(p);
+}
+
+static void reg_expand_work(uv_work_t *w) {
+  ferry_disp_regcall_t *p = w->data;
+  ferry__disp_reg_expand(p->reg);
+}
+
+static void reg_scan_work(uv_work_t *w) {
+  ferry_disp_regcall_t *p = w->data;
+  ferry__disp_reg_scan(p->reg);
+}
+
+/* Answers the call now with `status`; the work, if queued, is cancelled
+ * or stops early, and its after callback frees `p`. */
+static void reg_abandon(ferry_disp_regcall_t *p, int status,
+                        const char *msg) {
+  if (p->call == NULL)
+    return;
+  ferry_rpc_reply_error(p->call, status, msg);
+  p->call = NULL;
+  ferry__disp_reg_cancel(p->reg);
+  if (p->queued)
+    uv_cancel((uv_req_t *)&p->work);
+}
+
+static void on_reg_cancel(ferry_rpc_call_t *call, void *arg) {
+  (void)call;
+  reg_abandon(arg, FERRY_RPC_CANCELLED, "the call was cancelled");
+}
+
+/* Loop: after the expansion (reuse, then queue the scan) or the scan
+ * (commit, sync the journal, answer). */
+static void reg_after(uv_work_t *w, int status) {
+  ferry_disp_regcall_t *p = w->data;
+  ferry_disp_service_t *svc = p->svc;
+  Ferry__V1__RegisterDatasetResponse resp =
+      FERRY__V1__REGISTER_DATASET_RESPONSE__INIT;
+  ferry_arena_t a = {0};
+  ferry_error_t err = {0};
+  int rc;
+
+  p->queued = false;
+  if (p->call != NULL && status != 0)
+    reg_abandon(p, FERRY_RPC_UNAVAILABLE, "dispatcher: shutting down");
+  if (p->call == NULL) {
+    reg_free(p);
+    return;
+  }
+  if (svc->failed) {
+    reg_abandon(p, FERRY_RPC_UNAVAILABLE,
+                "dispatcher: the journal failed; shutting down");
+    reg_free(p);
+    return;
+  }
+  if (!p->scanning) {
+    ferry__disp_reg_reuse(svc->state, p->reg);
+    p->scanning = true;
+    if (uv_queue_work(svc->loop, &p->work, reg_scan_work, reg_after) == 0) {
+      p->queued = true;
+      return;
+    }
+    reg_abandon(p, FERRY_RPC_INTERNAL, "dispatcher: cannot queue the scan");
+    reg_free(p);
+    return;
+  }
+  rc = ferry__disp_reg_finish(svc->state, p->reg, &resp, &a,
+                              ferry__disp_now_ms(), &err);
+  /* What the call changed is durable before anyone hears of it. */
+  if (ferry__disp_rpc_sync(svc) != 0)
+    ferry_rpc_reply_error(p->call, FERRY_RPC_UNAVAILABLE,
+                          "dispatcher: cannot write its journal");
+  else if (rc != 0)
+    ferry_rpc_reply_error(p->call, ferry_rpc_status_from_err(rc), err.msg);
+  else
+    reply_msg(p->call, &resp.base, &a);
+  p->call = NULL;
+  if (rc != 0)
+    FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", methods[0].name, err.msg);
+  ferry__arena_free(&a);
+  reg_free(p);
+}
+
+/* Starts a registration from handle(): returns its error, or 0 with
+ * *later false and `resp` filled (the dataset exists), or 0 with *later
+ * true: the call is answered from reg_after. */
+static int reg_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
+                     const Ferry__V1__RegisterDatasetRequest *req,
+                     Ferry__V1__RegisterDatasetResponse *resp,
+                     ferry_arena_t *a, ferry_error_t *err, bool *later) {
+  ferry_disp_reg_t *r;
+  ferry_disp_regcall_t *p;
+  int rc;
+
+  if (svc->n_registering >= FERRY_DISP_MAX_REGISTERING)
+    return ferry__seterr(err, FERRY_ENOSPC,
+                         "the dispatcher is registering %d datasets (its "
+                         "limit); try again later",
+                         FERRY_DISP_MAX_REGISTERING);
+  rc = ferry__disp_reg_begin(svc->state, req, resp, a, ferry__disp_now_ms(),
+                             &r, err);
+  if (rc != 0 || r == NULL)
+    return rc;
+  if ((p = ferry__calloc(1, sizeof(*p))) == NULL) {
+    ferry__disp_reg_free(r);
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  }
+  p->svc = svc;
+  p->call = call;
+  p->reg = r;
+  p->work.data = p;
+  if ((rc = uv_queue_work(svc->loop, &p->work, reg_expand_work,
+                          reg_after)) != 0) {
+    ferry__disp_reg_free(r);
+    ferry__free(p);
+    return ferry__seterr(err, FERRY_EIO, "cannot queue the scan: %s",
+                         uv_strerror(rc));
+  }
+  p->queued = true;
+  p->next = svc->registering;
+  svc->registering = p;
+  svc->n_registering++;
+  *later = true;
+  /* May run on_reg_cancel at once (the call ended): reg_after copes. */
+  ferry_rpc_call_on_cancel(call, on_reg_cancel, p);
+  return 0;
+}
+
 int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop) {
   int rc = uv_timer_init(loop, &svc->wait_timer);
   if (rc != 0)
     return rc;
   svc->wait_timer.data = svc;
+  svc->loop = loop;
   svc->can_wait = true;
   return 0;
 }
@@ -245,6 +401,10 @@ void ferry__disp_rpc_stop(ferry_disp_service_t *svc) {
   svc->can_wait = false;
   while (svc->waiting != NULL)
     wait_answer(svc, svc->waiting, false);
+  /* Registrations in progress: answered now; their work ends without
+   * committing, and the loop runs until its after callbacks freed them. */
+  for (ferry_disp_regcall_t *p = svc->registering; p != NULL; p = p->next)
+    reg_abandon(p, FERRY_RPC_UNAVAILABLE, "dispatcher: shutting down");
   uv_close((uv_handle_t *)&svc->wait_timer, timer_closed);
 }
 
@@ -321,7 +481,7 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   ProtobufCMessage *rq, *rs;
   ferry_arena_t a = {0};
   ferry_error_t err = {0};
-  bool held = false;
+  bool held = false, later = false;
   int rc;
 
   if (svc->failed) {
@@ -348,7 +508,16 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     rc = ferry__seterr(&err, FERRY_ENOMEM, "out of memory");
   } else {
     m->resp->message_init(rs);
-    rc = m->fn(svc, rq, rs, &a, ferry__disp_now_ms(), &err);
+    /* With a loop, a registration's file I/O runs on its thread pool. */
+    if (m->fn == op_register && svc->can_wait)
+      rc = reg_start(svc, call, (void *)rq, (void *)rs, &a, &err, &later);
+    else
+      rc = m->fn(svc, rq, rs, &a, ferry__disp_now_ms(), &err);
+  }
+  if (later) { /* answered by reg_after; nothing was changed yet */
+    protobuf_c_message_free_unpacked(rq, &al);
+    ferry__arena_free(&a);
+    return;
   }
   /* What the call changed is durable before anyone hears of it (this
    * also answers the waiting heartbeats it gave news to). */

@@ -25,6 +25,14 @@ typedef struct ferry_disp_binding_s {
 /* A worker heartbeat held back (long poll); private to rpc_handlers.c. */
 typedef struct ferry_disp_wait_s ferry_disp_wait_t;
 
+/* A RegisterDataset call whose file I/O runs on libuv's thread pool;
+ * private to rpc_handlers.c. */
+typedef struct ferry_disp_regcall_s ferry_disp_regcall_t;
+
+/* RegisterDataset calls in progress at once; more are refused with
+ * RESOURCE_EXHAUSTED (each holds a spec and, scanned, its splits). */
+#define FERRY_DISP_MAX_REGISTERING 64
+
 struct ferry_disp_service_s {
   ferry_disp_t *state;
   ferry_journal_t *journal; /* NULL: no journal (tests) */
@@ -40,6 +48,13 @@ struct ferry_disp_service_s {
   uint64_t waiting_changes; /* ferry__disp_changes at their last check */
   uv_timer_t wait_timer;    /* the earliest interval's end */
   bool can_wait;
+
+  /* RegisterDataset calls whose globs, stats and scans run on the
+   * loop's thread pool (only between ferry__disp_rpc_start and
+   * ferry__disp_rpc_stop; without them a registration runs inline). */
+  uv_loop_t *loop;
+  ferry_disp_regcall_t *registering;
+  size_t n_registering;
 
   /* Bearer tokens per role (issue 8); NULL: the role is open. Checked on
    * every Dispatcher call: WorkerHeartbeat needs the worker token,
@@ -59,13 +74,18 @@ int ferry__disp_rpc_register(ferry_disp_service_t *svc,
                              ferry_rpc_server_t *server, ferry_error_t *err);
 
 /* Lets worker heartbeats wait on `loop` (the server's loop): initialises
- * the timer that answers them when their interval passed. Returns 0 or a
- * libuv error. Without it every call is answered at once (tests). */
+ * the timer that answers them when their interval passed. Also moves the
+ * file I/O of RegisterDataset to the loop's thread pool (the call is
+ * answered from the loop once the scan is done and journaled). Returns 0
+ * or a libuv error. Without it every call is answered at once (tests). */
 int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop);
 
-/* Answers every waiting heartbeat, lets no more calls wait and closes the
- * timer. Call before ferry_rpc_server_shutdown, which waits for every
- * call to be answered. Idempotent. */
+/* Answers every waiting heartbeat, answers every registration in
+ * progress with UNAVAILABLE (its thread-pool work is cancelled or stops
+ * early, and commits nothing; the loop keeps running until it returned,
+ * so run the loop dry before freeing the state), lets no more calls wait
+ * and closes the timer. Call before ferry_rpc_server_shutdown, which
+ * waits for every call to be answered. Idempotent. */
 void ferry__disp_rpc_stop(ferry_disp_service_t *svc);
 
 /* Syncs the journal after work done outside an RPC (the timer); calls

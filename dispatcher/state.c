@@ -32,7 +32,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1467,17 +1469,16 @@ static bool same_file(const scanned_t *then, const scanned_t *now) {
          then->mtime_ns < then->at_ns - SCAN_RACY_NS;
 }
 
-/* Copies the splits of `path` (file index `file` in the new dataset) from
- * a dataset this process scanned with the same parameters, if the file
- * did not change since; fills *f with its identity either way. Returns
- * true when the splits were copied (*rc: 0 or FERRY_ENOMEM). */
+/* Copies into *out the splits of `path` (file index `file` in the new
+ * dataset) from a dataset this process scanned with the same parameters,
+ * if the file did not change since `f` (its identity, stat'ed for this
+ * registration). Returns true when the splits were copied (*rc: 0 or
+ * FERRY_ENOMEM). Loop thread: reads d->ds. */
 static bool reuse_scan(ferry_disp_t *d, const char *path, uint32_t file,
-                       ferry_compression_t c, uint32_t per, scanned_t *f,
-                       splits_t *out, int *rc) {
-  struct stat st;
-  if (stat(path, &st) != 0)
+                       ferry_compression_t c, uint32_t per,
+                       const scanned_t *f, splits_t *out, int *rc) {
+  if (!f->valid)
     return false;
-  scanned_from_stat(f, &st);
   for (size_t i = 0; i < d->nds; i++) {
     const dataset_t *ds = d->ds[i];
     if (ds->scanned == NULL || ds->scan_per != per ||
@@ -1512,7 +1513,8 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
   size_t nidx = 0;
   ssize_t n;
   /* O_NONBLOCK: a FIFO or device named by a spec must not block the
-   * loop thread in open(); only regular files are scanned. */
+   * thread in open() (a pool thread in the daemon, see
+   * ferry__disp_reg_scan); only regular files are scanned. */
   int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 
   if (fd < 0)
@@ -1618,124 +1620,288 @@ static int request_spec(const Ferry__V1__PipelineSpec *pb, ferry_spec_t *spec,
   return rc;
 }
 
-int ferry__disp_register_dataset(ferry_disp_t *d,
-                                 const Ferry__V1__RegisterDatasetRequest *req,
-                                 Ferry__V1__RegisterDatasetResponse *resp,
-                                 ferry_arena_t *a, int64_t now_ms,
-                                 ferry_error_t *err) {
-  ferry_spec_t spec;
-  uint8_t *canon = NULL;
-  size_t clen = 0, nfiles = 0;
-  char **files = NULL, id[17];
-  splits_t sp = {0};
-  scanned_t *scanned = NULL;
-  uint32_t per = req->records_per_split ? req->records_per_split
-                                        : d->cfg.records_per_split;
+/* What a registration owns (see state.h). The loop sets the first
+ * block in begin; the thread steps fill the rest, reuse fills `reused`
+ * and `reuse`. Steps never overlap: each hands over to the next through
+ * libuv (uv_queue_work and its after callback), which orders memory. */
+struct ferry_disp_reg_s {
+  ferry_spec_t spec; /* a private copy */
+  uint8_t *canon;    /* its canonical serialization */
+  size_t clen;
+  char id[17];
+  uint32_t per;
+  uint64_t max_record_len;
+  const ferry_roots_t *roots; /* the daemon's: immutable while it runs */
+
+  char **files;
+  size_t nfiles;
+  scanned_t *scanned; /* per file: identity from stat, then from the scan */
+  splits_t *reused;   /* per file: splits copied by reuse */
+  uint8_t *reuse;     /* per file: 0 scan it, 1 reused, 2 reuse ran out of
+                       * memory */
+  splits_t sp;        /* every split, in file order */
+  int rc;
+  ferry_error_t err;
+  atomic_bool cancel;
+};
+
+void ferry__disp_reg_free(ferry_disp_reg_t *r) {
+  if (r == NULL)
+    return;
+  if (r->reused != NULL)
+    for (size_t i = 0; i < r->nfiles; i++)
+      ferry__free(r->reused[i].v);
+  ferry__free(r->reused);
+  ferry__free(r->reuse);
+  ferry__free(r->scanned);
+  ferry__free(r->sp.v);
+  ferry_spec_free_files(r->files, r->nfiles);
+  ferry__free(r->canon);
+  ferry_spec_close(&r->spec);
+  ferry__free(r);
+}
+
+void ferry__disp_reg_cancel(ferry_disp_reg_t *r) {
+  atomic_store(&r->cancel, true);
+}
+
+static bool reg_cancelled(ferry_disp_reg_t *r) {
+  if (!atomic_load(&r->cancel))
+    return false;
+  r->rc = ferry__seterr(&r->err, FERRY_ECANCELED,
+                        "the registration was cancelled");
+  return true;
+}
+
+int ferry__disp_reg_begin(ferry_disp_t *d,
+                          const Ferry__V1__RegisterDatasetRequest *req,
+                          Ferry__V1__RegisterDatasetResponse *resp,
+                          ferry_arena_t *a, int64_t now_ms,
+                          ferry_disp_reg_t **out, ferry_error_t *err) {
+  ferry_disp_reg_t *r;
   dataset_t *ds;
   int rc;
 
+  *out = NULL;
   d->now = now_ms;
   if (req->records_per_split > (1u << 24))
     return ferry__seterr(err, FERRY_EINVAL,
                          "records_per_split %u is over %u",
                          req->records_per_split, 1u << 24);
-  if ((rc = request_spec(req->spec, &spec, err)) != 0)
-    return rc;
-  if (spec.n_patterns > FERRY_DISP_MAX_PATTERNS) {
+  if ((r = ferry__calloc(1, sizeof(*r))) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  atomic_init(&r->cancel, false);
+  r->per = req->records_per_split ? req->records_per_split
+                                  : d->cfg.records_per_split;
+  r->max_record_len = d->cfg.max_record_len;
+  r->roots = d->cfg.roots;
+  if ((rc = request_spec(req->spec, &r->spec, err)) != 0)
+    goto fail;
+  if (r->spec.n_patterns > FERRY_DISP_MAX_PATTERNS) {
     rc = ferry__seterr(err, FERRY_EINVAL, "spec: over %d file patterns",
                        FERRY_DISP_MAX_PATTERNS);
-    goto out;
+    goto fail;
   }
-  for (size_t i = 0; i < spec.n_patterns; i++)
-    if ((rc = check_len(spec.patterns[i], FERRY_DISP_MAX_PATTERN_LEN,
+  for (size_t i = 0; i < r->spec.n_patterns; i++)
+    if ((rc = check_len(r->spec.patterns[i], FERRY_DISP_MAX_PATTERN_LEN,
                         "a file pattern", err)) != 0)
-      goto out;
-  if ((rc = check_len(spec.image_key, FERRY_DISP_MAX_NAME_LEN, "image key",
-                      err)) != 0 ||
-      (rc = check_len(spec.label_key, FERRY_DISP_MAX_NAME_LEN, "label key",
-                      err)) != 0)
-    goto out;
-  if ((rc = ferry_spec_pack(&spec, &canon, &clen)) != 0) {
+      goto fail;
+  if ((rc = check_len(r->spec.image_key, FERRY_DISP_MAX_NAME_LEN,
+                      "image key", err)) != 0 ||
+      (rc = check_len(r->spec.label_key, FERRY_DISP_MAX_NAME_LEN,
+                      "label key", err)) != 0)
+    goto fail;
+  if ((rc = ferry_spec_pack(&r->spec, &r->canon, &r->clen)) != 0) {
     ferry__seterr(err, rc, "pipeline spec: %s", ferry_strerror(rc));
-    goto out;
+    goto fail;
   }
-  snprintf(id, sizeof(id), "%016" PRIx64, ferry_spec_fingerprint(&spec));
-  if ((ds = find_dataset(d, id)) != NULL) {
+  snprintf(r->id, sizeof(r->id), "%016" PRIx64,
+           ferry_spec_fingerprint(&r->spec));
+  if ((ds = find_dataset(d, r->id)) != NULL) {
     fill_register_resp(ds, resp);
-    goto out;
+    if ((resp->dataset_id = arena_strdup(a, r->id)) == NULL)
+      rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    goto fail; /* answered: nothing to scan */
   }
   if (d->nds >= d->cfg.max_datasets) {
     rc = ferry__seterr(err, FERRY_ENOSPC,
                        "the dispatcher holds %zu datasets (its limit); a "
                        "dataset no job uses is dropped after --job-gc-ms",
                        d->nds);
-    goto out;
+    goto fail;
   }
+  FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: expanding and scanning its files",
+            r->id);
+  *out = r;
+  return 0;
+fail:
+  ferry__disp_reg_free(r);
+  return rc;
+}
+
+void ferry__disp_reg_expand(ferry_disp_reg_t *r) {
+  ferry_error_t *err = &r->err;
+  const ferry_spec_t *spec = &r->spec;
+  int rc = 0;
+
+  if (r->rc != 0 || reg_cancelled(r))
+    return;
   /* Data roots: the patterns before they are expanded (a glob must not
    * probe outside the roots), then every file they name. */
-  for (size_t i = 0; i < spec.n_patterns; i++)
-    if ((rc = ferry_roots_check_pattern(d->cfg.roots, spec.patterns[i],
+  for (size_t i = 0; i < spec->n_patterns; i++)
+    if ((rc = ferry_roots_check_pattern(r->roots, spec->patterns[i],
                                         err)) != 0)
       goto out;
-  if ((rc = ferry_spec_expand_files(&spec, &files, &nfiles, err)) != 0)
+  if ((rc = ferry_spec_expand_files(spec, &r->files, &r->nfiles, err)) != 0)
     goto out;
-  if (nfiles > FERRY_DISP_MAX_FILES) {
+  if (r->nfiles > FERRY_DISP_MAX_FILES) {
     rc = ferry__seterr(err, FERRY_EINVAL, "%s: over %d files",
-                       spec.patterns[0], FERRY_DISP_MAX_FILES);
+                       spec->patterns[0], FERRY_DISP_MAX_FILES);
     goto out;
   }
-  for (size_t i = 0; i < nfiles; i++)
-    if ((rc = ferry_roots_check(d->cfg.roots, files[i], err)) != 0)
+  for (size_t i = 0; i < r->nfiles; i++)
+    if ((rc = ferry_roots_check(r->roots, r->files[i], err)) != 0)
       goto out;
   /* File names travel in `string` fields (Task.file, the status). */
-  for (size_t i = 0; i < nfiles; i++)
-    if (!utf8_valid(files[i])) {
+  for (size_t i = 0; i < r->nfiles; i++)
+    if (!utf8_valid(r->files[i])) {
       rc = ferry__seterr(err, FERRY_EINVAL,
                          "%s: a file it names has a name that is not valid "
-                         "UTF-8", spec.patterns[0]);
+                         "UTF-8", spec->patterns[0]);
       goto out;
     }
-  if ((scanned = ferry__calloc(nfiles ? nfiles : 1, sizeof(*scanned))) ==
-      NULL) {
-    rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-    goto out;
-  }
-  for (size_t i = 0; i < nfiles && rc == 0; i++) {
-    if (reuse_scan(d, files[i], (uint32_t)i, spec.compression, per,
-                   &scanned[i], &sp, &rc)) {
-      if (rc != 0)
-        ferry__seterr(err, rc, "%s: out of memory", files[i]);
-      continue;
+  {
+    size_t n = r->nfiles ? r->nfiles : 1;
+    r->scanned = ferry__calloc(n, sizeof(*r->scanned));
+    r->reused = ferry__calloc(n, sizeof(*r->reused));
+    r->reuse = ferry__calloc(n, 1);
+    if (r->scanned == NULL || r->reused == NULL || r->reuse == NULL) {
+      rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+      goto out;
     }
-    rc = scan_file(files[i], (uint32_t)i, spec.compression, per,
-                   d->cfg.max_record_len, &sp, &scanned[i], err);
   }
-  if (rc == 0 && sp.n == 0)
+  /* Identities for the reuse of earlier scans (a file that cannot be
+   * stat'ed is scanned, which says why it cannot be read). */
+  for (size_t i = 0; i < r->nfiles; i++) {
+    struct stat st;
+    if (i % 256 == 0 && reg_cancelled(r))
+      return;
+    if (stat(r->files[i], &st) == 0)
+      scanned_from_stat(&r->scanned[i], &st);
+  }
+out:
+  if (rc != 0)
+    r->rc = rc;
+}
+
+void ferry__disp_reg_reuse(ferry_disp_t *d, ferry_disp_reg_t *r) {
+  if (r->rc != 0)
+    return;
+  for (size_t i = 0; i < r->nfiles; i++) {
+    int rc = 0;
+    if (reuse_scan(d, r->files[i], (uint32_t)i, r->spec.compression, r->per,
+                   &r->scanned[i], &r->reused[i], &rc))
+      r->reuse[i] = rc != 0 ? 2 : 1;
+  }
+}
+
+/* Test-only (state.h): FERRY_DISP_SCAN_DELAY_MS, cancellable. */
+static void scan_delay(ferry_disp_reg_t *r) {
+  const char *e = getenv("FERRY_DISP_SCAN_DELAY_MS");
+  long ms = e != NULL ? strtol(e, NULL, 10) : 0;
+  if (ms > 60000)
+    ms = 60000;
+  for (; ms > 0 && !atomic_load(&r->cancel); ms -= 10) {
+    struct timespec t = {0, 10 * 1000000L};
+    nanosleep(&t, NULL);
+  }
+}
+
+void ferry__disp_reg_scan(ferry_disp_reg_t *r) {
+  ferry_error_t *err = &r->err;
+  splits_t *sp = &r->sp;
+  int rc = 0;
+
+  if (r->rc != 0)
+    return;
+  scan_delay(r);
+  for (size_t i = 0; i < r->nfiles && rc == 0; i++) {
+    if (reg_cancelled(r))
+      return;
+    if (r->reuse[i] == 2) {
+      rc = ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory",
+                         r->files[i]);
+    } else if (r->reuse[i] == 1) {
+      for (size_t k = 0; k < r->reused[i].n && rc == 0; k++)
+        if ((rc = push_split(sp, &r->reused[i].v[k])) != 0)
+          ferry__seterr(err, rc, "%s: out of memory", r->files[i]);
+    } else {
+      rc = scan_file(r->files[i], (uint32_t)i, r->spec.compression, r->per,
+                     r->max_record_len, sp, &r->scanned[i], err);
+    }
+  }
+  if (rc == 0 && sp->n == 0)
     rc = ferry__seterr(err, FERRY_EINVAL, "%s: no records in %zu file%s",
-                       spec.patterns[0], nfiles, nfiles == 1 ? "" : "s");
-  if (rc == 0 && sp.n > UINT32_MAX / 2)
-    rc = ferry__seterr(err, FERRY_EINVAL, "too many splits (%zu)", sp.n);
-  if (rc == 0)
-    rc = commit_dataset(d, id, canon, clen, files, nfiles, &sp, err);
-  if (rc == 0) {
-    ds = find_dataset(d, id);
-    ds->scanned = scanned;
-    ds->scan_per = per;
-    ds->scan_compression = (int)spec.compression;
-    scanned = NULL;
+                       r->spec.patterns[0], r->nfiles,
+                       r->nfiles == 1 ? "" : "s");
+  if (rc == 0 && sp->n > UINT32_MAX / 2)
+    rc = ferry__seterr(err, FERRY_EINVAL, "too many splits (%zu)", sp->n);
+  r->rc = rc;
+}
+
+int ferry__disp_reg_finish(ferry_disp_t *d, ferry_disp_reg_t *r,
+                           Ferry__V1__RegisterDatasetResponse *resp,
+                           ferry_arena_t *a, int64_t now_ms,
+                           ferry_error_t *err) {
+  dataset_t *ds;
+  int rc;
+
+  d->now = now_ms;
+  if (r->rc != 0) {
+    *err = r->err;
+    return r->rc;
+  }
+  /* Registered meanwhile by a concurrent call of the same spec. */
+  if ((ds = find_dataset(d, r->id)) != NULL) {
+    fill_register_resp(ds, resp);
+  } else if (d->nds >= d->cfg.max_datasets) {
+    return ferry__seterr(err, FERRY_ENOSPC,
+                         "the dispatcher holds %zu datasets (its limit); a "
+                         "dataset no job uses is dropped after --job-gc-ms",
+                         d->nds);
+  } else if ((rc = commit_dataset(d, r->id, r->canon, r->clen, r->files,
+                                  r->nfiles, &r->sp, err)) != 0) {
+    return rc;
+  } else {
+    ds = find_dataset(d, r->id);
+    ds->scanned = r->scanned;
+    ds->scan_per = r->per;
+    ds->scan_compression = (int)r->spec.compression;
+    r->scanned = NULL;
     fill_register_resp(ds, resp);
     FERRY_LOG(FERRY_LOG_INFO,
               "dataset %s: %zu files, %zu splits, %" PRIu64 " known records",
-              id, nfiles, sp.n, ds->known_records);
+              r->id, r->nfiles, r->sp.n, ds->known_records);
   }
-out:
-  ferry__free(scanned);
-  ferry__free(sp.v);
-  ferry_spec_free_files(files, nfiles);
-  ferry__free(canon);
-  ferry_spec_close(&spec);
-  if (rc == 0 && (resp->dataset_id = arena_strdup(a, id)) == NULL)
-    rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if ((resp->dataset_id = arena_strdup(a, r->id)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
+
+int ferry__disp_register_dataset(ferry_disp_t *d,
+                                 const Ferry__V1__RegisterDatasetRequest *req,
+                                 Ferry__V1__RegisterDatasetResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err) {
+  ferry_disp_reg_t *r;
+  int rc = ferry__disp_reg_begin(d, req, resp, a, now_ms, &r, err);
+  if (rc != 0 || r == NULL)
+    return rc;
+  ferry__disp_reg_expand(r);
+  ferry__disp_reg_reuse(d, r);
+  ferry__disp_reg_scan(r);
+  rc = ferry__disp_reg_finish(d, r, resp, a, now_ms, err);
+  ferry__disp_reg_free(r);
   return rc;
 }
 

@@ -117,12 +117,63 @@ int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err);
  * FERRY_EINVAL (bad options), FERRY_ENOMEM. */
 
 /* Scans the spec's files into splits (or finds the dataset already
- * registered under the same fingerprint). */
+ * registered under the same fingerprint). Runs the five steps below
+ * inline, file I/O included: for tests and callers without a loop. */
 int ferry__disp_register_dataset(ferry_disp_t *d,
                                  const Ferry__V1__RegisterDatasetRequest *req,
                                  Ferry__V1__RegisterDatasetResponse *resp,
                                  ferry_arena_t *a, int64_t now_ms,
                                  ferry_error_t *err);
+
+/* ---- RegisterDataset in steps (issue 8) ----------------------------------
+ * The daemon runs the file I/O of a registration (globs, data roots, stat,
+ * header scans) on libuv's thread pool and the rest on the loop:
+ *   begin (loop)  -> expand (thread) -> reuse (loop) -> scan (thread)
+ *   -> finish (loop) -> free (any).
+ * A registration owns everything its thread steps touch (a copy of the
+ * spec, the file list, the splits, its error); those steps never touch
+ * ferry_disp_t, whose datasets the loop reallocates and collects. An
+ * error in a step makes the later ones no-ops and finish returns it. */
+typedef struct ferry_disp_reg_s ferry_disp_reg_t;
+
+/* Loop. Checks the request (no file I/O). Returns a negative code with
+ * `err`; or 0 with *out NULL and `resp` filled when a dataset of that
+ * fingerprint is registered already; or 0 with *out a registration to
+ * run through the other steps. Commits nothing. */
+int ferry__disp_reg_begin(ferry_disp_t *d,
+                          const Ferry__V1__RegisterDatasetRequest *req,
+                          Ferry__V1__RegisterDatasetResponse *resp,
+                          ferry_arena_t *a, int64_t now_ms,
+                          ferry_disp_reg_t **out, ferry_error_t *err);
+
+/* Any thread. Checks the patterns against the data roots, expands them,
+ * checks the file count, every file's root and UTF-8 name, and stats the
+ * files. */
+void ferry__disp_reg_expand(ferry_disp_reg_t *r);
+
+/* Loop. Copies the splits of the files that a dataset of this process
+ * scanned with the same parameters and that did not change since. */
+void ferry__disp_reg_reuse(ferry_disp_t *d, ferry_disp_reg_t *r);
+
+/* Any thread. Scans the files not reused. Test-only: the environment
+ * variable FERRY_DISP_SCAN_DELAY_MS (milliseconds, at most 60000) makes
+ * it wait that long first, to stand for a slow file system. */
+void ferry__disp_reg_scan(ferry_disp_reg_t *r);
+
+/* Any thread. Makes a running expand or scan stop early (between files,
+ * or during the test delay) with FERRY_ECANCELED. */
+void ferry__disp_reg_cancel(ferry_disp_reg_t *r);
+
+/* Loop. Returns the error of an earlier step; else answers with the
+ * dataset registered meanwhile under the same fingerprint (two
+ * concurrent registrations of one spec make one dataset), or checks the
+ * dataset limit again and commits the new dataset. */
+int ferry__disp_reg_finish(ferry_disp_t *d, ferry_disp_reg_t *r,
+                           Ferry__V1__RegisterDatasetResponse *resp,
+                           ferry_arena_t *a, int64_t now_ms,
+                           ferry_error_t *err);
+
+void ferry__disp_reg_free(ferry_disp_reg_t *r);
 
 /* Joins the running job named in the options, or creates one (always for
  * an anonymous job); the caller becomes a new client of it. */

@@ -3,12 +3,15 @@
  * RegisterDataset over gRPC, keeps its datasets across a restart (the
  * journal) and exits 0 within a second of SIGTERM. Then the long poll of
  * worker heartbeats: held back while there is no news, answered at once
- * by a lease, and answered when the daemon stops. */
+ * by a lease, and answered when the daemon stops. Last, a slow scan
+ * (FERRY_DISP_SCAN_DELAY_MS) runs off the loop thread: other calls are
+ * answered meanwhile, and a stop answers it at once (issue 8). */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -399,6 +402,177 @@ Test(daemon, idle_worker_heartbeats_wait_for_a_lease) {
   cr_assert_lt(h2.ms, 1500.0, "the held call was not answered at the stop");
   if (h2.resp != NULL)
     ferry__v1__worker_heartbeat_response__free_unpacked(h2.resp, NULL);
+  ferry_rpc_channel_free(ch);
+  ferry_rpc_shutdown();
+}
+
+/* ---- Registrations off the loop thread (issue 8) ------------------------ */
+
+/* One RegisterDataset of prepared bytes, blocking. No assertion: it runs
+ * on a helper thread. */
+typedef struct reg_s {
+  ferry_rpc_channel_t *ch;
+  uint8_t *buf;
+  size_t n;
+  int timeout_ms; /* 0: WAIT_MS */
+  int rc;
+  uint64_t records;
+  double ms;
+  ferry_error_t err;
+  atomic_bool done;
+} reg_t;
+
+static void *reg_run(void *arg) {
+  reg_t *r = arg;
+  uint8_t *reply = NULL;
+  size_t len;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  r->rc = ferry_rpc_unary(r->ch, "/ferry.v1.Dispatcher/RegisterDataset",
+                          r->buf, r->n, r->timeout_ms ? r->timeout_ms : WAIT_MS,
+                          FERRY_RPC_WAIT_FOR_READY,
+                          &reply, &len, &r->err);
+  r->ms = ms_since(&t0);
+  if (r->rc == 0) {
+    Ferry__V1__RegisterDatasetResponse *resp =
+        ferry__v1__register_dataset_response__unpack(NULL, len, reply);
+    r->records = resp != NULL ? resp->num_records : 0;
+    if (resp != NULL)
+      ferry__v1__register_dataset_response__free_unpacked(resp, NULL);
+    ferry_free(reply);
+  }
+  atomic_store(&r->done, true);
+  return NULL;
+}
+
+/* The packed RegisterDataset request for "tfrecord(DIR/pattern)". */
+static uint8_t *register_request(const char *pattern, size_t *n) {
+  Ferry__V1__RegisterDatasetRequest req =
+      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
+  ferry_spec_t spec;
+  ferry_error_t err = {0};
+  char text[512];
+  uint8_t *sb, *buf;
+  size_t sl;
+  snprintf(text, sizeof(text), "tfrecord(\"%s/%s\") | decode(raw, 1, 1, 1)",
+           fx_dir, pattern);
+  cr_assert_eq(ferry_spec_parse(text, &spec, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry_spec_pack(&spec, &sb, &sl), 0);
+  ferry_spec_close(&spec);
+  req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
+  *n = ferry__v1__register_dataset_request__get_packed_size(&req);
+  buf = malloc(*n);
+  ferry__v1__register_dataset_request__pack(&req, buf);
+  ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
+  ferry_free(sb);
+  return buf;
+}
+
+/* Whether the daemon's log holds `what` (it logs at debug level). */
+static bool log_has(const char *what) {
+  char path[128], buf[65536];
+  size_t n;
+  FILE *f;
+  snprintf(path, sizeof(path), "%s/stderr.log", fx_dir);
+  if ((f = fopen(path, "r")) == NULL)
+    return false;
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return strstr(buf, what) != NULL;
+}
+
+Test(daemon, a_slow_scan_does_not_block_other_calls) {
+  daemon_t d;
+  pthread_t th;
+  struct timespec t0, t1;
+  char path[128];
+  int polls = 0;
+
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  fx_write("e.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  /* Test-only: every scan waits 1.5 s first (a slow file system). */
+  setenv("FERRY_DISP_SCAN_DELAY_MS", "1500", 1);
+  start(&d);
+  unsetenv("FERRY_DISP_SCAN_DELAY_MS");
+  ferry_rpc_channel_t *ch = channel(&d);
+  ferry__v1__get_status_response__free_unpacked(status(ch), NULL);
+
+  reg_t r = {.ch = ch};
+  r.buf = register_request("d.tfrecord", &r.n);
+  atomic_init(&r.done, false);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(pthread_create(&th, NULL, reg_run, &r), 0);
+  /* While it scans, GetStatus and a worker's first heartbeat (answered at
+   * once) keep being answered promptly. */
+  while (!atomic_load(&r.done)) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    Ferry__V1__GetStatusResponse *s = status(ch);
+    double ms = ms_since(&t1);
+    bool in_flight = !atomic_load(&r.done);
+    if (in_flight) {
+      cr_assert_lt(ms, 200.0, "GetStatus took %.0f ms during a scan", ms);
+      cr_assert_eq(s->datasets, 0);
+      polls++;
+    }
+    ferry__v1__get_status_response__free_unpacked(s, NULL);
+    if (polls == 3) {
+      whb_t h = {.ch = ch};
+      whb_run(&h);
+      cr_assert_eq(h.rc, 0, "%s", h.err.msg);
+      if (!atomic_load(&r.done))
+        cr_assert_lt(h.ms, 200.0, "a worker heartbeat took %.0f ms during "
+                     "a scan", h.ms);
+      ferry__v1__worker_heartbeat_response__free_unpacked(h.resp, NULL);
+    }
+    cr_assert_lt(ms_since(&t0), (double)WAIT_MS, "the registration hangs");
+  }
+  pthread_join(th, NULL);
+  cr_assert_eq(r.rc, 0, "%s", r.err.msg);
+  cr_assert_eq(r.records, 20);
+  cr_assert_geq(r.ms, 1500.0, "the scan did not wait (%.0f ms)", r.ms);
+  cr_assert_geq(polls, 5, "only %d calls answered during the scan", polls);
+  Ferry__V1__GetStatusResponse *s = status(ch);
+  cr_assert_eq(s->datasets, 1);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+
+  /* Registered: answered at once, without a scan. */
+  reg_t again = {.ch = ch, .buf = r.buf, .n = r.n};
+  reg_run(&again);
+  cr_assert_eq(again.rc, 0, "%s", again.err.msg);
+  cr_assert_lt(again.ms, 1000.0);
+  free(r.buf);
+
+  /* A client that gives up (its deadline) ends the registration: nothing
+   * is committed and the daemon goes on serving. */
+  reg_t gone = {.ch = ch, .timeout_ms = 300};
+  gone.buf = register_request("e.tfrecord", &gone.n);
+  reg_run(&gone);
+  cr_assert_eq(gone.rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%d %s", gone.rc,
+               gone.err.msg);
+  s = status(ch);
+  cr_assert_eq(s->datasets, 1);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  free(gone.buf);
+
+  /* A stop answers a registration in progress at once (UNAVAILABLE) and
+   * still exits within a second; the scan's work ends early. */
+  snprintf(path, sizeof(path), "%s/stderr.log", fx_dir);
+  cr_assert_eq(truncate(path, 0), 0);
+  reg_t r2 = {.ch = ch};
+  r2.buf = register_request("e.tfrecord", &r2.n);
+  atomic_init(&r2.done, false);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(pthread_create(&th, NULL, reg_run, &r2), 0);
+  while (!log_has("expanding and scanning its files"))
+    cr_assert_lt(ms_since(&t0), (double)WAIT_MS, "the scan never started");
+  cr_assert(!atomic_load(&r2.done));
+  stop(&d);
+  pthread_join(th, NULL);
+  cr_assert_eq(r2.rc, FERRY_EGRPC_UNAVAILABLE, "%d %s", r2.rc, r2.err.msg);
+  cr_assert_lt(r2.ms, 1500.0);
+  free(r2.buf);
   ferry_rpc_channel_free(ch);
   ferry_rpc_shutdown();
 }
