@@ -46,7 +46,20 @@ static void setup(void) {
   fx_setup();
 }
 
-TestSuite(daemon, .init = setup, .fini = fx_teardown);
+/* The daemon a test started and has not reaped: a failed assertion must
+ * not leave it running (the fini kills it). */
+static pid_t running;
+
+static void teardown(void) {
+  if (running > 0) {
+    kill(running, SIGKILL);
+    waitpid(running, NULL, 0);
+    running = 0;
+  }
+  fx_teardown();
+}
+
+TestSuite(daemon, .init = setup, .fini = teardown);
 
 static double ms_since(const struct timespec *t0) {
   struct timespec t;
@@ -78,6 +91,7 @@ static void start(daemon_t *d) {
   posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND,
                                    0644);
   cr_assert_eq(posix_spawn(&d->pid, argv[0], &fa, NULL, argv, environ), 0);
+  running = d->pid;
   posix_spawn_file_actions_destroy(&fa);
   close(p[1]);
   d->out = p[0];
@@ -113,9 +127,11 @@ static void stop(daemon_t *d) {
     if (sigtimedwait(&s, &si, &limit) < 0) {
       kill(d->pid, SIGKILL);
       waitpid(d->pid, &status, 0);
+      running = 0;
       cr_assert_fail("no exit within 1 s of SIGTERM");
     }
   }
+  running = 0;
   cr_assert_lt(ms_since(&t0), 1000.0);
   cr_assert(WIFEXITED(status), "killed by signal %d", WTERMSIG(status));
   cr_assert_eq(WEXITSTATUS(status), 0);
