@@ -1296,6 +1296,17 @@ static int check_len(const char *s, size_t max, const char *what,
   return check_str(s, max, true, what, err);
 }
 
+/* FERRY_ENOSPC when the dispatcher holds its limit of datasets: checked
+ * when a registration starts and again when it commits. */
+static int dataset_room(const ferry_disp_t *d, ferry_error_t *err) {
+  if (d->nds < d->cfg.max_datasets)
+    return 0;
+  return ferry__seterr(err, FERRY_ENOSPC,
+                       "the dispatcher holds %zu datasets (its limit); a "
+                       "dataset no job uses is dropped after --job-gc-ms",
+                       d->nds);
+}
+
 typedef struct splits_s {
   split_t *v;
   size_t n, cap;
@@ -1520,14 +1531,13 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
   if (fd < 0)
     return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                          strerror(errno));
-  if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
-    close(fd);
-    return ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
-  }
   if (fstat(fd, &st) != 0 ||
-      (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0) {
+      (S_ISREG(st.st_mode) &&
+       (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0)) {
     rc = ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
                        strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    rc = ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
   } else {
     scanned_from_stat(f, &st);
     if (st.st_size == 0) {
@@ -1723,13 +1733,8 @@ int ferry__disp_reg_begin(ferry_disp_t *d,
       rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     goto fail; /* answered: nothing to scan */
   }
-  if (d->nds >= d->cfg.max_datasets) {
-    rc = ferry__seterr(err, FERRY_ENOSPC,
-                       "the dispatcher holds %zu datasets (its limit); a "
-                       "dataset no job uses is dropped after --job-gc-ms",
-                       d->nds);
+  if ((rc = dataset_room(d, err)) != 0)
     goto fail;
-  }
   FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: expanding and scanning its files",
             r->id);
   *out = r;
@@ -1864,11 +1869,8 @@ int ferry__disp_reg_finish(ferry_disp_t *d, ferry_disp_reg_t *r,
   /* Registered meanwhile by a concurrent call of the same spec. */
   if ((ds = find_dataset(d, r->id)) != NULL) {
     fill_register_resp(ds, resp);
-  } else if (d->nds >= d->cfg.max_datasets) {
-    return ferry__seterr(err, FERRY_ENOSPC,
-                         "the dispatcher holds %zu datasets (its limit); a "
-                         "dataset no job uses is dropped after --job-gc-ms",
-                         d->nds);
+  } else if ((rc = dataset_room(d, err)) != 0) {
+    return rc;
   } else if ((rc = commit_dataset(d, r->id, r->canon, r->clen, r->files,
                                   r->nfiles, &r->sp, err)) != 0) {
     return rc;
@@ -2070,6 +2072,24 @@ out:
   return rc;
 }
 
+/* A client that has not read its streams for `stalled_ms` (its own
+ * report, or a worker's of its stream; `source` says which) past
+ * --client-stall-ms is no longer renewed: it expires one client timeout
+ * after its last renewal and its rows go back to the pool. */
+static void stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
+                                     client_t *c, uint64_t stalled_ms,
+                                     const char *source) {
+  if (d->cfg.client_stall_ms <= 0 || c == NULL || !c->active ||
+      c->no_renew || stalled_ms < (uint64_t)d->cfg.client_stall_ms)
+    return;
+  c->no_renew = true;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "job %" PRIu64 ": client %" PRIu64 " has not read %s for %" PRIu64
+            " ms: its lease is no longer renewed, its splits go back to the "
+            "pool after the client timeout", j->id, c->id, source,
+            stalled_ms);
+}
+
 /* Re-leases row `r`, whose current lease cannot complete. The worker that
  * held it is suspected until it heartbeats again, and the row avoids it
  * for a backoff that doubles with each restart in a row (100 ms up to the
@@ -2249,15 +2269,8 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
       return rc;
     c = find_client(j, req->client_id);
   }
-  if (d->cfg.client_stall_ms > 0 && c->active && !c->no_renew &&
-      req->stalled_ms >= (uint64_t)d->cfg.client_stall_ms) {
-    c->no_renew = true;
-    FERRY_LOG(FERRY_LOG_WARN,
-              "job %" PRIu64 ": client %" PRIu64 " has not read its streams "
-              "for %" PRIu64 " ms (its trainer holds every batch): its lease "
-              "is no longer renewed, its splits go back to the pool after "
-              "the client timeout", j->id, c->id, req->stalled_ms);
-  }
+  stop_renewing_if_stalled(d, j, c, req->stalled_ms,
+                           "its streams (its trainer holds every batch)");
   /* A client being fenced (stalled stream) is not renewed: it expires. */
   if (!c->no_renew)
     c->last_hb = now_ms;
@@ -2277,7 +2290,6 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     bind_rows(d, j, c->id, req->want_splits);
     schedule(d);
   }
-  c = find_client(j, req->client_id);
   resp->incarnation = c->incarnation;
   resp->fenced = c->no_renew;
   resp->client_timeout_ms = d->cfg.client_timeout_ms;
@@ -2343,19 +2355,9 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       continue;
     }
     r = (uint32_t)(row - j->rows);
-    if (d->cfg.client_stall_ms > 0 &&
-        t->stalled_ms >= (uint64_t)d->cfg.client_stall_ms) {
-      client_t *c = find_client(j, row->client);
-      if (c != NULL && c->active && !c->no_renew) {
-        c->no_renew = true;
-        FERRY_LOG(FERRY_LOG_WARN,
-                  "job %" PRIu64 ": client %" PRIu64 " has not read its "
-                  "stream from worker %" PRIu64 " for %" PRIu64 " ms: its "
-                  "lease is no longer renewed, its splits go back to the "
-                  "pool after the client timeout", j->id, c->id, w->id,
-                  t->stalled_ms);
-      }
-    }
+    if (t->stalled_ms > 0)
+      stop_renewing_if_stalled(d, j, find_client(j, row->client),
+                               t->stalled_ms, "its stream from a worker");
     if (t->error_code != 0) {
       emit_job_failed(d, j, t->error_code, t->error[0] ? t->error
                                                        : ferry_strerror(
