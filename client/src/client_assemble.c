@@ -359,6 +359,10 @@ void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
 
 /* Fences the client when its lease ran out. Lock held. Returns true while
  * the client is fenced. */
+double ferry__client_lease_s(const ferry_client_t *c) {
+  return (double)c->client_timeout_ms * 1e-3 * FERRY__LEASE_FRACTION;
+}
+
 static bool lease_lapsed_locked(ferry_client_t *c) {
   if (!c->networked_lease)
     return false;
@@ -367,8 +371,8 @@ static bool lease_lapsed_locked(ferry_client_t *c) {
     snprintf(why, sizeof(why),
              "no heartbeat answered for %.0f ms (the dispatcher's client "
              "timeout is %lld ms)",
-             (ferry__client_now() - c->lease_until) * 1e3 +
-                 c->client_timeout_ms * FERRY__LEASE_FRACTION,
+             (ferry__client_now() - c->lease_until + ferry__client_lease_s(c)) *
+                 1e3,
              (long long)c->client_timeout_ms);
     ferry__client_fence_locked(c, false, why);
   }
@@ -389,8 +393,7 @@ static void renew_locked(ferry_client_t *c, double t_send, uint64_t records,
                                  "the dispatcher no longer renews our lease "
                                  "(a stream stalled)");
   } else if (c->networked_lease) {
-    double until = t_send + (double)c->client_timeout_ms * 1e-3 *
-                                FERRY__LEASE_FRACTION;
+    double until = t_send + ferry__client_lease_s(c);
     if (until > c->lease_until)
       c->lease_until = until;
     if (c->fenced && ferry__client_now() <= c->lease_until) {

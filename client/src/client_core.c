@@ -663,8 +663,7 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   double t_job = ferry__client_now();
   if ((rc = get_job(c, have_parsed ? &parsed : NULL, &spec, t0, err)) != 0)
     goto fail;
-  c->lease_until = t_job + (double)c->client_timeout_ms * 1e-3 *
-                               FERRY__LEASE_FRACTION;
+  c->lease_until = t_job + ferry__client_lease_s(c);
   if (!have_parsed && ((rc = batch_shape(c, &spec, err)) != 0 ||
                        (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;

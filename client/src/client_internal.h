@@ -368,6 +368,10 @@ void ferry__client_apply_heartbeat(ferry_client_t *c,
  * whose heartbeats go unanswered stops handing out batches. */
 #define FERRY__LEASE_FRACTION 0.75
 
+/* The length of the client's lease, in seconds: FERRY__LEASE_FRACTION of
+ * the dispatcher's client timeout, counted from a heartbeat's send. */
+double ferry__client_lease_s(const ferry_client_t *c);
+
 /* Fences the client: every slot not handed to the trainer is dropped (a
  * slot a reader still copies into, or a thread prepares, is freed when
  * that ends), each split's received count falls back to its delivered
