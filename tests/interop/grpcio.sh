@@ -9,12 +9,9 @@
 # protobuf or protoc is missing or FERRY_SKIP_INTEROP=1.
 set -u
 
-if [ "${FERRY_SKIP_INTEROP:-0}" = 1 ]; then
-  echo "grpcio: skipped: FERRY_SKIP_INTEROP=1"
-  exit 77
-fi
-
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/daemons.sh"
+require_grpcio grpcio
 dispatcher=''
 proto_dir=''
 while [ $# -gt 0 ]; do
@@ -28,27 +25,10 @@ if [ -z "$dispatcher" ] || [ -z "$proto_dir" ]; then
   echo "usage: grpcio.sh --dispatcher PATH --proto-dir DIR" >&2
   exit 2
 fi
-python=/usr/bin/python3
-if ! $python -c 'import grpc, google.protobuf' 2>/dev/null; then
-  echo "grpcio: skipped: $python lacks grpc or google.protobuf" \
-       "(apt-get install python3-grpcio python3-protobuf)"
-  exit 77
-fi
-
 work=$(mktemp -d /tmp/ferry-grpcio-XXXXXX)
 pid=''
 cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null
-    # Bounded: up to 5 s for a clean exit, then SIGKILL.
-    i=0
-    while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do
-      sleep 0.1
-      i=$((i + 1))
-    done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  fi
+  stop_daemon "$pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -59,14 +39,9 @@ mkfifo "$work/out"
 "$dispatcher" --port 0 --host 127.0.0.1 --work-dir "$work/wd" \
   >"$work/out" 2>"$work/dispatcher.log" &
 pid=$!
-# Keep the FIFO open on our side for the dispatcher's whole life (so its
-# later writes never hit a closed pipe) and read the listening line from
-# it, bounded by 10 s.
 exec 3<"$work/out"
-line=''
-if ! line=$(timeout 10 head -n 1 <&3); then line=''; fi
-addr=${line##*listening on }
-if [ -z "$line" ] || [ "$addr" = "$line" ]; then
+addr=$(listening_addr 3)
+if [ -z "$addr" ]; then
   echo "grpcio: FAIL: the dispatcher printed no listening line in 10 s"
   cat "$work/dispatcher.log"
   echo "grpcio: 0 passed, 1 failed"

@@ -10,11 +10,9 @@
 # replays a run; FERRY_RPC_FUZZ_CALLS sets the calls per method and kind.
 set -u
 
-if [ "${FERRY_SKIP_INTEROP:-0}" = 1 ]; then
-  echo "grpcio_fuzz: skipped: FERRY_SKIP_INTEROP=1"
-  exit 77
-fi
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/daemons.sh"
+require_grpcio grpcio_fuzz
 dispatcher='' worker='' proto_dir=''
 while [ $# -gt 0 ]; do
   case $1 in
@@ -24,41 +22,16 @@ while [ $# -gt 0 ]; do
     *) echo "grpcio_fuzz.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-python=/usr/bin/python3
-if ! $python -c 'import grpc, google.protobuf' 2>/dev/null; then
-  echo "grpcio_fuzz: skipped: $python lacks grpc or google.protobuf"
-  exit 77
-fi
 
 work=$(mktemp -d /tmp/ferry-fuzz-XXXXXX)
 dpid='' wpid=''
-stop() {
-  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
-    kill -TERM "$1" 2>/dev/null
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 50 ]; do
-      sleep 0.1
-      i=$((i + 1))
-    done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-  fi
-}
 cleanup() {
-  stop "$wpid"
-  stop "$dpid"
+  stop_daemon "$wpid"
+  stop_daemon "$dpid"
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-
-# Reads the "listening on HOST:PORT" line from FIFO fd $1 within 10 s.
-listening() {
-  line=''
-  if ! line=$(timeout 10 head -n 1 <&"$1"); then line=''; fi
-  addr=${line##*listening on }
-  [ -n "$line" ] && [ "$addr" != "$line" ] && echo "$addr"
-}
 
 mkdir -p "$work/wd"
 mkfifo "$work/dout" "$work/wout"
@@ -66,7 +39,7 @@ mkfifo "$work/dout" "$work/wout"
   --log-level warn >"$work/dout" 2>"$work/dispatcher.log" &
 dpid=$!
 exec 3<"$work/dout"
-daddr=$(listening 3)
+daddr=$(listening_addr 3)
 if [ -z "$daddr" ]; then
   echo "grpcio_fuzz: FAIL: no listening line from the dispatcher"
   cat "$work/dispatcher.log"; echo "grpcio_fuzz: 0 passed, 1 failed"; exit 1
@@ -75,7 +48,7 @@ fi
   --log-level warn >"$work/wout" 2>"$work/worker.log" &
 wpid=$!
 exec 4<"$work/wout"
-waddr=$(listening 4)
+waddr=$(listening_addr 4)
 if [ -z "$waddr" ]; then
   echo "grpcio_fuzz: FAIL: no listening line from the worker"
   cat "$work/worker.log"; echo "grpcio_fuzz: 0 passed, 1 failed"; exit 1

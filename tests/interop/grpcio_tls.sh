@@ -12,11 +12,9 @@
 # protobuf, protoc or openssl is missing or FERRY_SKIP_INTEROP=1.
 set -u
 
-if [ "${FERRY_SKIP_INTEROP:-0}" = 1 ]; then
-  echo "grpcio_tls: skipped: FERRY_SKIP_INTEROP=1"
-  exit 77
-fi
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/daemons.sh"
+require_grpcio grpcio_tls
 dispatcher=''
 proto_dir=''
 while [ $# -gt 0 ]; do
@@ -30,12 +28,6 @@ if [ -z "$dispatcher" ] || [ -z "$proto_dir" ]; then
   echo "usage: grpcio_tls.sh --dispatcher PATH --proto-dir DIR" >&2
   exit 2
 fi
-python=/usr/bin/python3
-if ! $python -c 'import grpc, google.protobuf' 2>/dev/null; then
-  echo "grpcio_tls: skipped: $python lacks grpc or google.protobuf" \
-       "(apt-get install python3-grpcio python3-protobuf)"
-  exit 77
-fi
 if ! command -v openssl >/dev/null 2>&1; then
   echo "grpcio_tls: skipped: no openssl to make certificates"
   exit 77
@@ -44,16 +36,7 @@ fi
 work=$(mktemp -d /tmp/ferry-grpcio-tls-XXXXXX)
 pid=''
 cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null
-    i=0
-    while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do
-      sleep 0.1
-      i=$((i + 1))
-    done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  fi
+  stop_daemon "$pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -75,10 +58,8 @@ mkfifo "$work/out"
   >"$work/out" 2>"$work/dispatcher.log" &
 pid=$!
 exec 3<"$work/out"
-line=''
-if ! line=$(timeout 10 head -n 1 <&3); then line=''; fi
-addr=${line##*listening on }
-if [ -z "$line" ] || [ "$addr" = "$line" ]; then
+addr=$(listening_addr 3)
+if [ -z "$addr" ]; then
   echo "grpcio_tls: FAIL: the dispatcher printed no listening line in 10 s"
   cat "$work/dispatcher.log"
   exit 1
