@@ -19,7 +19,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ferry_protos  # noqa: E402
+import ferry_interop  # noqa: E402
 
 
 def rss_kb(pid):
@@ -61,7 +61,7 @@ def main():
     print(f"grpcio_fuzz: seed {args.seed} (--seed {args.seed} replays it), "
           f"{args.calls} calls per method and kind")
     work = args.work or tempfile.mkdtemp(prefix="ferry-fuzz-")
-    rc = ferry_protos.generate("grpcio_fuzz", args.proto_dir, work)
+    rc = ferry_interop.generate("grpcio_fuzz", args.proto_dir, work)
     if rc != 0:
         return rc
     import grpc
@@ -70,16 +70,7 @@ def main():
     from ferry_health import health_pb2 as h
 
     rng = random.Random(args.seed)
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok   {name}")
-        else:
-            failed += 1
-            print(f"FAIL {name}: {detail}")
+    check = ferry_interop.Checks("grpcio_fuzz")
 
     # Valid bodies to mutate, one or more per method.
     seeds = {
@@ -178,8 +169,7 @@ def main():
         check(f"{name} memory grew by {grew:.1f} MB (< "
               f"{args.max_growth_mb} MB)", a > 0 and b > 0 and
               grew < args.max_growth_mb)
-    print(f"grpcio_fuzz: {passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ferry_protos  # noqa: E402
+import ferry_interop  # noqa: E402
 
 
 def main():
@@ -25,23 +25,14 @@ def main():
     args = ap.parse_args()
 
     work = args.work or tempfile.mkdtemp(prefix="ferry-grpcio-")
-    rc = ferry_protos.generate("grpcio", args.proto_dir, work)
+    rc = ferry_interop.generate("grpcio", args.proto_dir, work)
     if rc != 0:
         return rc
     import grpc
     from ferry.v1 import dispatcher_pb2
     from ferry_health import health_pb2
 
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok   {name}")
-        else:
-            failed += 1
-            print(f"FAIL {name}: {detail}")
+    check = ferry_interop.Checks("grpcio")
 
     with grpc.insecure_channel(args.target) as ch:
         try:
@@ -49,8 +40,7 @@ def main():
             check("connect", True)
         except grpc.FutureTimeoutError:
             check("connect", False, f"{args.target} not ready within 5 s")
-            print(f"grpcio: {passed} passed, {failed} failed")
-            return 1
+            return check.summary()
 
         health = ch.unary_unary(
             "/grpc.health.v1.Health/Check",
@@ -110,8 +100,7 @@ def main():
             check("unknown method is UNIMPLEMENTED",
                   e.code() == grpc.StatusCode.UNIMPLEMENTED, str(e.code()))
 
-    print(f"grpcio: {passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":

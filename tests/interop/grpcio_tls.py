@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ferry_protos  # noqa: E402
+import ferry_interop  # noqa: E402
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--work")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="ferry-grpcio-tls-")
-    rc = ferry_protos.generate("grpcio_tls", args.proto_dir, work)
+    rc = ferry_interop.generate("grpcio_tls", args.proto_dir, work)
     if rc != 0:
         return rc
     import grpc
@@ -43,16 +43,7 @@ def main():
     def token(name):
         return read(name).decode().strip()
 
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok   {name}")
-        else:
-            failed += 1
-            print(f"FAIL {name}: {detail}")
+    check = ferry_interop.Checks("grpcio_tls")
 
     def creds(ca="ca.pem", client=True):
         if client:
@@ -128,8 +119,7 @@ def main():
                                    grpc.StatusCode.DEADLINE_EXCEEDED),
                       f"{e.code()}: {e.details()}")
 
-    print(f"grpcio_tls: {passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":
