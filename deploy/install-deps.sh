@@ -11,6 +11,9 @@ packages=(
   libuv1-dev libturbojpeg0-dev libucx-dev libcriterion-dev zlib1g-dev
   clang libclang-rt-14-dev          # libFuzzer and sanitizer runtimes
   python3 python3-venv python3-grpcio  # interop tests
+  # The Python suite (tests/python): its venv sees these through
+  # --system-site-packages (the registry's torch wheel is gigabytes of CUDA).
+  python3-torch python3-numpy python3-pytest
 )
 
 if [ "$(id -u)" -ne 0 ]; then
