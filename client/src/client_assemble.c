@@ -905,6 +905,27 @@ void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
   release(c, batch, true, stream);
 }
 
+int ferry_batch_wait_stream(ferry_client_t *c, const ferry_batch_t *batch,
+                            void *stream, ferry_error_t *err) {
+  if (c == NULL || batch == NULL)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "batch_wait_stream: no client or no batch");
+  ferry__slot_t *s = slot_of(c, batch);
+  if (s == NULL)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "batch_wait_stream: not a batch of this client");
+  pthread_mutex_lock(&c->mu);
+  bool held = s->state == FERRY__SLOT_HANDED;
+  unsigned long long index = (unsigned long long)s->index;
+  pthread_mutex_unlock(&c->mu);
+  if (!held)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "batch_wait_stream: batch %llu is not held (already "
+                         "released?)",
+                         index);
+  return ferry__staging_wait_stream(c, s, stream, err);
+}
+
 void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {
   memset(out, 0, sizeof(*out));
   pthread_mutex_lock(&c->mu);

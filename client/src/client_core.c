@@ -22,16 +22,129 @@ static void *pb_alloc(void *d, size_t n) { return ferry__malloc(n); }
 static void pb_free(void *d, void *p) { ferry__free(p); }
 static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
-void ferry_client_options_init(ferry_client_options_t *o) {
-  memset(o, 0, sizeof(*o));
-  o->mode = FERRY_MODE_DISTRIBUTED_EPOCH;
-  o->shuffle = -1;
-  o->error_policy = FERRY_ON_ERROR_FAIL;
-  o->prefetch = 3;
-  o->splits_in_flight = 8;
-  o->heartbeat_ms = 250;
-  o->connect_timeout_ms = 5000;
-  o->dispatcher_timeout_ms = 30000;
+/* Every field of ferry_client_options_t in order, for the struct_size
+ * checks: a caller's struct may end after any field, never inside one. */
+#define OPT_FIELD(f)                                                          \
+  {offsetof(ferry_client_options_t, f),                                      \
+   sizeof(((ferry_client_options_t *)0)->f), #f}
+static const struct {
+  size_t off, size;
+  const char *name;
+} opt_fields[] = {
+    OPT_FIELD(struct_size),      OPT_FIELD(dispatcher),
+    OPT_FIELD(spec),             OPT_FIELD(dataset_id),
+    OPT_FIELD(job_name),         OPT_FIELD(mode),
+    OPT_FIELD(num_epochs),       OPT_FIELD(shuffle),
+    OPT_FIELD(shuffle_seed),     OPT_FIELD(error_policy),
+    OPT_FIELD(batch_size),       OPT_FIELD(drop_remainder),
+    OPT_FIELD(prefetch),         OPT_FIELD(splits_in_flight),
+    OPT_FIELD(heartbeat_ms),     OPT_FIELD(connect_timeout_ms),
+    OPT_FIELD(dispatcher_timeout_ms), OPT_FIELD(gpu),
+    OPT_FIELD(device),           OPT_FIELD(device_fallback),
+    OPT_FIELD(augment),          OPT_FIELD(augment_seed),
+    OPT_FIELD(dtype),            OPT_FIELD(layout),
+    OPT_FIELD(tls_ca),           OPT_FIELD(tls_cert),
+    OPT_FIELD(tls_key),          OPT_FIELD(token_file),
+};
+#undef OPT_FIELD
+#define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
+_Static_assert(sizeof(ferry_client_options_t) -
+                       (offsetof(ferry_client_options_t, token_file) +
+                        sizeof(const char *)) <
+                   sizeof(void *),
+               "opt_fields must list the options' last field");
+
+/* Whether a field ends within the first `size` bytes. */
+#define FITS(size, f)                                                         \
+  (offsetof(ferry_client_options_t, f) +                                     \
+       sizeof(((ferry_client_options_t *)0)->f) <=                           \
+   (size))
+
+void ferry_client_options_init_sized(ferry_client_options_t *o, size_t size) {
+  if (o == NULL)
+    return;
+  if (size > sizeof(*o))
+    /* A caller newer than this library: its unknown fields stay 0. */
+    memset((char *)o + sizeof(*o), 0, size - sizeof(*o));
+  size_t n = size < sizeof(*o) ? size : sizeof(*o);
+  memset(o, 0, n);
+  if (FITS(n, struct_size))
+    o->struct_size = (uint32_t)size;
+  if (FITS(n, mode))
+    o->mode = FERRY_MODE_DISTRIBUTED_EPOCH;
+  if (FITS(n, shuffle))
+    o->shuffle = -1;
+  if (FITS(n, error_policy))
+    o->error_policy = FERRY_ON_ERROR_FAIL;
+  if (FITS(n, prefetch))
+    o->prefetch = 3;
+  if (FITS(n, splits_in_flight))
+    o->splits_in_flight = 8;
+  if (FITS(n, heartbeat_ms))
+    o->heartbeat_ms = 250;
+  if (FITS(n, connect_timeout_ms))
+    o->connect_timeout_ms = 5000;
+  if (FITS(n, dispatcher_timeout_ms))
+    o->dispatcher_timeout_ms = 30000;
+}
+
+int ferry__client_options_copy(const ferry_client_options_t *in,
+                               ferry_client_options_t *out,
+                               ferry_error_t *err) {
+  ferry_client_options_init(out);
+  if (in == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "client: no options");
+  size_t size = in->struct_size;
+  if (size == 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: options.struct_size is 0: initialise the "
+                         "options with ferry_client_options_init");
+  if (size < FERRY_CLIENT_OPTIONS_MIN_SIZE)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: options.struct_size %zu is smaller than the "
+                         "first release's options (%zu bytes): not "
+                         "initialised with ferry_client_options_init?",
+                         size, (size_t)FERRY_CLIENT_OPTIONS_MIN_SIZE);
+  if (size > 65536)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: options.struct_size %zu is implausible "
+                         "(this libferry's options are %zu bytes): not "
+                         "initialised with ferry_client_options_init?",
+                         size, sizeof(*out));
+  if (size < sizeof(*out)) {
+    for (size_t i = 0; i < N_OPT_FIELDS; i++)
+      if (size > opt_fields[i].off &&
+          size < opt_fields[i].off + opt_fields[i].size)
+        return ferry__seterr(err, FERRY_EINVAL,
+                             "client: options.struct_size %zu ends inside "
+                             "field %s (bytes %zu..%zu)",
+                             size, opt_fields[i].name, opt_fields[i].off,
+                             opt_fields[i].off + opt_fields[i].size - 1);
+    memcpy(out, in, size);
+  } else {
+    /* Fields this library does not know must be unset. */
+    const unsigned char *tail = (const unsigned char *)in + sizeof(*out);
+    for (size_t i = 0; i < size - sizeof(*out); i++)
+      if (tail[i] != 0)
+        return ferry__seterr(err, FERRY_EINVAL,
+                             "client: options.struct_size %zu: byte %zu is "
+                             "set, in an option this libferry (%zu-byte "
+                             "options) does not know; a newer libferry is "
+                             "needed",
+                             size, sizeof(*out) + i, sizeof(*out));
+    memcpy(out, in, sizeof(*out));
+  }
+  out->struct_size = (uint32_t)sizeof(*out);
+  return 0;
+}
+
+void ferry_memory_stats(int64_t *bytes, int64_t *blocks) {
+  ferry_alloc_stats_t st;
+  ferry__alloc_stats(&st);
+  if (bytes != NULL)
+    *bytes = st.bytes;
+  if (blocks != NULL)
+    *blocks = st.blocks;
 }
 
 uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
@@ -544,8 +657,8 @@ static char *dup_opt(const char *s, bool *nomem) {
   return d;
 }
 
-int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
-                     ferry_error_t *err) {
+int ferry_client_new(const ferry_client_options_t *user_opts,
+                     ferry_client_t **out, ferry_error_t *err) {
   double t0 = ferry__client_now();
   ferry_spec_t parsed, spec;
   bool have_parsed = false, nomem = false;
@@ -554,7 +667,11 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
   int rc;
   *out = NULL;
   ferry_spec_init(&spec);
-  if (opts == NULL || opts->dispatcher == NULL || opts->dispatcher[0] == 0)
+  ferry_client_options_t full_opts;
+  if ((rc = ferry__client_options_copy(user_opts, &full_opts, err)) != 0)
+    return rc;
+  const ferry_client_options_t *opts = &full_opts;
+  if (opts->dispatcher == NULL || opts->dispatcher[0] == 0)
     return ferry__seterr(err, FERRY_EINVAL, "client: no dispatcher address");
   bool has_spec = opts->spec != NULL && opts->spec[0] != '\0';
   bool has_id = opts->dataset_id != NULL && opts->dataset_id[0] != '\0';

@@ -349,6 +349,20 @@ int ferry__staging_prepare(ferry_client_t *c, ferry__slot_t *s,
 int ferry__staging_release(ferry_client_t *c, ferry__slot_t *s, bool ordered,
                            void *stream, ferry_error_t *err);
 
+/* Copies the caller's options (in->struct_size bytes of them) over a
+ * defaulted full struct (out->struct_size = this library's sizeof).
+ * Refuses, with FERRY_EINVAL naming the size, a struct_size of 0, below
+ * FERRY_CLIENT_OPTIONS_MIN_SIZE, ending inside a field, or beyond this
+ * library's struct with a non-zero byte in the unknown tail. */
+int ferry__client_options_copy(const ferry_client_options_t *in,
+                               ferry_client_options_t *out,
+                               ferry_error_t *err);
+
+/* Makes `stream` wait (on the device) for slot s's output (GPU staging);
+ * 0 and nothing for host batches. */
+int ferry__staging_wait_stream(ferry_client_t *c, ferry__slot_t *s,
+                               void *stream, ferry_error_t *err);
+
 /* Places a parsed chunk's new records into batch slots: drops positions
  * below the split's received count, reserves ranges under the lock and
  * copies the payload, labels and ids outside it. Blocks while every slot

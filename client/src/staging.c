@@ -190,6 +190,13 @@ int ferry__staging_release(ferry_client_t *c, ferry__slot_t *s, bool ordered,
                                 stream, err);
 }
 
+int ferry__staging_wait_stream(ferry_client_t *c, ferry__slot_t *s,
+                               void *stream, ferry_error_t *err) {
+  if (c->stg_mode != FERRY__STG_GPU)
+    return 0;
+  return ferry__stg_gpu_wait(c->gpu, (uint32_t)(s - c->slots), stream, err);
+}
+
 /* ---- DLPack ------------------------------------------------------------ */
 
 static void dl_deleter(DLManagedTensor *self) {

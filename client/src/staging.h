@@ -67,6 +67,13 @@ int ferry__stg_gpu_submit(ferry__stg_gpu_t *g, uint32_t slot,
 int ferry__stg_gpu_release(ferry__stg_gpu_t *g, uint32_t slot, bool ordered,
                            void *stream, ferry_error_t *err);
 
+/* Makes `stream` (a cudaStream_t; NULL: the legacy default stream of the
+ * ring's device) wait on the device for ready[i] (cudaStreamWaitEvent):
+ * work enqueued on it afterwards sees slot i's output. Returns 0 or
+ * FERRY_EIO. */
+int ferry__stg_gpu_wait(ferry__stg_gpu_t *g, uint32_t slot, void *stream,
+                        ferry_error_t *err);
+
 /* Waits for the device work, then frees everything. NULL is fine. */
 void ferry__stg_gpu_close(ferry__stg_gpu_t *g);
 

@@ -220,6 +220,19 @@ out:
   return rc;
 }
 
+extern "C" int ferry__stg_gpu_wait(ferry__stg_gpu_t *g, uint32_t slot,
+                                   void *stream, ferry_error_t *err) {
+  int prev = g->device, rc = 0;
+  cudaError_t ce = enter(g->device, &prev);
+  if (ce != cudaSuccess)
+    return cuda_err(ce, "cudaSetDevice", err);
+  if ((ce = cudaStreamWaitEvent((cudaStream_t)stream, g->ready[slot], 0)) !=
+      cudaSuccess)
+    rc = cuda_err(ce, "cudaStreamWaitEvent on the trainer's stream", err);
+  leave(g->device, prev);
+  return rc;
+}
+
 extern "C" int ferry__stg_gpu_release(ferry__stg_gpu_t *g, uint32_t slot,
                                       bool ordered, void *stream,
                                       ferry_error_t *err) {

@@ -45,4 +45,10 @@ int ferry__stg_gpu_release(ferry__stg_gpu_t *g, uint32_t slot, bool ordered,
   return 0;
 }
 
+int ferry__stg_gpu_wait(ferry__stg_gpu_t *g, uint32_t slot, void *stream,
+                        ferry_error_t *err) {
+  return ferry__seterr(err, FERRY_ENOTSUP,
+                       "staging: this libferry was built without CUDA");
+}
+
 void ferry__stg_gpu_close(ferry__stg_gpu_t *g) { (void)g; }

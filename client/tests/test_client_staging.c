@@ -214,6 +214,31 @@ Test(client_staging, without_augment_the_uint8_slot_as_before) {
   ferry_client_free(c);
 }
 
+/* Host batches: waiting a stream on them is a no-op that succeeds; a
+ * batch not held (released, or another client's) is refused. */
+Test(client_staging, wait_stream_on_host_batches) {
+  ferry_client_t *c = local(4, 3, SPEC_ALL, 1, FERRY_DTYPE_FLOAT32,
+                            FERRY_LAYOUT_NHWC);
+  ferry_client_t *other = local(4, 3, NULL, 0, FERRY_DTYPE_FLOAT32,
+                                FERRY_LAYOUT_NHWC);
+  ferry_error_t err = {0};
+  feed(c, 0, 0, 0, 4, false);
+  const ferry_batch_t *b;
+  cr_assert_eq(ferry_next(c, &b, 0, NULL), 0);
+  cr_assert_eq(ferry_batch_wait_stream(c, b, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry_batch_wait_stream(c, b, (void *)0x1234, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(ferry_batch_wait_stream(other, b, NULL, &err), FERRY_EINVAL);
+  cr_assert_not_null(strstr(err.msg, "not a batch of this client"), "%s",
+                     err.msg);
+  ferry_batch_release(c, b);
+  cr_assert_eq(ferry_batch_wait_stream(c, b, NULL, &err), FERRY_EINVAL);
+  cr_assert_not_null(strstr(err.msg, "not held"), "%s", err.msg);
+  cr_assert_eq(ferry_batch_wait_stream(c, NULL, NULL, &err), FERRY_EINVAL);
+  ferry_client_free(other);
+  ferry_client_free(c);
+}
+
 /* ---- DLPack ------------------------------------------------------------ */
 
 static void check_dl(const DLManagedTensor *t, const ferry_batch_t *b,

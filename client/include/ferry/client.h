@@ -70,7 +70,20 @@ typedef enum {
   FERRY_MODE_PARALLEL_EPOCHS = 1    /* each worker produces everything */
 } ferry_job_mode_t;
 
+/* The client's options. ABI rule: fields are only ever appended, never
+ * reordered, resized or removed, and `struct_size` (set by
+ * ferry_client_options_init to the sizeof the caller was compiled with)
+ * tells the library how much of the struct the caller has. The library
+ * reads only struct_size bytes and gives every field beyond them its
+ * default, so a binding built against an older header keeps working with
+ * a newer libferry. struct_size must cover at least the fields through
+ * dispatcher_timeout_ms (FERRY_CLIENT_OPTIONS_MIN_SIZE) and end on a
+ * field boundary; 0 (not initialised) fails with FERRY_EINVAL. A
+ * struct_size beyond what this libferry knows is accepted only when the
+ * unknown tail is all zero bytes (options it cannot honour left unset). */
 typedef struct ferry_client_options_s {
+  uint32_t struct_size;   /* sizeof(ferry_client_options_t) as the caller
+                             compiled it: set by ferry_client_options_init */
   const char *dispatcher; /* "host:port" (required) */
   const char *spec;       /* pipeline spec text, or */
   const char *dataset_id; /* an id from an earlier registration */
@@ -172,9 +185,21 @@ typedef struct ferry_client_stats_s {
   uint64_t records_acked;
 } ferry_client_stats_t;
 
-/* Sets the defaults written next to each field (everything else 0/NULL:
- * distributed_epoch, the spec's epochs and batch size, policy fail). */
-void ferry_client_options_init(ferry_client_options_t *opts);
+/* The smallest struct_size ferry_client_new accepts: the options of the
+ * first release (dispatcher through dispatcher_timeout_ms). */
+#define FERRY_CLIENT_OPTIONS_MIN_SIZE                                       \
+  (offsetof(ferry_client_options_t, dispatcher_timeout_ms) + sizeof(uint32_t))
+
+/* Zero-fills the first `size` bytes of *opts, sets struct_size = size and
+ * the defaults written next to each field that fits in `size` (everything
+ * else 0/NULL: distributed_epoch, the spec's epochs and batch size, policy
+ * fail). Callers write ferry_client_options_init(&o), which passes the
+ * sizeof their header declares; bindings that lay the struct out
+ * themselves call this with their own size. */
+void ferry_client_options_init_sized(ferry_client_options_t *opts,
+                                     size_t size);
+#define ferry_client_options_init(opts)                                     \
+  ferry_client_options_init_sized((opts), sizeof *(opts))
 
 typedef struct ferry_client_s ferry_client_t;
 
@@ -254,6 +279,17 @@ void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
 int ferry_batch_to_dlpack(ferry_client_t *c, const ferry_batch_t *batch,
                           DLManagedTensor **out);
 
+/* For a batch from ferry_next (held, or exported with
+ * ferry_batch_to_dlpack and not yet deleted): makes CUDA stream `stream`
+ * (a cudaStream_t; NULL: the legacy default stream of the batch's device)
+ * wait on the device for the batch's ready_event (cudaStreamWaitEvent),
+ * so work enqueued on it afterwards reads the finished `output`; the host
+ * does not wait. Returns 0 and does nothing for host batches;
+ * FERRY_EINVAL for a batch that is not this client's or not held;
+ * FERRY_EIO with CUDA's message. */
+int ferry_batch_wait_stream(ferry_client_t *c, const ferry_batch_t *batch,
+                            void *stream, ferry_error_t *err);
+
 /* Counters since ferry_client_new; `records` counts records handed out
  * (a remainder dropped under drop_remainder is not). */
 void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out);
@@ -261,6 +297,11 @@ void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out);
 /* The job's id and this client's id within it, for ferryctl and logs. */
 uint64_t ferry_client_job_id(const ferry_client_t *c);
 uint64_t ferry_client_id(const ferry_client_t *c);
+
+/* Memory the library holds right now, process-wide: live bytes and
+ * allocations made through its allocator (every client, batch ring and
+ * message buffer). Either pointer may be NULL. For leak checks. */
+void ferry_memory_stats(int64_t *bytes, int64_t *blocks);
 
 /* Says goodbye to the dispatcher (a last heartbeat with leaving set: its
  * splits go back to the pool from what the trainer received), cancels the
