@@ -63,7 +63,9 @@ else
 fi
 
 cd "$here"
-# -rs prints every skip's reason; no cache directory in the source tree;
+# -rs prints every skip's reason; no cache or hypothesis directories in
+# the source tree (Debian's python3-hypothesis registers a pytest plugin);
 # a test still running after 120 s gets every thread's traceback.
-exec "$venv/bin/python" -m pytest -p no:cacheprovider -rs -v \
+exec "$venv/bin/python" -m pytest -p no:cacheprovider -p no:hypothesispytest \
+  -rs -v \
   -o faulthandler_timeout=120 --basetemp="$build/tmp-$suite" "$@"

@@ -146,6 +146,10 @@ def test_worker_killed_mid_epoch_still_exactly_once(make_cluster, medium):
             b.release()
             if not killed and sum(counts.values()) >= 5 * 32 and \
                     c.stats()["workers"] >= 2:
+                # The victim serves this job: it holds tasks.
+                w0 = [w for w in cl.status()["workers"]
+                      if w["address"] == cl.workers[0].addr]
+                assert w0 and w0[0]["tasks"] > 0, cl.status()["workers"]
                 cl.workers[0].kill(signal.SIGKILL)
                 killed = True
                 at = sum(counts.values())

@@ -44,6 +44,7 @@ def _parts(elem):
 
 
 def test_tf_data_dataset_two_epochs(cluster, small):
+    import ferry.tf
     ds = ferry.tf.dataset(dispatcher=cluster.addr, spec=small.spec(),
                           batch_size=100, epochs=2, timeout=30.0)
     assert isinstance(ds, tf.data.Dataset)

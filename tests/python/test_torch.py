@@ -71,6 +71,7 @@ def test_zero_copy_and_slot_lifetime(torch, cluster, small):
             assert m.ctypes.data == p, name
             assert tuple(t.shape) == tuple(a.shape) == n.shape == m.shape
             assert numpy.array_equal(t.numpy(), n)
+        del a, t, n, m  # what the loop made holds the slot too
         assert b.images.device == "cpu" and b.images.dtype == "uint8"
         assert tuple(b.images.shape) == (50, small.h, small.w, small.c)
         assert len(b) == 50 and len(b.images) == 50
