@@ -85,21 +85,22 @@ def no_stray_threads():
     assert not left, "threads left running: %s" % left
 
 
-def torch_or_skip():
-    """Debian's python3-torch through the venv's system site packages; a
-    skip with the reason when it cannot be imported."""
-    try:
-        import torch  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        pytest.skip("torch cannot be imported (%s: %s); install Debian's "
-                    "python3-torch (deploy/install-deps.sh)"
-                    % (type(e).__name__, e))
-    return torch
+@pytest.fixture
+def torch():
+    return ferrytest.torch_or_skip()
 
 
 @pytest.fixture
-def torch():
-    return torch_or_skip()
+def as_tensor():
+    """torch.from_dlpack when torch is there, else numpy.from_dlpack: for
+    tests about holds and lifetimes, which must not skip without torch."""
+    try:
+        import torch as t
+        return t.from_dlpack
+    except Exception as e:
+        import numpy
+        print("no torch (%s): tensors are numpy.from_dlpack arrays" % e)
+        return numpy.from_dlpack
 
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -20,6 +20,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -44,6 +46,18 @@ def check_binaries():
     missing = [p for p in (DISPATCHER, WORKER, FERRYCTL)
                if not os.access(p, os.X_OK)]
     return missing
+
+
+def torch_or_skip():
+    """Debian's python3-torch through the venv's system site packages; a
+    skip with the reason when it cannot be imported."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        pytest.skip("torch cannot be imported (%s: %s); install Debian's "
+                    "python3-torch (deploy/install-deps.sh)"
+                    % (type(e).__name__, e))
+    return torch
 
 
 # ---- daemons -----------------------------------------------------------

@@ -159,7 +159,7 @@ def test_worker_killed_mid_epoch_still_exactly_once(make_cluster, medium):
     ferrytest.assert_exactly_once(counts, medium.ids())
 
 
-def test_holding_more_than_prefetch_raises(torch, cluster, small):
+def test_holding_more_than_prefetch_raises(as_tensor, cluster, small):
     with ferry.Client(cluster.addr, small.spec(batch=10), epochs=1,
                       prefetch=2, timeout=TIMEOUT) as c:
         held = [c.next(), c.next()]
@@ -172,7 +172,7 @@ def test_holding_more_than_prefetch_raises(torch, cluster, small):
         assert "2" in str(ei.value) or "prefetch" in str(ei.value), \
             str(ei.value)
         # Tensors count as holds too: after the batches become tensors.
-        tensors = [torch.from_dlpack(b.images) for b in held]
+        tensors = [as_tensor(b.images) for b in held]
         del held
         with pytest.raises(ferry.Error):
             c.next()

@@ -21,7 +21,7 @@ LIB_BOUND = 256 << 10
 LIB_BLOCKS_BOUND = 256
 
 
-def test_memory_flat_over_10000_batches(torch, cluster, tiny):
+def test_memory_flat_over_10000_batches(as_tensor, cluster, tiny):
     # tiny: 4,000 records of 4x4x1; batch 2 -> 2,000 batches per epoch.
     epochs = BATCHES // (len(tiny) // 2)
     assert epochs * len(tiny) // 2 == BATCHES
@@ -33,7 +33,7 @@ def test_memory_flat_over_10000_batches(torch, cluster, tiny):
             for b in c:
                 # The consumer path of a trainer: tensors and arrays made
                 # from every batch, then dropped.
-                t = torch.from_dlpack(b.images)
+                t = as_tensor(b.images)
                 lab = numpy.from_dlpack(b.labels)
                 ids = numpy.asarray(b.ids)
                 assert t.shape[0] == lab.shape[0] == ids.shape[0] == 2

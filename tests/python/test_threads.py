@@ -113,13 +113,13 @@ def test_next_timeout_raises_timeout_error(make_cluster, small):
         assert 0.25 <= took < 0.3 + BOUND_S, took
 
 
-def test_tensors_dropped_in_another_thread_release_slots(torch, cluster,
+def test_tensors_dropped_in_another_thread_release_slots(as_tensor, cluster,
                                                          small):
     with ferry.Client(cluster.addr, small.spec(batch=10), epochs=1,
                       prefetch=3, timeout=30.0) as c:
         for _ in range(5):  # 5 rounds of a full ring
             batches = [c.next() for _ in range(3)]
-            tensors = [torch.from_dlpack(b.images) for b in batches]
+            tensors = [as_tensor(b.images) for b in batches]
             labels = [b.labels for b in batches]  # ferry.Array objects
             assert c.stats()["held"] == 3
             box = [batches, tensors, labels]
