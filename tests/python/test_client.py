@@ -130,3 +130,31 @@ def test_epochs_none_runs_until_closed(cluster, small):
         assert per_epoch[0] == per_epoch[1] == per_epoch[2] == len(small)
     finally:
         c.close()
+
+
+def test_version_is_the_projects():
+    import os
+    import re
+    with open(os.path.join(ferrytest.REPO, "CMakeLists.txt")) as f:
+        m = re.search(r"project\(\s*ferry\s+VERSION\s+([0-9.]+)", f.read())
+    assert m, "no project(ferry VERSION ...) in CMakeLists.txt"
+    assert ferry.version() == m.group(1)
+    assert ferry.__version__ == m.group(1)
+
+
+def test_cuda_device_works_or_says_why(cluster, small):
+    """device="cuda:0": CUDA batches on a CUDA build with a device; else
+    (this CPU machine) a ferry.Error ENOTSUP before any batch."""
+    try:
+        c = ferry.Client(cluster.addr, small.spec(batch=10), epochs=1,
+                         device="cuda:0", dtype="float32", timeout=TIMEOUT)
+    except ferry.Error as e:
+        print("device cuda:0: %s" % e)
+        assert e.code_name == "ENOTSUP", (e.code_name, str(e))
+        assert "CUDA" in str(e) or "cuda" in str(e)
+        return
+    with c:
+        b = c.next()
+        assert b.images.device == "cuda:0"
+        assert b.images.__dlpack_device__() == (2, 0)  # kDLCUDA, device 0
+        assert not hasattr(b.images, "__array_interface__")
