@@ -158,3 +158,16 @@ def test_cuda_device_works_or_says_why(cluster, small):
         assert b.images.device == "cuda:0"
         assert b.images.__dlpack_device__() == (2, 0)  # kDLCUDA, device 0
         assert not hasattr(b.images, "__array_interface__")
+
+
+def test_parallel_epochs_every_worker_makes_everything(make_cluster, small):
+    cl = make_cluster(workers=2)
+    counts = collections.Counter()
+    with ferry.Client(cl.addr, small.spec(batch=100), epochs=1,
+                      mode="parallel_epochs", timeout=TIMEOUT) as c:
+        for b in c:
+            counts.update(numpy.asarray(b.ids).tolist())
+    assert set(counts) == small.ids()
+    assert set(counts.values()) == {2}, collections.Counter(counts.values())
+    with pytest.raises(ValueError):
+        ferry.Client(cl.addr, small.spec(batch=100), mode="parallel")
