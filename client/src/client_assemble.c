@@ -926,7 +926,11 @@ int ferry_batch_wait_stream(ferry_client_t *c, const ferry_batch_t *batch,
   return ferry__staging_wait_stream(c, s, stream, err);
 }
 
-void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {
+void ferry_client_stats_sized(ferry_client_t *c, ferry_client_stats_t *user,
+                              size_t size) {
+  /* Filled whole here; the caller gets the `size` bytes its header
+   * declared (an older caller's struct lacks the fields appended since). */
+  ferry_client_stats_t st, *out = &st;
   memset(out, 0, sizeof(*out));
   pthread_mutex_lock(&c->mu);
   out->batches = c->batches;
@@ -941,4 +945,9 @@ void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out) {
     if (!c->workers[i]->ended)
       out->workers++;
   pthread_mutex_unlock(&c->mu);
+  if (user == NULL)
+    return;
+  memcpy(user, &st, size < sizeof(st) ? size : sizeof(st));
+  if (size > sizeof(st)) /* a newer caller: fields this library lacks */
+    memset((char *)user + sizeof(st), 0, size - sizeof(st));
 }

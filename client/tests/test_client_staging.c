@@ -239,6 +239,35 @@ Test(client_staging, wait_stream_on_host_batches) {
   ferry_client_free(c);
 }
 
+/* ferry_client_stats writes only the caller's sizeof: a struct from an
+ * older header (cut before records_acked) keeps the bytes after it. */
+Test(client_staging, stats_write_only_the_callers_size) {
+  ferry_client_t *c = local(4, 3, NULL, 0, FERRY_DTYPE_FLOAT32,
+                            FERRY_LAYOUT_NHWC);
+  feed(c, 0, 0, 0, 4, false);
+  const ferry_batch_t *b;
+  cr_assert_eq(ferry_next(c, &b, 0, NULL), 0);
+  ferry_batch_release(c, b);
+  struct {
+    ferry_client_stats_t st;
+    uint64_t newer;
+  } big;
+  size_t cut = offsetof(ferry_client_stats_t, records_acked);
+  memset(&big, 0xAB, sizeof(big));
+  ferry_client_stats_sized(c, &big.st, cut);
+  cr_assert_eq(big.st.batches, 1);
+  cr_assert_eq(big.st.records, 4);
+  const unsigned char *p = (const unsigned char *)&big;
+  for (size_t i = cut; i < sizeof(big); i++)
+    cr_assert_eq(p[i], 0xAB, "byte %zu written", i);
+  ferry_client_stats_sized(c, &big.st, sizeof(big));
+  cr_assert_eq(big.st.batches, 1);
+  cr_assert_eq(big.newer, 0);
+  ferry_client_stats(c, &big.st);
+  cr_assert_eq(big.st.records, 4);
+  ferry_client_free(c);
+}
+
 /* ---- DLPack ------------------------------------------------------------ */
 
 static void check_dl(const DLManagedTensor *t, const ferry_batch_t *b,

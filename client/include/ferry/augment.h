@@ -30,12 +30,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* error.h has no C++ guards of its own: nvcc-built files include this. */
+#include "ferry/error.h"
+#include "ferry/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#include "ferry/error.h"
 
 /* Output element types. float16 and bfloat16 are rounded to nearest even
  * from the float32 result. */
@@ -74,7 +74,7 @@ typedef struct ferry_augment_params_s {
 } ferry_augment_params_t;
 
 /* The identity spec (no op, scale 1, fused mode). */
-void ferry_augment_spec_init(ferry_augment_spec_t *spec);
+FERRY_API void ferry_augment_spec_init(ferry_augment_spec_t *spec);
 
 /* Parses the text form: ops separated by '|', each at most once and in
  * this order (Keras applies its layers in model order; Ferry's is fixed):
@@ -87,30 +87,32 @@ void ferry_augment_spec_init(ferry_augment_spec_t *spec);
  * only. Returns 0, or FERRY_ESPEC with `err` giving the column and what
  * was expected. `spec` is caller-owned; it is set to the identity on
  * error. Thread-safe. */
-int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
-                             ferry_error_t *err);
+FERRY_API int ferry_augment_spec_parse(const char *text,
+                                       ferry_augment_spec_t *spec,
+                                       ferry_error_t *err);
 
 /* Writes the canonical text of `spec` (the form the parser reads back to
  * the same spec, with rescale as a decimal of float precision) into buf,
  * NUL-terminated and truncated to cap bytes. Returns the full length. */
-size_t ferry_augment_spec_format(const ferry_augment_spec_t *spec, char *buf,
-                                 size_t cap);
+FERRY_API size_t ferry_augment_spec_format(const ferry_augment_spec_t *spec,
+                                           char *buf, size_t cap);
 
 /* Releases what the spec holds (today nothing: kept for the init/close
  * pairing so that later fields may own memory). NULL is fine. */
-void ferry_augment_spec_close(ferry_augment_spec_t *spec);
+FERRY_API void ferry_augment_spec_close(ferry_augment_spec_t *spec);
 
 /* The parameters of image `image` of batch `batch` of `epoch`: the same
  * values the CPU twin and the CUDA kernel use. Ops the spec turns off get
  * their identity (flip false, angle 0, zoom 1). */
-void ferry_augment_params(const ferry_augment_spec_t *spec, uint64_t seed,
-                          uint64_t epoch, uint64_t batch, uint64_t image,
-                          ferry_augment_params_t *out);
+FERRY_API void ferry_augment_params(const ferry_augment_spec_t *spec,
+                                    uint64_t seed, uint64_t epoch,
+                                    uint64_t batch, uint64_t image,
+                                    ferry_augment_params_t *out);
 
 /* Size of the output of an n x h x w x c batch in `dtype`, in bytes (0 on
  * overflow or an unknown dtype). */
-size_t ferry_augment_out_bytes(size_t n, uint32_t h, uint32_t w, uint32_t c,
-                               ferry_dtype_t dtype);
+FERRY_API size_t ferry_augment_out_bytes(size_t n, uint32_t h, uint32_t w,
+                                         uint32_t c, ferry_dtype_t dtype);
 
 /* The CPU twin: augments n images (uint8, NHWC, contiguous) into `out`
  * (ferry_augment_out_bytes(...) bytes, `layout`, `dtype`). Image i uses
@@ -120,12 +122,12 @@ size_t ferry_augment_out_bytes(size_t n, uint32_t h, uint32_t w, uint32_t c,
  * dtype/layout; FERRY_ETOOSMALL when rotate or zoom is on and the images
  * are 1 pixel wide or high (reflection needs two pixels). Thread-safe for
  * distinct outputs. */
-int ferry_augment_batch_cpu(const ferry_augment_spec_t *spec, uint64_t seed,
-                            uint64_t epoch, uint64_t batch_index,
-                            const uint8_t *in, size_t n, uint32_t h,
-                            uint32_t w, uint32_t c, void *out,
-                            ferry_dtype_t dtype, ferry_layout_t layout,
-                            ferry_error_t *err);
+FERRY_API int
+ferry_augment_batch_cpu(const ferry_augment_spec_t *spec, uint64_t seed,
+                        uint64_t epoch, uint64_t batch_index, const uint8_t *in,
+                        size_t n, uint32_t h, uint32_t w, uint32_t c, void *out,
+                        ferry_dtype_t dtype, ferry_layout_t layout,
+                        ferry_error_t *err);
 
 /* The CUDA kernel: the same as ferry_augment_batch_cpu, with `d_in` and
  * `d_out` in device memory, enqueued on `stream` (a cudaStream_t; NULL is
@@ -133,18 +135,17 @@ int ferry_augment_batch_cpu(const ferry_augment_spec_t *spec, uint64_t seed,
  * stream before reading d_out. Allocates nothing. Returns the CPU twin's
  * argument errors, FERRY_EIO with CUDA's message when the launch fails,
  * or FERRY_ENOTSUP in builds without CUDA. */
-int ferry_augment_batch_cuda(const ferry_augment_spec_t *spec, uint64_t seed,
-                             uint64_t epoch, uint64_t batch_index,
-                             const uint8_t *d_in, size_t n, uint32_t h,
-                             uint32_t w, uint32_t c, void *d_out,
-                             ferry_dtype_t dtype, ferry_layout_t layout,
-                             void *stream, ferry_error_t *err);
+FERRY_API int ferry_augment_batch_cuda(
+    const ferry_augment_spec_t *spec, uint64_t seed, uint64_t epoch,
+    uint64_t batch_index, const uint8_t *d_in, size_t n, uint32_t h, uint32_t w,
+    uint32_t c, void *d_out, ferry_dtype_t dtype, ferry_layout_t layout,
+    void *stream, ferry_error_t *err);
 
 /* Whether a CUDA device can be used: returns the device count (> 0), or
  * FERRY_ENOTSUP with `err` saying why not (a build without CUDA, no
  * device, or CUDA's own message, e.g. a driver older than the runtime).
  * Any CUDA error counts as "no device". */
-int ferry_cuda_available(ferry_error_t *err);
+FERRY_API int ferry_cuda_available(ferry_error_t *err);
 
 #ifdef __cplusplus
 }

@@ -53,13 +53,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/augment.h"
+#include "ferry/common.h" /* FERRY_ON_ERROR_FAIL / _SKIP, ferry_free */
+#include "ferry/dlpack.h"
+#include "ferry/error.h"
+#include "ferry/export.h"
+#include "ferry/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#include "ferry/augment.h"
-#include "ferry/dlpack.h"
-#include "ferry/error.h"
 
 /* ferry_next's results besides 0 and errors. */
 #define FERRY_EPOCH_END 1 /* every record of the epoch was delivered */
@@ -95,7 +98,7 @@ typedef struct ferry_client_options_s {
                              job does not shuffle unless the spec does) */
   uint64_t shuffle_seed;
   int error_policy;       /* FERRY_ON_ERROR_FAIL (default) or _SKIP
-                             (ferry/tfrecord.h) */
+                             (ferry/common.h) */
   uint32_t batch_size;    /* 0: the spec's batch() */
   bool drop_remainder;    /* drop each epoch's last partial batch */
   uint32_t prefetch;      /* batches assembled ahead: the staging ring's
@@ -196,8 +199,8 @@ typedef struct ferry_client_stats_s {
  * fail). Callers write ferry_client_options_init(&o), which passes the
  * sizeof their header declares; bindings that lay the struct out
  * themselves call this with their own size. */
-void ferry_client_options_init_sized(ferry_client_options_t *opts,
-                                     size_t size);
+FERRY_API void ferry_client_options_init_sized(ferry_client_options_t *opts,
+                                               size_t size);
 #define ferry_client_options_init(opts)                                     \
   ferry_client_options_init_sized((opts), sizeof *(opts))
 
@@ -226,8 +229,8 @@ typedef struct ferry_client_s ferry_client_t;
  *                  ("dispatcher HOST:PORT unreachable within N ms").
  * Calls ferry_rpc_tune_malloc once per process. Strings in `opts` are
  * copied. */
-int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
-                     ferry_error_t *err);
+FERRY_API int ferry_client_new(const ferry_client_options_t *opts,
+                               ferry_client_t **out, ferry_error_t *err);
 
 /* Waits up to timeout_ms (-1: forever) for the next batch. Returns 0 and
  * sets *batch, FERRY_EPOCH_END (once per epoch, after its last batch),
@@ -241,23 +244,25 @@ int ferry_client_new(const ferry_client_options_t *opts, ferry_client_t **out,
  * polling); the time spent inside counts as the trainer's wait in the
  * stats (including an augmentation that ferry_next had to run itself
  * because no reader had done it yet). */
-int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
-               ferry_error_t *err);
+FERRY_API int ferry_next(ferry_client_t *c, const ferry_batch_t **batch,
+                         int timeout_ms, ferry_error_t *err);
 
 /* Returns a batch's memory to the client (batches may be released in any
  * order). NULL is ignored. With GPU staging the client may overwrite the
  * batch's device buffers as soon as this returns: the trainer's device
  * work that reads `output` must be finished (e.g. its stream
  * synchronised), or use ferry_batch_release_after. */
-void ferry_batch_release(ferry_client_t *c, const ferry_batch_t *batch);
+FERRY_API void ferry_batch_release(ferry_client_t *c,
+                                   const ferry_batch_t *batch);
 
 /* ferry_batch_release for work still queued: the client's next write into
  * the batch's device buffers waits (on the device, not the host) for
  * everything enqueued on `stream` (a cudaStream_t; NULL is the legacy
  * default stream) before this call. The same as ferry_batch_release for
  * host batches. */
-void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
-                               void *stream);
+FERRY_API void ferry_batch_release_after(ferry_client_t *c,
+                                         const ferry_batch_t *batch,
+                                         void *stream);
 
 /* Exports a held batch's `output` as a DLPack tensor without a copy:
  * shape (size, height, width, channels) for NHWC and raw batches, (size,
@@ -276,8 +281,9 @@ void ferry_batch_release_after(ferry_client_t *c, const ferry_batch_t *batch,
  * before ferry_client_free. With GPU staging the consumer must wait on
  * `ready_event` first (DLPack carries no event). A batch can be exported
  * once: a second call fails with FERRY_EINVAL, as does a batch not held. */
-int ferry_batch_to_dlpack(ferry_client_t *c, const ferry_batch_t *batch,
-                          DLManagedTensor **out);
+FERRY_API int ferry_batch_to_dlpack(ferry_client_t *c,
+                                    const ferry_batch_t *batch,
+                                    DLManagedTensor **out);
 
 /* For a batch from ferry_next (held, or exported with
  * ferry_batch_to_dlpack and not yet deleted): makes CUDA stream `stream`
@@ -287,27 +293,35 @@ int ferry_batch_to_dlpack(ferry_client_t *c, const ferry_batch_t *batch,
  * does not wait. Returns 0 and does nothing for host batches;
  * FERRY_EINVAL for a batch that is not this client's or not held;
  * FERRY_EIO with CUDA's message. */
-int ferry_batch_wait_stream(ferry_client_t *c, const ferry_batch_t *batch,
-                            void *stream, ferry_error_t *err);
+FERRY_API int ferry_batch_wait_stream(ferry_client_t *c,
+                                      const ferry_batch_t *batch, void *stream,
+                                      ferry_error_t *err);
 
 /* Counters since ferry_client_new; `records` counts records handed out
- * (a remainder dropped under drop_remainder is not). */
-void ferry_client_stats(ferry_client_t *c, ferry_client_stats_t *out);
+ * (a remainder dropped under drop_remainder is not). Callers write
+ * ferry_client_stats(c, &st): the macro passes the caller's sizeof, and
+ * the library writes only that many bytes (ferry_client_stats_t, like the
+ * options, only grows at its end). */
+FERRY_API void ferry_client_stats_sized(ferry_client_t *c,
+                                        ferry_client_stats_t *out,
+                                        size_t size);
+#define ferry_client_stats(c, out)                                          \
+  ferry_client_stats_sized((c), (out), sizeof *(out))
 
 /* The job's id and this client's id within it, for ferryctl and logs. */
-uint64_t ferry_client_job_id(const ferry_client_t *c);
-uint64_t ferry_client_id(const ferry_client_t *c);
+FERRY_API uint64_t ferry_client_job_id(const ferry_client_t *c);
+FERRY_API uint64_t ferry_client_id(const ferry_client_t *c);
 
 /* Memory the library holds right now, process-wide: live bytes and
  * allocations made through its allocator (every client, batch ring and
  * message buffer). Either pointer may be NULL. For leak checks. */
-void ferry_memory_stats(int64_t *bytes, int64_t *blocks);
+FERRY_API void ferry_memory_stats(int64_t *bytes, int64_t *blocks);
 
 /* Says goodbye to the dispatcher (a last heartbeat with leaving set: its
  * splits go back to the pool from what the trainer received), cancels the
  * streams, joins the threads and frees everything, batches included.
  * Takes at most about 2 s with an unreachable dispatcher. NULL is fine. */
-void ferry_client_free(ferry_client_t *c);
+FERRY_API void ferry_client_free(ferry_client_t *c);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/common.h" /* ferry_free, the public free */
+
 void *ferry__malloc(size_t size);
 void *ferry__calloc(size_t n, size_t size);
 void *ferry__realloc(void *p, size_t size);
@@ -31,8 +33,5 @@ void ferry__alloc_stats(ferry_alloc_stats_t *out);
  * one fail until ferry__alloc_fail_reset(). */
 void ferry__alloc_fail_after(int64_t n);
 void ferry__alloc_fail_reset(void);
-
-/* The library's public free for memory it hands to callers. */
-void ferry_free(void *p);
 
 #endif /* FERRY_ALLOC_H */

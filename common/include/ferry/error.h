@@ -12,10 +12,10 @@
 #include <errno.h>
 #include <stddef.h>
 
-#if defined(__GNUC__)
-#define FERRY_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
-#else
-#define FERRY_PRINTF(fmt, args)
+#include "ferry/export.h"
+
+#ifdef __cplusplus
+extern "C" {
 #endif
 
 #define FERRY_ERRNO_MAP(XX)                                                   \
@@ -83,27 +83,23 @@ typedef struct ferry_error_s {
 
 /* Returns a static description of `code` ("unknown error" for codes not in
  * the table). Thread-safe. */
-const char *ferry_strerror(int code);
+FERRY_API const char *ferry_strerror(int code);
 
-/* Returns the code's name without the FERRY_ prefix, e.g. "EDATACRC". */
-const char *ferry_err_name(int code);
+/* Returns the code's name without the FERRY_ prefix, e.g. "EDATACRC"
+ * ("UNKNOWN" for codes not in the table). */
+FERRY_API const char *ferry_err_name(int code);
 
-/* Maps an errno value (positive) to a Ferry code: known values to their
- * FERRY_E* twin, anything else to FERRY_EIO. */
-int ferry_err_from_errno(int errnum);
+/* Clears `err` (code 0, empty message). NULL is fine. */
+FERRY_API void ferry_error_clear(ferry_error_t *err);
 
-/* Fills `err` (if not NULL) with `code` and the formatted message, and
- * returns `code` so callers can write `return ferry__seterr(err, ...)`. */
-int ferry__seterr(ferry_error_t *err, int code, const char *fmt, ...)
-    FERRY_PRINTF(3, 4);
+#ifdef __cplusplus
+}
+#endif
 
-/* Prepends "prefix: " to the message already in `err` (if not NULL) and
- * returns its code. Used to add the file name or record offset as an error
- * travels up. */
-int ferry__prefixerr(ferry_error_t *err, const char *fmt, ...)
-    FERRY_PRINTF(2, 3);
-
-/* Clears `err` (code 0, empty message). */
-void ferry_error_clear(ferry_error_t *err);
+/* The library's own error helpers: in-tree code only, where the build
+ * defines FERRY_INTERNAL_HEADERS. */
+#ifdef FERRY_INTERNAL_HEADERS
+#include "ferry/error_internal.h"
+#endif
 
 #endif /* FERRY_ERROR_H */

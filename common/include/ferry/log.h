@@ -5,7 +5,11 @@
 #ifndef FERRY_LOG_H
 #define FERRY_LOG_H
 
-#include "ferry/error.h"
+#include "ferry/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum {
   FERRY_LOG_ERROR = 0,
@@ -18,22 +22,26 @@ typedef void (*ferry_log_cb)(int level, const char *msg, void *userdata);
 
 /* Installs the callback (NULL: discard everything). Not thread-safe with
  * concurrent logging: call it at start-up. */
-void ferry_log_set_callback(ferry_log_cb cb, void *userdata);
-void ferry_log_set_level(int level);
+FERRY_API void ferry_log_set_callback(ferry_log_cb cb, void *userdata);
+
+/* Messages above `level` (a ferry_log_level_t) are dropped before they are
+ * formatted. Default FERRY_LOG_INFO. */
+FERRY_API void ferry_log_set_level(int level);
 
 /* Parses "error", "warn", "info" or "debug"; returns the level or -1. */
-int ferry_log_level_parse(const char *name);
+FERRY_API int ferry_log_level_parse(const char *name);
 
 /* A ready callback: "2026-11-29T10:00:00.123Z INFO msg" lines on stderr. */
-void ferry_log_to_stderr(int level, const char *msg, void *userdata);
+FERRY_API void ferry_log_to_stderr(int level, const char *msg, void *userdata);
 
-extern int ferry__log_level;
-void ferry__log(int level, const char *fmt, ...) FERRY_PRINTF(2, 3);
+#ifdef __cplusplus
+}
+#endif
 
-#define FERRY_LOG(level, ...)                                                 \
-  do {                                                                        \
-    if ((level) <= ferry__log_level)                                          \
-      ferry__log((level), __VA_ARGS__);                                       \
-  } while (0)
+/* FERRY_LOG and the logger behind it: in-tree code only, where the build
+ * defines FERRY_INTERNAL_HEADERS. */
+#ifdef FERRY_INTERNAL_HEADERS
+#include "ferry/log_internal.h"
+#endif
 
 #endif /* FERRY_LOG_H */

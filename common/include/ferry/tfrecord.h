@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/common.h" /* ferry_error_policy_t */
 #include "ferry/error.h"
 
 typedef enum {
@@ -21,11 +22,6 @@ typedef enum {
   FERRY_COMPRESSION_ZLIB = 2,
   FERRY_COMPRESSION_AUTO = 3 /* reader only: detect from the first bytes */
 } ferry_compression_t;
-
-typedef enum {
-  FERRY_ON_ERROR_FAIL = 0, /* stop at the first bad record */
-  FERRY_ON_ERROR_SKIP = 1  /* skip bad records, count them, go on */
-} ferry_error_policy_t;
 
 #define FERRY_TFR_DEFAULT_MAX_RECORD (256u << 20)
 
