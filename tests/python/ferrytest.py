@@ -198,6 +198,11 @@ class Cluster:
         self.workers.append(w)
         return w
 
+    def kill_worker(self, i=0, sig=signal.SIGKILL):
+        """Kills worker i (SIGKILL by default, reaped) mid-whatever."""
+        self.workers[i].kill(sig)
+        return self.workers[i]
+
     def status(self):
         out = subprocess.run(
             [FERRYCTL, "status", "--dispatcher", self.addr, "--json"],

@@ -122,10 +122,11 @@ if ! tfvenv=$("$root/tests/interop/setup-venv.sh" | tail -n 1) ||
        "(tests/interop/setup-venv.sh failed; see above)"
   exit 77
 fi
+# pytest is pinned like TensorFlow there, so a release cannot change a run.
 if ! "$tfvenv/bin/python" -c 'import pytest' 2>/dev/null; then
   echo "setup-venv: adding pytest to $tfvenv" >&2
   # shellcheck disable=SC2086
-  if ! "$tfvenv/bin/python" -m pip install $pipq pytest >&2; then
+  if ! "$tfvenv/bin/python" -m pip install $pipq pytest==9.2.0 >&2; then
     echo "setup-venv: skipped: pytest cannot be installed into $tfvenv"
     exit 77
   fi

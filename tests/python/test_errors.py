@@ -6,7 +6,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import time
 
@@ -150,7 +149,7 @@ def test_worker_killed_mid_epoch_still_exactly_once(make_cluster, medium):
                 w0 = [w for w in cl.status()["workers"]
                       if w["address"] == cl.workers[0].addr]
                 assert w0 and w0[0]["tasks"] > 0, cl.status()["workers"]
-                cl.workers[0].kill(signal.SIGKILL)
+                cl.kill_worker(0)
                 killed = True
                 at = sum(counts.values())
         assert killed, "the client never had 2 worker streams open"

@@ -5,7 +5,6 @@ import collections
 import gc
 
 import numpy
-import pytest
 
 import ferry
 import ferrytest
