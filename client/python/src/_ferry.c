@@ -1118,20 +1118,6 @@ static int client_fetch(ClientObject *self, double timeout_s,
                     "on this client (a client has one consumer)");
     return -1;
   }
-  Py_ssize_t held = self->live + (self->peeked != NULL);
-  if (held >= (Py_ssize_t)self->prefetch) {
-    char msg[512];
-    snprintf(msg, sizeof msg,
-             "next(): all %u batches of the client's ring (prefetch=%u) "
-             "are held by Python objects: a Batch keeps its slot while it, "
-             "or any Array, DLPack capsule or tensor made from it, is "
-             "alive. Drop those (or call batch.release() and drop the "
-             "tensors) before asking for the next batch, copy what must be "
-             "kept, or create the Client with a larger prefetch",
-             self->prefetch, self->prefetch);
-    raise_ferry(FerryError, FERRY_EINVAL, msg, CTX_OTHER);
-    return -1;
-  }
   ferry_client_t *c = self->c;
   double deadline = timeout_s < 0 ? INFINITY : now_s() + timeout_s;
   int result = -1;
@@ -1180,11 +1166,17 @@ static int client_fetch(ClientObject *self, double timeout_s,
       continue;
     }
     if (rc == FERRY_EINVAL && strstr(err.msg, "batches are held") != NULL) {
-      char msg[700];
+      /* libferry checks the job's and the epoch's end first: holding every
+       * slot at the end still ends the iteration. */
+      char msg[640];
       snprintf(msg, sizeof msg,
-               "next(): %s (prefetch=%u): drop the batches and tensors made "
-               "from them, or create the Client with a larger prefetch",
-               err.msg, self->prefetch);
+               "next(): all %u batches of the client's ring (prefetch=%u) "
+               "are held by Python objects: a Batch keeps its slot while "
+               "it, or any Array, DLPack capsule or tensor made from it, is "
+               "alive. Drop those (or call batch.release() and drop the "
+               "tensors) before asking for the next batch, copy what must "
+               "be kept, or create the Client with a larger prefetch",
+               self->prefetch, self->prefetch);
       raise_ferry(FerryError, FERRY_EINVAL, msg, CTX_NEXT);
       break;
     }
