@@ -46,6 +46,11 @@
 
 #define PYFERRY_SLICE_MS 100   /* longest wait without the GIL */
 #define PYFERRY_DEFAULT_PREFETCH 3
+/* With every ring slot held: how long next() looks for the job's or the
+ * epoch's end (or a slot another thread frees) before raising, and how
+ * often. Twice libferry's default heartbeat period. */
+#define PYFERRY_HELD_GRACE_MS 1000
+#define PYFERRY_HELD_POLL_MS 10
 
 /* ---- Exceptions -------------------------------------------------------- */
 
@@ -1120,6 +1125,7 @@ static int client_fetch(ClientObject *self, double timeout_s,
   }
   ferry_client_t *c = self->c;
   double deadline = timeout_s < 0 ? INFINITY : now_s() + timeout_s;
+  double held_since = -1;
   int result = -1;
   self->in_next = 1;
   for (;;) {
@@ -1166,8 +1172,24 @@ static int client_fetch(ClientObject *self, double timeout_s,
       continue;
     }
     if (rc == FERRY_EINVAL && strstr(err.msg, "batches are held") != NULL) {
-      /* libferry checks the job's and the epoch's end first: holding every
-       * slot at the end still ends the iteration. */
+      /* Every slot is held. libferry answers this at once, but the job's
+       * or the epoch's end may be a heartbeat away (list(client) over a
+       * job of exactly `prefetch` batches), and another thread may drop a
+       * batch: poll for up to PYFERRY_HELD_GRACE_MS (bounded by the
+       * timeout) before raising. */
+      double now = now_s();
+      if (held_since < 0)
+        held_since = now;
+      if ((now - held_since) * 1e3 < PYFERRY_HELD_GRACE_MS &&
+          (timeout_s < 0 || now < deadline)) {
+        struct timespec pause = {0, PYFERRY_HELD_POLL_MS * 1000000L};
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&pause, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+          break;
+        continue;
+      }
       char msg[640];
       snprintf(msg, sizeof msg,
                "next(): all %u batches of the client's ring (prefetch=%u) "
