@@ -14,6 +14,7 @@ packages=(
   # The Python suite (tests/python): its venv sees these through
   # --system-site-packages (the registry's torch wheel is gigabytes of CUDA).
   python3-torch python3-numpy python3-pytest
+  python3-dev ninja-build    # building the ferry package (client/python)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -39,11 +39,6 @@
 #include "ferry/client.h"
 #include "ferry/version.h"
 
-/* ferry_client_options_t.error_policy (ferry/tfrecord.h's
- * ferry_error_policy_t, which is not a public header). */
-#define PYFERRY_ON_ERROR_FAIL 0
-#define PYFERRY_ON_ERROR_SKIP 1
-
 #define PYFERRY_SLICE_MS 100   /* longest wait without the GIL */
 #define PYFERRY_DEFAULT_PREFETCH 3
 /* With every ring slot held: how long next() looks for the job's or the
@@ -976,7 +971,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
     int p = arg_choice(on_error, "on_error", pols, "'fail' or 'skip'");
     if (p < 0)
       goto out;
-    o.error_policy = p == 0 ? PYFERRY_ON_ERROR_FAIL : PYFERRY_ON_ERROR_SKIP;
+    o.error_policy = p == 0 ? FERRY_ON_ERROR_FAIL : FERRY_ON_ERROR_SKIP;
   }
   if (batch_size != Py_None) {
     if (arg_u64(batch_size, "batch_size", 1, UINT32_MAX, &v) < 0)
