@@ -21,7 +21,8 @@
 #                            (exit 77, reason printed) when they are not
 #                            there (the ctest smoke run sets it)
 # `tfrecord` (PyPI, small, pure Python) is installed into the venv when it
-# lacks it (a skip if pip cannot).
+# lacks it (a skip if pip cannot, or under FERRY_BENCH_NO_SETUP=1: then
+# tests/python/setup-venv.sh is the one that installs it).
 # Exit status: python_feed.py's (0 ok, 1 failure, 77 skipped).
 set -eu
 
@@ -67,8 +68,9 @@ if ! has "$py" ferry; then
   "$py" -m pip install $pipq "$root/client/python" >&2
 fi
 if ! has "$py" tfrecord; then
+  [ "$no_setup" != 1 ] || skip "$venv has no tfrecord package (tests/python/setup-venv.sh installs it)"
   echo "installing tfrecord (PyPI) into $venv" >&2
-  "$py" -m pip install $pipq --timeout 30 tfrecord >&2 ||
+  "$py" -m pip install $pipq --timeout 30 tfrecord==1.14.6 >&2 ||
     skip "$venv has no tfrecord package and pip could not install it"
 fi
 has "$py" torch ||

@@ -48,6 +48,9 @@ with open(sys.argv[1], "rb") as f:
     print(" ".join(tomllib.load(f)["build-system"]["requires"]))
 EOF
 )
+# tfrecord (PyPI, pure Python) is the baseline reader of
+# tests/bench/python_feed.sh, which runs in this venv.
+reqs="$reqs tfrecord==1.14.6"
 marker="$VENV/.ferry-ready"
 want="system-site-packages; build: $reqs"
 
