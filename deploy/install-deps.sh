@@ -15,7 +15,22 @@ packages=(
   # --system-site-packages (the registry's torch wheel is gigabytes of CUDA).
   python3-torch python3-numpy python3-pytest
   python3-dev ninja-build    # building the ferry package (client/python)
+  # tests/deploy: the container image built for real, its Debian 12 base,
+  # a podman network with DNS; yamllint for deploy/k8s.
+  podman buildah debootstrap netavark aardvark-dns uidmap yamllint
 )
+
+# --build-only: what building the programs needs and no more (the build
+# stage of deploy/container/Containerfile).
+build_only=(
+  build-essential cmake pkg-config
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+  libuv1-dev libturbojpeg0-dev libucx-dev zlib1g-dev
+  libsystemd-dev libmicrohttpd-dev
+)
+if [ "${1:-}" = --build-only ]; then
+  packages=("${build_only[@]}")
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then
