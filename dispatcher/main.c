@@ -11,16 +11,14 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/notify.h"
 #include "ferry/options.h"
 #include "ferry/rpc.h"
+#include "ferry/version.h"
 #include "journal.h"
 #include "rpc_handlers.h"
 #include "state.h"
 #include "workdir.h"
-
-#ifndef FERRY_VERSION
-#define FERRY_VERSION "0.0.0"
-#endif
 
 #define TICK_MS 100
 
@@ -38,6 +36,7 @@ typedef struct settings_s {
   int64_t heartbeat_ms;
   int log_level;
   bool help;
+  bool version;
   /* Issue 8: TLS and bearer tokens. */
   char *tls_cert, *tls_key, *tls_ca;
   bool tls_client_auth;
@@ -96,6 +95,8 @@ static const ferry_option_t options[] = {
         "error|warn|info|debug", "log verbosity"),
     OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
         "print this help"),
+    OPT("version", FERRY_OPT_BOOL, version, "false", 0, 0, NULL,
+        "print 'ferry-dispatcher VERSION' and exit"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -112,6 +113,7 @@ typedef struct daemon_s {
   const settings_t *settings;
   ferry_roots_t roots; /* --data-root */
   ferry_disp_service_t svc;
+  ferry_notify_watchdog_t watchdog; /* WATCHDOG=1 from the loop */
   bool stopping;
   int exit_code;
 } daemon_t;
@@ -129,7 +131,7 @@ static int parse_settings(settings_t *s, int argc, char **argv,
   if (npos > 0)
     return ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
                          argv[1]);
-  if (s->config != NULL && !s->help) {
+  if (s->config != NULL && !s->help && !s->version) {
     char path[4096];
     snprintf(path, sizeof(path), "%s", s->config);
     if ((rc = ferry_options_parse_file(options, N_OPTIONS, s, path, err)) ||
@@ -137,7 +139,8 @@ static int parse_settings(settings_t *s, int argc, char **argv,
                                        argv + 1, &npos, err)))
       return rc;
   }
-  if (!s->help && (s->work_dir == NULL || s->work_dir[0] == '\0'))
+  if (!s->help && !s->version &&
+      (s->work_dir == NULL || s->work_dir[0] == '\0'))
     return ferry__seterr(err, FERRY_EOPTION, "--work-dir is required");
   return 0;
 }
@@ -155,6 +158,8 @@ static void stop(daemon_t *d, int code) {
     return;
   d->stopping = true;
   d->exit_code = code;
+  /* systemd: deactivating from here on (TimeoutStopSec runs). */
+  ferry_notify_stopping(code == 0 ? "shutting down" : "stopping on an error");
   uv_close((uv_handle_t *)&d->tick, close_cb);
   uv_close((uv_handle_t *)&d->sigterm, close_cb);
   uv_close((uv_handle_t *)&d->sigint, close_cb);
@@ -284,7 +289,7 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
 
   d->svc.state = d->state;
   d->svc.journal = d->journal;
-  d->svc.version = FERRY_VERSION;
+  d->svc.version = FERRY_VERSION_STRING;
   d->svc.fatal = on_fatal;
   d->svc.fatal_arg = d;
   d->settings = s;
@@ -331,6 +336,10 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
             : "ferry-dispatcher listening on %s:%d\n",
          s->host, port);
   fflush(stdout);
+  /* systemd Type=notify: the port accepts connections from here on. */
+  ferry_notify_ready("serving on %s:%d, journal %s", s->host, port,
+                     s->work_dir);
+  ferry_notify_watchdog_start(&d->watchdog, &d->loop);
   return 0;
 }
 
@@ -351,6 +360,11 @@ int main(int argc, char **argv) {
     ferry_options_free(options, N_OPTIONS, &s);
     return 2;
   }
+  if (s.version) {
+    printf("ferry-dispatcher %s\n", FERRY_VERSION_STRING);
+    ferry_options_free(options, N_OPTIONS, &s);
+    return 0;
+  }
   if (s.help) {
     printf("usage: ferry-dispatcher --work-dir DIR [options]\n");
     ferry_options_help(options, N_OPTIONS, stdout);
@@ -369,6 +383,10 @@ int main(int argc, char **argv) {
     if (d.rpc != NULL)
       ferry_rpc_server_shutdown(d.rpc, on_failed_start, NULL);
   }
+  uv_run(&d.loop, UV_RUN_DEFAULT);
+  /* The watchdog timer does not hold the loop: close it, then let the
+   * loop finish the close. */
+  ferry_notify_watchdog_stop(&d.watchdog);
   uv_run(&d.loop, UV_RUN_DEFAULT);
   ferry__journal_close(d.journal);
   ferry__workdir_unlock(d.lock_fd);

@@ -29,6 +29,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/notify.h"
 #include "worker.h"
 
 /* The last heartbeat, on SIGTERM: short, and without waiting for a
@@ -58,6 +59,9 @@ static bool apply(ferry__worker_t *w,
     FERRY_LOG(FERRY_LOG_INFO, "registered with %s as worker %llu (%s)",
               w->cfg.dispatcher, (unsigned long long)resp->worker_id,
               w->address);
+    ferry_notify_status("serving on %s, registered with %s as worker %llu",
+                        w->address, w->cfg.dispatcher,
+                        (unsigned long long)resp->worker_id);
     atomic_store(&w->worker_id, resp->worker_id);
   }
   if (resp->heartbeat_ms != 0)

@@ -6,7 +6,9 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/notify.h"
 #include "ferry/options.h"
+#include "ferry/version.h"
 #include "worker.h"
 
 static const ferry_option_t table[] = {
@@ -65,6 +67,8 @@ static const ferry_option_t table[] = {
      "info", 0, 0, "error|warn|info|debug", "log verbosity"},
     {"help", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, help), "false", 0, 0,
      NULL, "print this help"},
+    {"version", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, version), "false",
+     0, 0, NULL, "print 'ferry-worker VERSION' and exit"},
 };
 #define N_OPTS (sizeof(table) / sizeof(table[0]))
 
@@ -117,6 +121,11 @@ int main(int argc, char **argv) {
     ferry_options_free(table, N_OPTS, &cfg);
     return 2;
   }
+  if (cfg.version) {
+    printf("ferry-worker %s\n", FERRY_VERSION_STRING);
+    ferry_options_free(table, N_OPTS, &cfg);
+    return 0;
+  }
   if (cfg.help) {
     fputs(usage, stdout);
     ferry_options_help(table, N_OPTS, stdout);
@@ -136,6 +145,7 @@ int main(int argc, char **argv) {
   signal(SIGHUP, SIG_IGN);
   ferry_rpc_init();
   uv_loop_init(&loop);
+  ferry_notify_watchdog_t watchdog = {0};
 
   int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
   if (rc == 0) {
@@ -160,12 +170,21 @@ int main(int argc, char **argv) {
                     "for a wildcard");
     printf("ferry-worker listening on %s:%d\n", cfg.host, w.port);
     fflush(stdout);
+    /* systemd Type=notify: ready once the port accepts connections, not
+     * once the dispatcher answered (docs/OPERATIONS.md, "systemd"). */
+    ferry_notify_ready("serving on %s, registering with %s", w.address,
+                       cfg.dispatcher);
+    ferry_notify_watchdog_start(&watchdog, &loop);
     FERRY_LOG(FERRY_LOG_INFO, "worker %s: %zu threads, buffer %llu bytes, "
               "dispatcher %s", w.address, w.tasks.nthreads,
               (unsigned long long)cfg.buffer_bytes, cfg.dispatcher);
   } else {
     fprintf(stderr, "ferry-worker: %s\n", err.msg);
   }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  /* The watchdog timer does not hold the loop: close it, then let the
+   * loop finish the close. */
+  ferry_notify_watchdog_stop(&watchdog);
   uv_run(&loop, UV_RUN_DEFAULT);
   if (!ferry__worker_close(&w, 700)) {
     /* A heartbeat is stuck on an unresponsive dispatcher: everything

@@ -8,6 +8,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/notify.h"
 #include "worker.h"
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -94,6 +95,8 @@ void ferry__worker_shutdown(ferry__worker_t *w) {
   if (w->stopping)
     return;
   w->stopping = true;
+  /* systemd: deactivating from here on (TimeoutStopSec covers the drain). */
+  ferry_notify_stopping("draining");
   atomic_store(&w->draining, true);
   ferry__wtasks_drain(&w->tasks);
   if (w->hb_started)

@@ -70,6 +70,7 @@ typedef struct ferry__wconfig_s {
   char *config;
   int log_level;
   bool help;
+  bool version;          /* --version: print it and exit */
   /* Issue 8. TLS: the Worker service serves TLS with tls_cert/tls_key
    * (tls_client_auth: clients need a certificate signed by tls_ca); the
    * channel to the dispatcher uses TLS when tls_ca is set (verifying the
