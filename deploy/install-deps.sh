@@ -18,6 +18,8 @@ packages=(
   # tests/deploy: the container image built for real, its Debian 12 base,
   # a podman network with DNS; yamllint for deploy/k8s.
   podman buildah debootstrap netavark aardvark-dns uidmap yamllint
+  # sd_notify in the daemons; systemd-analyze verify for deploy/systemd.
+  libsystemd-dev systemd
 )
 
 # --build-only: what building the programs needs and no more (the build
