@@ -41,6 +41,7 @@ typedef struct settings_s {
   char *tls_cert, *tls_key, *tls_ca;
   bool tls_client_auth;
   char *worker_token_file, *client_token_file, *status_token_file;
+  char *admin_token_file; /* issue 10: DrainWorker, CancelJob */
 } settings_t;
 
 #define OPT(name, type, field, def, lo, hi, choices, help)                    \
@@ -91,6 +92,10 @@ static const ferry_option_t options[] = {
     OPT("status-token-file", FERRY_OPT_STRING, status_token_file, NULL, 0, 0,
         NULL, "file holding the token that allows GetStatus only (the "
         "worker and client tokens allow it too; none: open)"),
+    OPT("admin-token-file", FERRY_OPT_STRING, admin_token_file, NULL, 0, 0,
+        NULL, "file holding the operator's token: DrainWorker, CancelJob "
+        "(ferryctl drain, job cancel) and GetStatus (none: those two are "
+        "open only while no other token file is given, else refused)"),
     OPT("log-level", FERRY_OPT_ENUM, log_level, "info", 0, 0,
         "error|warn|info|debug", "log verbosity"),
     OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
@@ -109,7 +114,7 @@ typedef struct daemon_s {
   ferry_journal_t *journal;
   int lock_fd; /* WORKDIR/lock, held while the process runs */
   uv_signal_t sighup;                  /* reloads TLS files and tokens */
-  char *tokens[3];                     /* worker, client, status */
+  char *tokens[4];                     /* worker, client, status, admin */
   const settings_t *settings;
   ferry_roots_t roots; /* --data-root */
   ferry_disp_service_t svc;
@@ -199,14 +204,21 @@ static void on_signal(uv_signal_t *h, int signum) {
  * token it replaces (logged). */
 static int load_tokens(daemon_t *d, const settings_t *s, bool reload,
                        ferry_error_t *err) {
-  const char *files[3] = {s->worker_token_file, s->client_token_file,
-                          s->status_token_file};
-  static const char *const roles[3] = {"worker", "client", "status"};
-  for (int i = 0; i < 3; i++) {
+  const char *files[4] = {s->worker_token_file, s->client_token_file,
+                          s->status_token_file, s->admin_token_file};
+  static const char *const roles[4] = {"worker", "client", "status",
+                                       "admin"};
+  bool any = false;
+  for (int i = 0; i < 4; i++)
+    any |= files[i] != NULL && files[i][0] != '\0';
+  for (int i = 0; i < 4; i++) {
     char *tok = NULL;
     int rc;
     if (files[i] == NULL || files[i][0] == '\0') {
-      if (!reload)
+      if (!reload && i == 3 && any)
+        FERRY_LOG(FERRY_LOG_WARN, "no --admin-token-file: DrainWorker and "
+                  "CancelJob are refused to every caller");
+      else if (!reload)
         FERRY_LOG(FERRY_LOG_WARN, "no --%s-token-file: the %s role is open "
                   "to any caller", roles[i], roles[i]);
       continue;
@@ -226,6 +238,7 @@ static int load_tokens(daemon_t *d, const settings_t *s, bool reload,
   d->svc.worker_token = d->tokens[0];
   d->svc.client_token = d->tokens[1];
   d->svc.status_token = d->tokens[2];
+  d->svc.admin_token = d->tokens[3];
   return 0;
 }
 
@@ -391,7 +404,7 @@ int main(int argc, char **argv) {
   ferry__journal_close(d.journal);
   ferry__workdir_unlock(d.lock_fd);
   ferry__disp_free(d.state);
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     ferry_free(d.tokens[i]);
   ferry_roots_close(&d.roots);
   uv_loop_close(&d.loop);

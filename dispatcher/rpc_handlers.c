@@ -44,16 +44,29 @@ static int op_status(ferry_disp_service_t *svc, const void *req, void *resp,
   if (rc != 0)
     return ferry__seterr(err, rc, "out of memory");
   /* A job's error names its files: only the status credential (and the
-   * job's own clients, through their heartbeats) may read it. */
+   * job's own clients, through their heartbeats) may read it. A cancel's
+   * text ("job J cancelled by the operator") names none. */
   if (!svc->call_sees_errors) {
     Ferry__V1__GetStatusResponse *s = resp;
     for (size_t i = 0; i < s->n_jobs; i++)
-      if (s->jobs[i]->error != NULL && s->jobs[i]->error[0] != '\0')
+      if (s->jobs[i]->error != NULL && s->jobs[i]->error[0] != '\0' &&
+          s->jobs[i]->state != FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED)
         s->jobs[i]->error = (char *)"(hidden: needs the status credential)";
   }
   return 0;
 }
 
+static int op_drain(ferry_disp_service_t *svc, const void *req, void *resp,
+                    ferry_arena_t *a, int64_t now, ferry_error_t *err) {
+  return ferry__disp_drain_worker(svc->state, req, resp, a, now, err);
+}
+
+static int op_cancel(ferry_disp_service_t *svc, const void *req, void *resp,
+                     ferry_arena_t *a, int64_t now, ferry_error_t *err) {
+  return ferry__disp_cancel_job(svc->state, req, resp, a, now, err);
+}
+
+/* The order is the method index authorize() maps to roles. */
 static const method_t methods[] = {
     {"/ferry.v1.Dispatcher/RegisterDataset",
      &ferry__v1__register_dataset_request__descriptor,
@@ -73,7 +86,16 @@ static const method_t methods[] = {
     {"/ferry.v1.Dispatcher/GetStatus",
      &ferry__v1__get_status_request__descriptor,
      &ferry__v1__get_status_response__descriptor, op_status, 4 << 10},
+    {"/ferry.v1.Dispatcher/DrainWorker",
+     &ferry__v1__drain_worker_request__descriptor,
+     &ferry__v1__drain_worker_response__descriptor, op_drain, 4 << 10},
+    {"/ferry.v1.Dispatcher/CancelJob",
+     &ferry__v1__cancel_job_request__descriptor,
+     &ferry__v1__cancel_job_response__descriptor, op_cancel, 4 << 10},
 };
+_Static_assert(sizeof(methods) / sizeof(methods[0]) ==
+                   FERRY_DISP_N_METHODS,
+               "one binding per method");
 
 /* Packs the response into one buffer and answers the call. */
 static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *msg,
@@ -429,21 +451,31 @@ int ferry__disp_rpc_sync(ferry_disp_service_t *svc) {
 /* Role checks (issue 8). Returns 0 when the call may proceed, else the
  * gRPC status it was answered with. The refusal names no file and no
  * state; the log line says which method and role. */
-enum { ROLE_CLIENT, ROLE_WORKER, ROLE_STATUS };
+enum { ROLE_CLIENT, ROLE_WORKER, ROLE_STATUS, ROLE_ADMIN };
 
 static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
                      int method) {
-  int role = method == 3 ? ROLE_WORKER : method == 4 ? ROLE_STATUS
-                                                     : ROLE_CLIENT;
+  int role = method == 3   ? ROLE_WORKER
+             : method == 4 ? ROLE_STATUS
+             : method >= 5 ? ROLE_ADMIN
+                           : ROLE_CLIENT;
+  bool no_tokens = svc->worker_token == NULL && svc->client_token == NULL &&
+                   svc->status_token == NULL && svc->admin_token == NULL;
+  /* Issue 10: the admin role is open only on a cluster without any token;
+   * once any role has one, DrainWorker and CancelJob need the admin token
+   * (refused to everyone when --admin-token-file is not given). */
   const char *need = role == ROLE_WORKER   ? svc->worker_token
                      : role == ROLE_CLIENT ? svc->client_token
-                                           : svc->status_token;
+                     : role == ROLE_STATUS ? svc->status_token
+                     : no_tokens           ? NULL
+                                           : "";
   size_t n;
   const char *tok = ferry_rpc_call_bearer(call, &n);
-  bool w, c, st;
+  bool w, c, st, adm;
+  adm = tok != NULL && svc->admin_token != NULL &&
+        ferry_rpc_token_equal(tok, n, svc->admin_token);
   svc->call_sees_errors =
-      (svc->worker_token == NULL && svc->client_token == NULL &&
-       svc->status_token == NULL) ||
+      no_tokens || adm ||
       (tok != NULL && svc->status_token != NULL &&
        ferry_rpc_token_equal(tok, n, svc->status_token));
   if (need == NULL)
@@ -456,9 +488,10 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   st = tok != NULL && svc->status_token != NULL &&
        ferry_rpc_token_equal(tok, n, svc->status_token);
   if ((role == ROLE_WORKER && w) || (role == ROLE_CLIENT && c) ||
-      (role == ROLE_STATUS && (st || w || c)))
+      (role == ROLE_STATUS && (st || w || c || adm)) ||
+      (role == ROLE_ADMIN && adm))
     return 0;
-  if (w || c || st) {
+  if (w || c || st || adm) {
     FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller holding another role's "
               "token", methods[method].name);
     ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,

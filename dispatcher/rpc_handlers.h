@@ -14,6 +14,9 @@
 
 typedef struct ferry_disp_service_s ferry_disp_service_t;
 
+/* Dispatcher methods: the five of issue 3 and DrainWorker, CancelJob. */
+#define FERRY_DISP_N_METHODS 7
+
 /* Called once when the journal cannot be written: the daemon must stop. */
 typedef void (*ferry_disp_fatal_cb)(const ferry_error_t *err, void *arg);
 
@@ -40,7 +43,7 @@ struct ferry_disp_service_s {
   ferry_disp_fatal_cb fatal;
   void *fatal_arg;
   bool failed;
-  ferry_disp_binding_t bindings[5];
+  ferry_disp_binding_t bindings[FERRY_DISP_N_METHODS];
 
   /* Held-back worker heartbeats (see ferry__disp_worker_may_wait). Calls
    * wait only between ferry__disp_rpc_start and ferry__disp_rpc_stop. */
@@ -61,6 +64,10 @@ struct ferry_disp_service_s {
    * RegisterDataset, GetOrCreateJob and ClientHeartbeat the client
    * token, GetStatus the status token or either of the others. */
   const char *worker_token, *client_token, *status_token;
+  /* Issue 10: DrainWorker and CancelJob need this one (it allows
+   * GetStatus too, job errors included). NULL: those methods are open
+   * only while no role has a token; else refused to every caller. */
+  const char *admin_token;
   /* Set for the call being handled: the caller may read every job's
    * error text in GetStatus (it holds the status token, or no token is
    * configured at all). Job errors name files and offsets of that job's
@@ -68,7 +75,7 @@ struct ferry_disp_service_s {
   bool call_sees_errors;
 };
 
-/* Registers the five Dispatcher methods and the health service on
+/* Registers the Dispatcher methods and the health service on
  * `server` (before it starts). `svc` must outlive the server. */
 int ferry__disp_rpc_register(ferry_disp_service_t *svc,
                              ferry_rpc_server_t *server, ferry_error_t *err);

@@ -244,6 +244,14 @@ typedef struct worker_s {
                     * started (the first one is never held back) */
   int64_t suspect_since; /* volatile: a client lost its stream (-1: no);
                           * cleared by a heartbeat arriving after it */
+  /* Issue 10: an operator drained it (journaled): no new lease while this
+   * id lives. `drain_beats` (volatile) is `beats` when the drain was
+   * applied: a heartbeat after it that lists no unfinished task
+   * (`unfinished`, volatile, from the last heartbeat) confirms that
+   * nothing runs on it any more. */
+  bool op_drained;
+  uint64_t drain_beats;
+  uint32_t unfinished;
 } worker_t;
 
 struct ferry_disp_s {
@@ -474,8 +482,8 @@ static void recount(ferry_disp_t *d) {
  * timeout declares it lost. */
 static bool eligible(const ferry_disp_t *d, const worker_t *w) {
   int64_t late = 2 * (int64_t)d->cfg.heartbeat_ms + 500;
-  return !w->lost && !w->draining && w->beats > 0 && w->suspect_since < 0 &&
-         d->now - w->last_hb <= late;
+  return !w->lost && !w->draining && !w->op_drained && w->beats > 0 &&
+         w->suspect_since < 0 && d->now - w->last_hb <= late;
 }
 
 /* True while `row` must not be leased to `w`: its last lease there
@@ -851,6 +859,55 @@ static int apply_worker_lost(ferry_disp_t *d,
   return 0;
 }
 
+/* Issue 10: no new lease for the worker; its rows that are not done wait
+ * for another worker, from their delivered count, exactly as when it is
+ * lost (parallel_epochs: its pinned rows end with loss). */
+static int apply_worker_drained(ferry_disp_t *d,
+                                const Ferry__V1__JournalWorkerDrained *m,
+                                ferry_error_t *err) {
+  worker_t *w = find_worker(d, m->worker_id);
+  if (w == NULL)
+    return bad_entry(err, "drained worker", m->worker_id);
+  w->op_drained = true;
+  w->drain_beats = w->beats;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      row_t *row = &j->rows[r];
+      if (row->done)
+        continue;
+      if (PAR(j) && row->pinned == m->worker_id) {
+        row->done = row->lost = true;
+        row->worker = 0;
+      } else if (row->worker == m->worker_id) {
+        row->worker = 0;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Issue 10: the job ends; its clients hear why from their heartbeats. */
+static int apply_job_cancelled(ferry_disp_t *d,
+                               const Ferry__V1__JournalJobCancelled *m,
+                               ferry_error_t *err) {
+  job_t *j = find_job(d, m->job_id);
+  char buf[96], *msg;
+
+  if (j == NULL || !RUNNING(j))
+    return bad_entry(err, "cancelled job", m->job_id);
+  snprintf(buf, sizeof(buf), "job %" PRIu64 " cancelled by the operator",
+           j->id);
+  if ((msg = ferry__strdup(buf)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  ferry__free(j->error);
+  j->error = msg;
+  j->error_code = FERRY_ECANCELED;
+  j->state = FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED;
+  mark_idle(d, j);
+  return 0;
+}
+
 static int apply_skipped(ferry_disp_t *d, const Ferry__V1__JournalSkipped *m,
                          ferry_error_t *err) {
   job_t *j = find_job(d, m->job_id);
@@ -957,6 +1014,10 @@ static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
     return apply_boot(d, e->boot, err);
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_DATASET_GC:
     return apply_dataset_gc(d, e->dataset_gc, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_DRAINED:
+    return apply_worker_drained(d, e->worker_drained, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_CANCELLED:
+    return apply_job_cancelled(d, e->job_cancelled, err);
   default:
     return ferry__seterr(err, FERRY_EINVAL, "journal entry of unknown kind %d",
                          (int)e->entry_case);
@@ -1212,7 +1273,8 @@ static bool start_epoch(ferry_disp_t *d, job_t *j) {
     if (ws == NULL)
       return false;
     for (size_t i = 0; i < d->nworkers; i++)
-      if (!d->workers[i]->lost && !d->workers[i]->draining)
+      if (!d->workers[i]->lost && !d->workers[i]->draining &&
+          !d->workers[i]->op_drained)
         ws[m.n_workers++] = d->workers[i]->id;
     if (m.n_workers == 0) {
       ferry__free(ws);
@@ -2219,7 +2281,8 @@ static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,
   r->epoch = j->epoch;
   r->epochs_done = j->epochs_done;
   r->epoch_exhausted = !RUNNING(j) || (j->started && exhausted(j));
-  if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_FAILED) {
+  if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_FAILED ||
+      j->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED) {
     r->error_code = j->error_code;
     r->error = j->error != NULL ? j->error : "";
   }
@@ -2527,6 +2590,9 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if (req->draining && !w->draining)
     FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " is draining", w->id);
   w->draining = req->draining;
+  w->unfinished = 0;
+  for (size_t i = 0; i < req->n_tasks; i++)
+    w->unfinished += !req->tasks[i]->finished;
   record_tasks(d, w, req);
   schedule(d);
   return fill_worker_resp(d, w, req, resp, a, err);
@@ -2572,6 +2638,137 @@ bool ferry__disp_worker_poll(ferry_disp_t *d,
 }
 
 uint64_t ferry__disp_changes(const ferry_disp_t *d) { return d->changes; }
+
+/* ---- Operator calls (issue 10) ------------------------------------------ */
+
+static bool drained(const worker_t *w);
+static const char *worker_state(const worker_t *w);
+
+/* The worker a DrainWorker request names: by id, else the newest worker
+ * registered at the address that is not lost (else the newest lost one). */
+static worker_t *drain_target(ferry_disp_t *d,
+                              const Ferry__V1__DrainWorkerRequest *req,
+                              ferry_error_t *err) {
+  worker_t *best = NULL;
+  if (req->worker_id != 0) {
+    if ((best = find_worker(d, req->worker_id)) == NULL)
+      ferry__seterr(err, FERRY_ENOENT, "DrainWorker: no worker %" PRIu64,
+                    req->worker_id);
+    return best;
+  }
+  if (req->address == NULL || req->address[0] == '\0') {
+    ferry__seterr(err, FERRY_EINVAL,
+                  "DrainWorker: give a worker id or an address");
+    return NULL;
+  }
+  for (size_t i = 0; i < d->nworkers; i++) {
+    worker_t *w = d->workers[i];
+    if (strcmp(w->address, req->address) != 0)
+      continue;
+    if (best == NULL || (best->lost && !w->lost) ||
+        (best->lost == w->lost && w->id > best->id))
+      best = w;
+  }
+  if (best == NULL)
+    ferry__seterr(err, FERRY_ENOENT, "DrainWorker: no worker at %s",
+                  req->address);
+  return best;
+}
+
+int ferry__disp_drain_worker(ferry_disp_t *d,
+                             const Ferry__V1__DrainWorkerRequest *req,
+                             Ferry__V1__DrainWorkerResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err) {
+  worker_t *w;
+  int rc;
+
+  d->now = now_ms;
+  if ((rc = check_len(req->address, FERRY_DISP_MAX_ADDRESS_LEN,
+                      "worker address", err)) != 0)
+    return rc;
+  if ((w = drain_target(d, req, err)) == NULL)
+    return err != NULL ? err->code : FERRY_ENOENT;
+  if (!w->lost && !w->op_drained) {
+    Ferry__V1__JournalWorkerDrained m =
+        FERRY__V1__JOURNAL_WORKER_DRAINED__INIT;
+    uint32_t moved = 0;
+    for (size_t i = 0; i < d->njobs; i++) {
+      const job_t *j = d->jobs[i];
+      for (uint32_t r = 0; RUNNING(j) && r < j->nrows; r++)
+        moved += !j->rows[r].done &&
+                 (j->rows[r].worker == w->id ||
+                  (PAR(j) && j->rows[r].pinned == w->id));
+    }
+    m.worker_id = w->id;
+    ENTRY(e, WORKER_DRAINED, worker_drained, m);
+    if ((rc = commit(d, &e, err)) != 0)
+      return rc;
+    FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " (%s) drained by the "
+              "operator: %u leases move to other workers", w->id,
+              w->address, moved);
+    resp->moved = moved;
+    schedule(d); /* re-leases its rows (and answers its held heartbeat) */
+  }
+  recount(d);
+  resp->worker_id = w->id;
+  resp->address = arena_strdup(a, w->address);
+  resp->state = (char *)worker_state(w);
+  resp->tasks = w->ntasks;
+  resp->drained = drained(w);
+  for (size_t i = 0; i < d->nworkers; i++)
+    resp->other_workers += d->workers[i] != w && eligible(d, d->workers[i]);
+  if (resp->address == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
+
+static const char *job_state_name(int state) {
+  switch (state) {
+  case FERRY__V1__JOB_STATE__JOB_STATE_FINISHED:
+    return "finished";
+  case FERRY__V1__JOB_STATE__JOB_STATE_FAILED:
+    return "failed";
+  case FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED:
+    return "cancelled";
+  default:
+    return "running";
+  }
+}
+
+int ferry__disp_cancel_job(ferry_disp_t *d,
+                           const Ferry__V1__CancelJobRequest *req,
+                           Ferry__V1__CancelJobResponse *resp,
+                           ferry_arena_t *a, int64_t now_ms,
+                           ferry_error_t *err) {
+  job_t *j = find_job(d, req->job_id);
+  Ferry__V1__JournalJobCancelled m = FERRY__V1__JOURNAL_JOB_CANCELLED__INIT;
+  int rc;
+
+  (void)a;
+  d->now = now_ms;
+  if (j == NULL)
+    return ferry__seterr(err, FERRY_ENOENT, "CancelJob: no job %" PRIu64,
+                         req->job_id);
+  resp->job_id = j->id;
+  resp->state = j->state;
+  if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED) {
+    resp->already = true;
+    return 0;
+  }
+  if (!RUNNING(j))
+    return ferry__seterr(err, FERRY_EGRPC_FAILED_PRECONDITION,
+                         "CancelJob: job %" PRIu64 " already %s; nothing to "
+                         "cancel", j->id, job_state_name(j->state));
+  m.job_id = j->id;
+  ENTRY(e, JOB_CANCELLED, job_cancelled, m);
+  if ((rc = commit(d, &e, err)) != 0)
+    return rc;
+  FERRY_LOG(FERRY_LOG_WARN, "job %" PRIu64 " cancelled by the operator",
+            j->id);
+  resp->state = j->state;
+  return 0;
+}
 
 /* ---- Timeouts and GC ---------------------------------------------------- */
 
@@ -2648,6 +2845,26 @@ void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms) {
 
 /* ---- Status ------------------------------------------------------------- */
 
+/* Nothing runs on the drained worker: no lease, and a heartbeat since the
+ * drain listed no unfinished task; or it is lost. */
+static bool drained(const worker_t *w) {
+  return w->lost || (w->op_drained && w->ntasks == 0 &&
+                     w->beats > w->drain_beats && w->unfinished == 0);
+}
+
+/* WorkerStatus.state (dispatcher.proto). A worker known from the journal
+ * but not heard from since this process started is "unknown", not alive:
+ * it may have left before the restart (recount() first). */
+static const char *worker_state(const worker_t *w) {
+  if (w->lost)
+    return "lost";
+  if (w->op_drained)
+    return drained(w) ? "drained" : "draining";
+  if (w->draining)
+    return "draining";
+  return w->beats > 0 ? "alive" : "unknown";
+}
+
 static Ferry__V1__WorkerStatus *worker_status(ferry_disp_t *d,
                                               const worker_t *w,
                                               ferry_arena_t *a) {
@@ -2657,7 +2874,8 @@ static Ferry__V1__WorkerStatus *worker_status(ferry_disp_t *d,
   ferry__v1__worker_status__init(s);
   s->worker_id = w->id;
   s->address = w->address;
-  s->state = w->lost ? "lost" : w->draining ? "draining" : "alive";
+  s->state = (char *)worker_state(w);
+  s->operator_drained = w->op_drained;
   s->tasks = w->ntasks;
   s->threads = w->threads;
   s->buffer_bytes = w->buffer_bytes;

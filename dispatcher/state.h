@@ -230,6 +230,31 @@ bool ferry__disp_worker_poll(ferry_disp_t *d,
  * change, no waiting heartbeat's answer can have changed either. */
 uint64_t ferry__disp_changes(const ferry_disp_t *d);
 
+/* Issue 10, operator calls (the admin role; docs/PROTOCOL.md).
+ * DrainWorker: journals that the worker (by id, or the newest live one at
+ * the address) takes no new lease, and re-leases every row it held from
+ * the row's delivered count (parallel_epochs: its pinned rows end with
+ * loss), as for a lost worker. Idempotent; answers whether it is drained
+ * (nothing leased, and a heartbeat since the drain listed no unfinished
+ * task). A drained worker stays drained across dispatcher restarts until
+ * it restarts itself (a new worker id). FERRY_ENOENT: no such worker. */
+int ferry__disp_drain_worker(ferry_disp_t *d,
+                             const Ferry__V1__DrainWorkerRequest *req,
+                             Ferry__V1__DrainWorkerResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err);
+
+/* CancelJob: journals that the running job is cancelled. Its clients'
+ * heartbeat answers then carry FERRY_ECANCELED and "job J cancelled by
+ * the operator"; its workers' tasks are cancelled by their lease diffs.
+ * A cancelled job answers `already`; a finished or failed one is
+ * FERRY_EGRPC_FAILED_PRECONDITION; an unknown one FERRY_ENOENT. */
+int ferry__disp_cancel_job(ferry_disp_t *d,
+                           const Ferry__V1__CancelJobRequest *req,
+                           Ferry__V1__CancelJobResponse *resp,
+                           ferry_arena_t *a, int64_t now_ms,
+                           ferry_error_t *err);
+
 /* Cluster status. `version` is copied into the response. */
 int ferry__disp_status(ferry_disp_t *d, const char *version,
                        Ferry__V1__GetStatusResponse *resp, ferry_arena_t *a,

@@ -656,6 +656,12 @@ static void apply_locked(ferry_client_t *c,
                               "job failed: %s",
                               r->error && r->error[0] ? r->error
                                                       : "(no message)");
+  /* Issue 10: the error says "job J cancelled by the operator". */
+  else if (r->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED)
+    ferry__client_fail_locked(c, FERRY_ECANCELED, "%s",
+                              r->error && r->error[0]
+                                  ? r->error
+                                  : "job cancelled by the operator");
   for (size_t i = 0; i < c->n_splits; i++)
     c->splits[i].assigned = false;
   size_t known = c->n_splits;

@@ -1819,3 +1819,203 @@ Test(dispatcher, strings_that_are_not_utf8_are_refused_or_cleaned) {
   cr_assert_str_eq(s->jobs[0]->error,
                    "caf?.tfrecord: record 1 at byte offset 9: bad");
 }
+
+/* ---- Operator calls (issue 10) ------------------------------------------ */
+
+static Ferry__V1__DrainWorkerResponse *drain(ferry_disp_t *d, uint64_t id,
+                                             const char *addr, int64_t now,
+                                             int want_rc) {
+  Ferry__V1__DrainWorkerRequest req = FERRY__V1__DRAIN_WORKER_REQUEST__INIT;
+  Ferry__V1__DrainWorkerResponse *resp =
+      ferry__arena_alloc(&fx_arena, sizeof(*resp));
+  ferry_error_t err = {0};
+  ferry__v1__drain_worker_response__init(resp);
+  req.worker_id = id;
+  req.address = (char *)(addr != NULL ? addr : "");
+  cr_assert_eq(ferry__disp_drain_worker(d, &req, resp, &fx_arena, now, &err),
+               want_rc, "%s", err.msg);
+  return resp;
+}
+
+static Ferry__V1__CancelJobResponse *cancel(ferry_disp_t *d, uint64_t job,
+                                            int64_t now, int want_rc,
+                                            ferry_error_t *err) {
+  Ferry__V1__CancelJobRequest req = FERRY__V1__CANCEL_JOB_REQUEST__INIT;
+  Ferry__V1__CancelJobResponse *resp =
+      ferry__arena_alloc(&fx_arena, sizeof(*resp));
+  ferry__v1__cancel_job_response__init(resp);
+  req.job_id = job;
+  cr_assert_eq(ferry__disp_cancel_job(d, &req, resp, &fx_arena, now, err),
+               want_rc, "%s", err->msg);
+  return resp;
+}
+
+static ferry_disp_t *replayed(int64_t now) {
+  ferry_disp_config_t cfg;
+  ferry_disp_t *r;
+  ferry_error_t err = {0};
+  ferry__disp_config_init(&cfg);
+  cfg.worker_timeout_ms = cfg.client_timeout_ms = 1000;
+  cfg.job_gc_ms = 5000;
+  cfg.records_per_split = 10;
+  cr_assert_eq(ferry__disp_new(&cfg, now, &r), 0);
+  for (size_t i = 0; i < fx_entries.n; i++)
+    cr_assert_eq(ferry__disp_apply(r, fx_entries.e[i], fx_entries.len[i], now,
+                                   &err),
+                 0, "entry %zu: %s", i, err.msg);
+  ferry__disp_replayed(r, now);
+  return r;
+}
+
+static const char *wstate(Ferry__V1__GetStatusResponse *s, uint64_t id) {
+  for (size_t i = 0; i < s->n_workers; i++)
+    if (s->workers[i]->worker_id == id)
+      return s->workers[i]->state;
+  cr_assert_fail("worker %llu not in status", (unsigned long long)id);
+  return NULL;
+}
+
+/* A drain moves the worker's leases to another worker from the client's
+ * acknowledged count with a newer lease, cancels its tasks, reports it
+ * drained once a heartbeat lists no unfinished task, and stays in the
+ * journal: a restarted dispatcher gives it no lease either. */
+Test(dispatcher, drain_moves_leases_from_delivered_and_is_journaled) {
+  const char *id = dataset(4);
+  Ferry__V1__WorkerHeartbeatResponse *a =
+      fx_worker(D, 0, "a:1", NULL, 0, false, 0);
+  Ferry__V1__WorkerHeartbeatResponse *b =
+      fx_worker(D, 0, "b:1", NULL, 0, false, 0);
+  uint64_t ida = a->worker_id, idb = b->worker_id;
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 10);
+  fx_task_t ta[4];
+  size_t na = 0;
+  uint32_t split_a = 99;
+  uint64_t lease_a = 0;
+
+  cr_assert_eq(c->n_assignments, 4);
+  for (size_t i = 0; i < c->n_assignments; i++)
+    if (c->assignments[i]->worker_id == ida && split_a == 99) {
+      split_a = c->assignments[i]->split;
+      lease_a = c->assignments[i]->lease;
+    }
+  cr_assert_neq(split_a, 99, "worker a got a split");
+  uint64_t prog[4] = {0, split_a, 3, 0};
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 20);
+  a = fx_worker(D, ida, "a:1", NULL, 0, false, 30);
+  for (size_t i = 0; i < a->n_new_tasks; i++)
+    ta[na++] = (fx_task_t)TASK(j->job_id, 0, a->new_tasks[i]->split->index,
+                               a->new_tasks[i]->lease);
+  cr_assert_eq(na, 2, "two of four splits on a");
+
+  drain(D, 0, "", 40, FERRY_EINVAL);
+  drain(D, 77, NULL, 40, FERRY_ENOENT);
+  drain(D, 0, "nowhere:1", 40, FERRY_ENOENT);
+  Ferry__V1__DrainWorkerResponse *r = drain(D, 0, "a:1", 40, 0);
+  cr_assert_eq(r->worker_id, ida, "found by address");
+  cr_assert_eq(r->moved, 2);
+  cr_assert_eq(r->tasks, 0, "its leases moved at once");
+  cr_assert_eq(r->other_workers, 1);
+  cr_assert_not(r->drained, "its heartbeat has not confirmed it yet");
+  cr_assert_str_eq(r->state, "draining");
+
+  /* b gets both rows, a's acknowledged split from 3 with a newer lease. */
+  b = fx_worker(D, idb, "b:1", NULL, 0, false, 50);
+  cr_assert_eq(b->n_new_tasks, 4);
+  for (size_t i = 0; i < b->n_new_tasks; i++)
+    if (b->new_tasks[i]->split->index == split_a) {
+      cr_assert_eq(b->new_tasks[i]->start, 3, "resumes at delivered");
+      cr_assert_gt(b->new_tasks[i]->lease, lease_a);
+    }
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 55);
+  for (size_t i = 0; i < c->n_assignments; i++)
+    cr_assert_eq(c->assignments[i]->worker_id, idb);
+
+  /* a hears its tasks cancelled; a heartbeat without them confirms. */
+  a = fx_worker(D, ida, "a:1", ta, na, false, 60);
+  cr_assert_eq(a->n_cancelled, 2);
+  cr_assert_eq(a->n_new_tasks, 0);
+  cr_assert_not(drain(D, ida, NULL, 61, 0)->drained,
+                "a heartbeat still listing unfinished tasks");
+  a = fx_worker(D, ida, "a:1", NULL, 0, false, 70);
+  r = drain(D, ida, NULL, 71, 0);
+  cr_assert(r->drained);
+  cr_assert_eq(r->moved, 0, "a second call moves nothing");
+  cr_assert_str_eq(r->state, "drained");
+  cr_assert(fx_status(D, 72)->workers[0]->operator_drained);
+
+  /* Restarted: a stays drained, b is "unknown" until it heartbeats. */
+  ferry_disp_t *R = replayed(100);
+  cr_assert_str_eq(wstate(fx_status(R, 100), idb), "unknown");
+  cr_assert_str_eq(wstate(fx_status(R, 100), ida), "draining");
+  fx_worker(R, ida, "a:1", NULL, 0, false, 110);
+  cr_assert_str_eq(wstate(fx_status(R, 111), ida), "drained");
+  c = fx_client(R, j->job_id, j->client_id, 0, NULL, 0, false, 120);
+  a = fx_worker(R, ida, "a:1", NULL, 0, false, 130);
+  cr_assert_eq(a->n_new_tasks, 0, "no lease to a drained worker");
+  b = fx_worker(R, idb, "b:1", NULL, 0, false, 140);
+  cr_assert_eq(b->n_new_tasks, 4);
+  cr_assert_str_eq(wstate(fx_status(R, 141), idb), "alive");
+  ferry__disp_free(R);
+}
+
+/* A worker that left before a restart is not listed as alive: "unknown"
+ * until its timeout makes it "lost". */
+Test(dispatcher, workers_silent_since_a_restart_are_not_alive) {
+  dataset(1);
+  Ferry__V1__WorkerHeartbeatResponse *a =
+      fx_worker(D, 0, "a:1", NULL, 0, false, 0);
+  cr_assert_str_eq(wstate(fx_status(D, 1), a->worker_id), "alive");
+  ferry_disp_t *R = replayed(10);
+  cr_assert_str_eq(wstate(fx_status(R, 10), a->worker_id), "unknown");
+  ferry__disp_tick(R, 10 + 1000);
+  cr_assert_str_eq(wstate(fx_status(R, 1010), a->worker_id), "lost");
+  ferry__disp_free(R);
+}
+
+Test(dispatcher, cancel_fails_the_clients_and_cancels_the_tasks) {
+  const char *id = dataset(2);
+  ferry_error_t err = {0};
+  Ferry__V1__WorkerHeartbeatResponse *w =
+      fx_worker(D, 0, "w:1", NULL, 0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 10);
+  fx_task_t t[2];
+  char want[64];
+
+  cr_assert_eq(c->n_assignments, 2);
+  w = fx_worker(D, w->worker_id, "w:1", NULL, 0, false, 20);
+  cr_assert_eq(w->n_new_tasks, 2);
+  for (int i = 0; i < 2; i++)
+    t[i] = (fx_task_t)TASK(j->job_id, 0, w->new_tasks[i]->split->index,
+                           w->new_tasks[i]->lease);
+  cancel(D, 999, 25, FERRY_ENOENT, &err);
+  Ferry__V1__CancelJobResponse *r = cancel(D, j->job_id, 30, 0, &err);
+  cr_assert_eq(r->state, FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  cr_assert_not(r->already);
+  cr_assert(cancel(D, j->job_id, 31, 0, &err)->already);
+  snprintf(want, sizeof(want), "job %llu cancelled by the operator",
+           (unsigned long long)j->job_id);
+  c = fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 40);
+  cr_assert_eq(c->state, FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  cr_assert_eq(c->error_code, FERRY_ECANCELED);
+  cr_assert_str_eq(c->error, want);
+  cr_assert_eq(c->n_assignments, 0);
+  w = fx_worker(D, w->worker_id, "w:1", t, 2, false, 50);
+  cr_assert_eq(w->n_cancelled, 2, "its tasks are cancelled");
+  cr_assert_str_eq(fx_status(D, 51)->jobs[0]->error, want);
+
+  /* A restarted dispatcher keeps both cancels. */
+  Ferry__V1__GetOrCreateJobResponse *k = fx_job(D, id, "", DIST, 1, FAIL, 60);
+  cancel(D, k->job_id, 61, 0, &err);
+  ferry_disp_t *R = replayed(100);
+  Ferry__V1__GetStatusResponse *s = fx_status(R, 100);
+  cr_assert_eq(s->n_jobs, 2);
+  cr_assert_eq(s->jobs[0]->state, FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED);
+  cr_assert_str_eq(s->jobs[0]->error, want);
+  c = fx_client(R, j->job_id, j->client_id, 1, NULL, 0, false, 110);
+  cr_assert_eq(c->error_code, FERRY_ECANCELED);
+  ferry__disp_free(R);
+}
