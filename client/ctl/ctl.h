@@ -15,6 +15,12 @@ int ferryctl_records(int argc, char **argv); /* records inspect|index */
 int ferryctl_gen(int argc, char **argv);     /* gen */
 int ferryctl_bench(int argc, char **argv);   /* bench pipeline */
 int ferryctl_status(int argc, char **argv);  /* status */
+/* Issue 10, cmd_status.c: the operator's commands. */
+int ferryctl_workers(int argc, char **argv); /* workers */
+int ferryctl_jobs(int argc, char **argv);    /* jobs */
+int ferryctl_watch(int argc, char **argv);   /* watch */
+int ferryctl_drain(int argc, char **argv);   /* drain WORKER */
+int ferryctl_job(int argc, char **argv);     /* job cancel JOB */
 
 /* True when stdout is a terminal (progress bars and colours). */
 int ferryctl_isatty(void);
@@ -23,8 +29,11 @@ int ferryctl_isatty(void);
 
 /* Exit statuses every subcommand uses. */
 #define FERRYCTL_EXIT_OK 0
-#define FERRYCTL_EXIT_BAD 1   /* ran, and found bad input */
+#define FERRYCTL_EXIT_BAD 1   /* ran, and found bad input; or the
+                               * dispatcher refused the call */
 #define FERRYCTL_EXIT_USAGE 2 /* usage error, unreadable or unusable file */
+#define FERRYCTL_EXIT_UNREACHABLE 3 /* the dispatcher did not answer */
+#define FERRYCTL_EXIT_TIMEOUT 4     /* drain: not drained in --timeout */
 
 /* Parses a subcommand's flags with the options table `t` into `base`
  * (defaults first). Positional arguments end up at the front of argv, their
