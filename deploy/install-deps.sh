@@ -20,6 +20,9 @@ packages=(
   podman buildah debootstrap netavark aardvark-dns uidmap yamllint
   # sd_notify in the daemons; systemd-analyze verify for deploy/systemd.
   libsystemd-dev systemd
+  # The daemons' /metrics server; promtool and a real Prometheus for
+  # tests/integration/metrics*.sh.
+  libmicrohttpd-dev prometheus curl
 )
 
 # --build-only: what building the programs needs and no more (the build
