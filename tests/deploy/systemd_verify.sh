@@ -16,7 +16,9 @@
 set -euo pipefail
 
 src=${1:?source dir}
-declare -A bin=([dispatcher]=${2:?dispatcher binary} [worker]=${3:?worker binary})
+# Absolute: a unit's ExecStart must be.
+declare -A bin=([dispatcher]=$(realpath "${2:?dispatcher binary}")
+                [worker]=$(realpath "${3:?worker binary}"))
 units=$src/deploy/systemd
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
