@@ -7,6 +7,8 @@ pkg_check_modules(PROTOBUFC REQUIRED IMPORTED_TARGET libprotobuf-c)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
+# The daemons' metrics endpoint (ferry-metrics-http only).
+pkg_check_modules(MICROHTTPD REQUIRED IMPORTED_TARGET libmicrohttpd)
 # sd_notify for the daemons' Type=notify systemd units (ferry-notify only).
 pkg_check_modules(LIBSYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 if(FERRY_WITH_UCX)

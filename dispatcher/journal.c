@@ -1,5 +1,6 @@
 /* The dispatcher's journal (see journal.h). */
 #include "journal.h"
+#include "dmetrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -227,6 +228,7 @@ void ferry__journal_append(ferry_journal_t *j, const uint8_t *entry,
   memcpy(j->buf + j->len + 12, entry, len);
   ferry_tfr_frame_footer(entry, len, j->buf + j->len + 12 + len);
   j->len += len + 16;
+  ferry_metric_add(ferry__dmetrics()->appends, 1);
 }
 
 void ferry__journal_sink(const uint8_t *entry, size_t len, void *arg) {
@@ -237,6 +239,7 @@ int ferry__journal_sync(ferry_journal_t *j, ferry_error_t *err) {
   size_t done = 0;
 
   if (j->failed.code == 0 && j->len > 0) {
+    int64_t t0 = ferry_metrics_now_ns();
     while (done < j->len) {
       ssize_t w = write(j->fd, j->buf + done, j->len - done);
       if (w < 0 && errno == EINTR)
@@ -250,6 +253,8 @@ int ferry__journal_sync(ferry_journal_t *j, ferry_error_t *err) {
     j->size += done;
     if (j->failed.code == 0 && fdatasync(j->fd) != 0)
       sys_err(&j->failed, "fdatasync", j->path);
+    ferry_metric_observe(ferry__dmetrics()->fsync,
+                         ferry_metrics_now_ns() - t0);
     j->len = 0;
     j->syncs++;
   }

@@ -15,6 +15,8 @@
 #include "ferry/options.h"
 #include "ferry/rpc.h"
 #include "ferry/version.h"
+#include "dmetrics.h"
+#include "ferry/metrics.h"
 #include "journal.h"
 #include "rpc_handlers.h"
 #include "state.h"
@@ -34,6 +36,9 @@ typedef struct settings_s {
   int64_t job_gc_ms;
   int64_t records_per_split;
   int64_t heartbeat_ms;
+  int64_t metrics_port; /* -1: no metrics server */
+  char *metrics_host;   /* NULL: --host */
+  double target_stall_fraction;
   int log_level;
   bool help;
   bool version;
@@ -72,6 +77,15 @@ static const ferry_option_t options[] = {
         "drop finished or client-less jobs after this long"),
     OPT("records-per-split", FERRY_OPT_INT, records_per_split, "1024", 1,
         1 << 30, NULL, "default split size in records"),
+    OPT("metrics-port", FERRY_OPT_INT, metrics_port, "-1", -1, 65535, NULL,
+        "serve Prometheus /metrics, /healthz and /readyz over HTTP on this "
+        "port (0: any free port; -1: no metrics server)"),
+    OPT("metrics-host", FERRY_OPT_STRING, metrics_host, NULL, 0, 0, NULL,
+        "address the metrics server binds (default: --host)"),
+    OPT("target-stall-fraction", FERRY_OPT_DOUBLE, target_stall_fraction,
+        "0.05", 0, 0.99, NULL,
+        "the trainers' stall fraction ferry_job_workers_wanted aims at "
+        "(docs/OPERATIONS.md, 'How many workers')"),
     OPT("heartbeat-ms", FERRY_OPT_INT, heartbeat_ms, "1000", 10, 600000, NULL,
         "heartbeat interval told to workers"),
     OPT("tls-cert", FERRY_OPT_STRING, tls_cert, NULL, 0, 0, NULL,
@@ -119,6 +133,8 @@ typedef struct daemon_s {
   ferry_roots_t roots; /* --data-root */
   ferry_disp_service_t svc;
   ferry_notify_watchdog_t watchdog; /* WATCHDOG=1 from the loop */
+  ferry_metrics_http_t *http;       /* --metrics-port */
+  ferry__dmetrics_gauges_t *gauges;
   bool stopping;
   int exit_code;
 } daemon_t;
@@ -170,6 +186,12 @@ static void stop(daemon_t *d, int code) {
   uv_close((uv_handle_t *)&d->sigint, close_cb);
   uv_close((uv_handle_t *)&d->sighup, close_cb);
   ferry_rpc_health_set_serving(d->rpc, false);
+  /* The metrics server goes first: a scrape waiting on this loop returns
+   * at once, then its thread is joined. */
+  ferry__dmetrics_detach(d->gauges);
+  d->gauges = NULL;
+  ferry_metrics_http_stop(d->http);
+  d->http = NULL;
   /* Held-back heartbeats first: the shutdown waits for every answer. */
   ferry__disp_rpc_stop(&d->svc);
   ferry_rpc_server_shutdown(d->rpc, on_rpc_done, d);
@@ -275,6 +297,7 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   cfg.job_gc_ms = s->job_gc_ms;
   cfg.records_per_split = (uint32_t)s->records_per_split;
   cfg.heartbeat_ms = (uint32_t)s->heartbeat_ms;
+  cfg.target_stall_fraction = s->target_stall_fraction;
   if ((rc = ferry__disp_new(&cfg, ferry__disp_now_ms(), &d->state)) != 0)
     return ferry__seterr(err, rc, "out of memory");
   /* Before the replay: a second dispatcher must not touch the journal. */
@@ -322,6 +345,27 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   if ((rc = ferry__disp_rpc_register(&d->svc, d->rpc, err)) != 0 ||
       (rc = ferry_rpc_server_start(d->rpc, addr, &port, err)) != 0)
     return rc;
+  /* The metrics server, once the gRPC port listens: /readyz answers 200
+   * from the start, since the journal is loaded by now. On a failure the
+   * caller shuts the RPC server down and the loop runs out. */
+  const char *mhost = s->metrics_host != NULL && s->metrics_host[0] != '\0'
+                          ? s->metrics_host
+                          : s->host;
+  int mport = 0;
+  if (s->metrics_port >= 0) {
+    ferry_metrics_count_rpcs(true);
+    if ((d->gauges = ferry__dmetrics_attach(&d->loop, d->state,
+                                            d->journal)) == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    if ((rc = ferry_metrics_http_start(ferry_metrics_default(), mhost,
+                                       (int)s->metrics_port, &d->http,
+                                       &mport, err)) != 0) {
+      ferry__dmetrics_detach(d->gauges);
+      d->gauges = NULL;
+      return ferry__prefixerr(err, "--metrics-port");
+    }
+    ferry_metrics_http_set_ready(d->http, true);
+  }
   if ((rc = ferry__disp_rpc_start(&d->svc, &d->loop)) != 0)
     return ferry__seterr(err, FERRY_EIO, "uv_timer_init: %s",
                          uv_strerror(rc));
@@ -349,6 +393,13 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
             : "ferry-dispatcher listening on %s:%d\n",
          s->host, port);
   fflush(stdout);
+  if (d->http != NULL) {
+    printf(strchr(mhost, ':') != NULL
+               ? "ferry-dispatcher metrics on http://[%s]:%d/metrics\n"
+               : "ferry-dispatcher metrics on http://%s:%d/metrics\n",
+           mhost, mport);
+    fflush(stdout);
+  }
   /* systemd Type=notify: the port accepts connections from here on. */
   ferry_notify_ready("serving on %s:%d, journal %s", s->host, port,
                      s->work_dir);

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "ferry/v1/journal.pb-c.h"
+#include "dmetrics.h"
 #include "shard_index.h"
 
 typedef Ferry__V1__JournalEntry entry_t;
@@ -198,6 +200,9 @@ typedef struct client_s {
   int64_t last_hb;
   double stall_fraction, batches_per_second; /* volatile stats */
   uint64_t batches;
+  /* Volatile: the same over the last heartbeat interval (issue 10). */
+  double ival_stall, ival_bps;
+  bool has_ival;
   /* Issue 8: the secret its heartbeats and streams must carry (journaled;
    * none for clients of journals written before it). */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
@@ -286,6 +291,7 @@ void ferry__disp_config_init(ferry_disp_config_t *cfg) {
   cfg->client_stall_ms = 30000;
   cfg->roots = NULL;
   cfg->max_datasets = 1024;
+  cfg->target_stall_fraction = 0.05;
 }
 
 /* Appends one pointer to an array whose capacity is implied by its count:
@@ -1036,12 +1042,22 @@ static int commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
     d->scratch = p;
     d->scratch_cap = n;
   }
+  /* Metrics count what this process does (replays do not come here). */
+  bool relet = false;
+  if (e->entry_case == FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN) {
+    const job_t *j = find_job(d, e->assign->job_id);
+    const row_t *row =
+        j != NULL ? job_row((job_t *)j, e->assign->epoch, e->assign->row)
+                  : NULL;
+    relet = row != NULL && row->lease != 0;
+  }
   rc = apply(d, e, err);
   if (rc != 0) {
     FERRY_LOG(FERRY_LOG_ERROR, "dispatcher: entry not applied: %s",
               err != NULL ? err->msg : ferry_strerror(rc));
     return rc;
   }
+  ferry__dmetrics_committed(e, relet);
   d->changes++;
   if (d->sink != NULL) {
     protobuf_c_message_pack(&e->base, d->scratch);
@@ -2341,6 +2357,9 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     c->stall_fraction = req->stats->stall_fraction;
     c->batches_per_second = req->stats->batches_per_second;
     c->batches = req->stats->batches;
+    c->has_ival = req->stats->interval_seconds > 0;
+    c->ival_stall = req->stats->interval_stall_fraction;
+    c->ival_bps = req->stats->interval_batches_per_second;
   }
   if (c->active)
     record_progress(d, j, c->id, req);
@@ -2936,6 +2955,68 @@ static int job_skipped(const job_t *j, Ferry__V1__JobStatus *s,
   return 0;
 }
 
+uint32_t ferry__disp_workers_wanted(uint32_t n, const double *stall,
+                                    const double *bps, size_t k,
+                                    double target) {
+  double demand = 0, rate = 0;
+  for (size_t i = 0; i < k; i++) {
+    double s = stall[i] < 0 ? 0 : stall[i] > 0.99 ? 0.99 : stall[i];
+    double r = bps[i] > 0 ? bps[i] : 0;
+    demand += r / (1 - s); /* what its trainer would take unstalled */
+    rate += r;
+  }
+  if (target < 0 || target >= 1)
+    target = 0;
+  if (rate <= 0)
+    return n > 0 ? n : 1;
+  double want = ceil((n > 0 ? n : 1) * (1 - target) * demand / rate - 1e-9);
+  if (want > 10000)
+    want = 10000;
+  uint32_t w = (uint32_t)want;
+  if (w < n)
+    w = n;
+  return w > 0 ? w : 1;
+}
+
+void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
+  out[0] = out[1] = out[2] = 0;
+  for (size_t i = 0; i < d->njobs; i++) {
+    const job_t *j = d->jobs[i];
+    if (!j->started)
+      continue;
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      const row_t *row = &j->rows[r];
+      out[row->done ? 2 : row->worker != 0 ? 1 : 0]++;
+    }
+  }
+}
+
+/* The job's stall fraction (mean over its clients), batches per second
+ * (summed) and workers wanted, from the clients' latest heartbeats: the
+ * last interval's figures where the client sent them. */
+static void job_figures(const ferry_disp_t *d, const job_t *j,
+                        Ferry__V1__JobStatus *s) {
+  double stall[64], bps[64];
+  size_t k = 0;
+  uint32_t n = 0;
+  for (size_t i = 0; i < d->nworkers; i++)
+    n += eligible(d, d->workers[i]);
+  for (size_t i = 0; i < j->nclients && k < 64; i++) {
+    const client_t *c = &j->clients[i];
+    if (!c->active)
+      continue;
+    stall[k] = c->has_ival ? c->ival_stall : c->stall_fraction;
+    bps[k] = c->has_ival ? c->ival_bps : c->batches_per_second;
+    s->stall_fraction += stall[k];
+    s->batches_per_second += bps[k];
+    k++;
+  }
+  if (k > 0)
+    s->stall_fraction /= (double)k;
+  s->workers_wanted = ferry__disp_workers_wanted(
+      n, stall, bps, k, d->cfg.target_stall_fraction);
+}
+
 static Ferry__V1__JobStatus *job_status(ferry_disp_t *d, const job_t *j,
                                         ferry_arena_t *a) {
   Ferry__V1__JobStatus *s = ferry__arena_alloc(a, sizeof(*s));
@@ -2958,6 +3039,7 @@ static Ferry__V1__JobStatus *job_status(ferry_disp_t *d, const job_t *j,
     s->total = j->ds->known_records;
   s->delivered_all = j->delivered_prev + s->delivered;
   s->error = j->error != NULL ? j->error : "";
+  job_figures(d, j, s);
   if (job_skipped(j, s, a) != 0 || job_clients(d, j, s, a) != 0)
     return NULL;
   return s;

@@ -57,6 +57,8 @@ typedef struct ferry_disp_config_s {
   const ferry_roots_t *roots;
   uint32_t max_datasets; /* registered at once (RESOURCE_EXHAUSTED past it);
                           * unused ones go after job_gc_ms */
+  /* Issue 10: the stall fraction JobStatus.workers_wanted aims at. */
+  double target_stall_fraction;
 } ferry_disp_config_t;
 
 /* Bounds on every request, checked before anything changes (issue 8;
@@ -254,6 +256,21 @@ int ferry__disp_cancel_job(ferry_disp_t *d,
                            Ferry__V1__CancelJobResponse *resp,
                            ferry_arena_t *a, int64_t now_ms,
                            ferry_error_t *err);
+
+/* Issue 10 (docs/OPERATIONS.md, "How many workers"): the workers a job
+ * needs so that its trainers stall at most `target` of their time, from
+ * the `n` workers serving now and its `k` clients' stall fractions and
+ * batches per second: ceil(n * (1 - target) * sum(bps_i / (1 - stall_i))
+ * / sum(bps_i)), never below n (a trainer that does not stall cannot say
+ * how many fewer would do) and at least 1; n when nothing was delivered
+ * yet. Stall fractions are capped at 0.99, the answer at 10000. */
+uint32_t ferry__disp_workers_wanted(uint32_t n, const double *stall,
+                                    const double *bps, size_t k,
+                                    double target);
+
+/* Splits of the jobs' current epochs by state, for the metrics:
+ * out[0] waiting (no lease), out[1] leased, out[2] done. */
+void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]);
 
 /* Cluster status. `version` is copied into the response. */
 int ferry__disp_status(ferry_disp_t *d, const char *version,

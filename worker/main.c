@@ -9,6 +9,8 @@
 #include "ferry/notify.h"
 #include "ferry/options.h"
 #include "ferry/version.h"
+#include "ferry/metrics.h"
+#include "wmetrics.h"
 #include "worker.h"
 
 static const ferry_option_t table[] = {
@@ -67,10 +69,22 @@ static const ferry_option_t table[] = {
      "info", 0, 0, "error|warn|info|debug", "log verbosity"},
     {"help", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, help), "false", 0, 0,
      NULL, "print this help"},
+    {"metrics-port", FERRY_OPT_INT, offsetof(ferry__wconfig_t, metrics_port),
+     "-1", -1, 65535, NULL,
+     "serve Prometheus /metrics, /healthz and /readyz over HTTP on this port "
+     "(0: any free port; -1: no metrics server)"},
+    {"metrics-host", FERRY_OPT_STRING,
+     offsetof(ferry__wconfig_t, metrics_host), NULL, 0, 0, NULL,
+     "address the metrics server binds (default: --host)"},
     {"version", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, version), "false",
      0, 0, NULL, "print 'ferry-worker VERSION' and exit"},
 };
 #define N_OPTS (sizeof(table) / sizeof(table[0]))
+
+static bool worker_ready(void *arg) {
+  ferry__worker_t *w = arg;
+  return atomic_load(&w->worker_id) != 0 && !atomic_load(&w->draining);
+}
 
 static const char usage[] =
     "usage: ferry-worker --dispatcher HOST:PORT [options]\n"
@@ -146,6 +160,8 @@ int main(int argc, char **argv) {
   ferry_rpc_init();
   uv_loop_init(&loop);
   ferry_notify_watchdog_t watchdog = {0};
+  ferry_metrics_http_t *http = NULL;
+  bool attached = false;
 
   int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
   if (rc == 0) {
@@ -170,6 +186,30 @@ int main(int argc, char **argv) {
                     "for a wildcard");
     printf("ferry-worker listening on %s:%d\n", cfg.host, w.port);
     fflush(stdout);
+    if (cfg.metrics_port >= 0) {
+      const char *mh = cfg.metrics_host != NULL && cfg.metrics_host[0]
+                           ? cfg.metrics_host
+                           : cfg.host;
+      int mport = 0;
+      attached = ferry__wmetrics_attach(&w) == 0;
+      ferry_metrics_count_rpcs(true);
+      if (ferry_metrics_http_start(ferry_metrics_default(), mh,
+                                   (int)cfg.metrics_port, &http, &mport,
+                                   &err) != 0) {
+        fprintf(stderr, "ferry-worker: --metrics-port: %s\n", err.msg);
+        rc = err.code;
+        ferry__worker_request_stop(&w);
+      } else {
+        /* /readyz: 200 once the dispatcher registered this worker and
+         * while it does not drain. */
+        ferry_metrics_http_set_ready_fn(http, worker_ready, &w);
+        printf(strchr(mh, ':') != NULL
+                   ? "ferry-worker metrics on http://[%s]:%d/metrics\n"
+                   : "ferry-worker metrics on http://%s:%d/metrics\n",
+               mh, mport);
+        fflush(stdout);
+      }
+    }
     /* systemd Type=notify: ready once the port accepts connections, not
      * once the dispatcher answered (docs/OPERATIONS.md, "systemd"). */
     ferry_notify_ready("serving on %s, registering with %s", w.address,
@@ -182,6 +222,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ferry-worker: %s\n", err.msg);
   }
   uv_run(&loop, UV_RUN_DEFAULT);
+  /* The collector reads the pool and the task table: gone before them. */
+  ferry_metrics_http_stop(http);
+  if (attached)
+    ferry__wmetrics_detach(&w);
   /* The watchdog timer does not hold the loop: close it, then let the
    * loop finish the close. */
   ferry_notify_watchdog_stop(&watchdog);

@@ -20,6 +20,7 @@
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "worker.h"
+#include "wmetrics.h"
 
 struct ferry__wqueue_s {
   struct ferry__wqueue_s *next;
@@ -49,10 +50,15 @@ static int64_t now_ms(void) {
 static void queue_mark(ferry__wqueue_t *q, bool progress) {
   if (q->key == NULL)
     return;
-  if (q->head == NULL && !q->sending)
-    atomic_store(&q->key->stall_since_ms, 0);
-  else if (progress || atomic_load(&q->key->stall_since_ms) == 0)
-    atomic_store(&q->key->stall_since_ms, now_ms());
+  int64_t since = atomic_load(&q->key->stall_since_ms);
+  bool idle = q->head == NULL && !q->sending;
+  if (!idle && !progress && since != 0)
+    return; /* still waiting */
+  int64_t now = idle && since == 0 ? 0 : now_ms();
+  /* The wait that ends here counts as time blocked on the client. */
+  if (since != 0 && now > since)
+    ferry_metric_add(ferry__wmetrics()->client_wait, now - since);
+  atomic_store(&q->key->stall_since_ms, idle ? 0 : now);
 }
 
 static ferry__wqueue_t *queue_get(ferry__worker_t *w, uint64_t job_id,
@@ -119,6 +125,8 @@ static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
   if (q->call != call)
     return;
   q->sending = false;
+  if (ok)
+    ferry_metric_add(ferry__wmetrics()->chunks_sent, 1);
   if (!ok) {
     /* The client is gone; the chunk that was in flight is lost with the
      * call. The queue waits for a reconnect. */

@@ -42,6 +42,7 @@
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "worker.h"
+#include "wmetrics.h"
 
 /* At most this many records per chunk, whatever the record size. */
 #define MAX_CHUNK_RECORDS (1u << 20)
@@ -870,6 +871,10 @@ typedef struct run_s {
   uint64_t park_gen;
   int err_code;
   ferry_error_t err;
+  /* Metrics: records seen by this run (every 16th is timed per stage) and
+   * when the record before a timed one ended (its read time); 0: none. */
+  uint64_t seen;
+  int64_t read_t0;
 } run_t;
 
 static bool should_stop(run_t *r) {
@@ -894,6 +899,9 @@ static int flush(run_t *r, bool last) {
   r->task->produced = c->first + c->count;
   r->task->skipped = r->skipped;
   pthread_mutex_unlock(&t->lock);
+  const ferry__wmetrics_t *m = ferry__wmetrics();
+  ferry_metric_add(m->records, c->count);
+  ferry_metric_add(m->bytes, (int64_t)(c->count * c->rec_bytes));
   t->emit(c, t->emit_arg);
   return 0;
 }
@@ -996,12 +1004,37 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     return true;
   }
   ferry_error_t perr;
+  /* One record in 16 is timed per stage (two clock reads per stage). */
+  uint64_t n = r->seen++;
+  bool timed = (n & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0;
+  double t0[FERRY_STAGE_COUNT], t1[FERRY_STAGE_COUNT];
+  if (timed) {
+    const ferry__wmetrics_t *m = ferry__wmetrics();
+    if (r->read_t0 != 0)
+      ferry_metric_observe(m->stage[FERRY_WSTAGE_READ],
+                           ferry_metrics_now_ns() - r->read_t0);
+    ferry_pipeline_ctx_times(r->ctx, t0);
+    ferry_pipeline_ctx_set_timing(r->ctx, 1);
+  }
   int rc = ferry_pipeline_process(r->ctx, data, len, &pix, &h, &w, &c,
                                   &label, &perr);
+  if (timed) {
+    const ferry__wmetrics_t *m = ferry__wmetrics();
+    ferry_pipeline_ctx_set_timing(r->ctx, 0);
+    ferry_pipeline_ctx_times(r->ctx, t1);
+    for (int i = 0; i < FERRY_STAGE_COUNT; i++)
+      if (t1[i] > t0[i]) /* stages the spec has */
+        ferry_metric_observe(m->stage[i], (int64_t)((t1[i] - t0[i]) * 1e9));
+    r->read_t0 = 0;
+  } else if (((n + 1) & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0) {
+    r->read_t0 = ferry_metrics_now_ns(); /* the next record's read */
+  }
   if (rc != 0) {
     if (k->policy == FERRY_ON_ERROR_SKIP) {
-      if (r->out >= k->start)
+      if (r->out >= k->start) {
         r->skipped++;
+        ferry__wmetrics_skipped(perr.code, 1);
+      }
       FERRY_LOG(FERRY_LOG_DEBUG, "%s: record %llu at byte offset %llu: %s "
                 "(skipped)", k->file, (unsigned long long)index,
                 (unsigned long long)offset, perr.msg);
@@ -1209,8 +1242,10 @@ static int run_shuffled(run_t *r) {
     if ((rc = read_back(r, ref)) < 0) {
       if (k->policy != FERRY_ON_ERROR_SKIP)
         return rc;
-      if (r->out >= k->start)
+      if (r->out >= k->start) {
         r->skipped++;
+        ferry__wmetrics_skipped(rc, 1);
+      }
       FERRY_LOG(FERRY_LOG_DEBUG, "%s (skipped)", r->err.msg);
       ferry_error_clear(&r->err);
       continue;
@@ -1346,8 +1381,10 @@ static bool task_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
      * one when nothing was left to produce). */
     ferry_tfr_stats_t st;
     ferry_tfr_reader_stats(k->run->rd, &st);
-    if (k->start == 0)
+    if (k->start == 0) {
       r.skipped += st.skipped;
+      ferry__wmetrics_skipped(0, st.skipped);
+    }
     if (r.cur == NULL) {
       int h = 0, w = 0, c = 0;
       if (ferry_pipeline_shape(k->pipe->pipeline, &h, &w, &c) != 0)

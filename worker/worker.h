@@ -80,6 +80,8 @@ typedef struct ferry__wconfig_s {
   char *worker_token_file; /* sent to the dispatcher as a bearer token */
   char *client_token_file; /* StreamChunks callers must send it (NULL:
                               open; the client secret still applies) */
+  int64_t metrics_port;    /* issue 10: -1: no metrics server */
+  char *metrics_host;      /* NULL: host */
 
 } ferry__wconfig_t;
 

@@ -546,6 +546,22 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
     st.stall_fraction = total > 0 ? c->wait_s / total : 0;
     st.batches_per_second = total > 0 ? (double)c->batches / total : 0;
     st.batches = c->batches;
+    /* The same since the previous heartbeat (issue 10's job gauges). */
+    double now = ferry__client_now();
+    if (c->hb_at > 0 && now > c->hb_at) {
+      st.interval_seconds = now - c->hb_at;
+      st.interval_stall_fraction =
+          (c->wait_s - c->hb_wait_s) / st.interval_seconds;
+      if (st.interval_stall_fraction > 1)
+        st.interval_stall_fraction = 1;
+      if (st.interval_stall_fraction < 0)
+        st.interval_stall_fraction = 0;
+      st.interval_batches_per_second =
+          (double)(c->batches - c->hb_batches) / st.interval_seconds;
+    }
+    c->hb_at = now;
+    c->hb_wait_s = c->wait_s;
+    c->hb_batches = c->batches;
     *records = c->records; /* what this request reports as handed out */
     if (c->space_wait_since > 0)
       req.stalled_ms =

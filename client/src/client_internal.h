@@ -277,6 +277,9 @@ struct ferry_client_s {
   uint64_t batches, records, bytes;
   double wait_s;
   double t0;
+  /* The previous heartbeat's figures (ClientStats.interval_*). */
+  double hb_at, hb_wait_s;
+  uint64_t hb_batches;
   uint64_t next_index;
 
   /* Threads. */

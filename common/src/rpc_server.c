@@ -19,11 +19,13 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "ferry/alloc.h"
+#include "ferry/metrics.h"
 #include "ferry/log.h"
 #include "rpc_internal.h"
 
@@ -250,10 +252,41 @@ static int request_call(ferry_rpc_server_t *s, struct method *m) {
 
 /* ---- Answers ----------------------------------------------------------- */
 
+/* ferry_rpc_handled_total{method,code} in the process's registry
+ * (ferry/metrics.h): every status a server sends. */
+static ferry_metric_family_t *handled_family;
+static pthread_once_t handled_once = PTHREAD_ONCE_INIT;
+static void handled_init(void) {
+  handled_family = ferry_metrics_family(
+      ferry_metrics_default(), FERRY_METRIC_COUNTER, "ferry_rpc_handled_total",
+      "RPCs this daemon answered, by method and gRPC status code.",
+      "method,code", 1, NULL, 0);
+}
+
+static atomic_bool handled_on;
+
+void ferry_metrics_count_rpcs(bool on) { atomic_store(&handled_on, on); }
+
+static void count_status(const char *method, int status) {
+  static const char *const codes[17] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if (!atomic_load_explicit(&handled_on, memory_order_relaxed))
+    return;
+  pthread_once(&handled_once, handled_init);
+  const char *v[2] = {method,
+                      status >= 0 && status < 17 ? codes[status] : "UNKNOWN"};
+  ferry_metric_add(ferry_metric_child(handled_family, v), 1);
+}
+
 static int start_status(struct ferry_rpc_call_s *c) {
   grpc_op ops[3];
   size_t n = 0;
   c->status_started = true;
+  count_status(c->method->name, c->status);
   if (!c->md_sent)
     op_initial_metadata(c, &ops[n++]);
   if (c->reply_bb != NULL) {

@@ -1,0 +1,271 @@
+/* The dispatcher's metrics (dmetrics.h). */
+#include "dmetrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "ferry/alloc.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+#include "journal.h"
+#include "state.h"
+
+/* How long a scrape waits for the loop thread to compute the gauges
+ * before it answers with the previous values. */
+#define COLLECT_WAIT_MS 2000
+
+static ferry__dmetrics_t dm;
+static ferry_metric_family_t *f_workers, *f_jobs, *f_splits, *f_jbytes,
+    *f_stall, *f_bps, *f_wanted, *f_delivered;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static ferry_metric_t *counter(ferry_metrics_t *r, const char *name,
+                               const char *help) {
+  return ferry_metric_get(ferry_metrics_family(r, FERRY_METRIC_COUNTER, name,
+                                               help, NULL, 1, NULL, 0));
+}
+
+static void init(void) {
+  ferry_metrics_t *r = ferry_metrics_default();
+  static const double fsync_bounds[] = {1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
+                                        3e-2, 0.1,  0.3,  1,    3};
+  dm.leases = counter(r, "ferry_dispatcher_leases_granted_total",
+                      "Split leases granted to workers (re-grants "
+                      "included).");
+  dm.relets = counter(r, "ferry_dispatcher_leases_regranted_total",
+                      "Leases of splits that had been leased before in the "
+                      "same epoch (a worker or client was lost, a stream "
+                      "restarted).");
+  dm.workers_lost = counter(r, "ferry_dispatcher_workers_lost_total",
+                            "Workers declared lost (no heartbeat for "
+                            "--worker-timeout-ms).");
+  dm.clients_lost = counter(r, "ferry_dispatcher_clients_lost_total",
+                            "Clients declared lost (no heartbeat for "
+                            "--client-timeout-ms, or a stalled stream).");
+  dm.appends = counter(r, "ferry_dispatcher_journal_appends_total",
+                       "Entries appended to the journal.");
+  dm.fsync = ferry_metric_get(ferry_metrics_family(
+      r, FERRY_METRIC_HISTOGRAM, "ferry_dispatcher_journal_fsync_seconds",
+      "Seconds one journal write + fdatasync took.", NULL, 1e-9,
+      fsync_bounds, sizeof(fsync_bounds) / sizeof(fsync_bounds[0])));
+  f_jbytes = ferry_metrics_family(r, FERRY_METRIC_GAUGE,
+                                  "ferry_dispatcher_journal_bytes",
+                                  "Size of the journal file.", NULL, 1, NULL,
+                                  0);
+  f_workers = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_dispatcher_workers",
+      "Workers known to the dispatcher, by state (as ferryctl workers "
+      "shows it).",
+      "state", 1, NULL, 0);
+  f_jobs = ferry_metrics_family(r, FERRY_METRIC_GAUGE, "ferry_dispatcher_jobs",
+                                "Jobs by state.", "state", 1, NULL, 0);
+  f_splits = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_dispatcher_splits",
+      "Splits of the jobs' current epochs by state (waiting: no lease; "
+      "leased; done).",
+      "state", 1, NULL, 0);
+  f_stall = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_job_stall_fraction",
+      "Fraction of time the job's trainers wait for batches (mean of its "
+      "clients over their last heartbeat interval).",
+      "job,name", 1e-6, NULL, 0);
+  f_bps = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_job_batches_per_second",
+      "Batches per second the job's clients take (summed).", "job,name",
+      1e-3, NULL, 0);
+  f_wanted = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted",
+      "Workers the job needs for its trainers to stall at most "
+      "--target-stall-fraction (docs/OPERATIONS.md).",
+      "job,name", 1, NULL, 0);
+  f_delivered = ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_job_records_delivered_total",
+      "Records the job's clients acknowledged, all epochs (ferryctl "
+      "status: delivered_all).",
+      "job,name", 1, NULL, 0);
+}
+
+const ferry__dmetrics_t *ferry__dmetrics(void) {
+  pthread_once(&once, init);
+  return &dm;
+}
+
+void ferry__dmetrics_committed(const Ferry__V1__JournalEntry *e, bool relet) {
+  const ferry__dmetrics_t *m = ferry__dmetrics();
+  switch (e->entry_case) {
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN:
+    if (e->assign->worker_id != 0) {
+      ferry_metric_add(m->leases, 1);
+      if (relet)
+        ferry_metric_add(m->relets, 1);
+    }
+    break;
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_LOST:
+    ferry_metric_add(m->workers_lost, 1);
+    break;
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_LEFT:
+    if (e->client_left->lost)
+      ferry_metric_add(m->clients_lost, 1);
+    break;
+  default:
+    break;
+  }
+}
+
+/* ---- Scrape-time gauges -------------------------------------------------- */
+
+struct ferry__dmetrics_gauges_s {
+  uv_async_t async;
+  struct ferry_disp_s *d;
+  struct ferry_journal_s *j;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  uint64_t asked, done; /* generations */
+  bool closed;
+};
+
+static void lower_enum(const ProtobufCEnumDescriptor *desc, int value,
+                       const char *prefix, char *out, size_t cap) {
+  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(desc,
+                                                                     value);
+  const char *n = v != NULL ? v->name : "UNKNOWN";
+  size_t pl = strlen(prefix), i = 0;
+  if (strncmp(n, prefix, pl) == 0)
+    n += pl;
+  for (; n[i] != '\0' && i + 1 < cap; i++)
+    out[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] - 'A' + 'a' : n[i]);
+  out[i] = '\0';
+}
+
+/* Loop thread: the gauges from the state. */
+static void compute(ferry__dmetrics_gauges_t *g) {
+  Ferry__V1__GetStatusResponse resp = FERRY__V1__GET_STATUS_RESPONSE__INIT;
+  ferry_arena_t a = {0};
+  char buf[64];
+  int64_t now = (int64_t)(uv_hrtime() / 1000000); /* ferry__disp_now_ms */
+  ferry_metric_set(ferry_metric_get(f_jbytes),
+                   (int64_t)ferry__journal_size(g->j));
+  uint64_t splits[3];
+  static const char *const split_states[3] = {"waiting", "leased", "done"};
+  ferry__disp_split_counts(g->d, splits);
+  for (int i = 0; i < 3; i++)
+    ferry_metric_set(ferry_metric_get1(f_splits, split_states[i]),
+                     (int64_t)splits[i]);
+  if (ferry__disp_status(g->d, "", &resp, &a, now) == 0) {
+    /* Workers: the states seen now (a state with none drops out). */
+    ferry_metric_family_clear(f_workers);
+    for (size_t i = 0; i < resp.n_workers; i++)
+      ferry_metric_add(ferry_metric_get1(f_workers, resp.workers[i]->state),
+                       1);
+    /* Jobs: every state, 0 included. */
+    const ProtobufCEnumDescriptor *jd = &ferry__v1__job_state__descriptor;
+    for (unsigned v = 0; v < jd->n_values; v++) {
+      int64_t n = 0;
+      for (size_t i = 0; i < resp.n_jobs; i++)
+        n += (int)resp.jobs[i]->state == jd->values[v].value;
+      lower_enum(jd, jd->values[v].value, "JOB_STATE_", buf, sizeof(buf));
+      ferry_metric_set(ferry_metric_get1(f_jobs, buf), n);
+    }
+    ferry_metric_family_clear(f_stall);
+    ferry_metric_family_clear(f_bps);
+    ferry_metric_family_clear(f_wanted);
+    ferry_metric_family_clear(f_delivered);
+    for (size_t i = 0; i < resp.n_jobs; i++) {
+      const Ferry__V1__JobStatus *js = resp.jobs[i];
+      char id[24];
+      snprintf(id, sizeof(id), "%" PRIu64, js->job_id);
+      const char *v[2] = {id, js->name != NULL ? js->name : ""};
+      ferry_metric_set_double(ferry_metric_child(f_stall, v),
+                              js->stall_fraction);
+      ferry_metric_set_double(ferry_metric_child(f_bps, v),
+                              js->batches_per_second);
+      ferry_metric_set(ferry_metric_child(f_wanted, v), js->workers_wanted);
+      ferry_metric_set(ferry_metric_child(f_delivered, v),
+                       (int64_t)js->delivered_all);
+    }
+  }
+  ferry__arena_free(&a);
+}
+
+static void on_async(uv_async_t *h) {
+  ferry__dmetrics_gauges_t *g = h->data;
+  pthread_mutex_lock(&g->lock);
+  uint64_t asked = g->asked;
+  bool closed = g->closed;
+  pthread_mutex_unlock(&g->lock);
+  if (!closed)
+    compute(g);
+  pthread_mutex_lock(&g->lock);
+  g->done = asked;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* The registry's collector (the HTTP thread): asks the loop, waits. */
+static void collect(void *arg) {
+  ferry__dmetrics_gauges_t *g = arg;
+  pthread_mutex_lock(&g->lock);
+  if (!g->closed) {
+    uint64_t gen = ++g->asked;
+    uv_async_send(&g->async);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += COLLECT_WAIT_MS / 1000;
+    while (!g->closed && g->done < gen &&
+           pthread_cond_timedwait(&g->cv, &g->lock, &until) != ETIMEDOUT) {
+    }
+  }
+  pthread_mutex_unlock(&g->lock);
+}
+
+ferry__dmetrics_gauges_t *ferry__dmetrics_attach(uv_loop_t *loop,
+                                                 struct ferry_disp_s *d,
+                                                 struct ferry_journal_s *j) {
+  ferry__dmetrics();
+  ferry__dmetrics_gauges_t *g = ferry__calloc(1, sizeof(*g));
+  if (g == NULL)
+    return NULL;
+  g->d = d;
+  g->j = j;
+  pthread_mutex_init(&g->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (uv_async_init(loop, &g->async, on_async) != 0) {
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->lock);
+    ferry__free(g);
+    return NULL;
+  }
+  g->async.data = g;
+  if (ferry_metrics_add_collector(ferry_metrics_default(), collect, g) != 0) {
+    g->closed = true;
+    ferry__dmetrics_detach(g);
+    return NULL;
+  }
+  return g;
+}
+
+static void on_closed(uv_handle_t *h) {
+  ferry__dmetrics_gauges_t *g = h->data;
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->lock);
+  ferry__free(g);
+}
+
+void ferry__dmetrics_detach(ferry__dmetrics_gauges_t *g) {
+  if (g == NULL)
+    return;
+  pthread_mutex_lock(&g->lock);
+  g->closed = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->lock);
+  /* Waits for a render in progress (it returns now that closed is set). */
+  ferry_metrics_remove_collector(ferry_metrics_default(), collect, g);
+  uv_close((uv_handle_t *)&g->async, on_closed);
+}

@@ -1,0 +1,122 @@
+/* The worker's metrics (wmetrics.h). */
+#include "wmetrics.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "worker.h"
+
+static ferry__wmetrics_t wm;
+static ferry_metric_family_t *f_pool_used, *f_pool_limit, *f_tasks,
+    *f_streams;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void init(void) {
+  ferry_metrics_t *r = ferry_metrics_default();
+  /* 10 us to 10 s, roughly x3 per bucket. */
+  static const double stage_bounds[] = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3,
+                                        1e-2, 3e-2, 0.1,  0.3,  1,    3,
+                                        10};
+  static const char *const stages[FERRY_WSTAGE_N] = {
+      [FERRY_STAGE_PARSE] = "parse",   [FERRY_STAGE_DECODE] = "decode",
+      [FERRY_STAGE_OPS] = "ops",       [FERRY_STAGE_DILATE] = "dilate",
+      [FERRY_STAGE_BLUR] = "blur",     [FERRY_WSTAGE_READ] = "read"};
+  wm.records = ferry_metric_get(ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_records_total",
+      "Records produced into chunks (all jobs).", NULL, 1, NULL, 0));
+  wm.bytes = ferry_metric_get(ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_bytes_total",
+      "Bytes of record payload produced into chunks.", NULL, 1, NULL, 0));
+  wm.chunks_sent = ferry_metric_get(ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_chunks_sent_total",
+      "Chunks gRPC took for sending to clients.", NULL, 1, NULL, 0));
+  wm.skipped = ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_records_skipped_total",
+      "Bad records skipped under on_error=skip, by cause (the error's "
+      "name).",
+      "cause", 1, NULL, 0);
+  ferry_metric_family_t *st = ferry_metrics_family(
+      r, FERRY_METRIC_HISTOGRAM, "ferry_worker_stage_seconds",
+      "Seconds one record spends in a pipeline stage (one record in 16 is "
+      "timed; ops = resize + dilate + blur).",
+      "stage", 1e-9, stage_bounds,
+      sizeof(stage_bounds) / sizeof(stage_bounds[0]));
+  for (int i = 0; i < FERRY_WSTAGE_N; i++)
+    wm.stage[i] = ferry_metric_get1(st, stages[i]);
+  wm.client_wait = ferry_metric_get(ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_client_wait_seconds_total",
+      "Seconds streams had chunks ready that their client did not take "
+      "(summed over streams): time blocked on slow clients.",
+      NULL, 1e-3, NULL, 0));
+  f_pool_used = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_bytes",
+      "Bytes of chunk buffers handed out (queued or being sent).", NULL, 1,
+      NULL, 0);
+  f_pool_limit = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_limit_bytes",
+      "The chunk pool's bound (--buffer-bytes).", NULL, 1, NULL, 0);
+  f_tasks = ferry_metrics_family(r, FERRY_METRIC_GAUGE,
+                                 "ferry_worker_tasks_open",
+                                 "Tasks (leased splits) the worker holds.",
+                                 NULL, 1, NULL, 0);
+  f_streams = ferry_metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_streams_open",
+      "Streams (job, client) with live tasks or chunks out.", NULL, 1, NULL,
+      0);
+}
+
+const ferry__wmetrics_t *ferry__wmetrics(void) {
+  pthread_once(&once, init);
+  return &wm;
+}
+
+void ferry__wmetrics_skipped(int code, uint64_t n) {
+  char cause[48];
+  const char *name = ferry_err_name(code);
+  size_t j = 0;
+  ferry__wmetrics();
+  if (code == 0)
+    name = "framing"; /* the reader's: a bad length or CRC */
+  if (name == NULL)
+    name = "unknown";
+  if (strncmp(name, "FERRY_", 6) == 0)
+    name += 6;
+  if (name[0] == 'E' && name[1] != '\0')
+    name++;
+  for (; *name != '\0' && j + 1 < sizeof(cause); name++)
+    cause[j++] = (char)tolower((unsigned char)*name);
+  cause[j] = '\0';
+  ferry_metric_add(ferry_metric_get1(wm.skipped, cause), (int64_t)n);
+}
+
+static void collect(void *arg) {
+  ferry__worker_t *w = arg;
+  uint64_t used, cap;
+  int64_t streams = 0, tasks = 0;
+  pthread_mutex_lock(&w->pool.lock);
+  used = w->pool.used;
+  cap = w->pool.cap;
+  for (ferry__wkey_t *k = w->pool.keys; k != NULL; k = k->next)
+    if (k->tasks > 0 || k->used > 0)
+      streams++;
+  pthread_mutex_unlock(&w->pool.lock);
+  pthread_mutex_lock(&w->tasks.lock);
+  for (ferry__wtask_t *k = w->tasks.list; k != NULL; k = k->next)
+    tasks++;
+  pthread_mutex_unlock(&w->tasks.lock);
+  ferry_metric_set(ferry_metric_get(f_pool_used), (int64_t)used);
+  ferry_metric_set(ferry_metric_get(f_pool_limit), (int64_t)cap);
+  ferry_metric_set(ferry_metric_get(f_tasks), tasks);
+  ferry_metric_set(ferry_metric_get(f_streams), streams);
+}
+
+int ferry__wmetrics_attach(struct ferry__worker_s *w) {
+  ferry__wmetrics();
+  return ferry_metrics_add_collector(ferry_metrics_default(), collect, w);
+}
+
+void ferry__wmetrics_detach(struct ferry__worker_s *w) {
+  ferry_metrics_remove_collector(ferry_metrics_default(), collect, w);
+}
