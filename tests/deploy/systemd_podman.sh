@@ -155,6 +155,22 @@ out=$(E ferry-example-trainer --dispatcher=127.0.0.1:5050 --epochs=1 \
 grep -q "records 2000," <<<"$out" || fail "trainer: expected 2000 records: $out"
 ok "an epoch of shuffled GZIP shards through the units: $(grep -o 'records 2000,[^,]*' <<<"$out")"
 
+# The metrics servers (the env files' --metrics-port 9090 and 9091) answer
+# from inside the sandbox; bash's /dev/tcp, the image has no curl.
+http_get() {
+  E bash -c 'exec 3<>/dev/tcp/127.0.0.1/'"$1"' && printf "GET %s HTTP/1.0\r\n\r\n" '"$2"' >&3 && timeout 10 cat <&3'
+}
+for pm in "ferry-dispatcher 9090 ferry_dispatcher_journal_appends_total" \
+          "ferry-worker 9091 ferry_worker_records_total"; do
+  read -r u port metric <<<"$pm"
+  out=$(http_get "$port" /metrics) || fail "$u: GET 127.0.0.1:$port/metrics failed"
+  head -1 <<<"$out" | grep -q ' 200 ' && grep -q "^$metric" <<<"$out" ||
+    fail "$u: /metrics on $port: no 200 with $metric: $(head -3 <<<"$out")"
+  out=$(http_get "$port" /readyz) || fail "$u: GET /readyz failed"
+  head -1 <<<"$out" | grep -q ' 200 ' || fail "$u: /readyz: $(head -1 <<<"$out")"
+  ok "$u: /metrics on :$port has $metric, /readyz 200"
+done
+
 E systemctl reload ferry-dispatcher ferry-worker || fail "systemctl reload"
 for _ in $(seq 50); do
   n=$(E journalctl -u ferry-dispatcher -u ferry-worker --no-pager | grep -c 'SIGHUP: re-reading' || true)
@@ -178,8 +194,11 @@ for _ in $(seq 100); do
   [ "$new" != "$pid" ] && [ "$new" != 0 ] && [ "$(show ferry-worker ActiveState)" = active ] && break
   sleep 0.2 # 2 s watchdog + 2 s RestartSec, bounded (20 s)
 done
-E journalctl -u ferry-worker --no-pager | grep -q 'Watchdog timeout (limit 2s)' ||
-  fail "no watchdog timeout after SIGSTOP of the worker (pid $pid)"
+# Not `journalctl | grep -q`: grep's early exit fails the pipe (pipefail).
+log=$(E journalctl -u ferry-worker --no-pager)
+grep -q 'Watchdog timeout (limit 2s)' <<<"$log" || {
+  tail -25 <<<"$log"
+  fail "no watchdog timeout after SIGSTOP of the worker (pid $pid)"; }
 [ "$new" != "$pid" ] && [ "$(show ferry-worker NRestarts)" -ge 1 ] ||
   fail "the worker was not restarted after its watchdog timeout"
 ok "SIGSTOPped worker: 'Watchdog timeout (limit 2s)', restarted (pid $pid -> $new)"
