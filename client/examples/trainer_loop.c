@@ -31,6 +31,7 @@ typedef struct settings_s {
   bool skip_errors;
   bool verbose;
   bool help;
+  char *tls_ca, *tls_cert, *tls_key, *token_file; /* a secured cluster */
 } settings_t;
 
 static const ferry_option_t options[] = {
@@ -56,6 +57,14 @@ static const ferry_option_t options[] = {
      "false", 0, 0, NULL, "error policy skip instead of fail"},
     {"verbose", FERRY_OPT_BOOL, offsetof(settings_t, verbose), "false", 0, 0,
      NULL, "log the library's warnings and progress"},
+    {"tls-ca", FERRY_OPT_STRING, offsetof(settings_t, tls_ca), NULL, 0, 0,
+     NULL, "PEM CA bundle: TLS to the dispatcher and workers, verified"},
+    {"tls-cert", FERRY_OPT_STRING, offsetof(settings_t, tls_cert), NULL, 0, 0,
+     NULL, "PEM client certificate (mutual TLS)"},
+    {"tls-key", FERRY_OPT_STRING, offsetof(settings_t, tls_key), NULL, 0, 0,
+     NULL, "private key of --tls-cert"},
+    {"token-file", FERRY_OPT_STRING, offsetof(settings_t, token_file), NULL,
+     0, 0, NULL, "file holding the client bearer token"},
     {"help", FERRY_OPT_BOOL, offsetof(settings_t, help), "false", 0, 0, NULL,
      "print this help"},
 };
@@ -92,6 +101,10 @@ int main(int argc, char **argv) {
   o.mode = s.mode == 1 ? FERRY_MODE_PARALLEL_EPOCHS
                        : FERRY_MODE_DISTRIBUTED_EPOCH;
   o.error_policy = s.skip_errors ? 1 : 0;
+  o.tls_ca = s.tls_ca;
+  o.tls_cert = s.tls_cert;
+  o.tls_key = s.tls_key;
+  o.token_file = s.token_file;
   if (ferry_client_new(&o, &c, &err) != 0) {
     fprintf(stderr, "ferry-example-trainer: %s (%s)\n", err.msg,
             ferry_err_name(err.code));

