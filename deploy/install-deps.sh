@@ -16,8 +16,10 @@ packages=(
   python3-torch python3-numpy python3-pytest
   python3-dev ninja-build    # building the ferry package (client/python)
   # tests/deploy: the container image built for real, its Debian 12 base,
-  # a podman network with DNS; yamllint for deploy/k8s.
-  podman buildah debootstrap netavark aardvark-dns uidmap yamllint
+  # a podman network with DNS (netavark runs iptables); runc where crun
+  # refuses a hybrid cgroup layout; yamllint for deploy/k8s.
+  podman buildah debootstrap netavark aardvark-dns uidmap iptables runc
+  yamllint
   # sd_notify in the daemons; systemd-analyze verify for deploy/systemd.
   libsystemd-dev systemd
   # The daemons' /metrics server; promtool and a real Prometheus for
