@@ -73,10 +73,15 @@ RUN ldconfig
 STOPSIGNAL SIGRTMIN+3
 CMD ["/lib/systemd/systemd"]
 EOF
+old=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 if ! out=$(timeout 400 podman build -q -t "$image" "$ctx" 2>&1); then
   echo "$out" | tail -20
   fail "podman build of the systemd image failed"
 fi
+# The previous build of this image (now untagged) goes; the apt layer,
+# shared, stays as the cache of the next build.
+new=$(podman image inspect --format '{{.Id}}' "$image")
+[ -z "$old" ] || [ "$old" = "$new" ] || podman rmi "$old" >/dev/null 2>&1 || true
 
 # --privileged: systemd sets up the units' namespaces (ProtectSystem=,
 # PrivateTmp=, ...), which needs CAP_SYS_ADMIN in the container.
