@@ -1,12 +1,14 @@
 """Errors by cause: an unreachable dispatcher, a bad spec (with its
 column), a corrupt record (file and byte offset), a worker killed mid-epoch
-(still exactly once), and too many batches held (an error, no hang)."""
+(still exactly once), too many batches held (an error, no hang), and a
+worker that cannot read a shard (WorkerError naming the file)."""
 import collections
 import os
 import random
 import re
 import shutil
 import socket
+import subprocess
 import time
 
 import numpy
@@ -34,7 +36,8 @@ def test_error_hierarchy():
                         ("UnreachableError", ConnectionError),
                         ("WorkerError", None),
                         ("TimeoutError", TimeoutError),
-                        ("ClosedError", None)):
+                        ("ClosedError", None),
+                        ("CancelledError", None)):
         cls = getattr(ferry, name)
         assert issubclass(cls, ferry.Error), name
         if extra is not None:
@@ -178,3 +181,47 @@ def test_holding_more_than_prefetch_raises(as_tensor, cluster, small):
         del tensors
         b = c.next()  # a slot is free again
         assert len(b) == 10
+
+
+def test_worker_failure_is_a_worker_error_naming_the_file(tmp_path,
+                                                          make_cluster):
+    """A shard removed after the dataset was registered: the worker cannot
+    open it and the job fails; next() raises WorkerError naming the file.
+    The dataset is registered by a first client that reads nothing, so the
+    shard is gone before any worker task of the second client's job
+    opens it."""
+    data = ferrytest.Dataset(str(tmp_path / "data"), 2, 200)
+    cl = make_cluster(workers=1)
+    with ferry.Client(cl.addr, data.spec(batch=10), job_name="register",
+                      timeout=TIMEOUT):
+        jobs = [j for j in cl.status()["jobs"] if j["name"] == "register"]
+        assert len(jobs) == 1, cl.status()["jobs"]
+    os.unlink(data.files[1])
+    with ferry.Client(cl.addr, dataset_id=jobs[0]["dataset_id"],
+                      timeout=TIMEOUT) as c:
+        t0 = time.monotonic()
+        with pytest.raises(ferry.WorkerError) as ei:
+            for _ in c:
+                pass
+        assert time.monotonic() - t0 < TIMEOUT
+    assert data.files[1] in str(ei.value), str(ei.value)
+    assert ei.value.code_name == "ENOENT", ei.value.code_name
+
+
+def test_job_cancel_is_a_cancelled_error_naming_the_job(cluster, small):
+    """`ferryctl job cancel` while a client reads: its next() raises
+    CancelledError naming the job within a few heartbeats."""
+    with ferry.Client(cluster.addr, small.spec(batch=10), epochs=None,
+                      timeout=TIMEOUT) as c:
+        next(c)
+        subprocess.run([ferrytest.FERRYCTL, "job", "cancel", str(c.job_id),
+                        "--dispatcher", cluster.addr],
+                       check=True, capture_output=True, timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(ferry.CancelledError) as ei:
+            for _ in c:
+                pass
+        took = time.monotonic() - t0
+    assert "job %d" % c.job_id in str(ei.value), str(ei.value)
+    assert "cancel" in str(ei.value), str(ei.value)
+    assert took < 2.0, "CancelledError after %.3f s" % took

@@ -32,6 +32,9 @@ class TimeoutError(Error, builtins.TimeoutError):
 class ClosedError(Error):
     """The client is closed."""
 
+class CancelledError(Error):
+    """An operator cancelled the job (ferryctl job cancel)."""
+
 class Array:
     """A view of a batch's images, labels or ids (no copy)."""
     @property

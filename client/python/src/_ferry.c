@@ -56,6 +56,7 @@ static PyObject *UnreachableError;
 static PyObject *WorkerError;
 static PyObject *FerryTimeoutError;
 static PyObject *ClosedError;
+static PyObject *CancelledError;
 
 /* Where an error came from, for the choice of subclass. */
 enum { CTX_CONNECT, CTX_NEXT, CTX_OTHER };
@@ -78,6 +79,15 @@ static PyObject *error_class(int code, const char *msg, int ctx) {
     /* A worker's stream failed, or the dispatcher failed the job because
      * of a worker's task. */
     if (strncmp(msg, "worker ", 7) == 0 || strncmp(msg, "job failed", 10) == 0)
+      return WorkerError;
+    /* The operator cancelled the job ("job J cancelled by the operator"). */
+    if (code == FERRY_ECANCELED)
+      return CancelledError;
+    /* A worker's task error relayed in its chunk stream carries the
+     * worker's own text ("FILE: open: ..."): the file errors are the
+     * worker's, not this process's (the client opens no file). */
+    if (code == FERRY_ENOENT || code == FERRY_EACCES || code == FERRY_ENOSPC ||
+        (code == FERRY_EIO && strncmp(msg, "batch ", 6) != 0))
       return WorkerError;
     if (code <= FERRY_EGRPC_CANCELLED && code >= FERRY_EGRPC_UNAUTHENTICATED)
       return WorkerError;
@@ -1781,7 +1791,11 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       (ClosedError = new_error(
            m, "ClosedError", FerryError,
            "The client is closed (close() was called, possibly from "
-           "another thread while next() waited).")) == NULL)
+           "another thread while next() waited).")) == NULL ||
+      (CancelledError = new_error(
+           m, "CancelledError", FerryError,
+           "An operator cancelled the job (ferryctl job cancel); the "
+           "message names the job.")) == NULL)
     goto fail;
   return m;
 fail:
