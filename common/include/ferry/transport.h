@@ -1,0 +1,362 @@
+/* The data-plane seam: how a worker streams Chunk messages to a client.
+ *
+ * The control plane (registration, heartbeats, leases) stays on gRPC
+ * (ferry/rpc.h). Only the chunk stream (today Worker/StreamChunks) goes
+ * through this header, so that worker/stream.c and client/src/client_core.c
+ * name no transport. An implementation is a const table of function
+ * pointers with a name: ferry_transport_grpc ("grpc", over ferry/rpc.h,
+ * keeping its TLS and bearer tokens) and, when built with UCX,
+ * ferry_transport_ucx ("ucx", UCP). ferry_transport_find picks one by name.
+ *
+ * What travels is one ferry.v1.Chunk message per chunk (PROTOCOL.md): the
+ * header bytes (fields 1-14 and the tag and length of field 15, the
+ * payload) followed by the payload bytes. A transport moves those bytes
+ * and never interprets them, except that it may keep the header and the
+ * payload apart (the worker hands them over as separate pieces, and the
+ * client reads them through one message view, see ferry_transport_msg_t).
+ *
+ * ---- Worker side (server) ------------------------------------------------
+ *
+ * Threads. A server belongs to a libuv loop (the worker's loop): every
+ * server-side function below is called on that loop's thread, and every
+ * server-side callback (on_open, on_sent, on_end, shutdown's done) runs
+ * on it, except `release` (see ferry_transport_send_t), which runs on any
+ * thread. An implementation that needs progress (UCX) hooks itself into
+ * the loop (uv_poll on its event fd, uv_async for its own threads).
+ *
+ * Life of a stream:
+ *   1. A client opens it with a request (job, client id, secret, bearer
+ *      token). on_open runs with a new stream handle; the handler answers
+ *      at once (before returning) or later on the loop: it either accepts
+ *      (ferry_transport_accept, then sends) or refuses (finish with a
+ *      status, without accept). Every stream handed to on_open must be finished exactly
+ *      once (ferry_transport_finish), also after on_end reported it dead;
+ *      the handle stays valid until then and must not be used after.
+ *   2. send: one chunk per call, as pieces pointing into the chunk pool
+ *      (no copy). At most `window` sends (ferry_transport_window, >= 1;
+ *      gRPC: 1) may be outstanding per stream: a send is outstanding from
+ *      the call until its on_sent. on_sent(ok=1) means the transport took
+ *      the message (it passed flow control: the caller may send one more),
+ *      on_sent(ok=0) that it cannot be delivered (the peer is gone; stop
+ *      sending and finish the stream). on_sent never runs for a send that
+ *      returned an error, nor after finish was called.
+ *   3. end: on_end runs at most once, on the loop, when the stream ended
+ *      before it was finished: the client cancelled, its connection broke
+ *      or its process died (noticed by the transport's keepalive within
+ *      the heartbeat timeout at the latest), or the server is shutting
+ *      down. It runs before the on_sent(ok=0) of sends that failed for
+ *      that reason. The caller still has to finish the stream.
+ *   4. finish(status, msg): ends the stream with a gRPC status code
+ *      (FERRY_RPC_OK or FERRY_RPC_* from ferry/rpc.h, for every transport)
+ *      and a message the client sees in its error. Sends still outstanding
+ *      complete first (their release runs; their on_sent does not).
+ *
+ * Memory. The pieces of a send stay referenced by the transport until it
+ * calls release(release_arg) exactly once, whether the send succeeds,
+ * fails at once or fails later, possibly after on_sent ran and at the
+ * latest when the server's shutdown completes; the caller frees the pool
+ * slot there. release runs on any thread (a gRPC thread, a UCX progress
+ * callback, the loop, or inside send itself on failure): keep it short,
+ * thread-safe, and do not call back into the transport from it. on_sent
+ * and on_end may call send, finish and accept on any stream.
+ *
+ * ---- Client side ---------------------------------------------------------
+ *
+ * Threads. A client context (ferry_transport_client_t) is created once per
+ * ferry_client_t and shared by its streams; streams are opened from any
+ * thread. A stream is read by one thread at a time (libferry runs one
+ * reader thread per worker stream, blocked in next); cancel may be called
+ * from any thread at any time before free. Nothing runs on a loop: the
+ * client side is blocking, with bounded waits.
+ *
+ * Receiving. next() waits for the next message and fills a
+ * ferry_transport_msg_t: a view of the message's `len` bytes (header then
+ * payload) read through copy(). The chunk parser reads the header through
+ * small copies, then the assembler copies payload ranges straight into the
+ * staging ring's slots. This is the "header first, then tell me where the
+ * payload goes" shape: an implementation that receives the header before
+ * the payload (UCX active messages with rendezvous) may leave the payload
+ * on the sender until the first copy() of a payload byte, then receive it
+ * straight into that copy's dst when the copy covers the rest of the
+ * payload, or into a bounce buffer otherwise. Payload ranges are usually
+ * copied once each, in increasing order, but may be copied in any order,
+ * more than once, or not at all (a dropped chunk); release must cope.
+ *
+ * ---- Addresses ------------------------------------------------------------
+ *
+ * Every worker has a gRPC address ("host:port", its name in messages).
+ * A transport may need more to reach it (UCX: the UCP worker address the
+ * worker registers with the dispatcher): ferry_transport_server_address
+ * gives those bytes on the worker, and the client passes them back to
+ * connect. gRPC needs none (connects to the gRPC address).
+ */
+#ifndef FERRY_TRANSPORT_H
+#define FERRY_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "ferry/error.h"
+#include "ferry/rpc.h"
+
+typedef struct ferry_transport_ops_s ferry_transport_ops_t;
+typedef struct ferry_transport_server_s ferry_transport_server_t;
+typedef struct ferry_transport_stream_s ferry_transport_stream_t;
+typedef struct ferry_transport_client_s ferry_transport_client_t;
+typedef struct ferry_transport_cstream_s ferry_transport_cstream_t;
+
+/* Every object starts with its table, so the generic calls below dispatch
+ * on it (an implementation embeds the struct as its first member). */
+struct ferry_transport_server_s {
+  const ferry_transport_ops_t *ops;
+};
+struct ferry_transport_stream_s {
+  const ferry_transport_ops_t *ops;
+  ferry_transport_server_t *server;
+};
+struct ferry_transport_client_s {
+  const ferry_transport_ops_t *ops;
+};
+struct ferry_transport_cstream_s {
+  const ferry_transport_ops_t *ops;
+};
+
+/* What a client asks for when it opens a stream (StreamChunksRequest's
+ * fields plus the bearer token). Pointers are valid during on_open only;
+ * copy what you keep. */
+typedef struct ferry_transport_open_s {
+  uint64_t job_id;
+  uint64_t client_id;
+  const uint8_t *secret; /* FERRY_CLIENT_SECRET_BYTES, or NULL: none or
+                            a malformed one (refuse the stream) */
+  const char *bearer;    /* the client token the caller presented (not
+                            NUL-terminated), NULL: none */
+  size_t bearer_len;
+  const char *peer;      /* for logs: the client's address, or NULL */
+} ferry_transport_open_t;
+
+/* One piece of a message: bytes the transport reads until release. */
+typedef struct ferry_transport_piece_s {
+  const void *ptr;
+  size_t len;
+} ferry_transport_piece_t;
+
+/* One send: a Chunk message as pieces in order (the header, then the
+ * payload; the payload piece is absent when empty). The transport may
+ * treat pieces[n - 1] as the bulk payload (zero copy, registered memory)
+ * and copy smaller earlier pieces at once. `release` (not NULL) runs
+ * exactly once when the transport no longer reads any piece. */
+#define FERRY_TRANSPORT_MAX_PIECES 4
+typedef struct ferry_transport_send_s {
+  ferry_transport_piece_t pieces[FERRY_TRANSPORT_MAX_PIECES];
+  size_t n;
+  void (*release)(void *release_arg);
+  void *release_arg;
+} ferry_transport_send_t;
+
+/* Server-side callbacks (loop thread; see the contract above). `arg` is
+ * the one given to ferry_transport_accept (on_open: the server's user). */
+typedef void (*ferry_transport_open_cb)(ferry_transport_stream_t *s,
+                                        const ferry_transport_open_t *req,
+                                        void *user);
+typedef void (*ferry_transport_sent_cb)(ferry_transport_stream_t *s, int ok,
+                                        void *arg);
+typedef void (*ferry_transport_end_cb)(ferry_transport_stream_t *s,
+                                       void *arg);
+typedef void (*ferry_transport_done_cb)(void *arg);
+
+/* How a worker serves streams. Zero-initialise, set what applies. */
+typedef struct ferry_transport_server_config_s {
+  uv_loop_t *loop;                 /* the worker's loop (required) */
+  ferry_rpc_server_t *rpc_server;  /* the worker's gRPC server, before its
+                                      start: gRPC registers StreamChunks
+                                      on it; others may ignore it */
+  ferry_transport_open_cb on_open; /* required */
+  void *user;                      /* passed to on_open */
+  const char *host;                /* the address the worker binds (for
+                                      transports that listen themselves) */
+  int peer_timeout_ms;             /* a client silent this long is dead
+                                      (on_end); 0: 10000 (gRPC: its
+                                      keepalive settings rule) */
+} ferry_transport_server_config_t;
+
+/* How a client reaches workers (one per ferry_client_t). */
+typedef struct ferry_transport_client_config_s {
+  const ferry_rpc_options_t *rpc_opts; /* TLS, bearer token, keepalive
+                                          (copied by gRPC; UCX may use the
+                                          token) */
+  int peer_timeout_ms;                 /* a worker silent this long is dead
+                                          (next fails); 0: 10000 */
+} ferry_transport_client_config_t;
+
+/* Where to open a stream: the worker's gRPC address (always; gRPC
+ * connects there, others use it in messages) and the transport's own
+ * address bytes from the dispatcher (NULL/0 for gRPC). */
+typedef struct ferry_transport_peer_s {
+  const char *name;
+  const void *address;
+  size_t address_len;
+} ferry_transport_peer_t;
+
+/* A received message (client side): `len` bytes, read through copy().
+ * Filled by next, owned by the reader until its release. */
+typedef struct ferry_transport_msg_s ferry_transport_msg_t;
+struct ferry_transport_msg_s {
+  size_t len; /* header and payload */
+  /* Copies `n` bytes at byte `off` of the message into dst; returns the
+   * bytes copied (fewer only at the end of the message, or 0 when the
+   * payload could not be received: the stream then fails at the next
+   * next()). Reader thread. */
+  size_t (*copy)(const ferry_transport_msg_t *m, size_t off, void *dst,
+                 size_t n);
+  /* Gives the message back (the payload not copied is discarded); the
+   * view is empty afterwards. Reader thread, before the next next(). */
+  void (*release)(ferry_transport_msg_t *m);
+  void *impl_[4]; /* the implementation's */
+};
+
+struct ferry_transport_ops_s {
+  const char *name; /* "grpc", "ucx" */
+
+  /* ---- Server (loop thread) ---- */
+  /* Creates the server on cfg->loop; it serves once the worker's gRPC
+   * server started (gRPC) or at once (others). */
+  int (*server_new)(const ferry_transport_server_config_t *cfg,
+                    ferry_transport_server_t **out, ferry_error_t *err);
+  /* The address bytes clients need besides the gRPC address (*len 0 and
+   * NULL: none). Valid until shutdown. */
+  const void *(*server_address)(ferry_transport_server_t *srv, size_t *len);
+  /* Ends every open stream (their on_end run; the owner must still
+   * finish them), stops accepting, then calls done(arg) on the loop once
+   * every stream was finished and every release ran. gRPC: call it before
+   * the gRPC server's shutdown. */
+  void (*server_shutdown)(ferry_transport_server_t *srv,
+                          ferry_transport_done_cb done, void *arg);
+  /* Optional (NULL: not needed): registers a region of the chunk pool for
+   * zero-copy sends; *memh is passed back to unmap. */
+  int (*mem_map)(ferry_transport_server_t *srv, void *ptr, size_t len,
+                 void **memh, ferry_error_t *err);
+  void (*mem_unmap)(ferry_transport_server_t *srv, void *memh);
+
+  /* Accepts an opened stream: on_sent and on_end (either may be NULL)
+   * get `arg`. If the stream already ended, on_end runs before this
+   * returns. */
+  void (*accept)(ferry_transport_stream_t *s, ferry_transport_sent_cb on_sent,
+                 ferry_transport_end_cb on_end, void *arg);
+  /* Sends per the contract: FERRY_EINVAL (window full, stream finished,
+   * not accepted) or FERRY_ECANCELED (the stream ended); release has run
+   * or will run either way. */
+  int (*send)(ferry_transport_stream_t *s, const ferry_transport_send_t *m);
+  /* How many sends may be outstanding (constant per stream, >= 1). */
+  unsigned (*window)(const ferry_transport_stream_t *s);
+  /* True once the stream ended early (on_end ran or is about to). */
+  bool (*ended)(const ferry_transport_stream_t *s);
+  /* Ends the stream with `status` (FERRY_RPC_*) and `msg` (copied; may
+   * be NULL). Exactly once per stream; `s` is invalid afterwards. */
+  void (*finish)(ferry_transport_stream_t *s, int status, const char *msg);
+
+  /* ---- Client (any thread) ---- */
+  int (*client_new)(const ferry_transport_client_config_t *cfg,
+                    ferry_transport_client_t **out, ferry_error_t *err);
+  /* After every stream of the client was freed. NULL-safe. */
+  void (*client_free)(ferry_transport_client_t *cl);
+  /* Optional: registers client memory payloads are received into (the
+   * staging ring; pinned in GPU mode). */
+  int (*client_mem_map)(ferry_transport_client_t *cl, void *ptr, size_t len,
+                        void **memh, ferry_error_t *err);
+  void (*client_mem_unmap)(ferry_transport_client_t *cl, void *memh);
+  /* Connects to `peer` and opens a stream with `req` (job, client id,
+   * secret; bearer ignored: the client's configured token is sent).
+   * Returns quickly: a peer that cannot be reached fails at next(). */
+  int (*open)(ferry_transport_client_t *cl, const ferry_transport_peer_t *peer,
+              const ferry_transport_open_t *req,
+              ferry_transport_cstream_t **out, ferry_error_t *err);
+  /* Waits at most timeout_ms (< 0: no limit) for the next message: 0 with
+   * *msg filled (release it before the next call), FERRY_EOF when the
+   * worker finished with OK, FERRY_EGRPC_* when the stream failed (the
+   * worker's finish status maps through ferry_rpc_err_from_status on every
+   * transport; err names the peer and carries the worker's message), or
+   * FERRY_ETIMEDOUT (call again). After FERRY_EOF or an error every later
+   * call returns the same. */
+  int (*next)(ferry_transport_cstream_t *s, ferry_transport_msg_t *msg,
+              int timeout_ms, ferry_error_t *err);
+  /* Makes a blocked or later next return FERRY_EGRPC_CANCELLED and tells
+   * the worker (its on_end runs). Thread-safe, any time before free. */
+  void (*cancel)(ferry_transport_cstream_t *s);
+  /* Cancels if still running, waits for the transport to let go, frees.
+   * NULL-safe. */
+  void (*cstream_free)(ferry_transport_cstream_t *s);
+};
+
+/* The implementations. ferry_transport_ucx exists when FERRY_HAVE_UCX. */
+extern const ferry_transport_ops_t ferry_transport_grpc;
+#ifdef FERRY_HAVE_UCX
+extern const ferry_transport_ops_t ferry_transport_ucx;
+#endif
+
+/* The table called `name` ("grpc", "ucx"), or NULL when unknown or not
+ * built in. */
+const ferry_transport_ops_t *ferry_transport_find(const char *name);
+
+/* Picks the client's transport for one worker: `want` is the job's
+ * option ("auto", "grpc", "ucx"; NULL or "" mean auto), `peer_has_ucx`
+ * whether the worker advertised a UCX address. auto gives ucx when built
+ * in and offered, else grpc, and writes why into `why` (may be NULL) for
+ * the log; an explicit choice that cannot be met returns NULL with the
+ * reason in err (FERRY_ENOTSUP). */
+const ferry_transport_ops_t *ferry_transport_choose(const char *want,
+                                                    bool peer_has_ucx,
+                                                    char *why, size_t why_len,
+                                                    ferry_error_t *err);
+
+/* Generic calls: dispatch through the object's table. */
+static inline void ferry_transport_accept(ferry_transport_stream_t *s,
+                                          ferry_transport_sent_cb on_sent,
+                                          ferry_transport_end_cb on_end,
+                                          void *arg) {
+  s->ops->accept(s, on_sent, on_end, arg);
+}
+static inline int ferry_transport_send(ferry_transport_stream_t *s,
+                                       const ferry_transport_send_t *m) {
+  return s->ops->send(s, m);
+}
+static inline unsigned ferry_transport_window(
+    const ferry_transport_stream_t *s) {
+  return s->ops->window(s);
+}
+static inline bool ferry_transport_ended(const ferry_transport_stream_t *s) {
+  return s->ops->ended(s);
+}
+static inline void ferry_transport_finish(ferry_transport_stream_t *s,
+                                          int status, const char *msg) {
+  s->ops->finish(s, status, msg);
+}
+static inline const void *ferry_transport_server_address(
+    ferry_transport_server_t *srv, size_t *len) {
+  return srv->ops->server_address(srv, len);
+}
+static inline void ferry_transport_server_shutdown(
+    ferry_transport_server_t *srv, ferry_transport_done_cb done, void *arg) {
+  srv->ops->server_shutdown(srv, done, arg);
+}
+static inline int ferry_transport_next(ferry_transport_cstream_t *s,
+                                       ferry_transport_msg_t *msg,
+                                       int timeout_ms, ferry_error_t *err) {
+  return s->ops->next(s, msg, timeout_ms, err);
+}
+static inline void ferry_transport_cancel(ferry_transport_cstream_t *s) {
+  s->ops->cancel(s);
+}
+static inline void ferry_transport_cstream_free(ferry_transport_cstream_t *s) {
+  if (s != NULL)
+    s->ops->cstream_free(s);
+}
+/* NULL-safe for a message next did not fill (release NULL). */
+static inline void ferry_transport_msg_release(ferry_transport_msg_t *msg) {
+  if (msg != NULL && msg->release != NULL)
+    msg->release(msg);
+}
+
+#endif /* FERRY_TRANSPORT_H */
