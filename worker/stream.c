@@ -1,16 +1,17 @@
-/* Worker/StreamChunks and the chunk queues (loop thread).
+/* The chunk streams to clients and the chunk queues (loop thread).
  *
  * Pipeline threads push finished chunks into the inbox; the loop moves
  * them into one FIFO per (job, client), where they wait for that client's
- * StreamChunks call. Each call has at most one send in flight; its on_sent
- * callback sends the next chunk. Chunks queued before the call opens, or
- * while a client reconnects, wait in the queue (the pool bounds them);
- * chunks of cancelled tasks are dropped when the inbox is drained or a
- * purge is asked for.
+ * stream, opened through a transport (ferry/transport.h: gRPC's
+ * Worker/StreamChunks, or UCX). Each stream has at most the transport's
+ * window of sends in flight; on_sent sends the next chunk. Chunks queued
+ * before the stream opens, or while a client reconnects, wait in the
+ * queue (the pool bounds them); chunks of cancelled tasks are dropped when
+ * the inbox is drained or a purge is asked for.
  *
  * Stall clock: each queue publishes in its pool key (stall_since_ms) since
- * when it has had chunks queued or a send in flight without gRPC taking
- * one (a completed send); 0 while empty. Heartbeats report it per task as
+ * when it has had chunks queued or a send in flight without the transport
+ * taking one (a completed send); 0 while empty. Heartbeats report it per task as
  * TaskProgress.stalled_ms, and the dispatcher takes the splits of a client
  * whose stream stalls past --client-stall-ms.
  */
@@ -19,6 +20,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/transport.h"
 #include "worker.h"
 #include "wmetrics.h"
 
@@ -28,8 +30,8 @@ struct ferry__wqueue_s {
   uint64_t job_id, client_id;
   ferry__wchunk_t *head, *tail;
   size_t n;
-  ferry_rpc_call_t *call; /* the open StreamChunks call, or NULL */
-  bool sending;           /* a send of `call` is in flight */
+  ferry_transport_stream_t *call; /* the client's open stream, or NULL */
+  unsigned sending;       /* sends of `call` in flight */
   /* Issue 8: the client's secret as its tasks give it (known once a chunk
    * of one was queued), and the secret `call` presented. */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
@@ -45,7 +47,8 @@ static int64_t now_ms(void) {
   return ms > 0 ? ms : 1;
 }
 
-/* Publishes the stall clock: restarted on `progress` (gRPC took a chunk),
+/* Publishes the stall clock: restarted on `progress` (the transport took a
+ * chunk),
  * started when the queue begins to wait, stopped when it is idle. */
 static void queue_mark(ferry__wqueue_t *q, bool progress) {
   if (q->key == NULL)
@@ -120,18 +123,25 @@ static void queue_purge(ferry__wqueue_t *q, bool all) {
 
 static void send_next(ferry__wqueue_t *q);
 
-static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
+/* Ends the queue's stream, which waits for a reconnect. */
+static void queue_end_call(ferry__wqueue_t *q, int status, const char *msg) {
+  ferry_transport_stream_t *call = q->call;
+  q->call = NULL;
+  q->sending = 0;
+  ferry_transport_finish(call, status, msg);
+}
+
+static void on_sent(ferry_transport_stream_t *call, int ok, void *arg) {
   ferry__wqueue_t *q = arg;
   if (q->call != call)
     return;
-  q->sending = false;
+  q->sending--;
   if (ok)
     ferry_metric_add(ferry__wmetrics()->chunks_sent, 1);
   if (!ok) {
-    /* The client is gone; the chunk that was in flight is lost with the
-     * call. The queue waits for a reconnect. */
-    q->call = NULL;
-    ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "stream broken");
+    /* The client is gone; the chunks that were in flight are lost with
+     * the stream. The queue waits for a reconnect. */
+    queue_end_call(q, FERRY_RPC_CANCELLED, "stream broken");
     queue_mark(q, false);
     return;
   }
@@ -139,12 +149,14 @@ static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
   queue_mark(q, true);
 }
 
+/* The transport is done with a sent chunk's memory (any thread). */
+static void chunk_release(void *arg) { ferry__wpool_release(arg); }
+
 static void send_next(ferry__wqueue_t *q) {
-  while (q->call != NULL && !q->sending && q->head != NULL) {
-    if (ferry_rpc_call_cancelled(q->call)) {
-      ferry_rpc_call_t *call = q->call;
-      q->call = NULL;
-      ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "cancelled");
+  while (q->call != NULL && q->sending < ferry_transport_window(q->call) &&
+         q->head != NULL) {
+    if (ferry_transport_ended(q->call)) {
+      queue_end_call(q, FERRY_RPC_CANCELLED, "cancelled");
       return;
     }
     ferry__wchunk_t *c = q->head;
@@ -153,14 +165,12 @@ static void send_next(ferry__wqueue_t *q) {
     if (c->task != NULL && c->task->has_secret &&
         !ferry_rpc_bytes_equal(c->task->secret, q->call_secret,
                                FERRY_CLIENT_SECRET_BYTES)) {
-      ferry_rpc_call_t *call = q->call;
-      q->call = NULL;
       FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
                 "without that client's secret: ended",
                 (unsigned long long)q->job_id,
                 (unsigned long long)q->client_id);
-      ferry_rpc_stream_finish(call, FERRY_RPC_PERMISSION_DENIED,
-                              "not this client's stream");
+      queue_end_call(q, FERRY_RPC_PERMISSION_DENIED,
+                     "not this client's stream");
       return;
     }
     q->head = c->next;
@@ -172,59 +182,53 @@ static void send_next(ferry__wqueue_t *q) {
       ferry__wpool_release(c);
       continue;
     }
-    /* gRPC may free the pieces at any time from here on. */
+    /* The transport may free the pieces at any time from here on. */
     ferry__wtask_unref(c->task);
     c->task = NULL;
     ferry_rpc_piece_t pieces[2];
-    size_t n = ferry__wchunk_pieces(c, pieces);
-    int rc = ferry_rpc_stream_send(q->call, pieces, n, on_sent, q);
+    ferry_transport_send_t m = {.release = chunk_release, .release_arg = c};
+    m.n = ferry__wchunk_pieces(c, pieces);
+    for (size_t i = 0; i < m.n; i++)
+      m.pieces[i] = (ferry_transport_piece_t){pieces[i].ptr, pieces[i].len};
+    int rc = ferry_transport_send(q->call, &m);
     if (rc != 0) {
-      ferry_rpc_call_t *call = q->call;
-      q->call = NULL;
       FERRY_LOG(FERRY_LOG_DEBUG, "stream job %llu client %llu: send: %s",
                 (unsigned long long)q->job_id,
                 (unsigned long long)q->client_id, ferry_strerror(rc));
-      ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "stream broken");
+      queue_end_call(q, FERRY_RPC_CANCELLED, "stream broken");
       return;
     }
-    q->sending = true;
+    q->sending++;
   }
 }
 
-static void on_call_cancel(ferry_rpc_call_t *call, void *arg) {
+/* The client cancelled, went away or the server is shutting down. */
+static void on_call_end(ferry_transport_stream_t *call, void *arg) {
   ferry__wqueue_t *q = arg;
   if (q->call == call) {
     q->call = NULL;
-    q->sending = false;
+    q->sending = 0;
   }
-  ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "cancelled");
+  ferry_transport_finish(call, FERRY_RPC_CANCELLED, "cancelled");
 }
 
-static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
-                      void *user) {
+static void on_stream(ferry_transport_stream_t *call,
+                      const ferry_transport_open_t *req, void *user) {
   ferry__worker_t *w = user;
-  Ferry__V1__StreamChunksRequest *m =
-      ferry__v1__stream_chunks_request__unpack(NULL, len, req);
-  if (m == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksRequest: malformed protobuf");
-    return;
-  }
-  uint64_t job_id = m->job_id, client_id = m->client_id;
+  uint64_t job_id = req->job_id, client_id = req->client_id;
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES] = {0};
-  bool secret_ok = m->client_secret.len == FERRY_CLIENT_SECRET_BYTES;
+  bool secret_ok = req->secret != NULL;
   if (secret_ok)
-    memcpy(secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
-  ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    memcpy(secret, req->secret, FERRY_CLIENT_SECRET_BYTES);
   /* Issue 8: the client token when configured, then the client secret. */
   if (w->client_token != NULL) {
-    size_t n;
-    const char *tok = ferry_rpc_call_bearer(call, &n);
-    if (tok == NULL || !ferry_rpc_token_equal(tok, n, w->client_token)) {
+    const char *tok = req->bearer;
+    if (tok == NULL ||
+        !ferry_rpc_token_equal(tok, req->bearer_len, w->client_token)) {
       FERRY_LOG(FERRY_LOG_WARN, "StreamChunks: refused a caller with %s "
                 "bearer token", tok == NULL ? "no" : "a wrong");
-      ferry_rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
-                            "missing or invalid bearer token");
+      ferry_transport_finish(call, FERRY_RPC_UNAUTHENTICATED,
+                             "missing or invalid bearer token");
       return;
     }
   }
@@ -232,18 +236,18 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
               "without a client secret: refused",
               (unsigned long long)job_id, (unsigned long long)client_id);
-    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
-                          "not this client's stream");
+    ferry_transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
+                           "not this client's stream");
     return;
   }
   if (w->stopping) {
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "worker shutting down");
+    ferry_transport_finish(call, FERRY_RPC_UNAVAILABLE,
+                           "worker shutting down");
     return;
   }
   ferry__wqueue_t *q = queue_get(w, job_id, client_id, true);
   if (q == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry_transport_finish(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   if (q->has_secret &&
@@ -251,8 +255,8 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
               "with a wrong client secret: refused",
               (unsigned long long)job_id, (unsigned long long)client_id);
-    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
-                          "not this client's stream");
+    ferry_transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
+                           "not this client's stream");
     if (q->call == NULL && q->head == NULL)
       queues_trim(w);
     return;
@@ -262,31 +266,57 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                              FERRY_CLIENT_SECRET_BYTES)) {
     /* Two callers claim one stream before any task told the secret: the
      * first keeps it until a chunk shows which one is the client. */
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "stream busy; retry");
+    ferry_transport_finish(call, FERRY_RPC_UNAVAILABLE,
+                           "stream busy; retry");
     return;
   }
-  if (q->call != NULL) {
-    /* A reconnect replaces the older call. */
-    ferry_rpc_call_t *old = q->call;
-    q->call = NULL;
-    ferry_rpc_stream_finish(old, FERRY_RPC_CANCELLED,
-                            "replaced by a newer stream");
-  }
+  if (q->call != NULL) /* a reconnect replaces the older stream */
+    queue_end_call(q, FERRY_RPC_CANCELLED, "replaced by a newer stream");
   q->call = call;
   memcpy(q->call_secret, secret, FERRY_CLIENT_SECRET_BYTES);
-  q->sending = false;
-  FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued",
-            (unsigned long long)job_id, (unsigned long long)client_id, q->n);
-  ferry_rpc_call_on_cancel(call, on_call_cancel, q);
+  q->sending = 0;
+  FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued "
+            "(%s)", (unsigned long long)job_id, (unsigned long long)client_id,
+            q->n, call->ops->name);
+  ferry_transport_accept(call, on_sent, on_call_end, q);
+  /* on_call_end may have run already (the client is gone). */
+  if (q->call != call) {
+    queue_mark(q, false);
+    return;
+  }
   send_next(q);
   queue_mark(q, false);
 }
 
 int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
-  return ferry_rpc_server_register(w->server, FERRY_WORKER_METHOD,
-                                   FERRY_RPC_SERVER_STREAM, on_stream, w,
-                                   err);
+  ferry_transport_server_config_t cfg = {0};
+  cfg.loop = w->loop;
+  cfg.rpc_server = w->server;
+  cfg.on_open = on_stream;
+  cfg.user = w;
+  cfg.host = w->cfg.host;
+  int rc = ferry_transport_grpc.server_new(&cfg, &w->transports[0], err);
+#ifdef FERRY_HAVE_UCX
+  /* Issue 11: UCX next to gRPC; a worker without it serves gRPC only
+   * (clients on auto fall back, ucx ones are told why). */
+  if (rc == 0) {
+    ferry_error_t e;
+    if (ferry_transport_ucx.server_new(&cfg, &w->transports[1], &e) != 0)
+      FERRY_LOG(FERRY_LOG_WARN, "worker: UCX unavailable, serving chunks "
+                "over gRPC only: %s", e.msg);
+  }
+#endif
+  return rc;
+}
+
+/* After the gRPC server's shutdown: no stream is open any more. */
+static void transports_shutdown(ferry__worker_t *w) {
+  for (size_t i = 0; i < FERRY__WTRANSPORTS; i++) {
+    ferry_transport_server_t *t = w->transports[i];
+    w->transports[i] = NULL;
+    if (t != NULL)
+      ferry_transport_server_shutdown(t, NULL, NULL);
+  }
 }
 
 void ferry__winbox_push(ferry__wchunk_t *c, void *arg) {
@@ -320,15 +350,12 @@ void ferry__winbox_purge(ferry__worker_t *w) {
 void ferry__wstream_close_all(ferry__worker_t *w) {
   for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
     queue_purge(q, true);
-    if (q->call != NULL) {
-      ferry_rpc_call_t *call = q->call;
-      q->call = NULL;
-      q->sending = false;
-      ferry_rpc_stream_finish(call, FERRY_RPC_UNAVAILABLE,
-                              "worker shutting down");
-    }
+    if (q->call != NULL)
+      queue_end_call(q, FERRY_RPC_UNAVAILABLE, "worker shutting down");
   }
   queues_trim(w);
+  if (w->server_done)
+    transports_shutdown(w);
 }
 
 void ferry__winbox_on_async(uv_async_t *a) {

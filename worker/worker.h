@@ -49,6 +49,7 @@
 #include "ferry/pipeline.h"
 #include "ferry/roots.h"
 #include "ferry/rpc.h"
+#include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
 
@@ -368,6 +369,9 @@ void ferry__wshuffle(uint64_t *out, uint64_t n, bool shuffle, uint64_t seed,
 
 typedef struct ferry__wqueue_s ferry__wqueue_t;
 
+/* Transports a worker serves at most (gRPC, UCX). */
+#define FERRY__WTRANSPORTS 2
+
 typedef struct ferry__worker_s {
   ferry__wconfig_t cfg;
   uv_loop_t *loop;
@@ -388,6 +392,9 @@ typedef struct ferry__worker_s {
   bool async_on;      /* loop-owned */
 
   ferry__wqueue_t *queues; /* loop-owned */
+  /* The data-plane transports clients open streams through (stream.c):
+   * [0] gRPC's StreamChunks on `server`, then the others built in. */
+  ferry_transport_server_t *transports[FERRY__WTRANSPORTS];
   bool stopping;           /* loop-owned */
   bool server_done;
   uv_signal_t sigterm, sigint;

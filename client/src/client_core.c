@@ -5,6 +5,7 @@
  * ferry_client_free.
  */
 #include <protobuf-c/protobuf-c.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -16,7 +17,6 @@
 #define M_REGISTER "/ferry.v1.Dispatcher/RegisterDataset"
 #define M_JOB "/ferry.v1.Dispatcher/GetOrCreateJob"
 #define M_HEARTBEAT "/ferry.v1.Dispatcher/ClientHeartbeat"
-#define M_STREAM "/ferry.v1.Worker/StreamChunks"
 
 static void *pb_alloc(void *d, size_t n) { return ferry__malloc(n); }
 static void pb_free(void *d, void *p) { ferry__free(p); }
@@ -317,15 +317,21 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
 
 /* ---- Stream readers ---------------------------------------------------- */
 
+/* The chunk parser and the assembler read a transport's message. */
+static size_t tmsg_copy(const void *ctx, size_t off, void *dst, size_t n) {
+  const ferry_transport_msg_t *m = ctx;
+  return m->copy(m, off, dst, n);
+}
+
 static void *reader_main(void *arg) {
   ferry__worker_t *w = arg;
   ferry_client_t *c = w->client;
   ferry_error_t e;
   for (;;) {
-    ferry_rpc_msg_t msg;
+    ferry_transport_msg_t msg;
     ferry__src_t src;
     ferry__chunk_t ch;
-    int rc = ferry_rpc_stream_next(w->stream, &msg, -1, &e);
+    int rc = ferry_transport_next(w->stream, &msg, -1, &e);
     if (rc != 0) {
       /* A lost worker is the dispatcher's business: it re-leases the
        * splits, and the next heartbeat reopens a stream if needed. */
@@ -342,7 +348,9 @@ static void *reader_main(void *arg) {
       }
       break;
     }
-    ferry__src_from_msg(&src, &msg);
+    src.len = msg.len;
+    src.copy = tmsg_copy;
+    src.ctx = &msg;
     rc = ferry__chunk_parse(&w->parser, &src, &ch, &e);
     if (rc != 0) {
       pthread_mutex_lock(&c->mu);
@@ -358,7 +366,7 @@ static void *reader_main(void *arg) {
       ch.worker_id = __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED);
       rc = ferry__client_on_chunk(c, &ch, &src, &w->stop);
     }
-    ferry_rpc_msg_release(&msg);
+    ferry_transport_msg_release(&msg);
     if (rc != 0)
       break;
     pthread_mutex_lock(&c->mu);
@@ -383,22 +391,52 @@ static void worker_free(ferry_client_t *c, ferry__worker_t *w) {
   pthread_cond_broadcast(&c->space_cv);
   pthread_mutex_unlock(&c->mu);
   if (w->stream != NULL)
-    ferry_rpc_stream_cancel(w->stream);
+    ferry_transport_cancel(w->stream);
   if (w->thread_started)
     pthread_join(w->thread, NULL);
-  ferry_rpc_stream_free(w->stream);
-  ferry_rpc_channel_free(w->channel);
+  ferry_transport_cstream_free(w->stream);
   ferry__chunk_parser_close(&w->parser);
   ferry__free(w->address);
   ferry__free(w);
 }
 
-/* Opens StreamChunks on `address` and starts its reader. */
+/* The transport for a stream to a worker that offers `peer_address`
+ * bytes besides its gRPC address (UCX's), and that transport's client
+ * context. Logs the choice when it changes. Heartbeat thread. */
+static int pick_transport(ferry_client_t *c, const char *address,
+                          bool peer_has_ucx,
+                          ferry_transport_client_t **out, ferry_error_t *e) {
+  char why[sizeof(c->transport_why)];
+  const ferry_transport_ops_t *ops =
+      ferry_transport_choose(c->transport, peer_has_ucx, why, sizeof(why), e);
+  if (ops == NULL)
+    return ferry__prefixerr(e, "worker %s", address);
+  if (strcmp(why, c->transport_why) != 0) {
+    FERRY_LOG(FERRY_LOG_INFO, "client: worker %s: transport %s", address,
+              why);
+    memcpy(c->transport_why, why, sizeof(why));
+  }
+  size_t k = ops == &ferry_transport_grpc ? 0 : 1;
+  if (c->transports[k] == NULL) {
+    ferry_transport_client_config_t cfg = {0};
+    cfg.rpc_opts = &c->rpc_opts;
+    cfg.peer_timeout_ms = (int)c->client_timeout_ms;
+    int rc = ops->client_new(&cfg, &c->transports[k], e);
+    if (rc != 0)
+      return ferry__prefixerr(e, "transport %s", ops->name);
+  }
+  *out = c->transports[k];
+  return 0;
+}
+
+/* Opens the chunk stream to `address` and starts its reader. */
 static int worker_start(ferry_client_t *c, uint64_t worker_id,
-                        const char *address) {
-  Ferry__V1__StreamChunksRequest req = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
+                        const char *address, const void *peer_address,
+                        size_t peer_address_len) {
+  ferry_transport_open_t req = {0};
+  ferry_transport_peer_t peer = {address, peer_address, peer_address_len};
+  ferry_transport_client_t *tc = NULL;
   ferry_error_t e;
-  uint8_t buf[64];
   ferry__worker_t *w = ferry__calloc(1, sizeof(*w));
   if (w == NULL || (w->address = ferry__strdup(address)) == NULL) {
     ferry__free(w);
@@ -409,15 +447,11 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   ferry__chunk_parser_init(&w->parser);
   req.job_id = c->job_id;
   req.client_id = c->client_id;
-  if (c->has_secret) {
-    req.client_secret.data = c->secret;
-    req.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
-  }
-  size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
-  int rc = ferry_rpc_channel_new(address, &c->rpc_opts, &w->channel, &e);
+  if (c->has_secret)
+    req.secret = c->secret;
+  int rc = pick_transport(c, address, peer_address_len > 0, &tc, &e);
   if (rc == 0)
-    rc = ferry_rpc_stream_open(w->channel, M_STREAM, buf, len, 0, 0,
-                               &w->stream, &e);
+    rc = tc->ops->open(tc, &peer, &req, &w->stream, &e);
   if (rc == 0 && pthread_create(&w->thread, NULL, reader_main, w) != 0)
     rc = ferry__seterr(&e, FERRY_ENOMEM, "cannot start a reader thread");
   if (rc == 0)
@@ -476,8 +510,9 @@ static void sync_workers(ferry_client_t *c,
     }
     pthread_mutex_unlock(&c->mu);
     worker_free(c, dead);
-    if (found == NULL && worker_start(c, a->worker_id, a->worker_address) ==
-                             0) {
+    /* Issue 11: UCX fills in the worker's UCX address here. */
+    if (found == NULL &&
+        worker_start(c, a->worker_id, a->worker_address, NULL, 0) == 0) {
       pthread_mutex_lock(&c->mu);
       c->workers[c->n_workers - 1]->seen = true;
       pthread_mutex_unlock(&c->mu);
@@ -732,6 +767,10 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->tls_ca = dup_opt(opts->tls_ca, &nomem);
   c->tls_cert = dup_opt(opts->tls_cert, &nomem);
   c->tls_key = dup_opt(opts->tls_key, &nomem);
+  /* Issue 11: the data-plane transport. FERRY_TRANSPORT (auto, grpc, ucx)
+   * stands in for the job's option when that is unset, so a whole test
+   * suite or a deployment can be switched without code. */
+  c->transport = dup_opt(getenv("FERRY_TRANSPORT"), &nomem);
   c->opts.tls_ca = c->tls_ca;
   c->opts.tls_cert = c->tls_cert;
   c->opts.tls_key = c->tls_key;
@@ -748,6 +787,11 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->opts.job_name = c->job_name;
   if (nomem) {
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+    goto fail;
+  }
+  if (c->transport != NULL && c->transport[0] != '\0' &&
+      ferry_transport_choose(c->transport, true, NULL, 0, err) == NULL) {
+    rc = ferry__prefixerr(err, "client");
     goto fail;
   }
   /* The staging options: a bad augment text or an unusable GPU fails
@@ -848,10 +892,14 @@ void ferry_client_free(ferry_client_t *c) {
   }
   for (size_t i = 0; i < c->n_workers; i++)
     if (c->workers[i]->stream != NULL)
-      ferry_rpc_stream_cancel(c->workers[i]->stream);
+      ferry_transport_cancel(c->workers[i]->stream);
   for (size_t i = 0; i < c->n_workers; i++)
     worker_free(c, c->workers[i]);
   ferry__free(c->workers);
+  for (size_t i = 0; i < 2; i++)
+    if (c->transports[i] != NULL)
+      c->transports[i]->ops->client_free(c->transports[i]);
+  ferry__free(c->transport);
   ferry_rpc_channel_free(c->dch);
   if (c->rpc_inited)
     ferry_rpc_shutdown();

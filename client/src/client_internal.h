@@ -22,6 +22,7 @@
 #include "ferry/dlpack.h"
 #include "ferry/error.h"
 #include "ferry/rpc.h"
+#include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 
 /* ---- Chunk header ------------------------------------------------------ */
@@ -171,8 +172,7 @@ typedef struct ferry__worker_s {
   struct ferry_client_s *client;
   uint64_t worker_id;
   char *address;
-  ferry_rpc_channel_t *channel;
-  ferry_rpc_stream_t *stream;
+  ferry_transport_cstream_t *stream; /* through c->transports[] */
   pthread_t thread;
   bool thread_started;
   bool stop;  /* asked to end (mu) */
@@ -302,6 +302,12 @@ struct ferry_client_s {
   ferry_rpc_options_t rpc_opts;
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
+  /* Issue 11: the data-plane transport the job asks for ("auto", "grpc",
+   * "ucx"; NULL: auto) and one client context per transport, made when a
+   * stream first needs it (heartbeat thread; freed last). */
+  char *transport;
+  ferry_transport_client_t *transports[2];
+  char transport_why[128]; /* the last choice logged (heartbeat thread) */
 };
 
 /* Monotonic seconds. */

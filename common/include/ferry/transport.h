@@ -229,9 +229,11 @@ struct ferry_transport_ops_s {
    * NULL: none). Valid until shutdown. */
   const void *(*server_address)(ferry_transport_server_t *srv, size_t *len);
   /* Ends every open stream (their on_end run; the owner must still
-   * finish them), stops accepting, then calls done(arg) on the loop once
-   * every stream was finished and every release ran. gRPC: call it before
-   * the gRPC server's shutdown. */
+   * finish them), stops accepting, then calls done(arg) (may be NULL) on
+   * the loop once every stream was finished and every release ran; the
+   * server is freed then. gRPC: call it after the gRPC server's shutdown
+   * completed (that shutdown ends the calls and releases their pieces;
+   * the handler stays registered until then). */
   void (*server_shutdown)(ferry_transport_server_t *srv,
                           ferry_transport_done_cb done, void *arg);
   /* Optional (NULL: not needed): registers a region of the chunk pool for
