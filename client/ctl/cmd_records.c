@@ -740,7 +740,7 @@ static bool is_framing_error(int rc) {
 static int index_one(const char *path, const char *out_dir) {
   ferry_error_t err;
   ferry_error_clear(&err);
-  int c = ferryctl_sniff_compression(path, &err);
+  int c = ferry_tfr_sniff_file(path, &err);
   if (c < 0) {
     index_error(path, &err, c);
     return FERRYCTL_EXIT_USAGE;

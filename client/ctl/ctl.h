@@ -53,13 +53,6 @@ int ferryctl_parse_options(const char *cmd, const char *usage,
  * b becomes \u00bb), so the output is always valid JSON. */
 void ferryctl_json_string(FILE *out, const void *s, size_t len);
 
-/* Detects the compression of the file at `path` from its first bytes: a
- * valid TFRecord length header means none (even if it happens to start
- * with a gzip or zlib magic), else the gzip magic 1f 8b, else a valid zlib
- * header, else none. Returns the ferry_compression_t or a negative code
- * with `err` naming the file. */
-int ferryctl_sniff_compression(const char *path, ferry_error_t *err);
-
 /* Formats `n` bytes for people ("512 B", "1.5 MiB") into buf. */
 const char *ferryctl_human_bytes(uint64_t n, char *buf, size_t cap);
 

@@ -1,14 +1,10 @@
 /* Helpers shared by ferryctl's subcommands: option parsing with --help,
- * JSON strings, compression sniffing, byte formatting, a progress bar. */
-#include <fcntl.h>
+ * JSON strings, byte formatting, a progress bar. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "ctl.h"
-#include "ferry/crc32c.h"
-#include "ferry/tfrecord.h"
 
 int ferryctl_parse_options(const char *cmd, const char *usage,
                            const char *footer, const ferry_option_t *t,
@@ -105,43 +101,6 @@ void ferryctl_json_string(FILE *out, const void *s, size_t len) {
     i += n;
   }
   putc('"', out);
-}
-
-int ferryctl_sniff_compression(const char *path, ferry_error_t *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
-                         strerror(errno));
-  unsigned char b[12];
-  size_t got = 0;
-  while (got < sizeof(b)) {
-    ssize_t r = read(fd, b + got, sizeof(b) - got);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int e = errno;
-      close(fd);
-      return ferry__seterr(err, ferry_err_from_errno(e), "%s: read: %s",
-                           path, strerror(e));
-    }
-    if (r == 0)
-      break;
-    got += (size_t)r;
-  }
-  close(fd);
-  if (got == sizeof(b)) {
-    uint32_t stored = (uint32_t)b[8] | (uint32_t)b[9] << 8 |
-                      (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
-    if (ferry_crc32c_mask(ferry_crc32c(0, b, 8)) == stored)
-      return FERRY_COMPRESSION_NONE;
-  }
-  if (got >= 2 && b[0] == 0x1F && b[1] == 0x8B)
-    return FERRY_COMPRESSION_GZIP;
-  if (got >= 2 && (b[0] & 0x0F) == 8 && (b[0] >> 4) <= 7 &&
-      (b[1] & 0x20) == 0 &&
-      ((unsigned)b[0] << 8 | b[1]) % 31 == 0)
-    return FERRY_COMPRESSION_ZLIB;
-  return FERRY_COMPRESSION_NONE;
 }
 
 const char *ferryctl_human_bytes(uint64_t n, char *buf, size_t cap) {

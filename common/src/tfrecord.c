@@ -27,7 +27,7 @@
 #include "ferry/alloc.h"
 #include "ferry/crc32c.h"
 
-#define HEADER_LEN 12
+#define HEADER_LEN FERRY_TFR_HEADER_LEN
 #define FRAMING_LEN 16
 
 /* The inflate buffer starts at this size and doubles only when it is full
@@ -152,12 +152,17 @@ static voidpf zalloc_cb(voidpf opaque, uInt items, uInt size) {
 
 static void zfree_cb(voidpf opaque, voidpf p) { ferry__free(p); }
 
-/* A valid first header wins over the magic checks: an uncompressed file
- * whose first length happens to start with 1f 8b or a zlib-like pair of
- * bytes must not be taken for a compressed one. */
-static ferry_compression_t detect(const uint8_t *b, size_t n) {
-  if (n >= HEADER_LEN &&
-      load_le32(b + 8) == ferry_crc32c_mask(ferry_crc32c(0, b, 8)))
+bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
+                            uint64_t *len) {
+  if (load_le32(h + 8) != ferry_crc32c_mask(ferry_crc32c(0, h, 8)))
+    return false;
+  if (len != NULL)
+    *len = load_le64(h);
+  return true;
+}
+
+ferry_compression_t ferry_tfr_sniff(const uint8_t *b, size_t n) {
+  if (n >= HEADER_LEN && ferry_tfr_header_check(b, NULL))
     return FERRY_COMPRESSION_NONE;
   if (n >= 2 && b[0] == 0x1f && b[1] == 0x8b)
     return FERRY_COMPRESSION_GZIP;
@@ -167,6 +172,21 @@ static ferry_compression_t detect(const uint8_t *b, size_t n) {
       (b[1] & 0x20) == 0 && ((unsigned)b[0] * 256 + b[1]) % 31 == 0)
     return FERRY_COMPRESSION_ZLIB;
   return FERRY_COMPRESSION_NONE;
+}
+
+int ferry_tfr_sniff_file(const char *path, ferry_error_t *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
+                         strerror(errno));
+  uint8_t head[HEADER_LEN];
+  int64_t n = ferry__pread_full(fd, head, sizeof(head), 0);
+  int e = errno;
+  close(fd);
+  if (n < 0)
+    return ferry__seterr(err, ferry_err_from_errno(e), "%s: read: %s", path,
+                         strerror(e));
+  return (int)ferry_tfr_sniff(head, (size_t)n);
 }
 
 static const char *zname(const ferry_tfr_reader_t *r) {
@@ -481,9 +501,9 @@ static int open_common(const uint8_t *buf, size_t len, int fd,
         release(r);
         return code;
       }
-      r->compression = detect(head, (size_t)n);
+      r->compression = ferry_tfr_sniff(head, (size_t)n);
     } else {
-      r->compression = detect(buf, len);
+      r->compression = ferry_tfr_sniff(buf, len);
     }
     break;
   default:
@@ -709,9 +729,9 @@ static int resync(ferry_tfr_reader_t *r, ferry_error_t *err) {
       r->pos += (uint64_t)n;
       return FERRY_EOF;
     }
-    if (load_le32(b + 8) == ferry_crc32c_mask(ferry_crc32c(0, b, 8)) &&
-        load_le64(b) <= r->opts.max_record_len &&
-        load_le64(b) <= SIZE_MAX - FRAMING_LEN)
+    uint64_t len;
+    if (ferry_tfr_header_check(b, &len) && len <= r->opts.max_record_len &&
+        len <= SIZE_MAX - FRAMING_LEN)
       return 0;
   }
 }

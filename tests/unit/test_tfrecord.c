@@ -350,7 +350,38 @@ Test(tfrecord, auto_detect_not_fooled_by_lengths, .init = make_tmpdir,
     cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     check_content(&rec, 0, lens[i]);
     ferry_tfr_reader_free(r);
+    /* The sniff every caller uses (the scan, ferryctl) agrees. */
+    cr_assert_eq(ferry_tfr_sniff_file(tpath("tricky"), &err),
+                 FERRY_COMPRESSION_NONE, "%s", err.msg);
   }
+}
+
+/* The one header check and the one compression sniff on raw bytes. */
+Test(tfrecord, header_check_and_sniff) {
+  uint64_t len = 0;
+  cr_assert(ferry_tfr_header_check(hello_rec, &len));
+  cr_assert_eq(len, 5);
+  cr_assert(ferry_tfr_header_check(empty_rec, NULL));
+  uint8_t bad[12];
+  memcpy(bad, hello_rec, 12);
+  bad[8] ^= 1;
+  cr_assert_not(ferry_tfr_header_check(bad, &len));
+  cr_assert_eq(ferry_tfr_sniff(hello_rec, sizeof(hello_rec)),
+               FERRY_COMPRESSION_NONE);
+  static const uint8_t gz[] = {0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 3, 0, 0};
+  static const uint8_t zl[] = {0x78, 0x9c, 0, 0};
+  static const uint8_t zl_dict[] = {0x78, 0xbb}; /* FDICT set */
+  cr_assert_eq(ferry_tfr_sniff(gz, sizeof(gz)), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry_tfr_sniff(gz, 2), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry_tfr_sniff(gz, 1), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry_tfr_sniff(zl, sizeof(zl)), FERRY_COMPRESSION_ZLIB);
+  cr_assert_eq(ferry_tfr_sniff(zl_dict, 2), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry_tfr_sniff(NULL, 0), FERRY_COMPRESSION_NONE);
+  ferry_error_t err;
+  ferry_error_clear(&err);
+  cr_assert_eq(ferry_tfr_sniff_file("/nonexistent/ferry.tfrecord", &err),
+               FERRY_ENOENT);
+  cr_assert(strstr(err.msg, "/nonexistent/ferry.tfrecord") != NULL);
 }
 
 /* Every allocation failing in turn, while writing and while reading a

@@ -141,6 +141,28 @@ int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
 int ferry_compression_parse(const char *name);
 const char *ferry_compression_name(ferry_compression_t c);
 
+/* A record's header: the uint64 length (LE) and the masked crc32c of
+ * those 8 bytes. */
+#define FERRY_TFR_HEADER_LEN 12
+
+/* The one record-header check (the reader, the dispatcher's scan,
+ * ferryctl): true when the stored CRC matches the length bytes, with the
+ * length in *len (may be NULL). The length itself is not bounded here. */
+bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
+                            uint64_t *len);
+
+/* The compression of a TFRecord stream judged from its first n bytes (12
+ * suffice): a valid first record header wins over the magic bytes (an
+ * uncompressed file whose first length starts like gzip's 1f 8b or a
+ * zlib header is not compressed), then gzip's magic, then a zlib header
+ * (deflate, window <= 32 KiB, no dictionary, check bits); NONE
+ * otherwise. Never AUTO. */
+ferry_compression_t ferry_tfr_sniff(const uint8_t *head, size_t n);
+
+/* ferry_tfr_sniff on the first bytes of the file at `path`. Returns the
+ * compression (>= 0), or a negative code with err naming the file. */
+int ferry_tfr_sniff_file(const char *path, ferry_error_t *err);
+
 /* pread(2) that retries on EINTR and reads until `n` bytes or the end of
  * the file: the one way Ferry reads files at an offset (the reader, the
  * dispatcher's scan and journal, the worker's spill files). Returns the
