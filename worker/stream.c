@@ -185,11 +185,11 @@ static void send_next(ferry__wqueue_t *q) {
     /* The transport may free the pieces at any time from here on. */
     ferry__wtask_unref(c->task);
     c->task = NULL;
-    ferry_rpc_piece_t pieces[2];
     ferry_transport_send_t m = {.release = chunk_release, .release_arg = c};
-    m.n = ferry__wchunk_pieces(c, pieces);
+    m.n = c->n_pieces;
     for (size_t i = 0; i < m.n; i++)
-      m.pieces[i] = (ferry_transport_piece_t){pieces[i].ptr, pieces[i].len};
+      m.pieces[i] = (ferry_transport_piece_t){c->pieces[i].ptr,
+                                              c->pieces[i].len};
     int rc = ferry_transport_send(q->call, &m);
     if (rc != 0) {
       FERRY_LOG(FERRY_LOG_DEBUG, "stream job %llu client %llu: send: %s",

@@ -45,6 +45,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "ferry/chunk.h"
 #include "ferry/error.h"
 #include "ferry/pipeline.h"
 #include "ferry/roots.h"
@@ -113,7 +114,6 @@ typedef struct ferry__wchunk_s {
   size_t block_size;            /* the whole block, for the pool's count */
   ferry__wtask_t *task;         /* a reference; NULL once handed to gRPC */
   ferry__wkey_t *key;           /* a reference; NULL for unkeyed acquires */
-  atomic_int send_refs;         /* pieces gRPC still holds */
 
   uint64_t job_id, client_id, lease;
   uint32_t epoch, split;
@@ -127,7 +127,11 @@ typedef struct ferry__wchunk_s {
   int64_t *labels, *ids;
   uint8_t *payload;
   uint8_t *hdr;       /* packed header, then payload tag and length */
-  size_t hdr_cap, hdr_len;
+  size_t hdr_cap;
+  /* The encoded message (ferry__wchunk_encode): the header in hdr, then
+   * the payload when not empty. */
+  ferry_chunk_piece_t pieces[FERRY_CHUNK_MAX_PIECES];
+  size_t n_pieces;
 } ferry__wchunk_t;
 
 /* The pool of chunk blocks, bounded in bytes: blocks handed out plus free
@@ -200,14 +204,11 @@ size_t ferry__wchunk_block_size(uint32_t cap, size_t rec_bytes);
 ferry__wchunk_t *ferry__wchunk_layout(void *block, size_t block_size,
                                       uint32_t cap, size_t rec_bytes);
 
-/* Packs the header (fields 1-14, protobuf-c) and the payload's tag and
- * length into c->hdr. The message is then hdr[0, hdr_len) followed by
- * payload[0, count * rec_bytes). Returns 0 or FERRY_ERANGE. */
+/* Encodes the message with ferry_chunk_encode (ferry/chunk.h): the
+ * header into c->hdr, and c->pieces / c->n_pieces the message (the
+ * header, then payload[0, count * rec_bytes) when not empty, not copied).
+ * Returns 0 or FERRY_ERANGE. */
 int ferry__wchunk_encode(ferry__wchunk_t *c);
-
-/* The two pieces of the message (payload omitted when empty: then n = 1).
- * Their free callbacks release the block once gRPC let go of both. */
-size_t ferry__wchunk_pieces(ferry__wchunk_t *c, ferry_rpc_piece_t out[2]);
 
 /* ---- Tasks (tasks.c) ---------------------------------------------------- */
 

@@ -183,7 +183,7 @@ static bool fully_received(const ferry__split_t *s) {
  * older one) after all, apply_locked asks for a restart, as those records
  * are lost; without it the split would wait for ever when the dropped
  * chunk was its last. One entry per split, the newest lease kept. */
-static void note_dropped_locked(ferry_client_t *c, const ferry__chunk_t *ch,
+static void note_dropped_locked(ferry_client_t *c, const ferry_chunk_t *ch,
                                 uint64_t kw) {
   if (ch->count == 0)
     return;
@@ -206,7 +206,7 @@ static void note_dropped_locked(ferry_client_t *c, const ferry__chunk_t *ch,
  * dropped as one of a split the client does not hold (moved to another
  * client, or done). NULL then. Lock held. */
 static ferry__split_t *held_split_locked(ferry_client_t *c,
-                                         const ferry__chunk_t *ch,
+                                         const ferry_chunk_t *ch,
                                          uint64_t kw, const bool *stop) {
   uint32_t epoch = ch->epoch, split = ch->split;
   uint32_t seen = c->hb_applied;
@@ -486,8 +486,8 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
   return true;
 }
 
-int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
-                           const ferry__src_t *src, const bool *stop) {
+int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
+                           const ferry_chunk_src_t *src, const bool *stop) {
   const ferry__asm_params_t *ap = &c->ap;
   size_t rb = c->record_bytes;
   int rc = 0;
@@ -589,7 +589,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
     pthread_mutex_unlock(&c->mu);
 
     /* The copy runs outside the lock, so readers copy in parallel. */
-    src->copy(src->ctx, ch->payload_off + off * rb, slot->images + base * rb,
+    src->copy(src, ch->payload_off + off * rb, slot->images + base * rb,
               (size_t)n * rb);
     if (ch->n_labels != 0)
       memcpy(slot->labels + base, ch->labels + off, n * sizeof(int64_t));

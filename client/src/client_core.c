@@ -318,8 +318,9 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
 /* ---- Stream readers ---------------------------------------------------- */
 
 /* The chunk parser and the assembler read a transport's message. */
-static size_t tmsg_copy(const void *ctx, size_t off, void *dst, size_t n) {
-  const ferry_transport_msg_t *m = ctx;
+static size_t tmsg_copy(const ferry_chunk_src_t *src, size_t off, void *dst,
+                        size_t n) {
+  const ferry_transport_msg_t *m = src->ctx;
   return m->copy(m, off, dst, n);
 }
 
@@ -329,8 +330,8 @@ static void *reader_main(void *arg) {
   ferry_error_t e;
   for (;;) {
     ferry_transport_msg_t msg;
-    ferry__src_t src;
-    ferry__chunk_t ch;
+    ferry_chunk_src_t src;
+    ferry_chunk_t ch;
     int rc = ferry_transport_next(w->stream, &msg, -1, &e);
     if (rc != 0) {
       /* A lost worker is the dispatcher's business: it re-leases the
@@ -351,7 +352,7 @@ static void *reader_main(void *arg) {
     src.len = msg.len;
     src.copy = tmsg_copy;
     src.ctx = &msg;
-    rc = ferry__chunk_parse(&w->parser, &src, &ch, &e);
+    rc = ferry_chunk_parse(&w->parser, &src, &ch, &e);
     if (rc != 0) {
       pthread_mutex_lock(&c->mu);
       ferry__client_fail_locked(c, rc, "worker %s: %s", w->address, e.msg);
@@ -395,7 +396,7 @@ static void worker_free(ferry_client_t *c, ferry__worker_t *w) {
   if (w->thread_started)
     pthread_join(w->thread, NULL);
   ferry_transport_cstream_free(w->stream);
-  ferry__chunk_parser_close(&w->parser);
+  ferry_chunk_parser_close(&w->parser);
   ferry__free(w->address);
   ferry__free(w);
 }
@@ -444,7 +445,7 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   }
   w->client = c;
   w->worker_id = worker_id;
-  ferry__chunk_parser_init(&w->parser);
+  ferry_chunk_parser_init(&w->parser);
   req.job_id = c->job_id;
   req.client_id = c->client_id;
   if (c->has_secret)

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "ferry/augment.h"
+#include "ferry/chunk.h"
 #include "ferry/client.h"
 #include "ferry/dlpack.h"
 #include "ferry/error.h"
@@ -27,66 +28,9 @@
 
 /* ---- Chunk header ------------------------------------------------------ */
 
-/* Where a message's bytes come from: a received gRPC message, or in tests
- * any list of slices. copy() gathers n bytes at `off` into dst and returns
- * how many it copied (fewer only at the end). */
-typedef struct ferry__src_s {
-  size_t len;
-  size_t (*copy)(const void *ctx, size_t off, void *dst, size_t n);
-  const void *ctx;
-} ferry__src_t;
-
-/* A source over a received gRPC message. */
-void ferry__src_from_msg(ferry__src_t *src, const ferry_rpc_msg_t *msg);
-
-/* A parsed chunk header (fields 1-14 of ferry.v1.Chunk) and where the
- * payload (field 15) lies in the message. labels and ids point into the
- * parser's arrays and hold n_labels / n_ids values (count or 0). */
-typedef struct ferry__chunk_s {
-  uint64_t job_id;
-  uint32_t epoch, split;
-  uint64_t lease;
-  uint64_t first;
-  uint32_t count;
-  uint32_t height, width, channels;
-  const int64_t *labels;
-  size_t n_labels;
-  const int64_t *ids;
-  size_t n_ids;
-  bool last;
-  int32_t error_code;
-  char error[400];
-  bool has_payload;
-  size_t payload_off, payload_len;
-  /* Not on the wire: the worker whose stream brought the chunk, set by
-   * the reader after parsing (the parser leaves 0). Keys the split in
-   * parallel_epochs, where every worker sends its own copy of a split. */
-  uint64_t worker_id;
-} ferry__chunk_t;
-
-/* The parser's reusable buffers: a window over the message's header bytes
- * and the label and id arrays. They grow to the largest header seen and
- * are reused, so a steady stream allocates nothing. */
-typedef struct ferry__chunk_parser_s {
-  uint8_t *win;
-  size_t win_cap;
-  size_t win_base, win_len; /* bytes [win_base, win_base + win_len) */
-  int64_t *labels, *ids;
-  size_t labels_cap, ids_cap;
-} ferry__chunk_parser_t;
-
-void ferry__chunk_parser_init(ferry__chunk_parser_t *p);
-void ferry__chunk_parser_close(ferry__chunk_parser_t *p);
-
-/* Parses the header of one Chunk message without copying its payload:
- * only the header bytes pass through the window (fields in any order,
- * labels and ids packed or not, unknown fields skipped). Checks that the
- * payload holds count * height * width * channels bytes and that labels
- * and ids number count or 0. Returns 0, FERRY_EOVERRUN / FERRY_EVARINT /
- * FERRY_EWIRETYPE / FERRY_EINVAL for a malformed message (err names the
- * byte offset), FERRY_ENOMEM. */
-int ferry__chunk_parse(ferry__chunk_parser_t *p, const ferry__src_t *src,
-                       ferry__chunk_t *out, ferry_error_t *err);
+/* The parser, its source and the parsed header are the Chunk contract's
+ * (ferry/chunk.h): ferry_chunk_parse, ferry_chunk_src_t, ferry_chunk_t
+ * (worker_id is set by the stream reader). */
 
 /* ---- The client -------------------------------------------------------- */
 
@@ -178,7 +122,7 @@ typedef struct ferry__worker_s {
   bool stop;  /* asked to end (mu) */
   bool ended; /* the reader returned (mu) */
   bool seen;  /* scratch for the heartbeat's sweep */
-  ferry__chunk_parser_t parser;
+  ferry_chunk_parser_t parser;
 } ferry__worker_t;
 
 /* How batches are staged (staging.c). */
@@ -378,8 +322,8 @@ int ferry__staging_wait_stream(ferry_client_t *c, ferry__slot_t *s,
  * is taken, until a slot frees, the client stops or *stop turns true
  * (stop may be NULL). Returns 0, or the client's failure for a chunk
  * carrying an error. */
-int ferry__client_on_chunk(ferry_client_t *c, const ferry__chunk_t *ch,
-                           const ferry__src_t *src, const bool *stop);
+int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
+                           const ferry_chunk_src_t *src, const bool *stop);
 
 /* Applies a heartbeat answer's state, assignments and epoch counters to
  * the split table and the assembler (flushing a finished epoch's partial

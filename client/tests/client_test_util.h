@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "ferry/alloc.h"
+#include "ferry/varint.h"
 #include "ferry/v1/worker.pb-c.h"
 
 /* The pixel byte `i` of the record at `pos` of `split`. */
@@ -68,13 +69,8 @@ static inline uint8_t *tu_chunk(const tu_chunk_opts_t *o, size_t *len) {
   uint8_t *buf = ferry__malloc(hlen + 16 + plen);
   uint8_t pfx[16];
   size_t np = 0;
-  uint64_t v = plen;
-  pfx[np++] = 0x7a;
-  while (v >= 0x80) {
-    pfx[np++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  pfx[np++] = (uint8_t)v;
+  pfx[np++] = FERRY_CHUNK_PAYLOAD << 3 | 2;
+  np += ferry_varint_put(pfx + np, plen);
   size_t at = 0;
   if (o->error_code == 0 && o->payload_first) {
     memcpy(buf, pfx, np);
@@ -130,9 +126,9 @@ static inline void tu_slices_close(tu_slices_t *t) {
   ferry__free(t->lens);
 }
 
-static inline size_t tu_slices_copy(const void *ctx, size_t off, void *dst,
-                                    size_t n) {
-  const tu_slices_t *t = ctx;
+static inline size_t tu_slices_copy(const ferry_chunk_src_t *src, size_t off,
+                                    void *dst, size_t n) {
+  const tu_slices_t *t = src->ctx;
   uint8_t *out = dst;
   size_t done = 0;
   for (size_t i = 0; i < t->n && done < n; i++) {
@@ -148,7 +144,7 @@ static inline size_t tu_slices_copy(const void *ctx, size_t off, void *dst,
   return done;
 }
 
-static inline void tu_src(ferry__src_t *src, const tu_slices_t *t) {
+static inline void tu_src(ferry_chunk_src_t *src, const tu_slices_t *t) {
   src->len = t->len;
   src->copy = tu_slices_copy;
   src->ctx = t;
@@ -163,18 +159,18 @@ static inline int tu_feed(ferry_client_t *c, const tu_chunk_opts_t *o,
   size_t len;
   uint8_t *buf = tu_chunk(o, &len);
   tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
+  ferry_chunk_src_t src;
+  ferry_chunk_parser_t p;
+  ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, slice);
   tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  int rc = ferry__chunk_parse(&p, &src, &ch, NULL);
+  ferry_chunk_parser_init(&p);
+  int rc = ferry_chunk_parse(&p, &src, &ch, NULL);
   if (rc == 0) {
     ch.worker_id = worker;
     rc = ferry__client_on_chunk(c, &ch, &src, NULL);
   }
-  ferry__chunk_parser_close(&p);
+  ferry_chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   return rc;

@@ -236,10 +236,9 @@ Test(client_assemble, joining_late_starts_at_the_dispatchers_epoch) {
 
 Test(client_assemble, chunk_error_fails_the_client_with_its_text) {
   ferry_client_t *c = local(4, 4, false);
-  ferry__chunk_t ch = {.split = 2, .error_code = FERRY_EDATACRC};
-  snprintf(ch.error, sizeof(ch.error),
-           "/d/train-1.tfrecord: record 3 at byte offset 4242: record data "
-           "CRC mismatch");
+  ferry_chunk_t ch = {.split = 2, .error_code = FERRY_EDATACRC,
+                     .error = "/d/train-1.tfrecord: record 3 at byte offset "
+                              "4242: record data CRC mismatch"};
   cr_assert_eq(ferry__client_on_chunk(c, &ch, NULL, NULL), FERRY_EDATACRC);
   const ferry_batch_t *b;
   ferry_error_t err = {0};
@@ -268,16 +267,16 @@ Test(client_assemble, job_failed_and_wrong_shape) {
   size_t len;
   uint8_t *buf = tu_chunk(&o, &len);
   tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
+  ferry_chunk_src_t src;
+  ferry_chunk_parser_t p;
+  ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, 64);
   tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry_chunk_parser_init(&p);
+  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
   cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), FERRY_ESHAPE);
   cr_assert_eq(ferry_next(c, &b, 0, &err), FERRY_ESHAPE);
-  ferry__chunk_parser_close(&p);
+  ferry_chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   ferry_client_free(c);
@@ -408,18 +407,18 @@ Test(client_assemble, a_stopped_reader_takes_nothing) {
   size_t len;
   uint8_t *buf = tu_chunk(&o, &len);
   tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
+  ferry_chunk_src_t src;
+  ferry_chunk_parser_t p;
+  ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, 7);
   tu_src(&src, &t);
-  ferry__chunk_parser_init(&p);
-  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry_chunk_parser_init(&p);
+  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
   stop = true;
   cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, &stop), 0);
   /* Nothing was taken: a later lease redelivers those positions. */
   cr_assert_eq(ferry__client_split(c, 0, 0)->received, 2);
-  ferry__chunk_parser_close(&p);
+  ferry_chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   ferry_client_free(c);

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "ferry/alloc.h"
+#include "ferry/varint.h"
 
 enum {
   WT_VARINT = 0,
@@ -139,31 +140,6 @@ static size_t off(const walk_t *w, const uint8_t *p) {
   return (size_t)(p - w->base);
 }
 
-/* Reads a varint of at most `max` bytes at p (p < end). Returns its length,
- * 0 when it runs into `end`, -1 when it is longer than `max` bytes. Bits
- * past the 64th are dropped, as protobuf does. */
-static inline int read_varint(const uint8_t *p, const uint8_t *end, int max,
-                              uint64_t *out) {
-  uint64_t v = 0;
-  size_t avail = (size_t)(end - p);
-  int i;
-
-  if (avail > 0 && p[0] < 0x80) {
-    *out = p[0];
-    return 1;
-  }
-  for (i = 0; i < max; i++) {
-    if ((size_t)i == avail)
-      return 0;
-    v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-    if (p[i] < 0x80) {
-      *out = v;
-      return i + 1;
-    }
-  }
-  return -1;
-}
-
 static const char *wire_name(unsigned wire) {
   switch (wire) {
   case WT_VARINT:
@@ -190,7 +166,7 @@ static inline int next_field(const walk_t *w, level_t level,
   int k;
 
   f->tag = p;
-  k = read_varint(p, end, 5, &v);
+  k = ferry_varint_get(p, end, 5, &v);
   if (k <= 0) {
     if (k == 0)
       return fail(w, FERRY_EVARINT, p, level, 0,
@@ -210,7 +186,7 @@ static inline int next_field(const walk_t *w, level_t level,
   /* An if-chain, most frequent wire type first: a switch compiles to an
    * indirect jump that mispredicts on every record. */
   if (f->wire == WT_LEN) {
-    k = read_varint(p, end, 5, &v);
+    k = ferry_varint_get(p, end, 5, &v);
     if (k <= 0) {
       if (k == 0)
         return fail(w, FERRY_EVARINT, p, level, f->num,
@@ -231,7 +207,7 @@ static inline int next_field(const walk_t *w, level_t level,
     f->body = p;
     f->len = (size_t)v;
   } else if (f->wire == WT_VARINT) {
-    k = read_varint(p, end, 10, &v);
+    k = ferry_varint_get(p, end, 10, &v);
     if (k <= 0) {
       if (k == 0)
         return fail(w, FERRY_EVARINT, p, level, f->num,
@@ -674,13 +650,13 @@ int ferry_feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
     if (fl.num != 1)
       continue;
     if (fl.wire == WT_VARINT) {
-      if (read_varint(fl.body, fl.body + fl.len, 10, &v) > 0)
+      if (ferry_varint_get(fl.body, fl.body + fl.len, 10, &v) > 0)
         out[k++] = (int64_t)v;
     } else if (fl.wire == WT_LEN) {
       const uint8_t *q = fl.body;
       const uint8_t *e = q + fl.len;
       while (q < e && k < cap) {
-        len = read_varint(q, e, 10, &v);
+        len = ferry_varint_get(q, e, 10, &v);
         if (len <= 0)
           break;
         out[k++] = (int64_t)v;

@@ -1,5 +1,5 @@
-/* Fuzz target for the client's chunk header parser, the one parser that
- * reads bytes a worker (a network peer) sent. The input is split into
+/* Fuzz target for the chunk header parser (ferry/chunk.h), the one parser
+ * that reads bytes a worker (a network peer) sent. The input is split into
  * slices of a size taken from its first byte, as gRPC delivers messages
  * in slices, so window refills across slice boundaries are exercised. An
  * accepted header must describe a payload inside the message, and
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "ferry/chunk.h"
 #include "ferry/v1/worker.pb-c.h"
 
 typedef struct {
@@ -19,8 +19,9 @@ typedef struct {
   size_t slice; /* bytes per slice: copies never cross more than needed */
 } sliced_t;
 
-static size_t sliced_copy(const void *ctx, size_t off, void *dst, size_t n) {
-  const sliced_t *s = ctx;
+static size_t sliced_copy(const ferry_chunk_src_t *src, size_t off, void *dst,
+                          size_t n) {
+  const sliced_t *s = src->ctx;
   size_t done = 0;
   while (done < n && off + done < s->len) {
     size_t pos = off + done;
@@ -37,17 +38,17 @@ static size_t sliced_copy(const void *ctx, size_t off, void *dst, size_t n) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static ferry__chunk_parser_t parser;
+  static ferry_chunk_parser_t parser;
   static int ready;
   sliced_t s;
-  ferry__src_t src;
-  ferry__chunk_t ch;
+  ferry_chunk_src_t src;
+  ferry_chunk_t ch;
   ferry_error_t err;
 
   if (size == 0)
     return 0;
   if (!ready) {
-    ferry__chunk_parser_init(&parser);
+    ferry_chunk_parser_init(&parser);
     ready = 1;
   }
   s.slice = 1 + data[0] % 64 * 97; /* 1 .. ~6 KiB */
@@ -56,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   src.len = s.len;
   src.copy = sliced_copy;
   src.ctx = &s;
-  if (ferry__chunk_parse(&parser, &src, &ch, &err) != 0)
+  if (ferry_chunk_parse(&parser, &src, &ch, &err) != 0)
     return 0;
   if (ch.payload_off > s.len || ch.payload_len > s.len - ch.payload_off)
     abort();

@@ -48,9 +48,9 @@ static double now_s(void) {
 typedef struct feeder_s {
   uint8_t *buf;
   tu_slices_t t;
-  ferry__src_t src;
-  ferry__chunk_parser_t p;
-  ferry__chunk_t ch;
+  ferry_chunk_src_t src;
+  ferry_chunk_parser_t p;
+  ferry_chunk_t ch;
 } feeder_t;
 
 static void feeder_init(feeder_t *f, uint32_t count, uint32_t h, uint32_t w,
@@ -61,8 +61,8 @@ static void feeder_init(feeder_t *f, uint32_t count, uint32_t h, uint32_t w,
   f->buf = tu_chunk(&o, &len);
   tu_slices_init(&f->t, f->buf, len, 1 << 20);
   tu_src(&f->src, &f->t);
-  ferry__chunk_parser_init(&f->p);
-  if (ferry__chunk_parse(&f->p, &f->src, &f->ch, &err) != 0) {
+  ferry_chunk_parser_init(&f->p);
+  if (ferry_chunk_parse(&f->p, &f->src, &f->ch, &err) != 0) {
     fprintf(stderr, "chunk: %s\n", err.msg);
     exit(1);
   }
@@ -74,7 +74,7 @@ static int feed(ferry_client_t *cl, feeder_t *f, uint64_t first) {
 }
 
 static void feeder_close(feeder_t *f) {
-  ferry__chunk_parser_close(&f->p);
+  ferry_chunk_parser_close(&f->p);
   tu_slices_close(&f->t);
   ferry__free(f->buf);
 }

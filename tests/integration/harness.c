@@ -19,6 +19,7 @@
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
 #include "ferry/tfrecord.h"
+#include "ferry/varint.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 
 extern char **environ;
@@ -475,21 +476,6 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
 
 /* ---- Datasets ------------------------------------------------------------ */
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-static size_t varint_len(uint64_t v) {
-  uint8_t tmp[10];
-  return put_varint(tmp, v);
-}
-
 /* One map entry of Features: key and a Feature holding either bytes
  * (kind 1) or one int64 (kind 3). Returns the bytes written. */
 static size_t put_feature(uint8_t *p, const char *key, int kind,
@@ -498,33 +484,33 @@ static size_t put_feature(uint8_t *p, const char *key, int kind,
   /* The list: BytesList{1: bytes} or Int64List{1: packed [v]}. */
   size_t list_len;
   if (kind == 1)
-    list_len = 1 + varint_len(blen) + blen;
+    list_len = 1 + ferry_varint_len(blen) + blen;
   else
-    list_len = 1 + varint_len(varint_len((uint64_t)v)) +
-               varint_len((uint64_t)v);
-  size_t feat_len = 1 + varint_len(list_len) + list_len;
-  size_t entry_len = 1 + varint_len(klen) + klen + 1 + varint_len(feat_len) +
+    list_len = 1 + ferry_varint_len(ferry_varint_len((uint64_t)v)) +
+               ferry_varint_len((uint64_t)v);
+  size_t feat_len = 1 + ferry_varint_len(list_len) + list_len;
+  size_t entry_len = 1 + ferry_varint_len(klen) + klen + 1 + ferry_varint_len(feat_len) +
                      feat_len;
   size_t n = 0;
   p[n++] = 0x0a; /* Features.feature, a map entry */
-  n += put_varint(p + n, entry_len);
+  n += ferry_varint_put(p + n, entry_len);
   p[n++] = 0x0a; /* key */
-  n += put_varint(p + n, klen);
+  n += ferry_varint_put(p + n, klen);
   memcpy(p + n, key, klen);
   n += klen;
   p[n++] = 0x12; /* value: Feature */
-  n += put_varint(p + n, feat_len);
+  n += ferry_varint_put(p + n, feat_len);
   p[n++] = kind == 1 ? 0x0a : 0x1a; /* bytes_list = 1, int64_list = 3 */
-  n += put_varint(p + n, list_len);
+  n += ferry_varint_put(p + n, list_len);
   if (kind == 1) {
     p[n++] = 0x0a;
-    n += put_varint(p + n, blen);
+    n += ferry_varint_put(p + n, blen);
     memcpy(p + n, bytes, blen);
     n += blen;
   } else {
     p[n++] = 0x0a; /* packed */
-    n += put_varint(p + n, varint_len((uint64_t)v));
-    n += put_varint(p + n, (uint64_t)v);
+    n += ferry_varint_put(p + n, ferry_varint_len((uint64_t)v));
+    n += ferry_varint_put(p + n, (uint64_t)v);
   }
   return n;
 }
@@ -585,7 +571,7 @@ int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
       /* Example{1: Features} */
       size_t m = 0;
       rec[m++] = 0x0a;
-      m += put_varint(rec + m, n);
+      m += ferry_varint_put(rec + m, n);
       memcpy(rec + m, feats, n);
       m += n;
       ds->offsets[f][r] = off;

@@ -9,8 +9,8 @@
 
 /* Joins the pieces into one message. */
 static uint8_t *join(ferry__wchunk_t *c, size_t *len) {
-  ferry_rpc_piece_t pieces[2];
-  size_t n = ferry__wchunk_pieces(c, pieces);
+  const ferry_chunk_piece_t *pieces = c->pieces;
+  size_t n = c->n_pieces;
   size_t total = 0;
   for (size_t i = 0; i < n; i++)
     total += pieces[i].len;
@@ -21,9 +21,8 @@ static uint8_t *join(ferry__wchunk_t *c, size_t *len) {
     memcpy(buf + off, pieces[i].ptr, pieces[i].len);
     off += pieces[i].len;
   }
-  /* As gRPC would: each piece is released once. */
-  for (size_t i = 0; i < n; i++)
-    pieces[i].free_fn(pieces[i].free_arg);
+  /* As the transport would once it let go of the message. */
+  ferry__wpool_release(c);
   *len = total;
   return buf;
 }

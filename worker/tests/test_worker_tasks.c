@@ -28,11 +28,8 @@ static void sink_emit(ferry__wchunk_t *c, void *arg) {
   pthread_mutex_unlock(&s->lock);
   ferry__wtask_unref(c->task);
   c->task = NULL;
-  ferry_rpc_piece_t pieces[2];
-  size_t n = ferry__wchunk_pieces(c, pieces);
-  Ferry__V1__Chunk *m = wt_unpack_pieces(pieces, n);
-  for (size_t i = 0; i < n; i++)
-    pieces[i].free_fn(pieces[i].free_arg);
+  Ferry__V1__Chunk *m = wt_unpack_pieces(c->pieces, c->n_pieces);
+  ferry__wpool_release(c);
   pthread_mutex_lock(&s->lock);
   s->chunks = realloc(s->chunks, (s->n + 1) * sizeof(*s->chunks));
   s->chunks[s->n++] = m;

@@ -13,6 +13,7 @@
 #include "ferry/pipeline.h"
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
+#include "ferry/varint.h"
 #include "worker.h"
 
 typedef struct {
@@ -32,14 +33,8 @@ static inline void wb_put(wbuf_t *b, const void *data, size_t len) {
 }
 
 static inline void wb_varint(wbuf_t *b, uint64_t v) {
-  uint8_t tmp[10];
-  size_t n = 0;
-  while (v >= 0x80) {
-    tmp[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  tmp[n++] = (uint8_t)v;
-  wb_put(b, tmp, n);
+  uint8_t tmp[FERRY_VARINT_MAX];
+  wb_put(b, tmp, ferry_varint_put(tmp, v));
 }
 
 static inline void wb_ld(wbuf_t *b, int field, const void *data, size_t len) {
@@ -212,7 +207,7 @@ static inline void wt_expected(const wt_file_t *f, uint64_t i, uint8_t *pixels,
 }
 
 /* Joins a message's bytes and unpacks it. */
-static inline Ferry__V1__Chunk *wt_unpack_pieces(const ferry_rpc_piece_t *pieces,
+static inline Ferry__V1__Chunk *wt_unpack_pieces(const ferry_chunk_piece_t *pieces,
                                           size_t n) {
   size_t total = 0, off = 0;
   for (size_t i = 0; i < n; i++)
