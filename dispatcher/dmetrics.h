@@ -1,5 +1,5 @@
 /* The dispatcher's Prometheus metrics (docs/OPERATIONS.md, "Metrics").
- * Counters are updated where the event happens (state.c's commit, the
+ * Counters are updated where the event happens (state_apply.c's commit, the
  * journal); the gauges of the state (workers, jobs, splits, per-job
  * figures) are computed at scrape time on the loop thread, which owns the
  * state: the scrape asks the loop through a uv_async and waits (bounded). */
@@ -23,7 +23,7 @@ typedef struct ferry__dmetrics_s {
 
 const ferry__dmetrics_t *ferry__dmetrics(void);
 
-/* Counts a committed journal entry (state.c); `relet`: an assignment of a
+/* Counts a committed journal entry (state_apply.c); `relet`: an assignment of a
  * split that had a lease before in this epoch. */
 void ferry__dmetrics_committed(const Ferry__V1__JournalEntry *e, bool relet);
 

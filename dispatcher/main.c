@@ -1,5 +1,5 @@
 /* ferry-dispatcher: the control-plane daemon. One libuv loop owns the
- * state machine (state.c); the gRPC layer hands it calls (rpc_handlers.c),
+ * state machine (state.h); the gRPC layer hands it calls (rpc_handlers.c),
  * a timer runs timeouts and GC, and SIGTERM/SIGINT shut it down. */
 #include <inttypes.h>
 #include <signal.h>

@@ -1,0 +1,645 @@
+/* Apply: the only code that changes journaled state (the invariants are in
+ * state_internal.h), the commit path that applies a live entry and hands it
+ * to the journal, replays, and the builders of the entries that several
+ * parts commit. */
+#include "state_internal.h"
+
+#include "dmetrics.h"
+
+static void row_check_done(row_t *r) {
+  if (!r->done && r->total_known && r->delivered >= r->total)
+    r->done = true;
+}
+
+static int bad_entry(ferry_error_t *err, const char *what, uint64_t id) {
+  return ferry__seterr(err, FERRY_EINVAL,
+                       "journal entry does not fit the state: %s %" PRIu64,
+                       what, id);
+}
+
+static int apply_register(ferry_disp_t *d,
+                          const Ferry__V1__JournalRegisterDataset *m,
+                          ferry_error_t *err) {
+  dataset_t *ds;
+  int rc;
+
+  if (ferry__disp_find_dataset(d, m->dataset_id) != NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "dataset %s registered twice",
+                         m->dataset_id);
+  ds = ferry__calloc(1, sizeof(*ds));
+  if (ds == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  ferry_spec_init(&ds->spec);
+  rc = ferry_spec_unpack(m->spec.data, m->spec.len, &ds->spec, err);
+  if (rc != 0) {
+    ferry__disp_free_dataset(ds);
+    return rc;
+  }
+  ds->id = ferry__strdup(m->dataset_id);
+  ds->spec_bytes = ferry__malloc(m->spec.len ? m->spec.len : 1);
+  ds->files = ferry__calloc(m->n_files ? m->n_files : 1, sizeof(char *));
+  ds->splits = ferry__calloc(m->n_splits ? m->n_splits : 1, sizeof(split_t));
+  if (ds->id == NULL || ds->spec_bytes == NULL || ds->files == NULL ||
+      ds->splits == NULL)
+    goto nomem;
+  memcpy(ds->spec_bytes, m->spec.data, m->spec.len);
+  ds->spec_len = m->spec.len;
+  for (size_t i = 0; i < m->n_files; i++, ds->nfiles++)
+    if ((ds->files[i] = ferry__strdup(m->files[i])) == NULL)
+      goto nomem;
+  for (size_t i = 0; i < m->n_splits; i++) {
+    const Ferry__V1__Split *s = m->splits[i];
+    if (s->file_index >= ds->nfiles) {
+      ferry__disp_free_dataset(ds);
+      return bad_entry(err, "split file index", s->file_index);
+    }
+    ds->splits[i] = (split_t){s->file_index, s->byte_offset, s->byte_end,
+                              s->first_record, s->num_records};
+    ds->known_records += s->num_records;
+  }
+  ds->nsplits = (uint32_t)m->n_splits;
+  ds->idle_since = d->now;
+  if (ferry__disp_push_ptr((void ***)&d->ds, &d->nds, ds) != 0)
+    goto nomem;
+  return 0;
+nomem:
+  ferry__disp_free_dataset(ds);
+  return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+}
+
+static int apply_create_job(ferry_disp_t *d,
+                            const Ferry__V1__JournalCreateJob *m,
+                            ferry_error_t *err) {
+  dataset_t *ds = ferry__disp_find_dataset(d, m->dataset_id);
+  job_t *j;
+
+  if (ds == NULL)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "journal entry does not fit the state: dataset %s",
+                         m->dataset_id);
+  if (ferry__disp_find_job(d, m->job_id) != NULL)
+    return bad_entry(err, "job created twice:", m->job_id);
+  j = ferry__calloc(1, sizeof(*j));
+  if (j == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  j->id = m->job_id;
+  j->ds = ds;
+  j->mode = m->mode;
+  j->policy = m->error_policy;
+  j->num_epochs = m->num_epochs;
+  j->shuffle = m->shuffle;
+  j->seed = m->seed;
+  j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
+  j->idle_since = -1;
+  ds->idle_since = -1;
+  j->name = ferry__strdup(m->name);
+  j->skipped_by_file = ferry__calloc(ds->nfiles, sizeof(uint64_t));
+  if (j->name == NULL || j->skipped_by_file == NULL ||
+      ferry__disp_push_ptr((void ***)&d->jobs, &d->njobs, j) != 0) {
+    ferry__disp_free_job(j);
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  }
+  if (m->job_id >= d->next_job)
+    d->next_job = m->job_id + 1;
+  return 0;
+}
+
+static int apply_client_joined(ferry_disp_t *d,
+                               const Ferry__V1__JournalClientJoined *m,
+                               ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  client_t *c;
+
+  if (j == NULL)
+    return bad_entry(err, "job", m->job_id);
+  c = ferry__disp_find_client(j, m->client_id);
+  if (c == NULL) {
+    client_t *nc =
+        ferry__realloc(j->clients, (j->nclients + 1) * sizeof(client_t));
+    if (nc == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    j->clients = nc;
+    c = &j->clients[j->nclients++];
+    memset(c, 0, sizeof(*c));
+    c->id = m->client_id;
+  } else {
+    c->incarnation++; /* a rejoin: it lost every split it held */
+  }
+  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
+    memcpy(c->secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
+    c->has_secret = true;
+  }
+  c->active = true;
+  c->no_renew = false;
+  c->last_hb = d->now;
+  if (RUNNING(j))
+    j->idle_since = -1;
+  if (m->client_id >= d->next_client)
+    d->next_client = m->client_id + 1;
+  return 0;
+}
+
+/* Unbinds the client's rows that are not done: they go back to the pool
+ * with their delivered count, and their lease ends (worker 0). */
+static int apply_client_left(ferry_disp_t *d,
+                             const Ferry__V1__JournalClientLeft *m,
+                             ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  client_t *c = j != NULL ? ferry__disp_find_client(j, m->client_id) : NULL;
+
+  if (c == NULL)
+    return bad_entry(err, "client", m->client_id);
+  c->active = false;
+  for (uint32_t r = 0; r < j->nrows; r++) {
+    row_t *row = &j->rows[r];
+    if (row->client == m->client_id && !row->done) {
+      row->client = 0;
+      row->worker = 0;
+    }
+  }
+  if (ferry__disp_active_clients(j) == 0)
+    ferry__disp_mark_idle(d, j);
+  return 0;
+}
+
+static int apply_assign(ferry_disp_t *d, const Ferry__V1__JournalAssign *m,
+                        ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  row_t *r = j != NULL ? ferry__disp_job_row(j, m->epoch, m->row) : NULL;
+
+  if (r == NULL)
+    return bad_entry(err, "assign: row", m->row);
+  r->client = m->client_id;
+  r->worker = m->worker_id;
+  r->lease = m->lease;
+  r->start = m->start;
+  return 0;
+}
+
+static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
+                          ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+
+  if (j == NULL)
+    return bad_entry(err, "job", m->job_id);
+  for (size_t i = 0; i < m->n_rows; i++) {
+    row_t *r = ferry__disp_job_row(j, m->epoch, m->rows[i]->row);
+    if (r == NULL)
+      return bad_entry(err, "progress: row", m->rows[i]->row);
+    if (m->rows[i]->delivered > r->delivered) {
+      r->delivered = m->rows[i]->delivered;
+      r->restarts = 0; /* progress: restarts no longer count in a row */
+    }
+    row_check_done(r);
+  }
+  return 0;
+}
+
+static int apply_task_finished(ferry_disp_t *d,
+                               const Ferry__V1__JournalTaskFinished *m,
+                               ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  row_t *r = j != NULL ? ferry__disp_job_row(j, m->epoch, m->row) : NULL;
+
+  if (r == NULL)
+    return bad_entry(err, "finished: row", m->row);
+  r->total = m->total;
+  r->total_known = true;
+  row_check_done(r);
+  return 0;
+}
+
+static int apply_job_failed(ferry_disp_t *d,
+                            const Ferry__V1__JournalJobFailed *m,
+                            ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  char *msg;
+
+  if (j == NULL)
+    return bad_entry(err, "job", m->job_id);
+  if ((msg = ferry__strdup(m->error)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  ferry__free(j->error);
+  j->error = msg;
+  j->error_code = m->error_code;
+  j->state = FERRY__V1__JOB_STATE__JOB_STATE_FAILED;
+  ferry__disp_mark_idle(d, j);
+  return 0;
+}
+
+/* Builds the epoch's rows: one per split, or per (worker, split). */
+static int apply_epoch_start(ferry_disp_t *d,
+                             const Ferry__V1__JournalEpochStart *m,
+                             ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  uint32_t ns, nw, n, nsplit_order;
+  uint32_t *perm;
+
+  if (j == NULL || j->started || m->epoch != j->epoch || !RUNNING(j))
+    return bad_entry(err, "epoch start for job", m->job_id);
+  ns = j->ds->nsplits;
+  nw = PAR(j) ? (uint32_t)m->n_workers : 1;
+  n = ns * nw;
+  j->rows = ferry__calloc(n ? n : 1, sizeof(row_t));
+  j->order = ferry__calloc(n ? n : 1, sizeof(uint32_t));
+  j->ep_workers = ferry__calloc(nw, sizeof(uint64_t));
+  perm = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
+  if (j->rows == NULL || j->order == NULL || j->ep_workers == NULL ||
+      perm == NULL) {
+    ferry__free(perm);
+    ferry__disp_free_rows(j);
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  }
+  for (uint32_t r = 0; r < n; r++) {
+    const split_t *s = &j->ds->splits[r % ns];
+    j->rows[r].split = r % ns;
+    j->rows[r].pinned = PAR(j) ? m->workers[r / ns] : 0;
+    j->rows[r].total = s->count;
+    j->rows[r].total_known = s->count > 0;
+  }
+  /* Hand-out order: the epoch's split permutation, and for each split
+   * every worker's row, so that a client's splits spread over workers. */
+  ferry__disp_split_order(j->shuffle, j->seed, j->epoch, perm, ns);
+  nsplit_order = 0;
+  for (uint32_t i = 0; i < ns; i++)
+    for (uint32_t s = 0; s < nw; s++)
+      j->order[nsplit_order++] = s * ns + perm[i];
+  ferry__free(perm);
+  if (PAR(j))
+    memcpy(j->ep_workers, m->workers, nw * sizeof(uint64_t));
+  j->n_ep_workers = PAR(j) ? nw : 0;
+  j->nrows = n;
+  j->started = true;
+  return 0;
+}
+
+static int apply_epoch_done(ferry_disp_t *d,
+                            const Ferry__V1__JournalEpochDone *m,
+                            ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+
+  if (j == NULL || !j->started || m->epoch != j->epoch)
+    return bad_entry(err, "epoch done for job", m->job_id);
+  j->delivered_prev += ferry__disp_epoch_delivered(j);
+  j->epochs_done++;
+  ferry__disp_free_rows(j);
+  if (j->num_epochs >= 0 && j->epochs_done >= (uint64_t)j->num_epochs) {
+    j->state = FERRY__V1__JOB_STATE__JOB_STATE_FINISHED;
+    ferry__disp_mark_idle(d, j);
+  } else {
+    j->epoch++;
+  }
+  return 0;
+}
+
+static int apply_worker_registered(ferry_disp_t *d,
+                                   const Ferry__V1__JournalWorkerRegistered *m,
+                                   ferry_error_t *err) {
+  worker_t *w = ferry__disp_find_worker(d, m->worker_id);
+  char *addr = ferry__strdup(m->address);
+
+  if (addr == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if (w == NULL) {
+    w = ferry__calloc(1, sizeof(*w));
+    if (w == NULL ||
+        ferry__disp_push_ptr((void ***)&d->workers, &d->nworkers, w) != 0) {
+      ferry__free(w);
+      ferry__free(addr);
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    }
+    w->id = m->worker_id;
+  }
+  ferry__free(w->address);
+  w->address = addr;
+  w->lost = false;
+  w->suspect_since = -1;
+  w->last_hb = d->now;
+  if (m->worker_id >= d->next_worker)
+    d->next_worker = m->worker_id + 1;
+  return 0;
+}
+
+/* distributed_epoch: the worker's unfinished rows wait for a new lease
+ * (still bound to their clients). parallel_epochs: its pinned rows are
+ * dropped as done-with-loss. */
+static int apply_worker_lost(ferry_disp_t *d,
+                             const Ferry__V1__JournalWorkerLost *m,
+                             ferry_error_t *err) {
+  worker_t *w = ferry__disp_find_worker(d, m->worker_id);
+
+  if (w == NULL)
+    return bad_entry(err, "worker", m->worker_id);
+  w->lost = true;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      row_t *row = &j->rows[r];
+      if (row->done)
+        continue;
+      if (PAR(j) && row->pinned == m->worker_id) {
+        row->done = row->lost = true;
+        row->worker = 0;
+      } else if (row->worker == m->worker_id) {
+        row->worker = 0;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Issue 10: no new lease for the worker; its rows that are not done wait
+ * for another worker, from their delivered count, exactly as when it is
+ * lost (parallel_epochs: its pinned rows end with loss). */
+static int apply_worker_drained(ferry_disp_t *d,
+                                const Ferry__V1__JournalWorkerDrained *m,
+                                ferry_error_t *err) {
+  worker_t *w = ferry__disp_find_worker(d, m->worker_id);
+  if (w == NULL)
+    return bad_entry(err, "drained worker", m->worker_id);
+  w->op_drained = true;
+  w->drain_beats = w->beats;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      row_t *row = &j->rows[r];
+      if (row->done)
+        continue;
+      if (PAR(j) && row->pinned == m->worker_id) {
+        row->done = row->lost = true;
+        row->worker = 0;
+      } else if (row->worker == m->worker_id) {
+        row->worker = 0;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Issue 10: the job ends; its clients hear why from their heartbeats. */
+static int apply_job_cancelled(ferry_disp_t *d,
+                               const Ferry__V1__JournalJobCancelled *m,
+                               ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  char buf[96], *msg;
+
+  if (j == NULL || !RUNNING(j))
+    return bad_entry(err, "cancelled job", m->job_id);
+  snprintf(buf, sizeof(buf), "job %" PRIu64 " cancelled by the operator",
+           j->id);
+  if ((msg = ferry__strdup(buf)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  ferry__free(j->error);
+  j->error = msg;
+  j->error_code = FERRY_ECANCELED;
+  j->state = FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED;
+  ferry__disp_mark_idle(d, j);
+  return 0;
+}
+
+static int apply_skipped(ferry_disp_t *d, const Ferry__V1__JournalSkipped *m,
+                         ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, m->job_id);
+  row_t *r = j != NULL ? ferry__disp_job_row(j, m->epoch, m->row) : NULL;
+  uint64_t delta;
+
+  if (r == NULL)
+    return bad_entry(err, "skipped: row", m->row);
+  if (r->skip_lease != m->lease) {
+    r->skip_lease = m->lease;
+    r->skip_seen = 0;
+  }
+  if (m->skipped <= r->skip_seen)
+    return 0;
+  delta = m->skipped - r->skip_seen;
+  r->skip_seen = m->skipped;
+  j->skipped += delta;
+  j->skipped_by_file[j->ds->splits[r->split].file] += delta;
+  return 0;
+}
+
+bool ferry__disp_dataset_used(const ferry_disp_t *d, const dataset_t *ds) {
+  for (size_t i = 0; i < d->njobs; i++)
+    if (d->jobs[i]->ds == ds)
+      return true;
+  return false;
+}
+
+static int apply_job_gc(ferry_disp_t *d, const Ferry__V1__JournalJobGC *m,
+                        ferry_error_t *err) {
+  for (size_t i = 0; i < d->njobs; i++) {
+    if (d->jobs[i]->id != m->job_id)
+      continue;
+    dataset_t *ds = d->jobs[i]->ds;
+    ferry__disp_free_job(d->jobs[i]);
+    memmove(&d->jobs[i], &d->jobs[i + 1], (d->njobs - i - 1) * sizeof(job_t *));
+    d->njobs--;
+    if (!ferry__disp_dataset_used(d, ds))
+      ds->idle_since = d->now;
+    return 0;
+  }
+  return bad_entry(err, "job", m->job_id);
+}
+
+static int apply_dataset_gc(ferry_disp_t *d,
+                            const Ferry__V1__JournalDatasetGC *m,
+                            ferry_error_t *err) {
+  for (size_t i = 0; i < d->nds; i++) {
+    if (strcmp(d->ds[i]->id, m->dataset_id) != 0)
+      continue;
+    if (ferry__disp_dataset_used(d, d->ds[i]))
+      break;
+    ferry__disp_free_dataset(d->ds[i]);
+    memmove(&d->ds[i], &d->ds[i + 1], (d->nds - i - 1) * sizeof(dataset_t *));
+    d->nds--;
+    return 0;
+  }
+  return ferry__seterr(err, FERRY_EINVAL,
+                       "journal entry does not fit the state: dataset %s "
+                       "collected while unknown or in use",
+                       m->dataset_id);
+}
+
+static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,
+                      ferry_error_t *err) {
+  if (m->boot <= d->boot)
+    return bad_entry(err, "boot", m->boot);
+  d->boot = m->boot;
+  return 0;
+}
+
+static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
+  switch (e->entry_case) {
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_REGISTER_DATASET:
+    return apply_register(d, e->register_dataset, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_CREATE_JOB:
+    return apply_create_job(d, e->create_job, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_JOINED:
+    return apply_client_joined(d, e->client_joined, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_LEFT:
+    return apply_client_left(d, e->client_left, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN:
+    return apply_assign(d, e->assign, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_PROGRESS:
+    return apply_progress(d, e->progress, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_TASK_FINISHED:
+    return apply_task_finished(d, e->task_finished, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_FAILED:
+    return apply_job_failed(d, e->job_failed, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_EPOCH_START:
+    return apply_epoch_start(d, e->epoch_start, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_EPOCH_DONE:
+    return apply_epoch_done(d, e->epoch_done, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_REGISTERED:
+    return apply_worker_registered(d, e->worker_registered, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_LOST:
+    return apply_worker_lost(d, e->worker_lost, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_SKIPPED:
+    return apply_skipped(d, e->skipped, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_GC:
+    return apply_job_gc(d, e->job_gc, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_BOOT:
+    return apply_boot(d, e->boot, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_DATASET_GC:
+    return apply_dataset_gc(d, e->dataset_gc, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_DRAINED:
+    return apply_worker_drained(d, e->worker_drained, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_CANCELLED:
+    return apply_job_cancelled(d, e->job_cancelled, err);
+  default:
+    return ferry__seterr(err, FERRY_EINVAL, "journal entry of unknown kind %d",
+                         (int)e->entry_case);
+  }
+}
+
+int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
+  size_t n = protobuf_c_message_get_packed_size(&e->base);
+  int rc;
+
+  if (d->sink != NULL && n > d->scratch_cap) {
+    uint8_t *p = ferry__realloc(d->scratch, n);
+    if (p == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    d->scratch = p;
+    d->scratch_cap = n;
+  }
+  /* Metrics count what this process does (replays do not come here). */
+  bool relet = false;
+  if (e->entry_case == FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN) {
+    const job_t *j = ferry__disp_find_job(d, e->assign->job_id);
+    const row_t *row =
+        j != NULL
+            ? ferry__disp_job_row((job_t *)j, e->assign->epoch, e->assign->row)
+            : NULL;
+    relet = row != NULL && row->lease != 0;
+  }
+  rc = apply(d, e, err);
+  if (rc != 0) {
+    FERRY_LOG(FERRY_LOG_ERROR, "dispatcher: entry not applied: %s",
+              err != NULL ? err->msg : ferry_strerror(rc));
+    return rc;
+  }
+  ferry__dmetrics_committed(e, relet);
+  d->changes++;
+  if (d->sink != NULL) {
+    protobuf_c_message_pack(&e->base, d->scratch);
+    d->sink(d->scratch, n, d->sink_arg);
+  }
+  return 0;
+}
+
+int ferry__disp_apply(ferry_disp_t *d, const uint8_t *buf, size_t len,
+                      int64_t now_ms, ferry_error_t *err) {
+  ProtobufCAllocator al;
+  entry_t *e;
+  int rc;
+
+  ferry__disp_pb_allocator(&al);
+  e = ferry__v1__journal_entry__unpack(&al, len, buf);
+  if (e == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "malformed journal entry");
+  d->now = now_ms;
+  rc = apply(d, e, err);
+  ferry__v1__journal_entry__free_unpacked(e, &al);
+  return rc;
+}
+
+void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms) {
+  d->now = now_ms;
+  for (size_t i = 0; i < d->nworkers; i++)
+    d->workers[i]->last_hb = now_ms;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    for (size_t c = 0; c < j->nclients; c++)
+      j->clients[c].last_hb = now_ms;
+    if (j->idle_since >= 0)
+      j->idle_since = now_ms;
+    /* Leases are volatile: the journal may not know the last one. */
+    for (uint32_t r = 0; r < j->nrows; r++)
+      j->rows[r].worker = 0;
+  }
+  for (size_t i = 0; i < d->nds; i++)
+    if (d->ds[i]->idle_since >= 0)
+      d->ds[i]->idle_since = now_ms;
+}
+
+int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err) {
+  Ferry__V1__JournalBoot m = FERRY__V1__JOURNAL_BOOT__INIT;
+  m.boot = d->boot + 1;
+  entry_t e = FERRY__V1__JOURNAL_ENTRY__INIT;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_BOOT;
+  e.boot = &m;
+  return ferry__disp_commit(d, &e, err);
+}
+
+int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
+                            uint64_t client, uint64_t worker, uint64_t lease,
+                            uint64_t start) {
+  Ferry__V1__JournalAssign m = FERRY__V1__JOURNAL_ASSIGN__INIT;
+  m.job_id = j->id;
+  m.epoch = j->epoch;
+  m.row = row;
+  m.client_id = client;
+  m.worker_id = worker;
+  m.lease = lease;
+  m.start = start;
+  ENTRY(e, ASSIGN, assign, m);
+  return ferry__disp_commit(d, &e, NULL);
+}
+
+int ferry__disp_emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
+                                 bool lost) {
+  Ferry__V1__JournalClientLeft m = FERRY__V1__JOURNAL_CLIENT_LEFT__INIT;
+  m.job_id = j->id;
+  m.client_id = client;
+  m.lost = lost;
+  ENTRY(e, CLIENT_LEFT, client_left, m);
+  return ferry__disp_commit(d, &e, NULL);
+}
+
+int ferry__disp_emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
+                                   const uint8_t *secret, ferry_error_t *err) {
+  Ferry__V1__JournalClientJoined m = FERRY__V1__JOURNAL_CLIENT_JOINED__INIT;
+  m.job_id = j->id;
+  m.client_id = client;
+  if (secret != NULL) {
+    m.client_secret.data = (uint8_t *)secret;
+    m.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
+  ENTRY(e, CLIENT_JOINED, client_joined, m);
+  return ferry__disp_commit(d, &e, err);
+}
+
+int ferry__disp_emit_job_failed(ferry_disp_t *d, job_t *j, int code,
+                                const char *msg) {
+  Ferry__V1__JournalJobFailed m = FERRY__V1__JOURNAL_JOB_FAILED__INIT;
+  char clean[FERRY_DISP_MAX_ERROR_LEN + 8];
+  ferry__disp_utf8_clean(msg, clean, sizeof(clean));
+  msg = clean;
+  m.job_id = j->id;
+  m.error_code = code;
+  m.error = (char *)msg;
+  ENTRY(e, JOB_FAILED, job_failed, m);
+  FERRY_LOG(FERRY_LOG_WARN, "job %" PRIu64 " failed: %s", j->id, msg);
+  return ferry__disp_commit(d, &e, NULL);
+}

@@ -1,0 +1,231 @@
+/* ClientHeartbeat: progress, restarts, binding more rows, and the answer
+ * with every row bound to the client. */
+#include "state_internal.h"
+
+/* Commits one Progress entry with the rows whose delivered count grew. */
+static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
+                           const Ferry__V1__ClientHeartbeatRequest *req) {
+  Ferry__V1__JournalProgress m = FERRY__V1__JOURNAL_PROGRESS__INIT;
+  Ferry__V1__JournalRowDelivered *rows;
+  Ferry__V1__JournalRowDelivered **ptrs;
+  int rc = 0;
+
+  if (req->n_progress == 0 || !j->started || !RUNNING(j))
+    return 0;
+  rows = ferry__calloc(req->n_progress, sizeof(*rows));
+  ptrs = ferry__calloc(req->n_progress, sizeof(*ptrs));
+  if (rows == NULL || ptrs == NULL)
+    goto out;
+  for (size_t i = 0; i < req->n_progress; i++) {
+    const Ferry__V1__SplitProgress *p = req->progress[i];
+    int64_t r = p->epoch == j->epoch
+                    ? ferry__disp_row_index(j, p->split, p->worker_id)
+                    : -1;
+    row_t *row = r >= 0 ? &j->rows[r] : NULL;
+    uint64_t v;
+    if (row == NULL || row->client != client || row->done)
+      continue;
+    /* A client never acknowledges more than the split holds. */
+    if (row->total_known && p->delivered > row->total)
+      FERRY_LOG(FERRY_LOG_WARN,
+                "job %" PRIu64 ": client %" PRIu64 " reports %" PRIu64
+                " records of epoch %u split %u, which holds %" PRIu64
+                ": counted as %" PRIu64,
+                j->id, client, p->delivered, j->epoch, row->split, row->total,
+                row->total);
+    v = row->total_known && p->delivered > row->total ? row->total
+                                                      : p->delivered;
+    if (v <= row->delivered)
+      continue;
+    ferry__v1__journal_row_delivered__init(&rows[m.n_rows]);
+    rows[m.n_rows].row = (uint32_t)r;
+    rows[m.n_rows].delivered = v;
+    ptrs[m.n_rows] = &rows[m.n_rows];
+    m.n_rows++;
+  }
+  if (m.n_rows > 0) {
+    m.job_id = j->id;
+    m.epoch = j->epoch;
+    m.rows = ptrs;
+    ENTRY(e, PROGRESS, progress, m);
+    rc = ferry__disp_commit(d, &e, NULL);
+  }
+out:
+  ferry__free(rows);
+  ferry__free(ptrs);
+  return rc;
+}
+
+/* Re-leases the rows the client asks to restart: it lost records of them
+ * in transit (a broken stream to a live worker), so their lease cannot
+ * complete. Only a row still bound to the client, not done, leased, and
+ * at the lease the client names: a restart for an older lease (a retried
+ * or delayed request, after the re-lease it asked for) is stale. As for
+ * a lost worker, the new lease starts at `delivered` with lease + 1; the
+ * old task is cancelled by the worker's next heartbeat diff. */
+static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
+                         const Ferry__V1__ClientHeartbeatRequest *req) {
+  if (!j->started || !RUNNING(j))
+    return;
+  for (size_t i = 0; i < req->n_progress; i++) {
+    const Ferry__V1__SplitProgress *p = req->progress[i];
+    int64_t r;
+    row_t *row;
+    if (!p->restart || p->epoch != j->epoch)
+      continue;
+    if ((r = ferry__disp_row_index(j, p->split, p->worker_id)) < 0)
+      continue;
+    row = &j->rows[r];
+    if (row->client != client || row->done || row->worker == 0 ||
+        row->lease != p->lease)
+      continue;
+    if (ferry__disp_restart_row(d, j, (uint32_t)r) != 0)
+      return;
+  }
+}
+
+static int fill_workers(ferry_disp_t *d, Ferry__V1__ClientHeartbeatResponse *r,
+                        ferry_arena_t *a) {
+  r->workers = ferry__arena_alloc(a, (d->nworkers + 1) * sizeof(void *));
+  if (r->workers == NULL)
+    return FERRY_ENOMEM;
+  for (size_t i = 0; i < d->nworkers; i++) {
+    Ferry__V1__WorkerInfo *wi;
+    if (d->workers[i]->lost)
+      continue;
+    if ((wi = ferry__arena_alloc(a, sizeof(*wi))) == NULL)
+      return FERRY_ENOMEM;
+    ferry__v1__worker_info__init(wi);
+    wi->worker_id = d->workers[i]->id;
+    wi->address = d->workers[i]->address;
+    r->workers[r->n_workers++] = wi;
+  }
+  return 0;
+}
+
+static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
+                            Ferry__V1__ClientHeartbeatResponse *r,
+                            ferry_arena_t *a) {
+  r->assignments = ferry__arena_alloc(a, (j->nrows + 1) * sizeof(void *));
+  if (r->assignments == NULL)
+    return FERRY_ENOMEM;
+  /* In hand-out order, so the client reads splits in the epoch's order. */
+  for (uint32_t i = 0; i < j->nrows; i++) {
+    const row_t *row = &j->rows[j->order[i]];
+    worker_t *w = row->worker ? ferry__disp_find_worker(d, row->worker) : NULL;
+    Ferry__V1__Assignment *as;
+    if (row->client != client || row->done)
+      continue;
+    if ((as = ferry__arena_alloc(a, sizeof(*as))) == NULL)
+      return FERRY_ENOMEM;
+    ferry__v1__assignment__init(as);
+    as->epoch = j->epoch;
+    as->split = row->split;
+    as->num_records = row->total_known ? row->total : 0;
+    as->worker_id = w != NULL ? w->id : (PAR(j) ? row->pinned : 0);
+    as->worker_address = w != NULL ? w->address : "";
+    as->lease = row->lease;
+    as->start = row->delivered;
+    r->assignments[r->n_assignments++] = as;
+  }
+  return 0;
+}
+
+/* True when no row of the current epoch waits for a client. */
+static bool exhausted(const job_t *j) {
+  for (uint32_t i = 0; i < j->nrows; i++)
+    if (j->rows[i].client == 0 && !j->rows[i].done)
+      return false;
+  return true;
+}
+
+static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,
+                            Ferry__V1__ClientHeartbeatResponse *r,
+                            ferry_arena_t *a, ferry_error_t *err) {
+  r->state = j->state;
+  r->epoch = j->epoch;
+  r->epochs_done = j->epochs_done;
+  r->epoch_exhausted = !RUNNING(j) || (j->started && exhausted(j));
+  if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_FAILED ||
+      j->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED) {
+    r->error_code = j->error_code;
+    r->error = j->error != NULL ? j->error : "";
+  }
+  if (fill_workers(d, r, a) != 0 ||
+      (RUNNING(j) && fill_assignments(d, j, client, r, a) != 0))
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
+
+int ferry__disp_client_heartbeat(ferry_disp_t *d,
+                                 const Ferry__V1__ClientHeartbeatRequest *req,
+                                 Ferry__V1__ClientHeartbeatResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err) {
+  job_t *j = ferry__disp_find_job(d, req->job_id);
+  client_t *c = j != NULL ? ferry__disp_find_client(j, req->client_id) : NULL;
+  int rc;
+
+  d->now = now_ms;
+  if (req->n_progress > FERRY_DISP_MAX_PROGRESS ||
+      req->want_splits > FERRY_DISP_MAX_WANT)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client heartbeat: over %d progress entries or %d "
+                         "splits wanted",
+                         FERRY_DISP_MAX_PROGRESS, FERRY_DISP_MAX_WANT);
+  if (j == NULL)
+    return ferry__seterr(err, FERRY_ENOENT, "job %" PRIu64 " not found",
+                         req->job_id);
+  if (c == NULL)
+    return ferry__seterr(err, FERRY_ENOENT,
+                         "client %" PRIu64 " not found in job %" PRIu64,
+                         req->client_id, req->job_id);
+  /* Issue 8: only the client that joined (its secret) touches its state. */
+  if (c->has_secret &&
+      (req->client_secret.len != FERRY_CLIENT_SECRET_BYTES ||
+       !ferry_rpc_bytes_equal(req->client_secret.data, c->secret,
+                              FERRY_CLIENT_SECRET_BYTES))) {
+    FERRY_LOG(FERRY_LOG_WARN,
+              "ClientHeartbeat for job %" PRIu64 " client "
+              "%" PRIu64 " without its secret: refused",
+              j->id, c->id);
+    return ferry__seterr(err, FERRY_EACCES,
+                         "ClientHeartbeat: this caller is "
+                         "not that client (wrong or missing client secret)");
+  }
+  /* A client declared lost comes back without its old rows. */
+  if (!c->active && !req->leaving && RUNNING(j)) {
+    if ((rc = ferry__disp_emit_client_joined(
+             d, j, req->client_id, c->has_secret ? c->secret : NULL, err)) != 0)
+      return rc;
+    c = ferry__disp_find_client(j, req->client_id);
+  }
+  ferry__disp_stop_renewing_if_stalled(
+      d, j, c, req->stalled_ms, "its streams (its trainer holds every batch)");
+  /* A client being fenced (stalled stream) is not renewed: it expires. */
+  if (!c->no_renew)
+    c->last_hb = now_ms;
+  if (req->stats != NULL) {
+    c->stall_fraction = req->stats->stall_fraction;
+    c->batches_per_second = req->stats->batches_per_second;
+    c->batches = req->stats->batches;
+    c->has_ival = req->stats->interval_seconds > 0;
+    c->ival_stall = req->stats->interval_stall_fraction;
+    c->ival_bps = req->stats->interval_batches_per_second;
+  }
+  if (c->active)
+    record_progress(d, j, c->id, req);
+  if (c->active && !req->leaving && !c->no_renew)
+    restart_rows(d, j, c->id, req);
+  if (req->leaving && c->active)
+    ferry__disp_emit_client_left(d, j, c->id, false);
+  ferry__disp_schedule(d);
+  if (!req->leaving && c->active && !c->no_renew) {
+    ferry__disp_bind_rows(d, j, c->id, req->want_splits);
+    ferry__disp_schedule(d);
+  }
+  resp->incarnation = c->incarnation;
+  resp->fenced = c->no_renew;
+  resp->client_timeout_ms = d->cfg.client_timeout_ms;
+  return fill_client_resp(d, j, c->id, resp, a, err);
+}

@@ -1,0 +1,307 @@
+/* The dispatcher's state machine, inside (state.h is its public face): the
+ * types every part of it shares and the functions they call across files.
+ * The parts: state.c (lifetime, lookups), state_apply.c (journal entries),
+ * state_leases.c, state_datasets.c (+ scan.c, off the loop), state_jobs.c,
+ * state_clients.c, state_workers.c, state_gc.c, state_status.c,
+ * state_metrics.c; arena.c holds the response arena.
+ * See state.h and docs/ARCHITECTURE.md, "The service".
+ *
+ * Invariants:
+ * - Only apply_*() functions mutate the journaled state, and each is a
+ *   deterministic function of the state, the entry and `now` (which only
+ *   feeds timers). Live calls decide, build entries and
+ *   ferry__disp_commit() them.
+ * - Volatile fields (heartbeat times, worker load, client stats, the
+ *   per-worker task counts) are never journaled; ntasks is recomputed by
+ *   ferry__disp_recount() before every leasing decision.
+ * - A job's split table (rows) exists only for its current epoch, and only
+ *   once that epoch started (`started`). Rows of an epoch are done when
+ *   their total is known and delivered >= total, or, in parallel_epochs,
+ *   when their pinned worker was lost (done-with-loss: those records are
+ *   not produced again; the other workers' copies of the dataset are
+ *   unaffected).
+ * - A row is bound to at most one client (`client`, 0: unassigned) and
+ *   leased to at most one worker (`worker`, 0: waiting for one). Every new
+ *   lease gets the next generation (at least boot << 32, `boot` being
+ *   journaled once per process, so above every earlier process's) and start =
+ *   delivered, so a re-leased row resumes where the client's acknowledged
+ *   count stands.
+ * - Only the binding of a row to a client is journaled (JournalAssign).
+ *   Which worker holds its lease, the generation and the start are
+ *   volatile: a re-lease to another worker changes nothing durable, so it
+ *   costs no journal write. After a replay every row waits for a worker
+ *   (worker 0) and is leased again to workers that heartbeat to the new
+ *   process; their old tasks are cancelled by the lease diff.
+ */
+#ifndef FERRY_DISPATCHER_STATE_INTERNAL_H
+#define FERRY_DISPATCHER_STATE_INTERNAL_H
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "ferry/rpc.h"
+#include "ferry/spec.h"
+#include "ferry/v1/journal.pb-c.h"
+#include "scan.h"
+#include "state.h"
+
+typedef Ferry__V1__JournalEntry entry_t;
+
+typedef struct dataset_s {
+  char *id;
+  ferry_spec_t spec;
+  uint8_t *spec_bytes; /* canonical serialization, sent in every Task */
+  size_t spec_len;
+  char **files;
+  uint32_t nfiles;
+  split_t *splits;
+  uint32_t nsplits;
+  uint64_t known_records; /* sum of the known split counts */
+  scanned_t *scanned;     /* volatile, per file; NULL after a replay */
+  uint32_t scan_per;      /* ... and the scan's records per split */
+  int scan_compression;   /* ... and the spec's compression */
+  int64_t idle_since;     /* volatile: unused by any job since (-1: used) */
+} dataset_t;
+
+typedef struct row_s {
+  uint32_t split;
+  uint64_t pinned; /* parallel_epochs: the row's worker */
+  uint64_t client; /* 0: unassigned */
+  uint64_t worker; /* lease holder; 0: none yet */
+  uint64_t lease;  /* generation of the current lease; 0: never leased */
+  uint64_t start;  /* first position of the current lease */
+  uint64_t delivered;
+  uint64_t total; /* valid when total_known */
+  bool total_known;
+  bool done;
+  bool lost;           /* done-with-loss (parallel_epochs) */
+  uint64_t skip_lease; /* skipped-count dedupe: last lease seen ... */
+  uint64_t skip_seen;  /* ... and its cumulative count */
+  uint64_t listed;     /* volatile: heartbeat generation that listed it */
+  /* Volatile: restarts in a row without progress, and the worker whose
+   * lease failed last, which the row avoids until `avoid_until`. */
+  uint32_t restarts;
+  uint64_t avoid;
+  int64_t avoid_until;
+} row_t;
+
+typedef struct client_s {
+  uint64_t id;
+  bool active;
+  uint64_t incarnation; /* joins after the first (journaled) */
+  bool no_renew;        /* volatile: its stream stalled; heartbeats no
+                         * longer renew its lease, so it expires */
+  int64_t last_hb;
+  double stall_fraction, batches_per_second; /* volatile stats */
+  uint64_t batches;
+  /* Volatile: the same over the last heartbeat interval (issue 10). */
+  double ival_stall, ival_bps;
+  bool has_ival;
+  /* Issue 8: the secret its heartbeats and streams must carry (journaled;
+   * none for clients of journals written before it). */
+  uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
+  bool has_secret;
+} client_t;
+
+typedef struct job_s {
+  uint64_t id;
+  char *name; /* "" for anonymous jobs */
+  dataset_t *ds;
+  int mode, policy;
+  int64_t num_epochs; /* >= 1 or -1 */
+  bool shuffle;
+  uint64_t seed;
+  int state;
+  int error_code;
+  char *error;
+  uint32_t epoch;
+  bool started;
+  uint32_t epochs_done;
+  row_t *rows;
+  uint32_t nrows;
+  uint32_t *order;      /* hand-out order of the rows */
+  uint64_t *ep_workers; /* parallel_epochs: the epoch's workers */
+  uint32_t n_ep_workers;
+  client_t *clients;
+  size_t nclients;
+  uint64_t delivered_prev; /* records delivered in completed epochs */
+  uint64_t skipped;
+  uint64_t *skipped_by_file;
+  int64_t idle_since; /* -1: busy; else when it became GC-able */
+} job_t;
+
+typedef struct worker_s {
+  uint64_t id;
+  char *address;
+  bool lost;
+  bool draining;
+  int64_t last_hb;
+  uint32_t threads;
+  uint64_t buffer_bytes, buffer_free_bytes;
+  uint32_t ntasks;       /* volatile: leased rows not done */
+  uint64_t beats;        /* volatile: heartbeats answered since this process
+                          * started (the first one is never held back) */
+  int64_t suspect_since; /* volatile: a client lost its stream (-1: no);
+                          * cleared by a heartbeat arriving after it */
+  /* Issue 10: an operator drained it (journaled): no new lease while this
+   * id lives. `drain_beats` (volatile) is `beats` when the drain was
+   * applied: a heartbeat after it that lists no unfinished task
+   * (`unfinished`, volatile, from the last heartbeat) confirms that
+   * nothing runs on it any more. */
+  bool op_drained;
+  uint64_t drain_beats;
+  uint32_t unfinished;
+} worker_t;
+
+struct ferry_disp_s {
+  ferry_disp_config_t cfg;
+  int64_t now, start;
+  dataset_t **ds;
+  size_t nds;
+  job_t **jobs;
+  size_t njobs;
+  worker_t **workers;
+  size_t nworkers;
+  uint64_t next_job, next_client, next_worker;
+  uint64_t boot; /* this process's boot number (JournalBoot) */
+  uint64_t hb_gen;
+  uint64_t changes; /* live entries committed: wakes waiting heartbeats */
+  ferry_disp_sink_cb sink;
+  void *sink_arg;
+  uint8_t *scratch;
+  size_t scratch_cap;
+};
+
+#define PAR(j) ((j)->mode == FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS)
+#define RUNNING(j) ((j)->state == FERRY__V1__JOB_STATE__JOB_STATE_RUNNING)
+
+/* A journal entry `e` of one kind, pointing at the message `msg`. */
+#define ENTRY(e, kind, field, msg)                                             \
+  entry_t e = FERRY__V1__JOURNAL_ENTRY__INIT;                                  \
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_##kind;                       \
+  e.field = &(msg)
+
+/* arena.c */
+
+/* A copy of `s` in the arena; NULL when out of memory. */
+char *ferry__arena_strdup(ferry_arena_t *a, const char *s);
+
+/* state.c */
+
+/* Appends one pointer to an array whose capacity is implied by its count:
+ * 4, then doubling, so it is full when the count is 4 or a larger power
+ * of two (removals only ever leave more room than implied). */
+int ferry__disp_push_ptr(void ***arr, size_t *n, void *p);
+
+/* Free a dataset, a job's rows of its current epoch, a job. */
+void ferry__disp_free_dataset(dataset_t *ds);
+void ferry__disp_free_rows(job_t *j);
+void ferry__disp_free_job(job_t *j);
+
+/* Lookups by id: NULL when unknown (live_worker: or lost). */
+dataset_t *ferry__disp_find_dataset(ferry_disp_t *d, const char *id);
+job_t *ferry__disp_find_job(ferry_disp_t *d, uint64_t id);
+worker_t *ferry__disp_find_worker(ferry_disp_t *d, uint64_t id);
+client_t *ferry__disp_find_client(job_t *j, uint64_t id);
+worker_t *ferry__disp_live_worker(ferry_disp_t *d, uint64_t id);
+
+/* The row of the current epoch at index `row`, or NULL. */
+row_t *ferry__disp_job_row(job_t *j, uint32_t epoch, uint32_t row);
+
+/* The row index of (split, worker) in the current epoch, or -1. In
+ * distributed_epoch the worker is irrelevant; in parallel_epochs each of
+ * the epoch's workers owns the block of rows [slot * nsplits, ...). */
+int64_t ferry__disp_row_index(const job_t *j, uint32_t split, uint64_t worker);
+
+/* Records delivered in the job's current epoch. */
+uint64_t ferry__disp_epoch_delivered(const job_t *j);
+
+size_t ferry__disp_active_clients(const job_t *j);
+
+/* The job becomes GC-able from now on, unless it already is. */
+void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j);
+
+/* state_apply.c */
+
+/* True when a job still reads the dataset. */
+bool ferry__disp_dataset_used(const ferry_disp_t *d, const dataset_t *ds);
+
+/* Applies a live entry, then hands its serialization to the sink. */
+int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err);
+
+/* Build one entry and commit it. */
+int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
+                            uint64_t client, uint64_t worker, uint64_t lease,
+                            uint64_t start);
+
+int ferry__disp_emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
+                                 bool lost);
+
+int ferry__disp_emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
+                                   const uint8_t *secret, ferry_error_t *err);
+
+int ferry__disp_emit_job_failed(ferry_disp_t *d, job_t *j, int code,
+                                const char *msg);
+
+/* state_leases.c */
+
+/* Recomputes every worker's count of leased rows that are not done. */
+void ferry__disp_recount(ferry_disp_t *d);
+
+/* A worker that may take new leases: live, not draining, heard from by
+ * this process, not behind on its heartbeats (missed more than two
+ * intervals) and not suspected (a client lost its stream to it and it has
+ * not heartbeated since). A dead worker is thus skipped long before its
+ * timeout declares it lost. */
+bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w);
+
+/* Epoch transitions and pending leases of every running job. */
+void ferry__disp_schedule(ferry_disp_t *d);
+
+/* Binds up to `want` unassigned rows of the current epoch to the client. */
+void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
+                           uint32_t want);
+
+/* A client that has not read its streams for `stalled_ms` (its own
+ * report, or a worker's of its stream; `source` says which) past
+ * --client-stall-ms is no longer renewed: it expires one client timeout
+ * after its last renewal and its rows go back to the pool. */
+void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
+                                          client_t *c, uint64_t stalled_ms,
+                                          const char *source);
+
+/* Re-leases row `r`, whose current lease cannot complete. The worker that
+ * held it is suspected until it heartbeats again, and the row avoids it
+ * for a backoff that doubles with each restart in a row (100 ms up to the
+ * worker timeout), so a dead worker is not handed the same split again and
+ * again before its timeout. A row restarted FERRY_DISP_MAX_RESTARTS times
+ * without progress fails its job, naming it. */
+int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r);
+
+/* state_status.c */
+
+/* Nothing runs on the drained worker: no lease, and a heartbeat since the
+ * drain listed no unfinished task; or it is lost. */
+bool ferry__disp_drained(const worker_t *w);
+
+/* WorkerStatus.state (dispatcher.proto). A worker known from the journal
+ * but not heard from since this process started is "unknown", not alive:
+ * it may have left before the restart (ferry__disp_recount() first). */
+const char *ferry__disp_worker_state(const worker_t *w);
+
+/* state_metrics.c */
+
+/* The job's stall fraction (mean over its clients), batches per second
+ * (summed) and workers wanted, from the clients' latest heartbeats: the
+ * last interval's figures where the client sent them. */
+void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
+                             Ferry__V1__JobStatus *s);
+
+#endif /* FERRY_DISPATCHER_STATE_INTERNAL_H */

@@ -1,0 +1,232 @@
+/* Decisions: which worker may take a lease and which one gets it, epoch
+ * transitions, binding rows to clients, re-leases after a restart, and
+ * the fencing of clients that stopped reading. */
+#include "state_internal.h"
+
+void ferry__disp_recount(ferry_disp_t *d) {
+  for (size_t i = 0; i < d->nworkers; i++)
+    d->workers[i]->ntasks = 0;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    if (!RUNNING(j))
+      continue;
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      worker_t *w;
+      if (j->rows[r].worker == 0 || j->rows[r].done)
+        continue;
+      w = ferry__disp_find_worker(d, j->rows[r].worker);
+      if (w != NULL)
+        w->ntasks++;
+    }
+  }
+}
+
+bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w) {
+  int64_t late = 2 * (int64_t)d->cfg.heartbeat_ms + 500;
+  return !w->lost && !w->draining && !w->op_drained && w->beats > 0 &&
+         w->suspect_since < 0 && d->now - w->last_hb <= late;
+}
+
+/* True while `row` must not be leased to `w`: its last lease there
+ * failed moments ago (backoff after a restart). */
+static bool avoided(const ferry_disp_t *d, const row_t *row,
+                    const worker_t *w) {
+  return row != NULL && row->avoid == w->id && d->now < row->avoid_until;
+}
+
+/* The eligible worker with the fewest tasks (lowest id on a tie) that
+ * `row` (may be NULL) does not avoid, or NULL. */
+static worker_t *pick_worker(ferry_disp_t *d, const row_t *row) {
+  worker_t *best = NULL;
+  for (size_t i = 0; i < d->nworkers; i++) {
+    worker_t *w = d->workers[i];
+    if (!ferry__disp_eligible(d, w) || avoided(d, row, w))
+      continue;
+    if (best == NULL || w->ntasks < best->ntasks)
+      best = w;
+  }
+  return best;
+}
+
+/* The row's next lease generation: one more than its current one, and at
+ * least boot << 32, so that the first lease of a process is above every
+ * lease an earlier process issued for the row without journaling it. */
+static uint64_t next_lease(const ferry_disp_t *d, const row_t *row) {
+  uint64_t floor = d->boot << 32;
+  return row->lease + 1 > floor ? row->lease + 1 : floor;
+}
+
+/* Binds row `r` to `client` and leases it to worker `w` (NULL: leaves it
+ * waiting, worker 0) from its delivered count. Only a change of client is
+ * journaled; a re-lease for the same client is volatile (see the
+ * invariants) but still wakes waiting worker heartbeats. */
+static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
+                    worker_t *w) {
+  row_t *row = &j->rows[r];
+  uint64_t worker = w != NULL ? w->id : 0;
+  uint64_t lease = w != NULL ? next_lease(d, row) : row->lease;
+  uint64_t start = w != NULL ? row->delivered : row->start;
+  if (w != NULL)
+    w->ntasks++;
+  if (row->client != client)
+    return ferry__disp_emit_assign(d, j, r, client, worker, lease, start);
+  if (row->worker == worker && row->lease == lease)
+    return 0;
+  row->worker = worker;
+  row->lease = lease;
+  row->start = start;
+  d->changes++;
+  return 0;
+}
+
+/* The worker a row should be leased to now: its pinned worker in
+ * parallel_epochs (if live and not in its backoff), else the least loaded
+ * eligible one it does not avoid. */
+static worker_t *worker_for(ferry_disp_t *d, job_t *j, const row_t *row) {
+  if (PAR(j)) {
+    worker_t *w = ferry__disp_live_worker(d, row->pinned);
+    return w != NULL && !avoided(d, row, w) ? w : NULL;
+  }
+  return pick_worker(d, row);
+}
+
+/* Leases every bound row that waits for a worker. */
+static void lease_pending(ferry_disp_t *d, job_t *j) {
+  for (uint32_t r = 0; r < j->nrows; r++) {
+    row_t *row = &j->rows[r];
+    worker_t *w;
+    if (row->client == 0 || row->worker != 0 || row->done)
+      continue;
+    if ((w = worker_for(d, j, row)) == NULL)
+      continue; /* waits: no eligible worker, or in its backoff */
+    bind_row(d, j, r, row->client, w);
+  }
+}
+
+static bool all_done(const job_t *j) {
+  for (uint32_t r = 0; r < j->nrows; r++)
+    if (!j->rows[r].done)
+      return false;
+  return true;
+}
+
+/* Starts the current epoch: needs a live worker in parallel_epochs. */
+static bool start_epoch(ferry_disp_t *d, job_t *j) {
+  Ferry__V1__JournalEpochStart m = FERRY__V1__JOURNAL_EPOCH_START__INIT;
+  uint64_t *ws = NULL;
+  int rc;
+
+  if (PAR(j)) {
+    ws = ferry__calloc(d->nworkers ? d->nworkers : 1, sizeof(uint64_t));
+    if (ws == NULL)
+      return false;
+    for (size_t i = 0; i < d->nworkers; i++)
+      if (!d->workers[i]->lost && !d->workers[i]->draining &&
+          !d->workers[i]->op_drained)
+        ws[m.n_workers++] = d->workers[i]->id;
+    if (m.n_workers == 0) {
+      ferry__free(ws);
+      return false;
+    }
+    m.workers = ws;
+  }
+  m.job_id = j->id;
+  m.epoch = j->epoch;
+  ENTRY(e, EPOCH_START, epoch_start, m);
+  rc = ferry__disp_commit(d, &e, NULL);
+  ferry__free(ws);
+  return rc == 0;
+}
+
+/* Moves the job through finished epochs and starts the next one. */
+static void advance(ferry_disp_t *d, job_t *j) {
+  while (RUNNING(j)) {
+    Ferry__V1__JournalEpochDone m = FERRY__V1__JOURNAL_EPOCH_DONE__INIT;
+    if (!j->started && !start_epoch(d, j))
+      return;
+    if (j->nrows == 0 || !all_done(j))
+      return;
+    m.job_id = j->id;
+    m.epoch = j->epoch;
+    ENTRY(e, EPOCH_DONE, epoch_done, m);
+    if (ferry__disp_commit(d, &e, NULL) != 0)
+      return;
+    FERRY_LOG(FERRY_LOG_INFO, "job %" PRIu64 ": epoch %u done%s", j->id,
+              m.epoch, RUNNING(j) ? "" : "; job finished");
+  }
+}
+
+void ferry__disp_schedule(ferry_disp_t *d) {
+  ferry__disp_recount(d);
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    if (!RUNNING(j))
+      continue;
+    advance(d, j);
+    if (RUNNING(j))
+      lease_pending(d, j);
+  }
+}
+
+void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
+                           uint32_t want) {
+  if (!RUNNING(j) || !j->started)
+    return;
+  ferry__disp_recount(d);
+  for (uint32_t k = 0; k < j->nrows && want > 0; k++) {
+    uint32_t r = j->order[k];
+    row_t *row = &j->rows[r];
+    if (row->client != 0 || row->done)
+      continue;
+    if (bind_row(d, j, r, client, worker_for(d, j, row)) != 0)
+      return;
+    want--;
+  }
+}
+
+void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
+                                          client_t *c, uint64_t stalled_ms,
+                                          const char *source) {
+  if (d->cfg.client_stall_ms <= 0 || c == NULL || !c->active || c->no_renew ||
+      stalled_ms < (uint64_t)d->cfg.client_stall_ms)
+    return;
+  c->no_renew = true;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "job %" PRIu64 ": client %" PRIu64 " has not read %s for %" PRIu64
+            " ms: its lease is no longer renewed, its splits go back to the "
+            "pool after the client timeout",
+            j->id, c->id, source, stalled_ms);
+}
+
+int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
+  row_t *row = &j->rows[r];
+  const split_t *sp = &j->ds->splits[row->split];
+  worker_t *w = ferry__disp_find_worker(d, row->worker);
+  int64_t backoff = 100;
+
+  if (++row->restarts > FERRY_DISP_MAX_RESTARTS) {
+    char msg[700];
+    snprintf(msg, sizeof(msg),
+             "epoch %u split %u (%s, records from %" PRIu64 "): restarted %u "
+             "times in a row without progress; giving up",
+             j->epoch, row->split, j->ds->files[sp->file], sp->first,
+             FERRY_DISP_MAX_RESTARTS);
+    return ferry__disp_emit_job_failed(d, j, FERRY_EIO, msg);
+  }
+  for (uint32_t k = 1; k < row->restarts && backoff < INT64_MAX / 2; k++)
+    backoff *= 2;
+  if (backoff > d->cfg.worker_timeout_ms)
+    backoff = d->cfg.worker_timeout_ms;
+  row->avoid = row->worker;
+  row->avoid_until = d->now + backoff;
+  if (w != NULL && w->suspect_since < 0)
+    w->suspect_since = d->now;
+  FERRY_LOG(FERRY_LOG_INFO,
+            "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split %u "
+            "(lease %" PRIu64 " on worker %" PRIu64 ") from %" PRIu64
+            " (restart %u in a row)",
+            j->id, row->client, j->epoch, row->split, row->lease, row->worker,
+            row->delivered, row->restarts);
+  ferry__disp_recount(d);
+  return bind_row(d, j, r, row->client, worker_for(d, j, row));
+}

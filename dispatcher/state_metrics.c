@@ -1,0 +1,64 @@
+/* The figures behind the metrics and JobStatus (issue 10): splits by
+ * state, a job's stall fraction, batches per second and workers wanted. */
+#include "state_internal.h"
+
+#include <math.h>
+
+uint32_t ferry__disp_workers_wanted(uint32_t n, const double *stall,
+                                    const double *bps, size_t k,
+                                    double target) {
+  double demand = 0, rate = 0;
+  for (size_t i = 0; i < k; i++) {
+    double s = stall[i] < 0 ? 0 : stall[i] > 0.99 ? 0.99 : stall[i];
+    double r = bps[i] > 0 ? bps[i] : 0;
+    demand += r / (1 - s); /* what its trainer would take unstalled */
+    rate += r;
+  }
+  if (target < 0 || target >= 1)
+    target = 0;
+  if (rate <= 0)
+    return n > 0 ? n : 1;
+  double want = ceil((n > 0 ? n : 1) * (1 - target) * demand / rate - 1e-9);
+  if (want > 10000)
+    want = 10000;
+  uint32_t w = (uint32_t)want;
+  if (w < n)
+    w = n;
+  return w > 0 ? w : 1;
+}
+
+void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
+  out[0] = out[1] = out[2] = 0;
+  for (size_t i = 0; i < d->njobs; i++) {
+    const job_t *j = d->jobs[i];
+    if (!j->started)
+      continue;
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      const row_t *row = &j->rows[r];
+      out[row->done ? 2 : row->worker != 0 ? 1 : 0]++;
+    }
+  }
+}
+
+void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
+                             Ferry__V1__JobStatus *s) {
+  double stall[64], bps[64];
+  size_t k = 0;
+  uint32_t n = 0;
+  for (size_t i = 0; i < d->nworkers; i++)
+    n += ferry__disp_eligible(d, d->workers[i]);
+  for (size_t i = 0; i < j->nclients && k < 64; i++) {
+    const client_t *c = &j->clients[i];
+    if (!c->active)
+      continue;
+    stall[k] = c->has_ival ? c->ival_stall : c->stall_fraction;
+    bps[k] = c->has_ival ? c->ival_bps : c->batches_per_second;
+    s->stall_fraction += stall[k];
+    s->batches_per_second += bps[k];
+    k++;
+  }
+  if (k > 0)
+    s->stall_fraction /= (double)k;
+  s->workers_wanted = ferry__disp_workers_wanted(n, stall, bps, k,
+                                                 d->cfg.target_stall_fraction);
+}

@@ -1,0 +1,362 @@
+/* WorkerHeartbeat (registration, task reports, the diff of leases), the
+ * long-polled heartbeat, and the operator's DrainWorker. */
+#include "state_internal.h"
+
+/* The worker for this heartbeat: its live record, or a new registration. */
+static worker_t *
+worker_for_heartbeat(ferry_disp_t *d,
+                     const Ferry__V1__WorkerHeartbeatRequest *req,
+                     ferry_error_t *err) {
+  Ferry__V1__JournalWorkerRegistered m =
+      FERRY__V1__JOURNAL_WORKER_REGISTERED__INIT;
+  worker_t *w =
+      req->worker_id ? ferry__disp_live_worker(d, req->worker_id) : NULL;
+
+  if (w != NULL && strcmp(w->address, req->address) == 0)
+    return w;
+  m.worker_id = w != NULL ? w->id : d->next_worker;
+  m.address = req->address;
+  ENTRY(e, WORKER_REGISTERED, worker_registered, m);
+  if (ferry__disp_commit(d, &e, err) != 0)
+    return NULL;
+  if (w == NULL)
+    FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " registered at %s",
+              m.worker_id, req->address);
+  return ferry__disp_find_worker(d, m.worker_id);
+}
+
+/* The row a worker's task refers to if the worker still holds its lease
+ * (job running, current epoch, same lease, not done), else NULL. */
+static row_t *leased_row(ferry_disp_t *d, const worker_t *w,
+                         const Ferry__V1__TaskProgress *t, job_t **jout) {
+  job_t *j = ferry__disp_find_job(d, t->job_id);
+  int64_t r;
+
+  if (j == NULL || !RUNNING(j) || t->epoch != j->epoch)
+    return NULL;
+  if ((r = ferry__disp_row_index(j, t->split, w->id)) < 0)
+    return NULL;
+  if (j->rows[r].worker != w->id || j->rows[r].lease != t->lease ||
+      j->rows[r].done)
+    return NULL;
+  *jout = j;
+  return &j->rows[r];
+}
+
+/* Errors, skipped counts and finished totals of the worker's live tasks. */
+static void record_tasks(ferry_disp_t *d, worker_t *w,
+                         const Ferry__V1__WorkerHeartbeatRequest *req) {
+  for (size_t i = 0; i < req->n_tasks; i++) {
+    const Ferry__V1__TaskProgress *t = req->tasks[i];
+    job_t *j = NULL;
+    row_t *row = leased_row(d, w, t, &j);
+    uint32_t r;
+    if (row == NULL) {
+      /* Issue 8: a worker reports only on leases it holds. */
+      if (t->error_code != 0)
+        FERRY_LOG(FERRY_LOG_WARN,
+                  "worker %" PRIu64 " reported an error for "
+                  "job %" PRIu64 " epoch %u split %u lease %" PRIu64 ", "
+                  "which it does not hold: ignored",
+                  w->id, t->job_id, t->epoch, t->split, t->lease);
+      continue;
+    }
+    r = (uint32_t)(row - j->rows);
+    if (t->stalled_ms > 0)
+      ferry__disp_stop_renewing_if_stalled(
+          d, j, ferry__disp_find_client(j, row->client), t->stalled_ms,
+          "its stream from a worker");
+    if (t->error_code != 0) {
+      ferry__disp_emit_job_failed(d, j, t->error_code,
+                                  t->error[0] ? t->error
+                                              : ferry_strerror(t->error_code));
+      continue;
+    }
+    if (t->skipped > (row->skip_lease == t->lease ? row->skip_seen : 0)) {
+      Ferry__V1__JournalSkipped m = FERRY__V1__JOURNAL_SKIPPED__INIT;
+      m.job_id = j->id;
+      m.epoch = j->epoch;
+      m.row = r;
+      m.lease = t->lease;
+      m.skipped = t->skipped;
+      ENTRY(e, SKIPPED, skipped, m);
+      ferry__disp_commit(d, &e, NULL);
+    }
+    if (t->finished && (!row->total_known || row->total != t->produced)) {
+      Ferry__V1__JournalTaskFinished m = FERRY__V1__JOURNAL_TASK_FINISHED__INIT;
+      m.job_id = j->id;
+      m.epoch = j->epoch;
+      m.row = r;
+      m.total = t->produced;
+      ENTRY(e, TASK_FINISHED, task_finished, m);
+      ferry__disp_commit(d, &e, NULL);
+    }
+  }
+}
+
+static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
+                                  ferry_arena_t *a) {
+  Ferry__V1__Task *t = ferry__arena_alloc(a, sizeof(*t));
+  Ferry__V1__Split *s = ferry__arena_alloc(a, sizeof(*s));
+  const split_t *sp = &j->ds->splits[row->split];
+
+  if (t == NULL || s == NULL)
+    return NULL;
+  ferry__v1__task__init(t);
+  ferry__v1__split__init(s);
+  s->index = row->split;
+  s->file_index = sp->file;
+  s->byte_offset = sp->offset;
+  s->byte_end = sp->end;
+  s->first_record = sp->first;
+  s->num_records = sp->count;
+  t->job_id = j->id;
+  t->client_id = row->client;
+  const client_t *c = ferry__disp_find_client((job_t *)j, row->client);
+  if (c != NULL && c->has_secret) {
+    t->client_secret.data = (uint8_t *)c->secret;
+    t->client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
+  t->epoch = j->epoch;
+  t->split = s;
+  t->file = j->ds->files[sp->file];
+  t->start = row->start;
+  t->lease = row->lease;
+  t->spec.data = j->ds->spec_bytes;
+  t->spec.len = j->ds->spec_len;
+  t->shuffle = j->shuffle;
+  t->shuffle_seed = j->seed;
+  t->error_policy = j->policy;
+  return t;
+}
+
+/* Cancels the listed tasks the worker no longer holds; marks the others. */
+static int diff_cancelled(ferry_disp_t *d, worker_t *w,
+                          const Ferry__V1__WorkerHeartbeatRequest *req,
+                          Ferry__V1__WorkerHeartbeatResponse *resp,
+                          ferry_arena_t *a) {
+  resp->cancelled = ferry__arena_alloc(a, (req->n_tasks + 1) * sizeof(void *));
+  if (resp->cancelled == NULL)
+    return FERRY_ENOMEM;
+  for (size_t i = 0; i < req->n_tasks; i++) {
+    const Ferry__V1__TaskProgress *t = req->tasks[i];
+    job_t *j = NULL;
+    row_t *row = leased_row(d, w, t, &j);
+    Ferry__V1__TaskRef *ref;
+    if (row != NULL) {
+      row->listed = d->hb_gen;
+      continue;
+    }
+    if ((ref = ferry__arena_alloc(a, sizeof(*ref))) == NULL)
+      return FERRY_ENOMEM;
+    ferry__v1__task_ref__init(ref);
+    ref->job_id = t->job_id;
+    ref->epoch = t->epoch;
+    ref->split = t->split;
+    ref->lease = t->lease;
+    resp->cancelled[resp->n_cancelled++] = ref;
+  }
+  return 0;
+}
+
+/* Every lease of the worker it did not list: new tasks. */
+static int diff_new(ferry_disp_t *d, worker_t *w,
+                    Ferry__V1__WorkerHeartbeatResponse *resp,
+                    ferry_arena_t *a) {
+  size_t n = 0, k = 0;
+  for (size_t i = 0; i < d->njobs; i++)
+    n += RUNNING(d->jobs[i]) ? d->jobs[i]->nrows : 0;
+  if ((resp->new_tasks = ferry__arena_alloc(a, (n + 1) * sizeof(void *))) ==
+      NULL)
+    return FERRY_ENOMEM;
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    if (!RUNNING(j))
+      continue;
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      row_t *row = &j->rows[r];
+      if (row->worker != w->id || row->done || row->listed == d->hb_gen)
+        continue;
+      if ((resp->new_tasks[k] = make_task(j, row, a)) == NULL)
+        return FERRY_ENOMEM;
+      k++;
+    }
+  }
+  resp->n_new_tasks = k;
+  return 0;
+}
+
+/* The answer for worker `w` listing `req`'s tasks: its id, the interval,
+ * and the diff of leases. */
+static int fill_worker_resp(ferry_disp_t *d, worker_t *w,
+                            const Ferry__V1__WorkerHeartbeatRequest *req,
+                            Ferry__V1__WorkerHeartbeatResponse *resp,
+                            ferry_arena_t *a, ferry_error_t *err) {
+  d->hb_gen++;
+  resp->worker_id = w->id;
+  resp->heartbeat_ms = d->cfg.heartbeat_ms;
+  if (diff_cancelled(d, w, req, resp, a) != 0 || diff_new(d, w, resp, a) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
+
+int ferry__disp_worker_heartbeat(ferry_disp_t *d,
+                                 const Ferry__V1__WorkerHeartbeatRequest *req,
+                                 Ferry__V1__WorkerHeartbeatResponse *resp,
+                                 ferry_arena_t *a, int64_t now_ms,
+                                 ferry_error_t *err) {
+  worker_t *w;
+  int rc;
+
+  d->now = now_ms;
+  if ((rc = ferry__disp_check_len(req->address, FERRY_DISP_MAX_ADDRESS_LEN,
+                                  "worker address", err)) != 0)
+    return rc;
+  if (req->address == NULL || req->address[0] == '\0')
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: no address");
+  if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: over %d tasks",
+                         FERRY_DISP_MAX_PROGRESS);
+  /* A task's error is cleaned of invalid UTF-8 when it is recorded. */
+  for (size_t i = 0; i < req->n_tasks; i++)
+    if ((rc = ferry__disp_check_str(req->tasks[i]->error,
+                                    FERRY_DISP_MAX_ERROR_LEN, false,
+                                    "a task's error", err)) != 0)
+      return rc;
+  if ((w = worker_for_heartbeat(d, req, err)) == NULL)
+    return err != NULL && err->code != 0 ? err->code : FERRY_ENOMEM;
+  w->last_hb = now_ms;
+  if (w->suspect_since >= 0 && now_ms > w->suspect_since)
+    w->suspect_since = -1; /* alive after all */
+  w->beats++;
+  w->threads = req->threads;
+  w->buffer_bytes = req->buffer_bytes;
+  w->buffer_free_bytes = req->buffer_free_bytes;
+  if (req->draining && !w->draining)
+    FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " is draining", w->id);
+  w->draining = req->draining;
+  w->unfinished = 0;
+  for (size_t i = 0; i < req->n_tasks; i++)
+    w->unfinished += !req->tasks[i]->finished;
+  record_tasks(d, w, req);
+  ferry__disp_schedule(d);
+  return fill_worker_resp(d, w, req, resp, a, err);
+}
+
+bool ferry__disp_worker_may_wait(
+    ferry_disp_t *d, const Ferry__V1__WorkerHeartbeatRequest *req,
+    const Ferry__V1__WorkerHeartbeatResponse *resp) {
+  worker_t *w = ferry__disp_live_worker(d, resp->worker_id);
+  /* The first answer since this process started tells the worker the
+   * interval (and so how long its calls may wait): never held back. */
+  return w != NULL && req->worker_id == w->id && w->beats > 1 &&
+         !req->draining && !w->draining && resp->n_new_tasks == 0 &&
+         resp->n_cancelled == 0;
+}
+
+bool ferry__disp_worker_poll(ferry_disp_t *d,
+                             const Ferry__V1__WorkerHeartbeatRequest *req,
+                             Ferry__V1__WorkerHeartbeatResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err) {
+  worker_t *w = ferry__disp_find_worker(d, req->worker_id);
+
+  d->now = now_ms;
+  if (w == NULL) {
+    resp->worker_id = req->worker_id;
+    resp->heartbeat_ms = d->cfg.heartbeat_ms;
+    return true;
+  }
+  if (fill_worker_resp(d, w, req, resp, a, err) != 0)
+    return true;
+  if (w->lost || resp->n_new_tasks > 0)
+    return true;
+  /* A finished task's cancellation stops no work: it can wait for the
+   * next answer. */
+  for (size_t i = 0; i < req->n_tasks; i++) {
+    job_t *j = NULL;
+    if (!req->tasks[i]->finished && leased_row(d, w, req->tasks[i], &j) == NULL)
+      return true;
+  }
+  return false;
+}
+
+/* The worker a DrainWorker request names: by id, else the newest worker
+ * registered at the address that is not lost (else the newest lost one). */
+static worker_t *drain_target(ferry_disp_t *d,
+                              const Ferry__V1__DrainWorkerRequest *req,
+                              ferry_error_t *err) {
+  worker_t *best = NULL;
+  if (req->worker_id != 0) {
+    if ((best = ferry__disp_find_worker(d, req->worker_id)) == NULL)
+      ferry__seterr(err, FERRY_ENOENT, "DrainWorker: no worker %" PRIu64,
+                    req->worker_id);
+    return best;
+  }
+  if (req->address == NULL || req->address[0] == '\0') {
+    ferry__seterr(err, FERRY_EINVAL,
+                  "DrainWorker: give a worker id or an address");
+    return NULL;
+  }
+  for (size_t i = 0; i < d->nworkers; i++) {
+    worker_t *w = d->workers[i];
+    if (strcmp(w->address, req->address) != 0)
+      continue;
+    if (best == NULL || (best->lost && !w->lost) ||
+        (best->lost == w->lost && w->id > best->id))
+      best = w;
+  }
+  if (best == NULL)
+    ferry__seterr(err, FERRY_ENOENT, "DrainWorker: no worker at %s",
+                  req->address);
+  return best;
+}
+
+int ferry__disp_drain_worker(ferry_disp_t *d,
+                             const Ferry__V1__DrainWorkerRequest *req,
+                             Ferry__V1__DrainWorkerResponse *resp,
+                             ferry_arena_t *a, int64_t now_ms,
+                             ferry_error_t *err) {
+  worker_t *w;
+  int rc;
+
+  d->now = now_ms;
+  if ((rc = ferry__disp_check_len(req->address, FERRY_DISP_MAX_ADDRESS_LEN,
+                                  "worker address", err)) != 0)
+    return rc;
+  if ((w = drain_target(d, req, err)) == NULL)
+    return err != NULL ? err->code : FERRY_ENOENT;
+  if (!w->lost && !w->op_drained) {
+    Ferry__V1__JournalWorkerDrained m = FERRY__V1__JOURNAL_WORKER_DRAINED__INIT;
+    uint32_t moved = 0;
+    for (size_t i = 0; i < d->njobs; i++) {
+      const job_t *j = d->jobs[i];
+      for (uint32_t r = 0; RUNNING(j) && r < j->nrows; r++)
+        moved += !j->rows[r].done && (j->rows[r].worker == w->id ||
+                                      (PAR(j) && j->rows[r].pinned == w->id));
+    }
+    m.worker_id = w->id;
+    ENTRY(e, WORKER_DRAINED, worker_drained, m);
+    if ((rc = ferry__disp_commit(d, &e, err)) != 0)
+      return rc;
+    FERRY_LOG(FERRY_LOG_INFO,
+              "worker %" PRIu64 " (%s) drained by the "
+              "operator: %u leases move to other workers",
+              w->id, w->address, moved);
+    resp->moved = moved;
+    ferry__disp_schedule(
+        d); /* re-leases its rows (and answers its held heartbeat) */
+  }
+  ferry__disp_recount(d);
+  resp->worker_id = w->id;
+  resp->address = ferry__arena_strdup(a, w->address);
+  resp->state = (char *)ferry__disp_worker_state(w);
+  resp->tasks = w->ntasks;
+  resp->drained = ferry__disp_drained(w);
+  for (size_t i = 0; i < d->nworkers; i++)
+    resp->other_workers +=
+        d->workers[i] != w && ferry__disp_eligible(d, d->workers[i]);
+  if (resp->address == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  return 0;
+}
