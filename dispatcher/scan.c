@@ -15,7 +15,6 @@
 
 #include "check.h"
 #include "ferry/alloc.h"
-#include "ferry/crc32c.h"
 #include "ferry/log.h"
 #include "ferry/tfrecord.h"
 #include "shard_index.h"
@@ -34,31 +33,15 @@ int ferry__disp_push_split(splits_t *s, const split_t *sp) {
   return 0;
 }
 
-static uint64_t le64(const uint8_t *b) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | b[i];
-  return v;
-}
-
-static bool header_ok(const uint8_t h[12]) {
-  uint32_t stored = (uint32_t)h[8] | (uint32_t)h[9] << 8 |
-                    (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
-  return ferry_crc32c_unmask(stored) == ferry_crc32c(0, h, 8);
-}
-
-/* Whether the file is compressed: per the spec, or for AUTO by the same
- * rule as the reader (a valid first header wins over the magic bytes). */
+/* Whether the file is compressed: per the spec, or for AUTO by the
+ * reader's rule (ferry_tfr_sniff). */
 static bool is_compressed(ferry_compression_t c, const uint8_t *h, size_t n) {
-  if (c == FERRY_COMPRESSION_GZIP || c == FERRY_COMPRESSION_ZLIB)
-    return true;
-  if (c != FERRY_COMPRESSION_AUTO || n < 2 || (n >= 12 && header_ok(h)))
-    return false;
-  if (h[0] == 0x1f && h[1] == 0x8b)
-    return true;
-  return (h[0] & 0x0f) == 8 && (h[0] >> 4) <= 7 && (h[1] & 0x20) == 0 &&
-         ((unsigned)h[0] * 256 + h[1]) % 31 == 0;
+  return c == FERRY_COMPRESSION_GZIP || c == FERRY_COMPRESSION_ZLIB ||
+         (c == FERRY_COMPRESSION_AUTO &&
+          ferry_tfr_sniff(h, n) != FERRY_COMPRESSION_NONE);
 }
+
+#define HDR FERRY_TFR_HEADER_LEN
 
 /* Headers are read through a window of this many bytes: small records
  * then cost one read per window rather than one per record; a record
@@ -76,7 +59,7 @@ typedef struct window_s {
  * count is returned), reading a new window when they are not in the
  * current one. Returns -1 with errno on a read error. */
 static ssize_t window_header(window_t *w, uint64_t off, const uint8_t **h) {
-  if (off < w->base || off + 12 > w->base + w->len) {
+  if (off < w->base || off + HDR > w->base + w->len) {
     ssize_t n = ferry__pread_full(w->fd, w->buf, SCAN_WINDOW, off);
     if (n < 0)
       return -1;
@@ -84,7 +67,7 @@ static ssize_t window_header(window_t *w, uint64_t off, const uint8_t **h) {
     w->len = (size_t)n;
   }
   *h = w->buf + (off - w->base);
-  return (ssize_t)(w->base + w->len - off < 12 ? w->base + w->len - off : 12);
+  return (ssize_t)(w->base + w->len - off < HDR ? w->base + w->len - off : HDR);
 }
 
 /* Cuts an uncompressed file into splits of `per` records by reading the
@@ -108,9 +91,9 @@ static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
       rc = ferry_err_from_errno(errno);
       goto out;
     }
-    len = n == 12 ? le64(h) : 0;
-    if (n < 12 || !header_ok(h) || len > max_len || size - off - 12 < 4 ||
-        len > size - off - 16) {
+    len = 0;
+    if (n < HDR || !ferry_tfr_header_check(h, &len) || len > max_len ||
+        size - off - HDR < 4 || len > size - off - 16) {
       FERRY_LOG(FERRY_LOG_WARN,
                 "%s: bad record header at byte offset %" PRIu64
                 ": the rest of the file is one split of unknown count",
@@ -192,7 +175,7 @@ bool ferry__disp_same_file(const scanned_t *then, const scanned_t *now) {
 static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
                      uint32_t per, uint64_t max_len, splits_t *out,
                      scanned_t *f, ferry_error_t *err) {
-  uint8_t h[12];
+  uint8_t h[HDR];
   struct stat st;
   ferry_tfr_index_entry_t *idx = NULL;
   size_t nidx = 0;
