@@ -5,6 +5,7 @@
  * ferry_client_free.
  */
 #include <protobuf-c/protobuf-c.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -408,8 +409,19 @@ static int pick_transport(ferry_client_t *c, const char *address,
                           bool peer_has_ucx,
                           ferry_transport_client_t **out, ferry_error_t *e) {
   char why[sizeof(c->transport_why)];
-  const ferry_transport_ops_t *ops =
-      ferry_transport_choose(c->transport, peer_has_ucx, why, sizeof(why), e);
+  const char *want = c->transport;
+  const ferry_transport_ops_t *ops;
+  bool automatic = want == NULL || want[0] == '\0' ||
+                   strcmp(want, "auto") == 0;
+  if (automatic && c->rpc_opts.tls != NULL && peer_has_ucx) {
+    /* UCX carries no TLS: a client configured for it stays on gRPC unless
+     * the job asks for ucx by name. */
+    ops = &ferry_transport_grpc;
+    snprintf(why, sizeof(why), "auto: grpc, TLS is configured and UCX "
+             "does not encrypt");
+  } else {
+    ops = ferry_transport_choose(want, peer_has_ucx, why, sizeof(why), e);
+  }
   if (ops == NULL)
     return ferry__prefixerr(e, "worker %s", address);
   if (strcmp(why, c->transport_why) != 0) {
