@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "ferry/alloc.h"
+#include "ferry/job_names.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "journal.h"
 #include "state.h"
@@ -127,24 +128,10 @@ struct ferry__dmetrics_gauges_s {
   bool closed;
 };
 
-static void lower_enum(const ProtobufCEnumDescriptor *desc, int value,
-                       const char *prefix, char *out, size_t cap) {
-  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(desc,
-                                                                     value);
-  const char *n = v != NULL ? v->name : "UNKNOWN";
-  size_t pl = strlen(prefix), i = 0;
-  if (strncmp(n, prefix, pl) == 0)
-    n += pl;
-  for (; n[i] != '\0' && i + 1 < cap; i++)
-    out[i] = (char)(n[i] >= 'A' && n[i] <= 'Z' ? n[i] - 'A' + 'a' : n[i]);
-  out[i] = '\0';
-}
-
 /* Loop thread: the gauges from the state. */
 static void compute(ferry__dmetrics_gauges_t *g) {
   Ferry__V1__GetStatusResponse resp = FERRY__V1__GET_STATUS_RESPONSE__INIT;
   ferry_arena_t a = {0};
-  char buf[64];
   int64_t now = (int64_t)(uv_hrtime() / 1000000); /* ferry__disp_now_ms */
   ferry_metric_set(ferry_metric_get(f_jbytes),
                    (int64_t)ferry__journal_size(g->j));
@@ -166,8 +153,9 @@ static void compute(ferry__dmetrics_gauges_t *g) {
       int64_t n = 0;
       for (size_t i = 0; i < resp.n_jobs; i++)
         n += (int)resp.jobs[i]->state == jd->values[v].value;
-      lower_enum(jd, jd->values[v].value, "JOB_STATE_", buf, sizeof(buf));
-      ferry_metric_set(ferry_metric_get1(f_jobs, buf), n);
+      ferry_metric_set(
+          ferry_metric_get1(f_jobs, ferry__job_state_name(jd->values[v].value)),
+          n);
     }
     ferry_metric_family_clear(f_stall);
     ferry_metric_family_clear(f_bps);

@@ -323,6 +323,24 @@ static int apply_worker_registered(ferry_disp_t *d,
 /* distributed_epoch: the worker's unfinished rows wait for a new lease
  * (still bound to their clients). parallel_epochs: its pinned rows are
  * dropped as done-with-loss. */
+static void release_rows(ferry_disp_t *d, uint64_t worker) {
+  for (size_t i = 0; i < d->njobs; i++) {
+    job_t *j = d->jobs[i];
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      row_t *row = &j->rows[r];
+      if (row->done)
+        continue;
+      if (PAR(j) && row->pinned == worker) {
+        row->done = row->lost = true;
+        row->worker = 0;
+      } else if (row->worker == worker) {
+        row->worker = 0;
+      }
+    }
+  }
+}
+
+/* The worker's rows go (release_rows). */
 static int apply_worker_lost(ferry_disp_t *d,
                              const Ferry__V1__JournalWorkerLost *m,
                              ferry_error_t *err) {
@@ -331,20 +349,7 @@ static int apply_worker_lost(ferry_disp_t *d,
   if (w == NULL)
     return bad_entry(err, "worker", m->worker_id);
   w->lost = true;
-  for (size_t i = 0; i < d->njobs; i++) {
-    job_t *j = d->jobs[i];
-    for (uint32_t r = 0; r < j->nrows; r++) {
-      row_t *row = &j->rows[r];
-      if (row->done)
-        continue;
-      if (PAR(j) && row->pinned == m->worker_id) {
-        row->done = row->lost = true;
-        row->worker = 0;
-      } else if (row->worker == m->worker_id) {
-        row->worker = 0;
-      }
-    }
-  }
+  release_rows(d, m->worker_id);
   return 0;
 }
 
@@ -359,20 +364,7 @@ static int apply_worker_drained(ferry_disp_t *d,
     return bad_entry(err, "drained worker", m->worker_id);
   w->op_drained = true;
   w->drain_beats = w->beats;
-  for (size_t i = 0; i < d->njobs; i++) {
-    job_t *j = d->jobs[i];
-    for (uint32_t r = 0; r < j->nrows; r++) {
-      row_t *row = &j->rows[r];
-      if (row->done)
-        continue;
-      if (PAR(j) && row->pinned == m->worker_id) {
-        row->done = row->lost = true;
-        row->worker = 0;
-      } else if (row->worker == m->worker_id) {
-        row->worker = 0;
-      }
-    }
-  }
+  release_rows(d, m->worker_id);
   return 0;
 }
 

@@ -1,6 +1,8 @@
 /* Jobs: GetOrCreateJob and the operator's CancelJob. */
 #include "state_internal.h"
 
+#include "ferry/job_names.h"
+
 static job_t *find_named_job(ferry_disp_t *d, const char *name) {
   for (size_t i = 0; i < d->njobs; i++)
     if (RUNNING(d->jobs[i]) && strcmp(d->jobs[i]->name, name) == 0)
@@ -79,7 +81,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
       return ferry__seterr(err, FERRY_EINVAL,
                            "job '%s' already runs dataset %s in mode %s",
                            o->job_name, j->ds->id,
-                           PAR(j) ? "parallel_epochs" : "distributed_epoch");
+                           ferry__job_mode_name(j->mode));
   } else {
     if ((rc = create_job(d, ds, o, &j, err)) != 0)
       return rc;
@@ -109,19 +111,6 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   return 0;
 }
 
-static const char *job_state_name(int state) {
-  switch (state) {
-  case FERRY__V1__JOB_STATE__JOB_STATE_FINISHED:
-    return "finished";
-  case FERRY__V1__JOB_STATE__JOB_STATE_FAILED:
-    return "failed";
-  case FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED:
-    return "cancelled";
-  default:
-    return "running";
-  }
-}
-
 int ferry__disp_cancel_job(ferry_disp_t *d,
                            const Ferry__V1__CancelJobRequest *req,
                            Ferry__V1__CancelJobResponse *resp, ferry_arena_t *a,
@@ -145,7 +134,7 @@ int ferry__disp_cancel_job(ferry_disp_t *d,
     return ferry__seterr(err, FERRY_EGRPC_FAILED_PRECONDITION,
                          "CancelJob: job %" PRIu64 " already %s; nothing to "
                          "cancel",
-                         j->id, job_state_name(j->state));
+                         j->id, ferry__job_state_name(j->state));
   m.job_id = j->id;
   ENTRY(e, JOB_CANCELLED, job_cancelled, m);
   if ((rc = ferry__disp_commit(d, &e, err)) != 0)

@@ -1,8 +1,12 @@
 /* Issue 10: the workers-wanted formula (docs/OPERATIONS.md, "How many
  * workers") and the dispatcher's counters. */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <string.h>
 
 #include "dmetrics.h"
+#include "ferry/job_names.h"
+#include "ferry/v1/dispatcher.pb-c.h"
 #include "state.h"
 
 Test(workers_wanted, stalled_trainer_asks_for_more) {
@@ -29,4 +33,30 @@ Test(workers_wanted, clients_weigh_by_their_rates) {
    * 75%: demand 30 + 40 = 70 of 40 delivered: ceil(2 * 70 / 40) = 4. */
   double s[2] = {0, 0.75}, r[2] = {30, 10};
   cr_assert_eq(ferry__disp_workers_wanted(2, s, r, 2, 0), 4);
+}
+
+/* ferry/job_names.h is the one table of the names ferryctl prints and the
+ * ferry_dispatcher_jobs{state} labels use: each must be the .proto value's
+ * name without its prefix, in lower case, for every value the proto has. */
+static void check_names(const ProtobufCEnumDescriptor *desc,
+                        const char *prefix, const char *(*name)(int)) {
+  cr_assert_gt(desc->n_values, 1);
+  for (unsigned v = 0; v < desc->n_values; v++) {
+    const char *pb = desc->values[v].name, *got = name(desc->values[v].value);
+    char want[64];
+    size_t i = 0;
+    cr_assert_eq(strncmp(pb, prefix, strlen(prefix)), 0, "%s", pb);
+    for (pb += strlen(prefix); pb[i] != '\0' && i + 1 < sizeof(want); i++)
+      want[i] = (char)tolower((unsigned char)pb[i]);
+    want[i] = '\0';
+    cr_assert_str_eq(got, want, "value %d", desc->values[v].value);
+  }
+  cr_assert_str_eq(name(1000), "unknown");
+}
+
+Test(job_names, match_the_proto_enums) {
+  check_names(&ferry__v1__job_state__descriptor, "JOB_STATE_",
+              ferry__job_state_name);
+  check_names(&ferry__v1__job_mode__descriptor, "JOB_MODE_",
+              ferry__job_mode_name);
 }
