@@ -29,6 +29,41 @@ static ferry_metric_t *counter(ferry_metrics_t *r, const char *name,
                                                help, NULL, 1, NULL, 0));
 }
 
+/* The families of the gauges computed at scrape time (compute below). */
+static const struct {
+  ferry_metric_family_t **f;
+  ferry_metric_type_t type;
+  const char *name, *help, *labels;
+  double scale;
+} families[] = {
+    {&f_jbytes, FERRY_METRIC_GAUGE, "ferry_dispatcher_journal_bytes",
+     "Size of the journal file.", NULL, 1},
+    {&f_workers, FERRY_METRIC_GAUGE, "ferry_dispatcher_workers",
+     "Workers known to the dispatcher, by state (as ferryctl workers "
+     "shows it).",
+     "state", 1},
+    {&f_jobs, FERRY_METRIC_GAUGE, "ferry_dispatcher_jobs", "Jobs by state.",
+     "state", 1},
+    {&f_splits, FERRY_METRIC_GAUGE, "ferry_dispatcher_splits",
+     "Splits of the jobs' current epochs by state (waiting: no lease; "
+     "leased; done).",
+     "state", 1},
+    {&f_stall, FERRY_METRIC_GAUGE, "ferry_job_stall_fraction",
+     "Fraction of time the job's trainers wait for batches (mean of its "
+     "clients over their last heartbeat interval).",
+     "job,name", 1e-6},
+    {&f_bps, FERRY_METRIC_GAUGE, "ferry_job_batches_per_second",
+     "Batches per second the job's clients take (summed).", "job,name", 1e-3},
+    {&f_wanted, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted",
+     "Workers the job needs for its trainers to stall at most "
+     "--target-stall-fraction (docs/OPERATIONS.md).",
+     "job,name", 1},
+    {&f_delivered, FERRY_METRIC_COUNTER, "ferry_job_records_delivered_total",
+     "Records the job's clients acknowledged, all epochs (ferryctl "
+     "status: delivered_all).",
+     "job,name", 1},
+};
+
 static void init(void) {
   ferry_metrics_t *r = ferry_metrics_default();
   static const double fsync_bounds[] = {1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
@@ -52,41 +87,10 @@ static void init(void) {
       r, FERRY_METRIC_HISTOGRAM, "ferry_dispatcher_journal_fsync_seconds",
       "Seconds one journal write + fdatasync took.", NULL, 1e-9,
       fsync_bounds, sizeof(fsync_bounds) / sizeof(fsync_bounds[0])));
-  f_jbytes = ferry_metrics_family(r, FERRY_METRIC_GAUGE,
-                                  "ferry_dispatcher_journal_bytes",
-                                  "Size of the journal file.", NULL, 1, NULL,
-                                  0);
-  f_workers = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_dispatcher_workers",
-      "Workers known to the dispatcher, by state (as ferryctl workers "
-      "shows it).",
-      "state", 1, NULL, 0);
-  f_jobs = ferry_metrics_family(r, FERRY_METRIC_GAUGE, "ferry_dispatcher_jobs",
-                                "Jobs by state.", "state", 1, NULL, 0);
-  f_splits = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_dispatcher_splits",
-      "Splits of the jobs' current epochs by state (waiting: no lease; "
-      "leased; done).",
-      "state", 1, NULL, 0);
-  f_stall = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_job_stall_fraction",
-      "Fraction of time the job's trainers wait for batches (mean of its "
-      "clients over their last heartbeat interval).",
-      "job,name", 1e-6, NULL, 0);
-  f_bps = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_job_batches_per_second",
-      "Batches per second the job's clients take (summed).", "job,name",
-      1e-3, NULL, 0);
-  f_wanted = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted",
-      "Workers the job needs for its trainers to stall at most "
-      "--target-stall-fraction (docs/OPERATIONS.md).",
-      "job,name", 1, NULL, 0);
-  f_delivered = ferry_metrics_family(
-      r, FERRY_METRIC_COUNTER, "ferry_job_records_delivered_total",
-      "Records the job's clients acknowledged, all epochs (ferryctl "
-      "status: delivered_all).",
-      "job,name", 1, NULL, 0);
+  for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+    *families[i].f = ferry_metrics_family(
+        r, families[i].type, families[i].name, families[i].help,
+        families[i].labels, families[i].scale, NULL, 0);
 }
 
 const ferry__dmetrics_t *ferry__dmetrics(void) {

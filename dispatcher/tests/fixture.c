@@ -35,6 +35,23 @@ void fx_teardown(void) {
   nftw(fx_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+static ferry_alloc_stats_t baseline;
+
+void fx_begin(void) {
+  ferry__alloc_stats(&baseline);
+  fx_setup();
+}
+
+void fx_end(ferry_disp_t **d) {
+  ferry_alloc_stats_t now;
+  ferry__disp_free(*d);
+  *d = NULL;
+  fx_teardown();
+  ferry__alloc_stats(&now);
+  cr_expect_eq(now.blocks, baseline.blocks, "%lld blocks leaked",
+               (long long)(now.blocks - baseline.blocks));
+}
+
 const char *fx_write(const char *name, int n, ferry_compression_t c) {
   static char paths[4][256];
   static int next;

@@ -19,6 +19,18 @@ extern char fx_dir[64];        /* this test's temporary directory */
 void fx_setup(void);
 void fx_teardown(void);
 
+/* A suite's init and fini: fx_begin notes the allocation count, then
+ * fx_setup; fx_end frees *d (NULL after), calls fx_teardown and expects
+ * every block Ferry allocated since fx_begin to be back. */
+void fx_begin(void);
+void fx_end(ferry_disp_t **d);
+
+/* Job modes and error policies, short. */
+#define DIST FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH
+#define PARALLEL FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
+#define FAIL FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL
+#define SKIP FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
+
 /* Writes `n` records (record i holds 1 + (i * 7) % 50 bytes) to DIR/name
  * and returns the path (static buffer rotation: copy it if kept). */
 const char *fx_write(const char *name, int n, ferry_compression_t c);

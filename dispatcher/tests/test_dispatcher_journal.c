@@ -14,27 +14,15 @@
 #include "fixture.h"
 #include "journal.h"
 
-#define DIST FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH
-#define PARALLEL FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
-#define FAIL FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL
-#define SKIP FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
 
-static ferry_alloc_stats_t baseline;
 static ferry_disp_t *D;
 
 static void setup(void) {
-  ferry__alloc_stats(&baseline);
-  fx_setup();
+  fx_begin();
 }
 
 static void teardown(void) {
-  ferry_alloc_stats_t now;
-  ferry__disp_free(D);
-  D = NULL;
-  fx_teardown();
-  ferry__alloc_stats(&now);
-  cr_expect_eq(now.blocks, baseline.blocks, "%lld blocks leaked",
-               (long long)(now.blocks - baseline.blocks));
+  fx_end(&D);
 }
 
 TestSuite(journal, .init = setup, .fini = teardown);

@@ -14,7 +14,6 @@
 #include "ferry/log.h"
 #include "fixture.h"
 
-static ferry_alloc_stats_t baseline;
 static ferry_disp_t *D;
 static char logged[16][600];
 static int nlogged;
@@ -26,8 +25,7 @@ static void keep_log(int level, const char *msg, void *arg) {
 }
 
 static void setup(void) {
-  ferry__alloc_stats(&baseline);
-  fx_setup();
+  fx_begin();
   nlogged = 0;
   ferry_log_set_callback(keep_log, NULL);
   ferry_log_set_level(FERRY_LOG_DEBUG);
@@ -35,14 +33,8 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-  ferry_alloc_stats_t now;
   ferry_log_set_callback(NULL, NULL);
-  ferry__disp_free(D);
-  D = NULL;
-  fx_teardown();
-  ferry__alloc_stats(&now);
-  cr_expect_eq(now.blocks, baseline.blocks, "%lld blocks leaked",
-               (long long)(now.blocks - baseline.blocks));
+  fx_end(&D);
 }
 
 TestSuite(scan, .init = setup, .fini = teardown);

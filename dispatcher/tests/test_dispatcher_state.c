@@ -19,31 +19,19 @@
 #define TASK(j, e, s, l)                                                      \
   { .job = (j), .epoch = (e), .split = (s), .lease = (l) }
 
-#define DIST FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH
-#define PARALLEL FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
-#define FAIL FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL
-#define SKIP FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
 #define RUNNING FERRY__V1__JOB_STATE__JOB_STATE_RUNNING
 #define FINISHED FERRY__V1__JOB_STATE__JOB_STATE_FINISHED
 #define FAILED FERRY__V1__JOB_STATE__JOB_STATE_FAILED
 
-static ferry_alloc_stats_t baseline;
 static ferry_disp_t *D;
 
 static void setup(void) {
-  ferry__alloc_stats(&baseline);
-  fx_setup();
+  fx_begin();
 }
 
 /* Frees the state and checks that everything Ferry allocated came back. */
 static void teardown(void) {
-  ferry_alloc_stats_t now;
-  ferry__disp_free(D);
-  D = NULL;
-  fx_teardown();
-  ferry__alloc_stats(&now);
-  cr_expect_eq(now.blocks, baseline.blocks, "%lld blocks leaked",
-               (long long)(now.blocks - baseline.blocks));
+  fx_end(&D);
 }
 
 TestSuite(dispatcher, .init = setup, .fini = teardown);
