@@ -324,6 +324,23 @@ static const char *dataset(int splits) {
   return reg("d.tfrecord", "", 0, NULL);
 }
 
+/* Workers "a" and "b" registered at 0, and a one-epoch job of `mode`
+ * (error policy fail) over dataset(splits) with its first client. */
+typedef struct two_s {
+  const char *id;
+  Ferry__V1__WorkerHeartbeatResponse *a, *b;
+  Ferry__V1__GetOrCreateJobResponse *j;
+} two_t;
+
+static two_t two_workers(int splits, int mode) {
+  two_t t;
+  t.id = dataset(splits);
+  t.a = fx_worker(D, 0, "a", NULL, 0, false, 0);
+  t.b = fx_worker(D, 0, "b", NULL, 0, false, 0);
+  t.j = fx_job(D, t.id, "", mode, 1, FAIL, 0);
+  return t;
+}
+
 static uint32_t worker_tasks(Ferry__V1__GetStatusResponse *s, uint64_t id) {
   for (size_t i = 0; i < s->n_workers; i++)
     if (s->workers[i]->worker_id == id)
@@ -536,12 +553,9 @@ Test(dispatcher, draining_worker_gets_no_new_leases) {
 }
 
 Test(dispatcher, lost_worker_rows_are_released_from_delivered) {
-  const char *id = dataset(2);
-  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  two_t ab = two_workers(2, DIST);
+  Ferry__V1__WorkerHeartbeatResponse *a = ab.a, *b = ab.b;
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
   Ferry__V1__ClientHeartbeatResponse *c;
   uint32_t split_a = 0;
   uint64_t prog[4];
@@ -612,22 +626,28 @@ static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
   return resp;
 }
 
+/* The assignment of `split` in `c`, or NULL. */
 static const Ferry__V1__Assignment *
-assignment_of(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
+find_assignment(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
   for (size_t i = 0; i < c->n_assignments; i++)
     if (c->assignments[i]->split == split)
       return c->assignments[i];
-  cr_assert_fail("split %u not assigned", split);
   return NULL;
 }
 
+/* The assignment of `split` in `c`, which must be there. */
+static const Ferry__V1__Assignment *
+assignment_of(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
+  const Ferry__V1__Assignment *as = find_assignment(c, split);
+  cr_assert_not_null(as, "split %u not assigned", split);
+  return as;
+}
+
 Test(dispatcher, restart_releases_from_delivered) {
-  const char *id = dataset(2);
-  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  two_t ab = two_workers(2, DIST);
+  const char *id = ab.id;
+  Ferry__V1__WorkerHeartbeatResponse *a = ab.a, *b = ab.b;
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
   Ferry__V1__ClientHeartbeatResponse *c;
   const Ferry__V1__Assignment *as;
   uint32_t split_a = 0, split_b = 0;
@@ -950,13 +970,9 @@ Test(dispatcher, shuffled_job_hands_out_the_permutation) {
 }
 
 Test(dispatcher, parallel_epochs_rows_per_worker) {
-  const char *id = dataset(3);
-  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", PARALLEL, 1, FAIL,
-                                                0);
+  two_t ab = two_workers(3, PARALLEL);
+  Ferry__V1__WorkerHeartbeatResponse *a = ab.a, *b = ab.b;
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
   Ferry__V1__ClientHeartbeatResponse *c;
   uint64_t prog[3 * 4];
   int on_a = 0, n = 0;
@@ -1365,15 +1381,6 @@ Test(dispatcher, exactly_once_with_failures) {
 
 /* ---- Client faults (issue 7) -------------------------------------------- */
 
-/* The assignment of `split` in `c`, or NULL. */
-static const Ferry__V1__Assignment *
-find_assignment(const Ferry__V1__ClientHeartbeatResponse *c, uint32_t split) {
-  for (size_t i = 0; i < c->n_assignments; i++)
-    if (c->assignments[i]->split == split)
-      return c->assignments[i];
-  return NULL;
-}
-
 /* A split moved from a client that left to another one carries the
  * position it starts from: the new client counts from there (counting
  * from 0 made it see a gap and ask for restarts forever). */
@@ -1475,12 +1482,9 @@ Test(dispatcher, restart_loop_fails_the_job_naming_the_split) {
 /* A worker that missed its heartbeats, or whose lease a client just lost,
  * gets no new lease while another worker can take it. */
 Test(dispatcher, suspect_and_silent_workers_get_no_leases) {
-  const char *id = dataset(4);
-  Ferry__V1__WorkerHeartbeatResponse *a = fx_worker(D, 0, "a", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__WorkerHeartbeatResponse *b = fx_worker(D, 0, "b", NULL, 0,
-                                                    false, 0);
-  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  two_t ab = two_workers(4, DIST);
+  Ferry__V1__WorkerHeartbeatResponse *a = ab.a, *b = ab.b;
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
   Ferry__V1__ClientHeartbeatResponse *c;
 
   /* b is silent for more than two intervals (1000 ms each): only a. */
