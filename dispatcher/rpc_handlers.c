@@ -5,6 +5,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/rpc_methods.h"
 
 typedef int (*op_fn)(ferry_disp_service_t *svc, const void *req, void *resp,
                      ferry_arena_t *a, int64_t now, ferry_error_t *err);
@@ -68,28 +69,28 @@ static int op_cancel(ferry_disp_service_t *svc, const void *req, void *resp,
 
 /* The order is the method index authorize() maps to roles. */
 static const method_t methods[] = {
-    {"/ferry.v1.Dispatcher/RegisterDataset",
+    {FERRY_METHOD_REGISTER_DATASET,
      &ferry__v1__register_dataset_request__descriptor,
      &ferry__v1__register_dataset_response__descriptor, op_register,
      1 << 20},
-    {"/ferry.v1.Dispatcher/GetOrCreateJob",
+    {FERRY_METHOD_GET_OR_CREATE_JOB,
      &ferry__v1__get_or_create_job_request__descriptor,
      &ferry__v1__get_or_create_job_response__descriptor, op_job, 64 << 10},
-    {"/ferry.v1.Dispatcher/ClientHeartbeat",
+    {FERRY_METHOD_CLIENT_HEARTBEAT,
      &ferry__v1__client_heartbeat_request__descriptor,
      &ferry__v1__client_heartbeat_response__descriptor, op_client,
      8 << 20},
-    {"/ferry.v1.Dispatcher/WorkerHeartbeat",
+    {FERRY_METHOD_WORKER_HEARTBEAT,
      &ferry__v1__worker_heartbeat_request__descriptor,
      &ferry__v1__worker_heartbeat_response__descriptor, op_worker,
      64 << 20},
-    {"/ferry.v1.Dispatcher/GetStatus",
+    {FERRY_METHOD_GET_STATUS,
      &ferry__v1__get_status_request__descriptor,
      &ferry__v1__get_status_response__descriptor, op_status, 4 << 10},
-    {"/ferry.v1.Dispatcher/DrainWorker",
+    {FERRY_METHOD_DRAIN_WORKER,
      &ferry__v1__drain_worker_request__descriptor,
      &ferry__v1__drain_worker_response__descriptor, op_drain, 4 << 10},
-    {"/ferry.v1.Dispatcher/CancelJob",
+    {FERRY_METHOD_CANCEL_JOB,
      &ferry__v1__cancel_job_request__descriptor,
      &ferry__v1__cancel_job_response__descriptor, op_cancel, 4 << 10},
 };

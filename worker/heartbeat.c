@@ -30,23 +30,13 @@
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "ferry/notify.h"
+#include "ferry/pb_alloc.h"
+#include "ferry/rpc_methods.h"
 #include "worker.h"
 
 /* The last heartbeat, on SIGTERM: short, and without waiting for a
  * connection. */
 #define FINAL_DEADLINE_MS 300
-
-static void *pb_alloc(void *data, size_t size) {
-  (void)data;
-  return ferry__malloc(size);
-}
-
-static void pb_free(void *data, void *p) {
-  (void)data;
-  ferry__free(p);
-}
-
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
 /* Applies an answer. Returns true when it changed something: the id, or
  * the task table (a task cancelled or added). */
@@ -109,7 +99,7 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   ferry_rpc_msg_t msg;
   *reply = NULL;
   *reply_len = 0;
-  int rc = ferry_rpc_stream_open(ch, FERRY_WORKER_HB_METHOD, req, len,
+  int rc = ferry_rpc_stream_open(ch, FERRY_METHOD_WORKER_HEARTBEAT, req, len,
                                  deadline_ms, flags, &s, err);
   if (rc != 0)
     return rc;
@@ -143,7 +133,7 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
     if (rc == 0) {
       ferry_rpc_msg_release(&msg);
       rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: more than one reply",
-                         FERRY_WORKER_HB_METHOD);
+                         FERRY_METHOD_WORKER_HEARTBEAT);
     } else if (rc == FERRY_EOF || rc == FERRY_EGRPC_CANCELLED) {
       rc = out != NULL ? 0 : ferry__seterr(err, FERRY_ENOMEM,
                                            "heartbeat: out of memory");
@@ -158,7 +148,7 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
     }
   } else if (rc == FERRY_EOF) {
     rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: no reply",
-                       FERRY_WORKER_HB_METHOD);
+                       FERRY_METHOD_WORKER_HEARTBEAT);
   }
   ferry_rpc_stream_free(s);
   return rc;
@@ -201,14 +191,15 @@ static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   if (rc != 0)
     return rc;
   Ferry__V1__WorkerHeartbeatResponse *resp =
-      ferry__v1__worker_heartbeat_response__unpack(&pb_allocator, reply_len,
-                                                   reply);
+      ferry__v1__worker_heartbeat_response__unpack(&ferry__pb_allocator,
+                                                   reply_len, reply);
   ferry_free(reply);
   if (resp == NULL)
     return ferry__seterr(err, FERRY_EINVAL,
                          "heartbeat: malformed WorkerHeartbeatResponse");
   *changed = apply(w, resp);
-  ferry__v1__worker_heartbeat_response__free_unpacked(resp, &pb_allocator);
+  ferry__v1__worker_heartbeat_response__free_unpacked(resp,
+                                                      &ferry__pb_allocator);
   atomic_fetch_add(&w->heartbeats_ok, 1);
   return 0;
 }

@@ -50,12 +50,10 @@
 #include "ferry/pipeline.h"
 #include "ferry/roots.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
-
-#define FERRY_WORKER_METHOD "/ferry.v1.Worker/StreamChunks"
-#define FERRY_WORKER_HB_METHOD "/ferry.v1.Dispatcher/WorkerHeartbeat"
 
 /* Settings (the options table in main.c fills this). */
 typedef struct ferry__wconfig_s {

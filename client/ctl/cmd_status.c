@@ -18,7 +18,9 @@
 
 #include "ctl.h"
 #include "ferry/alloc.h"
+#include "ferry/pb_alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 
 /* How long the dispatcher has to answer one call. */
@@ -128,18 +130,6 @@ static const char cancel_usage[] =
 
 /* ---- The channel and the calls ------------------------------------------ */
 
-static void *pb_alloc(void *data, size_t size) {
-  (void)data;
-  return ferry__malloc(size);
-}
-
-static void pb_free(void *data, void *p) {
-  (void)data;
-  ferry__free(p);
-}
-
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
-
 typedef struct session_s {
   const char *cmd;
   cl_opts_t o;
@@ -197,7 +187,7 @@ static bool unreachable(int rc) {
 }
 
 /* One unary call: packs `req`, unpacks the answer as `desc` into *out
- * (free with protobuf_c_message_free_unpacked and pb_allocator). Returns
+ * (free with protobuf_c_message_free_unpacked and ferry__pb_allocator). Returns
  * 0 or the FERRY_EGRPC_* code with `err` set. */
 static int call(session_t *s, const char *method, const ProtobufCMessage *req,
                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out,
@@ -215,7 +205,8 @@ static int call(session_t *s, const char *method, const ProtobufCMessage *req,
   ferry__free(buf);
   if (rc != 0)
     return rc;
-  *out = protobuf_c_message_unpack(desc, &pb_allocator, reply_len, reply);
+  *out = protobuf_c_message_unpack(desc, &ferry__pb_allocator, reply_len,
+                                   reply);
   ferry_free(reply);
   if (*out == NULL)
     return ferry__seterr(err, FERRY_EGRPC_DATA_LOSS,
@@ -238,7 +229,7 @@ static int call_failed(const session_t *s, int rc, const ferry_error_t *err) {
 static int fetch_status(session_t *s, Ferry__V1__GetStatusResponse **st,
                         ferry_error_t *err) {
   Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
-  return call(s, "/ferry.v1.Dispatcher/GetStatus", &req.base,
+  return call(s, FERRY_METHOD_GET_STATUS, &req.base,
               &ferry__v1__get_status_response__descriptor,
               (ProtobufCMessage **)st, err);
 }
@@ -634,7 +625,7 @@ static int show(int argc, char **argv, const char *cmd, const char *usage,
       view_t v;
       if (view_build(&v, st, s.o.dispatcher) != 0) {
         fprintf(stderr, "ferryctl %s: out of memory\n", cmd);
-        protobuf_c_message_free_unpacked(&st->base, &pb_allocator);
+        protobuf_c_message_free_unpacked(&st->base, &ferry__pb_allocator);
         rc = FERRYCTL_EXIT_BAD;
         break;
       }
@@ -645,7 +636,7 @@ static int show(int argc, char **argv, const char *cmd, const char *usage,
         putc('\n', stdout);
       fflush(stdout);
       view_free(&v);
-      protobuf_c_message_free_unpacked(&st->base, &pb_allocator);
+      protobuf_c_message_free_unpacked(&st->base, &ferry__pb_allocator);
     }
     if (!watch || interrupted || (s.o.count > 0 && round >= s.o.count))
       break;
@@ -696,7 +687,7 @@ static int drain_call(session_t *s, const char *target,
   Ferry__V1__DrainWorkerRequest req = FERRY__V1__DRAIN_WORKER_REQUEST__INIT;
   req.worker_id = parse_id(target);
   req.address = req.worker_id != 0 ? (char *)"" : (char *)target;
-  return call(s, "/ferry.v1.Dispatcher/DrainWorker", &req.base,
+  return call(s, FERRY_METHOD_DRAIN_WORKER, &req.base,
               &ferry__v1__drain_worker_response__descriptor,
               (ProtobufCMessage **)out, err);
 }
@@ -770,11 +761,11 @@ int ferryctl_drain(int argc, char **argv) {
     Ferry__V1__DrainWorkerResponse *n = NULL;
     crc = drain_call(&s, target, &n, &err);
     if (crc == 0) {
-      protobuf_c_message_free_unpacked(&r->base, &pb_allocator);
+      protobuf_c_message_free_unpacked(&r->base, &ferry__pb_allocator);
       r = n;
     } else if (!unreachable(crc)) {
       rc = call_failed(&s, crc, &err);
-      protobuf_c_message_free_unpacked(&r->base, &pb_allocator);
+      protobuf_c_message_free_unpacked(&r->base, &ferry__pb_allocator);
       goto out;
     }
   }
@@ -796,7 +787,7 @@ int ferryctl_drain(int argc, char **argv) {
             interrupted ? ": interrupted" : "");
     rc = interrupted ? FERRYCTL_EXIT_BAD : FERRYCTL_EXIT_TIMEOUT;
   }
-  protobuf_c_message_free_unpacked(&r->base, &pb_allocator);
+  protobuf_c_message_free_unpacked(&r->base, &ferry__pb_allocator);
 out:
   session_close(&s, drain_table, N(drain_table));
   return rc;
@@ -823,7 +814,7 @@ static int job_cancel(int argc, char **argv) {
   Ferry__V1__CancelJobResponse *r = NULL;
   ferry_error_t err = {0};
   req.job_id = id;
-  int crc = call(&s, "/ferry.v1.Dispatcher/CancelJob", &req.base,
+  int crc = call(&s, FERRY_METHOD_CANCEL_JOB, &req.base,
                  &ferry__v1__cancel_job_response__descriptor,
                  (ProtobufCMessage **)&r, &err);
   if (crc != 0) {
@@ -838,7 +829,7 @@ static int job_cancel(int argc, char **argv) {
     printf("job %" PRIu64 ": %s\n", r->job_id,
            r->already ? "already cancelled" : "cancelled");
   }
-  protobuf_c_message_free_unpacked(&r->base, &pb_allocator);
+  protobuf_c_message_free_unpacked(&r->base, &ferry__pb_allocator);
   rc = FERRYCTL_EXIT_OK;
 out:
   session_close(&s, list_table, N(list_table));

@@ -12,16 +12,10 @@
 #include "client_internal.h"
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/pb_alloc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
 #include "ferry/v1/worker.pb-c.h"
-
-#define M_REGISTER "/ferry.v1.Dispatcher/RegisterDataset"
-#define M_JOB "/ferry.v1.Dispatcher/GetOrCreateJob"
-#define M_HEARTBEAT "/ferry.v1.Dispatcher/ClientHeartbeat"
-
-static void *pb_alloc(void *d, size_t n) { return ferry__malloc(n); }
-static void pb_free(void *d, void *p) { ferry__free(p); }
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
 /* Every field of ferry_client_options_t in order, for the struct_size
  * checks: a caller's struct may end after any field, never inside one. */
@@ -221,21 +215,23 @@ static int register_dataset(ferry_client_t *c, const uint8_t *spec,
   n += (size_t)put_varint(req + n, spec_len);
   memcpy(req + n, spec, spec_len);
   n += spec_len;
-  int rc = ferry_rpc_unary(c->dch, M_REGISTER, req, n, left_ms(c, t0),
-                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, err);
+  int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_REGISTER_DATASET, req, n,
+                           left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
+                           &reply_len, err);
   ferry__free(req);
   if (rc != 0)
     return dispatcher_error(c, rc, "register dataset", err);
   Ferry__V1__RegisterDatasetResponse *r =
-      ferry__v1__register_dataset_response__unpack(&pb_allocator, reply_len,
-                                                   reply);
+      ferry__v1__register_dataset_response__unpack(&ferry__pb_allocator,
+                                                   reply_len, reply);
   ferry__free(reply);
   if (r == NULL)
     return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
                          "register dataset: malformed answer from %s",
                          c->dispatcher);
   c->dataset_id = ferry__strdup(r->dataset_id);
-  ferry__v1__register_dataset_response__free_unpacked(r, &pb_allocator);
+  ferry__v1__register_dataset_response__free_unpacked(r,
+                                                      &ferry__pb_allocator);
   if (c->dataset_id == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   return 0;
@@ -268,14 +264,15 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
                         : FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL;
   if ((buf = pack(&req.base, &len)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
-  int rc = ferry_rpc_unary(c->dch, M_JOB, buf, len, left_ms(c, t0),
-                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, err);
+  int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, len,
+                           left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
+                           &reply_len, err);
   ferry__free(buf);
   if (rc != 0)
     return dispatcher_error(c, rc, "get or create job", err);
   Ferry__V1__GetOrCreateJobResponse *r =
-      ferry__v1__get_or_create_job_response__unpack(&pb_allocator, reply_len,
-                                                    reply);
+      ferry__v1__get_or_create_job_response__unpack(&ferry__pb_allocator,
+                                                    reply_len, reply);
   ferry__free(reply);
   if (r == NULL)
     return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
@@ -312,7 +309,8 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
     if (rc != 0)
       ferry__prefixerr(err, "dataset %s: the job's spec", c->dataset_id);
   }
-  ferry__v1__get_or_create_job_response__free_unpacked(r, &pb_allocator);
+  ferry__v1__get_or_create_job_response__free_unpacked(r,
+                                                       &ferry__pb_allocator);
   return rc;
 }
 
@@ -623,8 +621,8 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   ferry__free(pp);
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
-  rc = ferry_rpc_unary(c->dch, M_HEARTBEAT, buf, len, deadline_ms, 0, &reply,
-                       &reply_len, err);
+  rc = ferry_rpc_unary(c->dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, len,
+                       deadline_ms, 0, &reply, &reply_len, err);
   ferry__free(buf);
   if (rc != 0) {
     /* The dispatcher may not have seen the restarts: ask again. */
@@ -633,12 +631,13 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
     pthread_mutex_unlock(&c->mu);
     return rc;
   }
-  *out = ferry__v1__client_heartbeat_response__unpack(&pb_allocator,
+  *out = ferry__v1__client_heartbeat_response__unpack(&ferry__pb_allocator,
                                                       reply_len, reply);
   ferry__free(reply);
   if (*out == NULL)
     return ferry__seterr(err, FERRY_EGRPC_INTERNAL,
-                         "%s: malformed answer", M_HEARTBEAT);
+                         "%s: malformed answer",
+                         FERRY_METHOD_CLIENT_HEARTBEAT);
   return 0;
 }
 
@@ -665,7 +664,8 @@ static void *hb_main(void *arg) {
       c->last_hb_ok = ferry__client_now();
       ferry__client_answer(c, t_send, records, r);
       sync_workers(c, r);
-      ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
+      ferry__v1__client_heartbeat_response__free_unpacked(
+          r, &ferry__pb_allocator);
     } else {
       double down = ferry__client_now() - c->last_hb_ok;
       FERRY_LOG(FERRY_LOG_WARN, "client: heartbeat: %s", e.msg);
@@ -901,7 +901,8 @@ void ferry_client_free(ferry_client_t *c) {
                        : 2000;
     uint64_t records;
     if (heartbeat(c, true, deadline, &r, &records, NULL) == 0)
-      ferry__v1__client_heartbeat_response__free_unpacked(r, &pb_allocator);
+      ferry__v1__client_heartbeat_response__free_unpacked(
+          r, &ferry__pb_allocator);
   }
   for (size_t i = 0; i < c->n_workers; i++)
     if (c->workers[i]->stream != NULL)

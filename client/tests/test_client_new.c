@@ -12,6 +12,7 @@
 #include "client_internal.h"
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 
 static const char *spec_ok =
     "tfrecord(\"/nonexistent/train-*.tfrecord\") | decode(raw, 4, 4, 3) | "
@@ -117,7 +118,7 @@ static void *fake_main(void *arg) {
   f->stop.data = f;
   cr_assert_eq(ferry_rpc_server_new(&f->loop, NULL, &f->server, &err), 0);
   cr_assert_eq(ferry_rpc_server_register(
-                   f->server, "/ferry.v1.Dispatcher/RegisterDataset",
+                   f->server, FERRY_METHOD_REGISTER_DATASET,
                    FERRY_RPC_UNARY, on_register, f, &err),
                0);
   cr_assert_eq(ferry_rpc_server_start(f->server, "127.0.0.1:0", &f->port,

@@ -13,6 +13,7 @@
 
 #include "client_test_util.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
 
 #define SPEC "tfrecord(\"/fake/train-*.tfrecord\") | decode(raw, 2, 3, 1) | " \
@@ -224,14 +225,14 @@ static void *fake_main(void *arg) {
   uv_async_init(&fake.loop, &fake.stop, on_stop);
   cr_assert_eq(ferry_rpc_server_new(&fake.loop, NULL, &fake.server, &err), 0);
   ferry_rpc_server_register(fake.server,
-                            "/ferry.v1.Dispatcher/RegisterDataset",
+                            FERRY_METHOD_REGISTER_DATASET,
                             FERRY_RPC_UNARY, on_register, NULL, &err);
-  ferry_rpc_server_register(fake.server, "/ferry.v1.Dispatcher/GetOrCreateJob",
+  ferry_rpc_server_register(fake.server, FERRY_METHOD_GET_OR_CREATE_JOB,
                             FERRY_RPC_UNARY, on_job, NULL, &err);
   ferry_rpc_server_register(fake.server,
-                            "/ferry.v1.Dispatcher/ClientHeartbeat",
+                            FERRY_METHOD_CLIENT_HEARTBEAT,
                             FERRY_RPC_UNARY, on_heartbeat, NULL, &err);
-  ferry_rpc_server_register(fake.server, "/ferry.v1.Worker/StreamChunks",
+  ferry_rpc_server_register(fake.server, FERRY_METHOD_STREAM_CHUNKS,
                             FERRY_RPC_SERVER_STREAM, on_stream, NULL, &err);
   cr_assert_eq(ferry_rpc_server_start(fake.server, "127.0.0.1:0", &fake.port,
                                       &err),

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ferry/pb_alloc.h"
+
 /* Each block carries a 16-byte header holding its size, so frees can be
  * accounted without a side table. 16 keeps malloc's alignment. */
 #define HDR 16
@@ -133,3 +135,17 @@ void ferry__alloc_fail_after(int64_t n) {
 void ferry__alloc_fail_reset(void) {
   atomic_store_explicit(&fail_countdown, -1, memory_order_relaxed);
 }
+
+/* ---- protobuf-c (ferry/pb_alloc.h) --------------------------------------- */
+
+static void *pb_alloc(void *data, size_t size) {
+  (void)data;
+  return ferry__malloc(size);
+}
+
+static void pb_free(void *data, void *p) {
+  (void)data;
+  ferry__free(p);
+}
+
+ProtobufCAllocator ferry__pb_allocator = {pb_alloc, pb_free, NULL};

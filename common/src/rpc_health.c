@@ -4,10 +4,11 @@
 #include <string.h>
 
 #include "ferry/alloc.h"
+#include "ferry/pb_alloc.h"
+#include "ferry/rpc_methods.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "rpc_internal.h"
 
-#define CHECK_METHOD "/grpc.health.v1.Health/Check"
 #define SERVING                                                               \
   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
 #define NOT_SERVING                                                           \
@@ -19,9 +20,6 @@ struct ferry__rpc_health {
   char **services;
 };
 
-static void *pb_alloc(void *data, size_t size) { return ferry__malloc(size); }
-static void pb_free(void *data, void *p) { ferry__free(p); }
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
 static bool known(const struct ferry__rpc_health *h, const char *service) {
   if (service[0] == '\0')
@@ -36,7 +34,8 @@ static void on_check(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                      void *user) {
   const struct ferry__rpc_health *h = user;
   Grpc__Health__V1__HealthCheckRequest *r =
-      grpc__health__v1__health_check_request__unpack(&pb_allocator, len, req);
+      grpc__health__v1__health_check_request__unpack(&ferry__pb_allocator, len,
+                                                     req);
   if (r == NULL) {
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
                           "malformed HealthCheckRequest");
@@ -54,7 +53,8 @@ static void on_check(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     size_t n = grpc__health__v1__health_check_response__pack(&resp, buf);
     ferry_rpc_reply(call, buf, n);
   }
-  grpc__health__v1__health_check_request__free_unpacked(r, &pb_allocator);
+  grpc__health__v1__health_check_request__free_unpacked(r,
+                                                        &ferry__pb_allocator);
 }
 
 void ferry__rpc_health_free(struct ferry__rpc_health *h) {
@@ -88,8 +88,8 @@ int ferry_rpc_health_register(ferry_rpc_server_t *server,
       return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
     }
   }
-  rc = ferry_rpc_server_register(server, CHECK_METHOD, FERRY_RPC_UNARY,
-                                 on_check, h, err);
+  rc = ferry_rpc_server_register(server, FERRY_METHOD_HEALTH_CHECK,
+                                 FERRY_RPC_UNARY, on_check, h, err);
   if (rc != 0) {
     ferry__rpc_health_free(h);
     return rc;

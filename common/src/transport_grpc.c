@@ -13,10 +13,9 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/transport.h"
 #include "ferry/v1/worker.pb-c.h"
-
-#define METHOD "/ferry.v1.Worker/StreamChunks"
 
 /* ---- Worker side --------------------------------------------------------- */
 
@@ -99,7 +98,8 @@ static int g_server_new(const ferry_transport_server_config_t *cfg,
   srv->base.ops = &ferry_transport_grpc;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
-  int rc = ferry_rpc_server_register(cfg->rpc_server, METHOD,
+  int rc = ferry_rpc_server_register(cfg->rpc_server,
+                                     FERRY_METHOD_STREAM_CHUNKS,
                                      FERRY_RPC_SERVER_STREAM, on_call, srv,
                                      err);
   if (rc != 0) {
@@ -254,8 +254,8 @@ static int g_open(ferry_transport_client_t *base,
   s->base.ops = &ferry_transport_grpc;
   int rc = ferry_rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
   if (rc == 0)
-    rc = ferry_rpc_stream_open(s->channel, METHOD, buf, len, 0, 0,
-                               &s->stream, err);
+    rc = ferry_rpc_stream_open(s->channel, FERRY_METHOD_STREAM_CHUNKS, buf,
+                               len, 0, 0, &s->stream, err);
   if (rc != 0) {
     ferry_rpc_channel_free(s->channel);
     ferry__free(s);

@@ -22,6 +22,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "fixture.h"
@@ -154,7 +155,7 @@ static Ferry__V1__GetStatusResponse *status(ferry_rpc_channel_t *ch) {
   size_t n = ferry__v1__get_status_request__pack(&req, buf), len;
   ferry_error_t err = {0};
   Ferry__V1__GetStatusResponse *s;
-  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", buf, n,
+  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, n,
                                WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
                                &err),
                0, "%s", err.msg);
@@ -185,7 +186,7 @@ static int register_ds(ferry_rpc_channel_t *ch, const char *pattern,
   n = ferry__v1__register_dataset_request__get_packed_size(&req);
   buf = malloc(n);
   ferry__v1__register_dataset_request__pack(&req, buf);
-  rc = ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/RegisterDataset", buf, n,
+  rc = ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n,
                        WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len, err);
   if (rc == 0) {
     resp = ferry__v1__register_dataset_response__unpack(NULL, len, reply);
@@ -218,7 +219,7 @@ Test(daemon, serves_and_stops_on_sigterm) {
   start(&d);
   ch = channel(&d);
   n = grpc__health__v1__health_check_request__pack(&hreq, buf);
-  cr_assert_eq(ferry_rpc_unary(ch, "/grpc.health.v1.Health/Check", buf, n,
+  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_HEALTH_CHECK, buf, n,
                                WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
                                &err),
                0, "%s", err.msg);
@@ -284,7 +285,7 @@ static void *whb_run(void *arg) {
   size_t n = ferry__v1__worker_heartbeat_request__pack(&req, buf);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   h->resp = NULL;
-  h->rc = ferry_rpc_unary(h->ch, "/ferry.v1.Dispatcher/WorkerHeartbeat", buf,
+  h->rc = ferry_rpc_unary(h->ch, FERRY_METHOD_WORKER_HEARTBEAT, buf,
                           n, WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
                           &h->err);
   h->ms = ms_since(&t0);
@@ -329,7 +330,7 @@ static void client_takes_a_split(ferry_rpc_channel_t *ch, const char *id) {
   jq.dataset_id = (char *)id;
   jq.options = &o;
   n = ferry__v1__get_or_create_job_request__pack(&jq, buf);
-  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetOrCreateJob", buf,
+  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf,
                                n, WAIT_MS, 0, &reply, &len, &err),
                0, "%s", err.msg);
   Ferry__V1__GetOrCreateJobResponse *j =
@@ -346,7 +347,7 @@ static void client_takes_a_split(ferry_rpc_channel_t *ch, const char *id) {
   cq.client_secret.len = 16;
   ferry__v1__get_or_create_job_response__free_unpacked(j, NULL);
   n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
-  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/ClientHeartbeat",
+  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT,
                                buf, n, WAIT_MS, 0, &reply, &len, &err),
                0, "%s", err.msg);
   Ferry__V1__ClientHeartbeatResponse *c =
@@ -444,7 +445,7 @@ static void *reg_run(void *arg) {
   size_t len;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  r->rc = ferry_rpc_unary(r->ch, "/ferry.v1.Dispatcher/RegisterDataset",
+  r->rc = ferry_rpc_unary(r->ch, FERRY_METHOD_REGISTER_DATASET,
                           r->buf, r->n, r->timeout_ms ? r->timeout_ms : WAIT_MS,
                           FERRY_RPC_WAIT_FOR_READY,
                           &reply, &len, &r->err);

@@ -18,6 +18,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/tfrecord.h"
 #include "ferry/varint.h"
 #include "ferry/v1/dispatcher.pb-c.h"
@@ -448,7 +449,7 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
     size_t len = ferry__v1__get_status_request__pack(&req, buf);
     uint8_t *reply = NULL;
     size_t rlen = 0;
-    if (ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", buf, len, 2000,
+    if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, len, 2000,
                         FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) == 0) {
       Ferry__V1__GetStatusResponse *st =
           ferry__v1__get_status_response__unpack(NULL, rlen, reply);

@@ -17,6 +17,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
 #include "harness.h"
@@ -133,7 +134,7 @@ static int get_status(ferry_rpc_channel_t *ch, int *workers, char *msg,
   uint8_t *reply = NULL;
   size_t len = 0;
   ferry_error_t err = {0};
-  int rc = ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", "", 0,
+  int rc = ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0,
                            REFUSE_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
                            &err);
   if (msg != NULL)
@@ -345,7 +346,7 @@ Test(security, strangers_are_refused) {
     uint8_t buf[64], *reply = NULL;
     size_t len = ferry__v1__worker_heartbeat_request__pack(&req, buf), rlen;
     ferry_error_t err = {0};
-    int rc = ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/WorkerHeartbeat", buf,
+    int rc = ferry_rpc_unary(ch, FERRY_METHOD_WORKER_HEARTBEAT, buf,
                              len, REFUSE_MS, 0, &reply, &rlen, &err);
     ferry_free(reply);
     cr_expect_eq(rc, FERRY_EGRPC_PERMISSION_DENIED,
@@ -446,7 +447,7 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     uint8_t buf[64];
     size_t len = ferry__v1__stream_chunks_request__pack(&sq, buf);
     ferry_rpc_stream_t *st = NULL;
-    cr_assert_eq(ferry_rpc_stream_open(wch, "/ferry.v1.Worker/StreamChunks",
+    cr_assert_eq(ferry_rpc_stream_open(wch, FERRY_METHOD_STREAM_CHUNKS,
                                        buf, len, 0, 0, &st, &err),
                  0, "%s", err.msg);
     ferry_rpc_msg_t msg;
@@ -471,7 +472,7 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     uint8_t buf[64];
     size_t len = ferry__v1__stream_chunks_request__pack(&sq, buf);
     ferry_rpc_stream_t *st = NULL;
-    cr_assert_eq(ferry_rpc_stream_open(nt, "/ferry.v1.Worker/StreamChunks",
+    cr_assert_eq(ferry_rpc_stream_open(nt, FERRY_METHOD_STREAM_CHUNKS,
                                        buf, len, 0, 0, &st, &err),
                  0, "%s", err.msg);
     ferry_rpc_msg_t msg;
@@ -506,7 +507,7 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     }
     uint8_t buf[128], *reply = NULL;
     size_t len = ferry__v1__client_heartbeat_request__pack(&hq, buf), rlen;
-    int rc = ferry_rpc_unary(dch, "/ferry.v1.Dispatcher/ClientHeartbeat", buf,
+    int rc = ferry_rpc_unary(dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf,
                              len, REFUSE_MS, 0, &reply, &rlen, &err);
     ferry_free(reply);
     cr_assert_eq(rc, FERRY_EGRPC_PERMISSION_DENIED,
@@ -595,7 +596,7 @@ static void job_error(const char *token_file, char *out, size_t cap) {
   uint8_t *reply = NULL;
   size_t len = 0;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_rpc_unary(ch, "/ferry.v1.Dispatcher/GetStatus", "", 0,
+  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0,
                                REFUSE_MS, FERRY_RPC_WAIT_FOR_READY, &reply,
                                &len, &err),
                0, "%s", err.msg);

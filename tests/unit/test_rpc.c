@@ -14,6 +14,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define WAIT_MS 10000
@@ -537,7 +538,7 @@ static int health(const char *service, int *status) {
   size_t reply_len;
   req.service = (char *)service;
   size_t n = grpc__health__v1__health_check_request__pack(&req, buf);
-  int rc = ferry_rpc_unary(F.ch, "/grpc.health.v1.Health/Check", buf, n,
+  int rc = ferry_rpc_unary(F.ch, FERRY_METHOD_HEALTH_CHECK, buf, n,
                            5000, 0, &reply, &reply_len, &err);
   if (rc != 0)
     return rc;

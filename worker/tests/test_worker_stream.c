@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
 #include "wtest_util.h"
 
 #define WAIT_MS 20000
@@ -66,8 +67,9 @@ static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
   req.client_secret.data = secret;
   req.client_secret.len = sizeof(secret);
   size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
-  cr_assert_eq(ferry_rpc_stream_open(s->ch, FERRY_WORKER_METHOD, buf, len, -1,
-                                     FERRY_RPC_WAIT_FOR_READY, &st, &err),
+  cr_assert_eq(ferry_rpc_stream_open(s->ch, FERRY_METHOD_STREAM_CHUNKS, buf,
+                                     len, -1, FERRY_RPC_WAIT_FOR_READY, &st,
+                                     &err),
                0, "%s", err.msg);
   return st;
 }
@@ -187,7 +189,7 @@ Test(stream, malformed_request_is_invalid_argument, .timeout = 60) {
   ferry_rpc_msg_t msg;
   srv_start(&s, 1 << 20, 1 << 20);
   uint8_t junk[] = {0xff, 0xff};
-  cr_assert_eq(ferry_rpc_stream_open(s.ch, FERRY_WORKER_METHOD, junk,
+  cr_assert_eq(ferry_rpc_stream_open(s.ch, FERRY_METHOD_STREAM_CHUNKS, junk,
                                      sizeof(junk), -1,
                                      FERRY_RPC_WAIT_FOR_READY, &st, &err),
                0);
@@ -256,7 +258,7 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   ferry_rpc_init();
   cr_assert_eq(uv_loop_init(&s.loop), 0);
   cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
-  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_WORKER_HB_METHOD,
+  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
                                          FERRY_RPC_UNARY, on_heartbeat,
                                          &fake, &err),
                0);
@@ -425,7 +427,7 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   ferry_rpc_init();
   cr_assert_eq(uv_loop_init(&s.loop), 0);
   cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
-  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_WORKER_HB_METHOD,
+  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
                                          FERRY_RPC_UNARY, lp_on_heartbeat,
                                          &fake, &err),
                0);

@@ -1,0 +1,12 @@
+/* protobuf-c's allocator over the one allocation wrapper (ferry/alloc.h),
+ * so that unpacked messages count in the leak checks and fail under the
+ * failure injection like everything else. Pass &ferry__pb_allocator to
+ * *__unpack and *__free_unpacked. */
+#ifndef FERRY_PB_ALLOC_H
+#define FERRY_PB_ALLOC_H
+
+#include <protobuf-c/protobuf-c.h>
+
+extern ProtobufCAllocator ferry__pb_allocator;
+
+#endif /* FERRY_PB_ALLOC_H */
