@@ -114,6 +114,7 @@ void ferry__disp_free(ferry_disp_t *d) {
     ferry__disp_free_job(d->jobs[i]);
   for (size_t i = 0; i < d->nworkers; i++) {
     ferry__free(d->workers[i]->address);
+    ferry__free(d->workers[i]->ucx_address);
     ferry__free(d->workers[i]);
   }
   ferry__free(d->ds);

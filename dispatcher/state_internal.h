@@ -140,6 +140,10 @@ typedef struct job_s {
 typedef struct worker_s {
   uint64_t id;
   char *address;
+  /* Issue 11: the UCP worker address its last heartbeat advertised
+   * (volatile, not journaled: every heartbeat carries it); 0: no UCX. */
+  uint8_t *ucx_address;
+  size_t ucx_address_len;
   bool lost;
   bool draining;
   int64_t last_hb;

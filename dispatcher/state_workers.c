@@ -205,6 +205,22 @@ static int check_address(const char *address, ferry_error_t *err) {
                                "worker address", err);
 }
 
+/* Keeps the UCX address a heartbeat advertised (issue 11). */
+static int set_ucx_address(worker_t *w, const ProtobufCBinaryData *a) {
+  if (a->len == w->ucx_address_len &&
+      (a->len == 0 || memcmp(a->data, w->ucx_address, a->len) == 0))
+    return 0;
+  uint8_t *copy = NULL;
+  if (a->len > 0 && (copy = ferry__malloc(a->len)) == NULL)
+    return FERRY_ENOMEM;
+  if (a->len > 0)
+    memcpy(copy, a->data, a->len);
+  ferry__free(w->ucx_address);
+  w->ucx_address = copy;
+  w->ucx_address_len = a->len;
+  return 0;
+}
+
 int ferry__disp_worker_heartbeat(ferry_disp_t *d,
                                  const Ferry__V1__WorkerHeartbeatRequest *req,
                                  Ferry__V1__WorkerHeartbeatResponse *resp,
@@ -218,6 +234,10 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
     return rc;
   if (req->address == NULL || req->address[0] == '\0')
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: no address");
+  if (req->ucx_address.len > FERRY_DISP_MAX_UCX_ADDRESS_LEN)
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: UCX address "
+                         "of %zu bytes, over %d", req->ucx_address.len,
+                         FERRY_DISP_MAX_UCX_ADDRESS_LEN);
   if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: over %d tasks",
                          FERRY_DISP_MAX_PROGRESS);
@@ -239,6 +259,8 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if (req->draining && !w->draining)
     FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " is draining", w->id);
   w->draining = req->draining;
+  if (set_ucx_address(w, &req->ucx_address) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   w->unfinished = 0;
   for (size_t i = 0; i < req->n_tasks; i++)
     w->unfinished += !req->tasks[i]->finished;

@@ -301,9 +301,21 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
    * (clients on auto fall back, ucx ones are told why). */
   if (rc == 0) {
     ferry_error_t e;
-    if (ferry_transport_ucx.server_new(&cfg, &w->transports[1], &e) != 0)
+    if (ferry_transport_ucx.server_new(&cfg, &w->transports[1], &e) != 0) {
       FERRY_LOG(FERRY_LOG_WARN, "worker: UCX unavailable, serving chunks "
                 "over gRPC only: %s", e.msg);
+    } else {
+      size_t n;
+      const void *a = ferry_transport_server_address(w->transports[1], &n);
+      if (n <= sizeof(w->ucx_address)) {
+        memcpy(w->ucx_address, a, n);
+        w->ucx_address_len = n;
+      } else {
+        FERRY_LOG(FERRY_LOG_WARN, "worker: UCX address of %zu bytes is "
+                  "over %d: not advertised, clients use gRPC", n,
+                  FERRY__WUCX_ADDRESS_MAX);
+      }
+    }
   }
 #endif
   return rc;

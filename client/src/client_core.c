@@ -40,11 +40,12 @@ static const struct {
     OPT_FIELD(dtype),            OPT_FIELD(layout),
     OPT_FIELD(tls_ca),           OPT_FIELD(tls_cert),
     OPT_FIELD(tls_key),          OPT_FIELD(token_file),
+    OPT_FIELD(transport),
 };
 #undef OPT_FIELD
 #define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
 _Static_assert(sizeof(ferry_client_options_t) -
-                       (offsetof(ferry_client_options_t, token_file) +
+                       (offsetof(ferry_client_options_t, transport) +
                         sizeof(const char *)) <
                    sizeof(void *),
                "opt_fields must list the options' last field");
@@ -521,9 +522,16 @@ static void sync_workers(ferry_client_t *c,
     }
     pthread_mutex_unlock(&c->mu);
     worker_free(c, dead);
-    /* Issue 11: UCX fills in the worker's UCX address here. */
+    /* Issue 11: the worker's UCX address, from the live workers list. */
+    const ProtobufCBinaryData *ucx = NULL;
+    for (size_t k = 0; k < r->n_workers && found == NULL; k++)
+      if (r->workers[k]->address != NULL &&
+          strcmp(r->workers[k]->address, a->worker_address) == 0)
+        ucx = &r->workers[k]->ucx_address;
     if (found == NULL &&
-        worker_start(c, a->worker_id, a->worker_address, NULL, 0) == 0) {
+        worker_start(c, a->worker_id, a->worker_address,
+                     ucx != NULL ? ucx->data : NULL,
+                     ucx != NULL ? ucx->len : 0) == 0) {
       pthread_mutex_lock(&c->mu);
       c->workers[c->n_workers - 1]->seen = true;
       pthread_mutex_unlock(&c->mu);
@@ -783,7 +791,10 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   /* Issue 11: the data-plane transport. FERRY_TRANSPORT (auto, grpc, ucx)
    * stands in for the job's option when that is unset, so a whole test
    * suite or a deployment can be switched without code. */
-  c->transport = dup_opt(getenv("FERRY_TRANSPORT"), &nomem);
+  c->transport = dup_opt(opts->transport != NULL && opts->transport[0] != '\0'
+                             ? opts->transport
+                             : getenv("FERRY_TRANSPORT"),
+                         &nomem);
   c->opts.tls_ca = c->tls_ca;
   c->opts.tls_cert = c->tls_cert;
   c->opts.tls_key = c->tls_key;

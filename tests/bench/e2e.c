@@ -13,6 +13,15 @@
  * ratios: passthrough / bare stream (target >= 0.8) and seed service /
  * in-process (target >= 0.9).
  *
+ * Issue 11: every service row runs once per transport (--transports,
+ * default grpc,ucx when UCX is built in: the client's `transport`
+ * option), next to bare_transfer's two-process bare gRPC stream and bare
+ * UCX transfer of the same bytes in 2 MiB messages (run as a child,
+ * FERRY_BARE_TRANSFER or the path compiled in), with the client's CPU
+ * seconds per GB received (getrusage of this process: the daemons are
+ * children). Targets: UCX passthrough >= 5 GB/s and >= 0.8 of bare UCX,
+ * gRPC passthrough >= 0.8 of bare gRPC, client CPU on UCX <= 0.15 s/GB.
+ *
  * Usage: bench_e2e [--quick] [--records N] [--worker-threads T]
  *                  [--heartbeat-ms MS] [--splits-in-flight N]
  *                  [--dispatcher PATH] [--worker PATH]
@@ -27,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "ferry/alloc.h"
@@ -36,6 +46,7 @@
 #include "ferry/rpc.h"
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
+#include "ferry/transport.h"
 #include "harness.h"
 
 #define H 32
@@ -52,6 +63,7 @@ typedef struct result_s {
   uint64_t records;
   double seconds;
   double stall; /* client's wait fraction; < 0: not a client run */
+  double cpu;   /* client CPU seconds; < 0: not measured */
 } result_t;
 
 static result_t results[32];
@@ -64,7 +76,20 @@ static result_t *add_result(const char *name, uint64_t records,
   r->records = records;
   r->seconds = seconds;
   r->stall = stall;
+  r->cpu = -1;
   return r;
+}
+
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static double cpu_per_gb(const result_t *r) {
+  double gb = (double)r->records * IMG / 1e9;
+  return r->cpu >= 0 && gb > 0 ? r->cpu / gb : -1;
 }
 
 static double mbps(const result_t *r) {
@@ -85,9 +110,12 @@ static int opt_heartbeat_ms = 100;
 static int opt_splits_in_flight;
 
 static uint64_t service_epoch(const char *dispatcher, const char *spec,
-                              double *seconds, double *stall) {
+                              const char *transport, double *seconds,
+                              double *stall, double *cpu) {
   ferry_client_options_t o;
   hx_client_options(&o, dispatcher, spec);
+  o.transport = transport;
+  double c0 = cpu_s();
   o.num_epochs = 1;
   o.heartbeat_ms = (uint32_t)(opt_heartbeat_ms > 1 ? opt_heartbeat_ms / 2 : 1);
   if (opt_splits_in_flight > 0)
@@ -122,6 +150,7 @@ static uint64_t service_epoch(const char *dispatcher, const char *spec,
   ferry_client_stats(c, &st);
   *stall = st.stall_fraction;
   ferry_client_free(c);
+  *cpu = cpu_s() - c0;
   (void)sink;
   return records;
 }
@@ -364,12 +393,46 @@ static uint64_t bare_stream(uint64_t bytes, double *seconds) {
 /* ---- Main ---------------------------------------------------------------- */
 
 static void print_row(const result_t *r) {
+  char stall[16] = "-", cpu[16] = "-";
   if (r->stall >= 0)
-    printf("  %-36s %12.0f %10.1f %8.2f %9.1f%%\n", r->name, rps(r),
-           mbps(r), r->seconds, r->stall * 100.0);
-  else
-    printf("  %-36s %12.0f %10.1f %8.2f %10s\n", r->name, rps(r), mbps(r),
-           r->seconds, "-");
+    snprintf(stall, sizeof(stall), "%.1f%%", r->stall * 100.0);
+  if (cpu_per_gb(r) >= 0)
+    snprintf(cpu, sizeof(cpu), "%.3f", cpu_per_gb(r));
+  printf("  %-42s %12.0f %10.1f %8.2f %10s %10s\n", r->name, rps(r),
+         mbps(r), r->seconds, stall, cpu);
+}
+
+/* Runs bare_transfer for `bytes` in 2 MiB messages and adds its rows
+ * ("bare gRPC, 2 processes", "bare UCX, 2 processes"). */
+static void bare_transfers(uint64_t bytes) {
+  const char *bin = getenv("FERRY_BARE_TRANSFER");
+#ifdef FERRY_BARE_TRANSFER_BIN
+  if (bin == NULL)
+    bin = FERRY_BARE_TRANSFER_BIN;
+#endif
+  if (bin == NULL)
+    return;
+  char cmd[4096];
+  snprintf(cmd, sizeof(cmd), "%s --bytes %llu --msg-bytes 2M", bin,
+           (unsigned long long)bytes);
+  FILE *f = popen(cmd, "r");
+  if (f == NULL)
+    return;
+  char line[512];
+  while (fgets(line, sizeof(line), f) != NULL) {
+    char kind[16];
+    double kib, gbps, secs, cpu;
+    if (sscanf(line, " %15s %lf KiB %lf %lf %lf", kind, &kib, &gbps, &secs,
+               &cpu) != 5 || gbps <= 0)
+      continue;
+    result_t *r = add_result(strcmp(kind, "ucx") == 0
+                                 ? "bare UCX, 2 processes, 2 MiB"
+                                 : "bare gRPC, 2 processes, 2 MiB",
+                             (uint64_t)(gbps * 1e9 * secs / IMG), secs, -1);
+    r->cpu = cpu * gbps * secs;
+  }
+  if (pclose(f) != 0)
+    fprintf(stderr, "bench_e2e: %s failed\n", cmd);
 }
 
 static const result_t *find(const char *name) {
@@ -401,6 +464,8 @@ int main(int argc, char **argv) {
   bool quick = false;
   long records = 100000;
   int wthreads = 1;
+  const char *transports[2] = {"grpc", "ucx"};
+  int ntransports = ferry_transport_find("ucx") != NULL ? 2 : 1;
   static const struct option longopts[] = {
       {"quick", no_argument, NULL, 'q'},
       {"records", required_argument, NULL, 'n'},
@@ -409,6 +474,7 @@ int main(int argc, char **argv) {
       {"splits-in-flight", required_argument, NULL, 's'},
       {"dispatcher", required_argument, NULL, 'd'},
       {"worker", required_argument, NULL, 'w'},
+      {"transports", required_argument, NULL, 'T'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
@@ -422,6 +488,17 @@ int main(int argc, char **argv) {
     case 's': opt_splits_in_flight = atoi(optarg); break;
     case 'd': setenv("FERRY_IT_DISPATCHER", optarg, 1); break;
     case 'w': setenv("FERRY_IT_WORKER", optarg, 1); break;
+    case 'T':
+      if (strcmp(optarg, "grpc") == 0 || strcmp(optarg, "ucx") == 0) {
+        transports[0] = strcmp(optarg, "grpc") == 0 ? "grpc" : "ucx";
+        ntransports = 1;
+      } else if (strcmp(optarg, "grpc,ucx") == 0) {
+        ntransports = 2;
+      } else {
+        fprintf(stderr, "bench_e2e: --transports grpc, ucx or grpc,ucx\n");
+        return 2;
+      }
+      break;
     default:
       fprintf(ch == 'h' ? stdout : stderr,
               "usage: bench_e2e [--quick] [--records N] "
@@ -473,6 +550,7 @@ int main(int argc, char **argv) {
     bare_bytes = 512ull << 20;
   n = bare_stream(bare_bytes, &secs);
   add_result("bare gRPC stream, 2 MiB messages", n / IMG, secs, -1);
+  bare_transfers(bare_bytes);
   for (int k = 1; k <= 2; k++) {
     char name[64];
     n = inproc_epoch(&ds, pass_spec, k * wthreads, &secs);
@@ -507,42 +585,77 @@ int main(int argc, char **argv) {
       status = 1;
       goto out;
     }
-    char name[64];
-    n = service_epoch(d->addr, pass_spec, &secs, &stall);
-    snprintf(name, sizeof(name), "service passthrough, %d worker%s", k,
-             k > 1 ? "s" : "");
-    add_result(name, n, secs, stall);
-    n = service_epoch(d->addr, seed_spec, &secs, &stall);
-    snprintf(name, sizeof(name), "service seed, %d worker%s", k,
-             k > 1 ? "s" : "");
-    add_result(name, n, secs, stall);
-    if (n != total) {
-      fprintf(stderr, "bench_e2e: the service delivered %llu of %llu "
-              "records\n", (unsigned long long)n, (unsigned long long)total);
-      status = 1;
+    for (int t = 0; t < ntransports; t++) {
+      char name[64];
+      double cpu;
+      const char *tr = transports[t];
+      n = service_epoch(d->addr, pass_spec, tr, &secs, &stall, &cpu);
+      snprintf(name, sizeof(name), "service passthrough, %d worker%s, %s",
+               k, k > 1 ? "s" : "", tr);
+      add_result(name, n, secs, stall)->cpu = cpu;
+      uint64_t n_pass = n;
+      n = service_epoch(d->addr, seed_spec, tr, &secs, &stall, &cpu);
+      snprintf(name, sizeof(name), "service seed, %d worker%s, %s", k,
+               k > 1 ? "s" : "", tr);
+      add_result(name, n, secs, stall)->cpu = cpu;
+      if (n != total || n_pass != total) {
+        fprintf(stderr, "bench_e2e: the service delivered %llu and %llu "
+                "of %llu records over %s\n", (unsigned long long)n_pass,
+                (unsigned long long)n, (unsigned long long)total, tr);
+        status = 1;
+      }
     }
   }
 
 out:
-  printf("\n  %-36s %12s %10s %8s %10s\n", "configuration", "records/s",
-         "MB/s", "seconds", "stalled");
+  printf("\n  %-42s %12s %10s %8s %10s %10s\n", "configuration",
+         "records/s", "MB/s", "seconds", "stalled", "CPU s/GB");
   for (int i = 0; i < nresults; i++)
     print_row(&results[i]);
   printf("\nratios (MB/s):\n");
   int pass = 0, fail = 0;
   char a[64], b[64];
-  ratio("passthrough 1 worker / bare stream",
-        "service passthrough, 1 worker", "bare gRPC stream, 2 MiB messages",
-        0.8, &pass, &fail);
-  ratio("passthrough 2 workers / bare stream",
-        "service passthrough, 2 workers", "bare gRPC stream, 2 MiB messages",
-        0.8, &pass, &fail);
+  ratio("grpc passthrough 1 worker / bare stream",
+        "service passthrough, 1 worker, grpc",
+        "bare gRPC stream, 2 MiB messages", 0.8, &pass, &fail);
+  ratio("grpc passthrough 1 worker / bare gRPC, 2 processes",
+        "service passthrough, 1 worker, grpc",
+        "bare gRPC, 2 processes, 2 MiB", 0.8, &pass, &fail);
+  ratio("grpc passthrough 2 workers / bare stream",
+        "service passthrough, 2 workers, grpc",
+        "bare gRPC stream, 2 MiB messages", 0.8, &pass, &fail);
   snprintf(b, sizeof(b), "in-process seed, %d thr", wthreads);
-  ratio("seed 1 worker / in-process, same threads", "service seed, 1 worker",
-        b, 0.9, &pass, &fail);
+  ratio("grpc seed 1 worker / in-process, same threads",
+        "service seed, 1 worker, grpc", b, 0.9, &pass, &fail);
   snprintf(b, sizeof(b), "in-process seed, %d thr", 2 * wthreads);
-  snprintf(a, sizeof(a), "service seed, 2 workers");
-  ratio("seed 2 workers / in-process, same threads", a, b, 0.9, &pass, &fail);
+  snprintf(a, sizeof(a), "service seed, 2 workers, grpc");
+  ratio("grpc seed 2 workers / in-process, same threads", a, b, 0.9, &pass,
+        &fail);
+  for (int t = 0; t < ntransports; t++) {
+    if (strcmp(transports[t], "ucx") != 0)
+      continue;
+    ratio("ucx passthrough 1 worker / bare UCX, 2 processes",
+          "service passthrough, 1 worker, ucx",
+          "bare UCX, 2 processes, 2 MiB", 0.8, &pass, &fail);
+    const result_t *u = find("service passthrough, 1 worker, ucx");
+    double gbps = u != NULL ? mbps(u) / 1e3 : 0;
+    bool ok = gbps >= 5.0;
+    printf("  %-52s %6.2f  (target >= 5.0 GB/s: %s)\n",
+           "ucx passthrough 1 worker, GB/s", gbps, ok ? "PASS" : "below");
+    if (ok)
+      pass++;
+    else
+      fail++;
+    double cg = u != NULL ? cpu_per_gb(u) : -1;
+    ok = cg >= 0 && cg <= 0.15;
+    printf("  %-52s %6.3f  (target <= 0.15 s/GB: %s)\n",
+           "ucx passthrough 1 worker, client CPU s/GB", cg,
+           ok ? "PASS" : "above");
+    if (ok)
+      pass++;
+    else
+      fail++;
+  }
   printf("targets: %d PASS, %d below\n", pass, fail);
   if (w[1])
     hx_stop(w[1], SIGTERM, 3000, NULL);

@@ -137,6 +137,15 @@ typedef struct ferry_client_options_s {
   const char *tls_key;    /* its private key */
   const char *token_file; /* file holding the client bearer token, sent to
                              the dispatcher and workers on every call */
+
+  /* Data plane (issue 11): how chunks travel from each worker. NULL, ""
+   * or "auto": UCX where this libferry and the worker both have it (and
+   * no TLS is configured: UCX does not encrypt), else gRPC, the reason
+   * logged at INFO; "grpc"; "ucx" (ferry_client_new fails with
+   * FERRY_ENOTSUP in a libferry built without UCX; a worker without UCX
+   * gets no stream, logged). NULL falls back to the FERRY_TRANSPORT
+   * environment variable. */
+  const char *transport;
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial

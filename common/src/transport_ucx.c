@@ -1,0 +1,1471 @@
+/* The UCX transport (ferry/transport.h): chunks as UCP active messages.
+ *
+ * Control on gRPC, bytes on UCX. A stream is opened as a gRPC
+ * server-streaming call, Worker/StreamChunksUcx, whose request is
+ * StreamChunksRequest with the client's UCP worker address and a stream
+ * id (fields 4 and 5). The call goes through the worker's gRPC server, so
+ * TLS, the bearer token and the client secret are checked exactly as for
+ * the gRPC transport (the worker's on_open sees the same request), and it
+ * stays open for the stream's life, carrying no messages: its end is how
+ * either side learns that the other cancelled, died or was cut off (gRPC
+ * keepalive, the same bound as the gRPC transport), and it carries the
+ * final status. The worker then creates a UCP endpoint to the client's
+ * address and sends each chunk as two active messages on it:
+ *   AM_HDR: the Chunk header bytes (eager, whole), and
+ *   AM_PAY: the payload from the chunk pool (rendezvous above 8 KiB: the
+ *           client keeps the descriptor and receives the payload straight
+ *           into the memory of its first copy(), the staging slot),
+ * each with a small AM header {stream id, sequence number, flags}, then
+ * AM_END {status, message} after the last send completed.
+ *
+ * Why not UCX's own error handling: in UCX 1.13 the shared-memory
+ * transports (posix, sysv) and cma have no peer failure handler, so a
+ * UCP_ERR_HANDLING_MODE_PEER endpoint falls back to tcp on one host (a
+ * tenth of the bandwidth; tests/bench/bare_transfer shows it with
+ * FERRY_BENCH_UCX_PEER_ERRORS=1). Endpoints here use mode NONE, and the
+ * gRPC call stands in for the failure detector: when it ends early the
+ * worker waits up to a grace period for outstanding sends (a live client
+ * that cancelled releases what it held at once), then closes the endpoint
+ * with UCP_EP_CLOSE_FLAG_FORCE, which completes them with UCS_ERR_CANCELED
+ * and so returns their chunks to the pool.
+ *
+ * Progress. Worker side: the UCP worker belongs to the worker's libuv
+ * loop thread (UCS_THREAD_MODE_SINGLE); uv_poll on ucp_worker_get_efd
+ * drives ucp_worker_progress and ucp_worker_arm, a uv_idle handle runs it
+ * once after each send (callbacks never call progress themselves), and a
+ * 50 ms timer runs it and the grace deadlines. Client side: one progress
+ * thread per ferry_client_t owns its UCP worker; reader threads hand it
+ * receive and release operations through a queue and an eventfd, and wait
+ * for receives on a condition variable.
+ *
+ * The AM headers are in host byte order: both ends must be little-endian
+ * (x86-64, aarch64).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/log.h"
+#include "ferry/rpc_methods.h"
+#include "ferry/transport.h"
+#include "ferry/v1/worker.pb-c.h"
+
+#define METHOD FERRY_METHOD_STREAM_CHUNKS_UCX
+
+enum { AM_HDR = 0x4601, AM_PAY = 0x4602, AM_END = 0x4603 };
+#define AMF_PAYLOAD 1u /* AM_HDR: an AM_PAY follows */
+/* AM_HDR also carries a copy of the payload's first PREFIX bytes (their
+ * count in flags bits 8-15): the chunk parser reads a varint window a few
+ * bytes past the header's end, which must not fetch the payload. */
+#define PREFIX 16
+#define RNDV_MIN 8192  /* payloads from this size go by rendezvous */
+#define WINDOW 8       /* sends outstanding per stream */
+#define GRACE_MS 1000  /* after an early end, before a forced close */
+
+typedef struct amhdr_s {
+  uint64_t stream_id;
+  uint64_t seq;
+  int32_t status; /* AM_END: FERRY_RPC_* */
+  uint32_t flags;
+} amhdr_t;
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A UCP context and a worker with the AM and wakeup features. */
+static int ucx_open(ucp_context_h *ctx, ucp_worker_h *worker,
+                    ferry_error_t *err) {
+  ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES |
+                                  UCP_PARAM_FIELD_NAME,
+                    .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                    .name = "ferry"};
+  ucs_status_t st = ucp_init(&p, NULL, ctx);
+  if (st != UCS_OK)
+    return ferry__seterr(err, FERRY_EIO, "transport ucx: ucp_init: %s",
+                         ucs_status_string(st));
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_SINGLE};
+  st = ucp_worker_create(*ctx, &wp, worker);
+  if (st != UCS_OK) {
+    ucp_cleanup(*ctx);
+    return ferry__seterr(err, FERRY_EIO,
+                         "transport ucx: ucp_worker_create: %s",
+                         ucs_status_string(st));
+  }
+  return 0;
+}
+
+static int set_am_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb,
+                          void *arg) {
+  ucp_am_handler_param_t hp = {
+      .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+      .id = id,
+      .flags = UCP_AM_FLAG_WHOLE_MSG,
+      .cb = cb,
+      .arg = arg};
+  return ucp_worker_set_am_recv_handler(w, &hp) == UCS_OK ? 0 : -1;
+}
+
+/* ======================================================================== */
+/* Worker side                                                               */
+/* ======================================================================== */
+
+typedef struct ustream_s ustream_t;
+
+typedef struct uregion_s {
+  struct uregion_s *next;
+  uintptr_t start, end;
+  ucp_mem_h memh;
+} uregion_t;
+
+typedef struct userver_s {
+  ferry_transport_server_t base;
+  ferry_transport_open_cb on_open;
+  void *user;
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_address_t *addr;
+  size_t addr_len;
+  uv_poll_t poll;
+  uv_idle_t kick;
+  uv_timer_t timer;
+  int handles; /* open uv handles */
+  bool closing;
+  ustream_t *streams;
+  uregion_t *regions;
+  bool stopping;
+  ferry_transport_done_cb done;
+  void *done_arg;
+} userver_t;
+
+struct ustream_s {
+  ferry_transport_stream_t base;
+  ustream_t *next;
+  userver_t *srv;
+  ferry_rpc_call_t *call; /* the control call; NULL once answered */
+  uint8_t *client_addr;
+  size_t client_addr_len;
+  uint64_t id; /* the client's stream id */
+  ucp_ep_h ep;
+  void *close_req; /* ucp_ep_close_nbx in progress */
+  ferry_transport_sent_cb on_sent;
+  ferry_transport_end_cb on_end;
+  void *arg;
+  bool accepted, ended, end_told, finished, end_sent;
+  unsigned outstanding; /* sends not completed */
+  uint64_t seq;
+  int fin_status;
+  char *fin_msg;
+  int64_t grace_until; /* ended: force the close after this */
+  amhdr_t end_h;       /* AM_END's header, read by UCP until the close */
+};
+
+/* One send: one or two AM requests and the header copy. */
+typedef struct usend_s {
+  ustream_t *s;
+  int pending;
+  bool failed;
+  bool quiet; /* send() returned an error: no on_sent */
+  amhdr_t h;  /* UCP reads the AM header until completion */
+  void (*release)(void *);
+  void *release_arg;
+  size_t hdr_len;
+  uint8_t hdr[];
+} usend_t;
+
+/* Runs progress and the sweep once more from the loop (never from inside
+ * a UCX callback: those only mark and kick). */
+static void on_kick(uv_idle_t *h);
+
+static void srv_kick(userver_t *srv) {
+  if (!srv->closing)
+    uv_idle_start(&srv->kick, on_kick);
+}
+
+static void stream_end(ustream_t *s) {
+  if (s->ended)
+    return;
+  s->ended = true;
+  s->grace_until = mono_ms() + GRACE_MS;
+  if (s->accepted && !s->finished && !s->end_told) {
+    s->end_told = true;
+    if (s->on_end != NULL)
+      s->on_end(&s->base, s->arg);
+  }
+}
+
+static void on_call_cancel(ferry_rpc_call_t *call, void *arg) {
+  ustream_t *s = arg;
+  (void)call;
+  stream_end(s);
+  srv_kick(s->srv);
+}
+
+static void usend_done(usend_t *u) {
+  ustream_t *s = u->s;
+  u->release(u->release_arg);
+  s->outstanding--;
+  bool ok = !u->failed, quiet = u->quiet;
+  ferry__free(u);
+  if (!ok)
+    stream_end(s);
+  if (!s->finished && !quiet && s->on_sent != NULL)
+    s->on_sent(&s->base, ok, s->arg);
+  srv_kick(s->srv);
+}
+
+static void am_sent(void *req, ucs_status_t st, void *user) {
+  usend_t *u = user;
+  if (st != UCS_OK) {
+    if (!u->s->ended)
+      FERRY_LOG(FERRY_LOG_DEBUG, "transport ucx: stream %llu: send: %s",
+                (unsigned long long)u->s->id, ucs_status_string(st));
+    u->failed = true;
+  }
+  ucp_request_free(req);
+  if (--u->pending == 0)
+    usend_done(u);
+}
+
+static ucp_mem_h region_find(userver_t *srv, const void *ptr, size_t len) {
+  uintptr_t a = (uintptr_t)ptr;
+  for (uregion_t *r = srv->regions; r != NULL; r = r->next)
+    if (a >= r->start && a + len <= r->end)
+      return r->memh;
+  return NULL;
+}
+
+/* Posts one AM; returns 0 (completion follows in am_sent) or an error. */
+static int post_am(ustream_t *s, usend_t *u, unsigned id, const amhdr_t *h,
+                   const void *data, size_t len, uint32_t flags,
+                   ucp_mem_h memh) {
+  ucp_request_param_t p = {
+      .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                      UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_NO_IMM_CMPL |
+                      (memh != NULL ? UCP_OP_ATTR_FIELD_MEMH : 0),
+      .cb.send = am_sent,
+      .user_data = u,
+      .flags = flags,
+      .memh = memh};
+  void *req = ucp_am_send_nbx(s->ep, id, h, sizeof(*h), data, len, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    FERRY_LOG(FERRY_LOG_DEBUG, "transport ucx: stream %llu: am %u: %s",
+              (unsigned long long)s->id, id,
+              ucs_status_string(UCS_PTR_STATUS(req)));
+    return FERRY_ECANCELED;
+  }
+  u->pending++;
+  return 0;
+}
+
+static void ep_closed(void *req, ucs_status_t st, void *user) {
+  ustream_t *s = user;
+  (void)st;
+  ucp_request_free(req);
+  s->close_req = NULL;
+  srv_kick(s->srv);
+}
+
+/* Starts closing the endpoint (forced when the peer ended). */
+static void stream_close_ep(ustream_t *s, bool force) {
+  if (s->ep == NULL || s->close_req != NULL)
+    return;
+  ucp_request_param_t p = {
+      .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS,
+      .cb.send = ep_closed,
+      .user_data = s,
+      .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+  void *req = ucp_ep_close_nbx(s->ep, &p);
+  s->ep = NULL;
+  if (UCS_PTR_IS_PTR(req))
+    s->close_req = req;
+}
+
+static void stream_answer(ustream_t *s) {
+  if (s->call == NULL)
+    return;
+  ferry_rpc_call_t *call = s->call;
+  s->call = NULL;
+  if (!s->accepted && s->fin_status != FERRY_RPC_OK)
+    ferry_rpc_reply_error(call, s->fin_status, s->fin_msg);
+  else
+    ferry_rpc_stream_finish(call, s->fin_status, s->fin_msg);
+}
+
+/* A finished stream, from the sweep: sends END once the last send
+ * completed, closes the endpoint, answers the call. True when it can be
+ * freed. */
+static bool stream_complete(ustream_t *s, int64_t now) {
+  if (s->outstanding > 0) {
+    /* An ended stream's sends wait for a live client's release, or for
+     * the forced close after the grace period. */
+    if (s->ended && now >= s->grace_until)
+      stream_close_ep(s, true);
+    return false;
+  }
+  if (s->ep != NULL && !s->ended && !s->end_sent) {
+    s->end_sent = true;
+    s->end_h = (amhdr_t){.stream_id = s->id, .seq = s->seq,
+                         .status = s->fin_status};
+    const char *msg = s->fin_msg != NULL ? s->fin_msg : "";
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req = ucp_am_send_nbx(s->ep, AM_END, &s->end_h, sizeof(s->end_h), msg,
+                                strlen(msg), &p);
+    /* Completes on its own (fin_msg lives until the free, after the
+     * close's flush). */
+    if (UCS_PTR_IS_PTR(req))
+      ucp_request_free(req);
+  }
+  if (s->ep != NULL)
+    stream_close_ep(s, s->ended);
+  if (s->ep != NULL || s->close_req != NULL)
+    return false;
+  stream_answer(s);
+  return true;
+}
+
+static void srv_progress(userver_t *srv) {
+  for (;;) {
+    while (ucp_worker_progress(srv->worker) != 0) {
+    }
+    if (ucp_worker_arm(srv->worker) != UCS_ERR_BUSY)
+      break;
+  }
+}
+
+static void srv_free_now(userver_t *srv);
+
+/* Progress, then the finished streams' next steps; frees what is done. */
+static void srv_sweep(userver_t *srv) {
+  int64_t now = mono_ms();
+  srv_progress(srv);
+  for (ustream_t **pp = &srv->streams; *pp != NULL;) {
+    ustream_t *s = *pp;
+    if (s->finished && stream_complete(s, now)) {
+      *pp = s->next;
+      ferry__free(s->client_addr);
+      ferry__free(s->fin_msg);
+      ferry__free(s);
+    } else {
+      pp = &s->next;
+    }
+  }
+  srv_progress(srv);
+  if (srv->stopping && srv->streams == NULL)
+    srv_free_now(srv);
+}
+
+static void on_kick(uv_idle_t *h) {
+  uv_idle_stop(h);
+  srv_sweep(h->data);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  srv_sweep(h->data);
+}
+
+static void on_timer(uv_timer_t *h) { srv_sweep(h->data); }
+
+static void handle_closed(uv_handle_t *h) {
+  userver_t *srv = h->data;
+  if (--srv->handles > 0)
+    return;
+  ucp_worker_release_address(srv->worker, srv->addr);
+  ucp_worker_destroy(srv->worker);
+  ucp_cleanup(srv->ctx);
+  ferry_transport_done_cb done = srv->done;
+  void *arg = srv->done_arg;
+  ferry__free(srv);
+  if (done != NULL)
+    done(arg);
+}
+
+/* Every stream is gone: unmap the pool, close the handles (the last close
+ * destroys the UCP worker and calls done). */
+static void srv_free_now(userver_t *srv) {
+  if (srv->closing)
+    return;
+  srv->closing = true;
+  while (srv->regions != NULL) {
+    uregion_t *r = srv->regions;
+    srv->regions = r->next;
+    ucp_mem_unmap(srv->ctx, r->memh);
+    ferry__free(r);
+  }
+  uv_poll_stop(&srv->poll);
+  uv_idle_stop(&srv->kick);
+  uv_timer_stop(&srv->timer);
+  uv_close((uv_handle_t *)&srv->poll, handle_closed);
+  uv_close((uv_handle_t *)&srv->kick, handle_closed);
+  uv_close((uv_handle_t *)&srv->timer, handle_closed);
+}
+
+static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
+                    void *user) {
+  userver_t *srv = user;
+  Ferry__V1__StreamChunksRequest *m =
+      ferry__v1__stream_chunks_request__unpack(NULL, len, req);
+  if (m == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                          "StreamChunksRequest: malformed protobuf");
+    return;
+  }
+  if (m->ucx_address.len == 0 || m->ucx_address.len > 65536) {
+    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                          "StreamChunksUcx: ucx_address missing or over "
+                          "64 KiB");
+    return;
+  }
+  if (srv->stopping) {
+    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
+                          "worker shutting down");
+    return;
+  }
+  ustream_t *s = ferry__calloc(1, sizeof(*s));
+  uint8_t *a = ferry__malloc(m->ucx_address.len);
+  if (s == NULL || a == NULL) {
+    ferry__free(s);
+    ferry__free(a);
+    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    return;
+  }
+  memcpy(a, m->ucx_address.data, m->ucx_address.len);
+  s->base.ops = &ferry_transport_ucx;
+  s->base.server = &srv->base;
+  s->srv = srv;
+  s->call = call;
+  s->client_addr = a;
+  s->client_addr_len = m->ucx_address.len;
+  s->id = m->ucx_stream_id;
+  s->next = srv->streams;
+  srv->streams = s;
+  ferry_transport_open_t o = {0};
+  o.job_id = m->job_id;
+  o.client_id = m->client_id;
+  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES)
+    o.secret = m->client_secret.data;
+  o.bearer = ferry_rpc_call_bearer(call, &o.bearer_len);
+  srv->on_open(&s->base, &o, srv->user);
+  ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+}
+
+static int u_server_new(const ferry_transport_server_config_t *cfg,
+                        ferry_transport_server_t **out, ferry_error_t *err) {
+  *out = NULL;
+  if (cfg->rpc_server == NULL || cfg->on_open == NULL || cfg->loop == NULL)
+    return ferry__seterr(err, FERRY_EINVAL, "transport ucx: needs the "
+                         "worker's loop and gRPC server");
+  userver_t *srv = ferry__calloc(1, sizeof(*srv));
+  if (srv == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
+  srv->base.ops = &ferry_transport_ucx;
+  srv->on_open = cfg->on_open;
+  srv->user = cfg->user;
+  int rc = ucx_open(&srv->ctx, &srv->worker, err);
+  if (rc != 0) {
+    ferry__free(srv);
+    return rc;
+  }
+  int efd = -1;
+  ucs_status_t st = ucp_worker_get_address(srv->worker, &srv->addr,
+                                           &srv->addr_len);
+  if (st == UCS_OK)
+    st = ucp_worker_get_efd(srv->worker, &efd);
+  if (st != UCS_OK) {
+    rc = ferry__seterr(err, FERRY_EIO, "transport ucx: worker address or "
+                       "event fd: %s", ucs_status_string(st));
+    goto fail;
+  }
+  rc = ferry_rpc_server_register(cfg->rpc_server, METHOD,
+                                 FERRY_RPC_SERVER_STREAM, on_call, srv, err);
+  if (rc != 0)
+    goto fail;
+  uv_poll_init(cfg->loop, &srv->poll, efd);
+  uv_idle_init(cfg->loop, &srv->kick);
+  uv_timer_init(cfg->loop, &srv->timer);
+  srv->poll.data = srv->kick.data = srv->timer.data = srv;
+  srv->handles = 3;
+  uv_poll_start(&srv->poll, UV_READABLE, on_poll);
+  uv_timer_start(&srv->timer, on_timer, 50, 50);
+  /* The timer alone must not keep the loop alive. */
+  uv_unref((uv_handle_t *)&srv->timer);
+  uv_unref((uv_handle_t *)&srv->poll);
+  srv_progress(srv);
+  FERRY_LOG(FERRY_LOG_INFO, "transport ucx: serving with UCX %s (%zu-byte "
+            "worker address)", ucp_get_version_string(), srv->addr_len);
+  *out = &srv->base;
+  return 0;
+fail:
+  if (srv->addr != NULL)
+    ucp_worker_release_address(srv->worker, srv->addr);
+  ucp_worker_destroy(srv->worker);
+  ucp_cleanup(srv->ctx);
+  ferry__free(srv);
+  return rc;
+}
+
+static const void *u_server_address(ferry_transport_server_t *base,
+                                    size_t *len) {
+  userver_t *srv = (userver_t *)base;
+  *len = srv->addr_len;
+  return srv->addr;
+}
+
+static void u_server_shutdown(ferry_transport_server_t *base,
+                              ferry_transport_done_cb done, void *arg) {
+  userver_t *srv = (userver_t *)base;
+  srv->stopping = true;
+  srv->done = done;
+  srv->done_arg = arg;
+  for (ustream_t *s = srv->streams, *next; s != NULL; s = next) {
+    next = s->next;
+    stream_end(s);
+    s->grace_until = 0; /* no grace: force at once */
+  }
+  srv_kick(srv);
+}
+
+static int u_mem_map(ferry_transport_server_t *base, void *ptr, size_t len,
+                     void **memh, ferry_error_t *err) {
+  userver_t *srv = (userver_t *)base;
+  uregion_t *r = ferry__calloc(1, sizeof(*r));
+  if (r == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
+  ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                           UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                             .address = ptr,
+                             .length = len};
+  ucs_status_t st = ucp_mem_map(srv->ctx, &mp, &r->memh);
+  if (st != UCS_OK) {
+    ferry__free(r);
+    return ferry__seterr(err, FERRY_EIO, "transport ucx: ucp_mem_map of "
+                         "%zu bytes: %s", len, ucs_status_string(st));
+  }
+  r->start = (uintptr_t)ptr;
+  r->end = r->start + len;
+  r->next = srv->regions;
+  srv->regions = r;
+  *memh = r;
+  return 0;
+}
+
+static void u_mem_unmap(ferry_transport_server_t *base, void *memh) {
+  userver_t *srv = (userver_t *)base;
+  for (uregion_t **pp = &srv->regions; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == memh) {
+      uregion_t *r = *pp;
+      *pp = r->next;
+      ucp_mem_unmap(srv->ctx, r->memh);
+      ferry__free(r);
+      return;
+    }
+}
+
+static void u_accept(ferry_transport_stream_t *base,
+                     ferry_transport_sent_cb on_sent,
+                     ferry_transport_end_cb on_end, void *arg) {
+  ustream_t *s = (ustream_t *)base;
+  s->on_sent = on_sent;
+  s->on_end = on_end;
+  s->arg = arg;
+  s->accepted = true;
+  ucp_ep_params_t ep = {
+      .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+      .address = (const ucp_address_t *)s->client_addr,
+      .err_mode = UCP_ERR_HANDLING_MODE_NONE};
+  ucs_status_t st = ucp_ep_create(s->srv->worker, &ep, &s->ep);
+  if (st != UCS_OK) {
+    FERRY_LOG(FERRY_LOG_WARN, "transport ucx: stream %llu: cannot reach "
+              "the client's UCX address: %s", (unsigned long long)s->id,
+              ucs_status_string(st));
+    s->ep = NULL;
+    stream_end(s);
+    return;
+  }
+  /* on_end runs now if the call already ended. */
+  ferry_rpc_call_on_cancel(s->call, on_call_cancel, s);
+}
+
+static int u_send(ferry_transport_stream_t *base,
+                  const ferry_transport_send_t *m) {
+  ustream_t *s = (ustream_t *)base;
+  if (!s->accepted || s->finished || s->outstanding >= WINDOW || m->n == 0 ||
+      m->n > FERRY_TRANSPORT_MAX_PIECES) {
+    m->release(m->release_arg);
+    return FERRY_EINVAL;
+  }
+  if (s->ended || s->ep == NULL) {
+    m->release(m->release_arg);
+    return FERRY_ECANCELED;
+  }
+  /* pieces[n-1] is the payload when n > 1; the rest is the header. */
+  size_t nh = m->n > 1 ? m->n - 1 : 1, hlen = 0;
+  for (size_t i = 0; i < nh; i++)
+    hlen += m->pieces[i].len;
+  const ferry_transport_piece_t *pay = m->n > 1 ? &m->pieces[m->n - 1] : NULL;
+  size_t prefix = pay == NULL ? 0 : pay->len < PREFIX ? pay->len : PREFIX;
+  usend_t *u = ferry__malloc(sizeof(*u) + hlen + prefix);
+  if (u == NULL) {
+    m->release(m->release_arg);
+    return FERRY_ENOMEM;
+  }
+  *u = (usend_t){.s = s, .release = m->release,
+                 .release_arg = m->release_arg, .hdr_len = hlen};
+  for (size_t i = 0, off = 0; i < nh; off += m->pieces[i].len, i++)
+    memcpy(u->hdr + off, m->pieces[i].ptr, m->pieces[i].len);
+  if (prefix > 0)
+    memcpy(u->hdr + hlen, pay->ptr, prefix);
+  u->h = (amhdr_t){.stream_id = s->id, .seq = s->seq++,
+                   .flags = (pay != NULL ? AMF_PAYLOAD : 0) |
+                            (uint32_t)prefix << 8};
+  int rc = post_am(s, u, AM_HDR, &u->h, u->hdr, hlen + prefix,
+                   UCP_AM_SEND_FLAG_EAGER, NULL);
+  if (rc == 0 && pay != NULL)
+    rc = post_am(s, u, AM_PAY, &u->h, pay->ptr, pay->len,
+                 pay->len >= RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0,
+                 region_find(s->srv, pay->ptr, pay->len));
+  s->outstanding++;
+  if (rc != 0) {
+    u->failed = true;
+    if (u->pending == 0) {
+      /* Nothing was posted: release now, no on_sent. */
+      s->outstanding--;
+      m->release(m->release_arg);
+      ferry__free(u);
+    } else {
+      /* The header is out: its completion releases; no on_sent. */
+      u->quiet = true;
+    }
+    stream_end(s);
+    return FERRY_ECANCELED;
+  }
+  srv_kick(s->srv);
+  return 0;
+}
+
+static unsigned u_window(const ferry_transport_stream_t *s) {
+  (void)s;
+  return WINDOW;
+}
+
+static bool u_ended(const ferry_transport_stream_t *base) {
+  const ustream_t *s = (const ustream_t *)base;
+  return s->ended || (s->call != NULL && ferry_rpc_call_cancelled(s->call));
+}
+
+static void u_finish(ferry_transport_stream_t *base, int status,
+                     const char *msg) {
+  ustream_t *s = (ustream_t *)base;
+  s->finished = true;
+  s->fin_status = status;
+  s->fin_msg = msg != NULL ? ferry__strdup(msg) : NULL;
+  /* An ended stream's call is answered now (its peer is gone; the gRPC
+   * server's shutdown waits for the answer); the rest in the sweep. */
+  if (s->ended || !s->accepted)
+    stream_answer(s);
+  srv_kick(s->srv);
+}
+
+/* ======================================================================== */
+/* Client side                                                               */
+/* ======================================================================== */
+
+typedef struct ucstream_s ucstream_t;
+
+/* A received chunk: header bytes, then a payload held as a rendezvous
+ * descriptor (received on the first copy) or as bytes. */
+typedef struct umsg_s {
+  struct umsg_s *next;
+  uint64_t seq;
+  uint8_t *hdr;
+  size_t hdr_len;
+  bool has_hdr, has_payload, payload_arrived;
+  size_t prefix_len; /* the payload's first bytes, after hdr[hdr_len] */
+  size_t pay_len;
+  void *desc;          /* rendezvous descriptor not received yet */
+  uint8_t *pay;        /* payload bytes (eager copy or bounce) */
+  const uint8_t *direct; /* where the payload was received directly */
+  bool pay_failed;
+} umsg_t;
+
+enum { OP_RECV, OP_RELEASE };
+typedef struct uop_s {
+  struct uop_s *next;
+  int kind;
+  void *desc;
+  void *dst;
+  size_t len;
+  atomic_int state; /* OPS_PENDING, OPS_DONE, OPS_ABANDONED */
+  ucs_status_t st;
+} uop_t;
+enum { OPS_PENDING, OPS_DONE, OPS_ABANDONED };
+
+typedef struct uclient_s {
+  ferry_transport_client_t base;
+  ferry_rpc_options_t opts;
+  int peer_timeout_ms;
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_address_t *addr;
+  size_t addr_len;
+  int efd, wake_fd;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t op_cv;
+  bool stop;
+  uop_t *ops, *ops_tail;
+  ucstream_t *streams;
+  uint64_t next_id;
+} uclient_t;
+
+struct ucstream_s {
+  ferry_transport_cstream_t base;
+  ucstream_t *next;
+  uclient_t *cl;
+  uint64_t id;
+  char *peer;
+  ferry_rpc_channel_t *channel;
+  ferry_rpc_stream_t *ctl;
+  pthread_cond_t cv;
+  /* Chunks by sequence number, ascending: the header and the payload of a
+   * chunk may arrive in either order (eager and rendezvous take different
+   * paths), so next hands out `deliver` once both are in. */
+  umsg_t *msgs;
+  umsg_t *out;      /* the chunk handed out by next */
+  uint64_t deliver; /* the next sequence number to hand out */
+  bool got_end;
+  uint64_t end_seq; /* chunks sent before END */
+  int end_status;
+  char end_msg[512];
+  bool cancelled;
+  bool peer_dead; /* the control call failed or a payload did not come */
+  int final_rc; /* sticky result once ended (0: running) */
+  char final_msg[600];
+  int64_t ctl_ok_at; /* the call ended OK at this time, END not yet in */
+};
+
+static void cl_wake(uclient_t *cl) {
+  uint64_t one = 1;
+  ssize_t n = write(cl->wake_fd, &one, sizeof(one));
+  (void)n;
+}
+
+/* Queues an operation for the progress thread (mu held). */
+static void op_push_locked(uclient_t *cl, uop_t *op) {
+  op->next = NULL;
+  if (cl->ops_tail != NULL)
+    cl->ops_tail->next = op;
+  else
+    cl->ops = op;
+  cl->ops_tail = op;
+}
+
+static void umsg_free(uclient_t *cl, umsg_t *m, bool locked, bool peer_dead) {
+  if (m == NULL)
+    return;
+  /* A dead worker's descriptors are left alone: UCX may have dropped the
+   * endpoint they refer to (releasing one then asserts in UCX). */
+  if (m->desc != NULL && !peer_dead) {
+    uop_t *op = ferry__calloc(1, sizeof(*op));
+    if (op != NULL) {
+      op->kind = OP_RELEASE;
+      op->desc = m->desc;
+      if (!locked)
+        pthread_mutex_lock(&cl->mu);
+      op_push_locked(cl, op);
+      if (!locked)
+        pthread_mutex_unlock(&cl->mu);
+      cl_wake(cl);
+    }
+  }
+  ferry__free(m->hdr);
+  ferry__free(m->pay);
+  ferry__free(m);
+}
+
+static ucstream_t *stream_find_locked(uclient_t *cl, uint64_t id) {
+  for (ucstream_t *s = cl->streams; s != NULL; s = s->next)
+    if (s->id == id)
+      return s;
+  return NULL;
+}
+
+/* The chunk `seq` of the stream, made when first heard of (mu held). */
+static umsg_t *msg_get_locked(ucstream_t *s, uint64_t seq) {
+  umsg_t **pp = &s->msgs;
+  while (*pp != NULL && (*pp)->seq < seq)
+    pp = &(*pp)->next;
+  if (*pp != NULL && (*pp)->seq == seq)
+    return *pp;
+  if (seq < s->deliver)
+    return NULL; /* already handed out */
+  umsg_t *m = ferry__calloc(1, sizeof(*m));
+  if (m == NULL)
+    return NULL;
+  m->seq = seq;
+  m->next = *pp;
+  *pp = m;
+  return m;
+}
+
+static bool msg_complete(const umsg_t *m) {
+  return m->has_hdr && (!m->has_payload || m->payload_arrived);
+}
+
+/* Fails the stream with a protocol error (mu held). */
+static void proto_error_locked(ucstream_t *s, const char *what) {
+  if (s->final_rc == 0) {
+    s->final_rc = FERRY_EGRPC_INTERNAL;
+    snprintf(s->final_msg, sizeof(s->final_msg),
+             "StreamChunksUcx from %s: %s", s->peer, what);
+  }
+  pthread_cond_broadcast(&s->cv);
+}
+
+static ucs_status_t on_am_hdr(void *arg, const void *header, size_t hlen,
+                              void *data, size_t len,
+                              const ucp_am_recv_param_t *param) {
+  uclient_t *cl = arg;
+  amhdr_t h;
+  if (hlen != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+    return UCS_OK; /* not ours; a header is always eager */
+  memcpy(&h, header, sizeof(h));
+  pthread_mutex_lock(&cl->mu);
+  ucstream_t *s = stream_find_locked(cl, h.stream_id);
+  if (s == NULL || s->cancelled || s->final_rc != 0) {
+    pthread_mutex_unlock(&cl->mu);
+    return UCS_OK;
+  }
+  umsg_t *m = msg_get_locked(s, h.seq);
+  uint8_t *copy = ferry__malloc(len > 0 ? len : 1);
+  if (m == NULL || copy == NULL || m->has_hdr) {
+    ferry__free(copy);
+    proto_error_locked(s, m == NULL || copy == NULL ? "out of memory"
+                                                    : "a chunk header twice");
+    pthread_mutex_unlock(&cl->mu);
+    return UCS_OK;
+  }
+  if (len > 0)
+    memcpy(copy, data, len);
+  size_t prefix = (h.flags >> 8) & 0xff;
+  if (prefix > len || prefix > PREFIX) {
+    ferry__free(copy);
+    proto_error_locked(s, "a malformed chunk header");
+    pthread_mutex_unlock(&cl->mu);
+    return UCS_OK;
+  }
+  m->hdr = copy;
+  m->hdr_len = len - prefix;
+  m->prefix_len = prefix;
+  m->has_hdr = true;
+  m->has_payload = (h.flags & AMF_PAYLOAD) != 0;
+  if (msg_complete(m))
+    pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&cl->mu);
+  return UCS_OK;
+}
+
+static ucs_status_t on_am_pay(void *arg, const void *header, size_t hlen,
+                              void *data, size_t len,
+                              const ucp_am_recv_param_t *param) {
+  uclient_t *cl = arg;
+  amhdr_t h;
+  bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (hlen != sizeof(h))
+    return UCS_OK;
+  memcpy(&h, header, sizeof(h));
+  pthread_mutex_lock(&cl->mu);
+  ucstream_t *s = stream_find_locked(cl, h.stream_id);
+  /* A payload nobody wants is dropped: returning UCS_OK without receiving
+   * a rendezvous completes the worker's send. */
+  if (s == NULL || s->cancelled || s->final_rc != 0) {
+    pthread_mutex_unlock(&cl->mu);
+    return UCS_OK;
+  }
+  umsg_t *m = msg_get_locked(s, h.seq);
+  if (m == NULL || m->payload_arrived) {
+    proto_error_locked(s, m == NULL ? "out of memory" : "a payload twice");
+    pthread_mutex_unlock(&cl->mu);
+    return UCS_OK;
+  }
+  m->pay_len = len;
+  m->payload_arrived = true;
+  m->has_payload = true;
+  ucs_status_t ret = UCS_OK;
+  if (rndv) {
+    m->desc = data;
+    ret = UCS_INPROGRESS; /* kept until copy() or release */
+  } else {
+    m->pay = ferry__malloc(len > 0 ? len : 1);
+    if (m->pay == NULL)
+      m->pay_failed = true;
+    else if (len > 0)
+      memcpy(m->pay, data, len);
+  }
+  if (msg_complete(m))
+    pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&cl->mu);
+  return ret;
+}
+
+static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
+                              void *data, size_t len,
+                              const ucp_am_recv_param_t *param) {
+  uclient_t *cl = arg;
+  amhdr_t h;
+  if (hlen != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+    return UCS_OK;
+  memcpy(&h, header, sizeof(h));
+  pthread_mutex_lock(&cl->mu);
+  ucstream_t *s = stream_find_locked(cl, h.stream_id);
+  if (s != NULL && !s->got_end) {
+    s->got_end = true;
+    s->end_seq = h.seq;
+    s->end_status = h.status;
+    size_t n = len < sizeof(s->end_msg) - 1 ? len : sizeof(s->end_msg) - 1;
+    memcpy(s->end_msg, data, n);
+    s->end_msg[n] = '\0';
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&cl->mu);
+  return UCS_OK;
+}
+
+/* A receive ended (progress thread); its waiter is woken by the
+ * broadcast after progress, or it gave up and the op is freed here. */
+static void op_finish(uop_t *op, ucs_status_t st) {
+  op->st = st;
+  if (atomic_exchange(&op->state, OPS_DONE) == OPS_ABANDONED)
+    ferry__free(op);
+}
+
+static void op_recv_done(void *req, ucs_status_t st, size_t len, void *user) {
+  (void)len;
+  ucp_request_free(req);
+  op_finish(user, st);
+}
+
+/* Runs queued operations (progress thread). */
+static void run_ops(uclient_t *cl) {
+  pthread_mutex_lock(&cl->mu);
+  uop_t *op = cl->ops;
+  cl->ops = cl->ops_tail = NULL;
+  pthread_mutex_unlock(&cl->mu);
+  while (op != NULL) {
+    uop_t *next = op->next;
+    if (op->kind == OP_RELEASE) {
+      ucp_am_data_release(cl->worker, op->desc);
+      ferry__free(op);
+    } else {
+      ucp_request_param_t p = {
+          .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                          UCP_OP_ATTR_FIELD_USER_DATA,
+          .cb.recv_am = op_recv_done,
+          .user_data = op};
+      void *req = ucp_am_recv_data_nbx(cl->worker, op->desc, op->dst,
+                                       op->len, &p);
+      op->desc = NULL; /* UCP owns it now */
+      if (UCS_PTR_IS_ERR(req))
+        op_finish(op, UCS_PTR_STATUS(req));
+      else if (req == NULL)
+        op_finish(op, UCS_OK);
+      /* else op_recv_done marks it */
+    }
+    op = next;
+  }
+}
+
+static void *progress_main(void *arg) {
+  uclient_t *cl = arg;
+  struct pollfd pfd[2] = {{.fd = cl->efd, .events = POLLIN},
+                          {.fd = cl->wake_fd, .events = POLLIN}};
+  for (;;) {
+    run_ops(cl);
+    while (ucp_worker_progress(cl->worker) != 0) {
+    }
+    /* Publish finished receives and free abandoned ones. */
+    pthread_mutex_lock(&cl->mu);
+    bool stop = cl->stop;
+    pthread_cond_broadcast(&cl->op_cv);
+    bool more = cl->ops != NULL;
+    pthread_mutex_unlock(&cl->mu);
+    if (stop)
+      break;
+    if (more)
+      continue;
+    if (ucp_worker_arm(cl->worker) == UCS_ERR_BUSY)
+      continue;
+    if (poll(pfd, 2, 100) > 0 && (pfd[1].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t n = read(cl->wake_fd, &v, sizeof(v));
+      (void)n;
+    }
+  }
+  return NULL;
+}
+
+static int u_client_new(const ferry_transport_client_config_t *cfg,
+                        ferry_transport_client_t **out, ferry_error_t *err) {
+  *out = NULL;
+  uclient_t *cl = ferry__calloc(1, sizeof(*cl));
+  if (cl == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
+  cl->base.ops = &ferry_transport_ucx;
+  if (cfg != NULL && cfg->rpc_opts != NULL)
+    cl->opts = *cfg->rpc_opts;
+  cl->peer_timeout_ms =
+      cfg != NULL && cfg->peer_timeout_ms > 0 ? cfg->peer_timeout_ms : 10000;
+  cl->efd = cl->wake_fd = -1;
+  int rc = ucx_open(&cl->ctx, &cl->worker, err);
+  if (rc != 0) {
+    ferry__free(cl);
+    return rc;
+  }
+  ucs_status_t st = ucp_worker_get_address(cl->worker, &cl->addr,
+                                           &cl->addr_len);
+  if (st == UCS_OK)
+    st = ucp_worker_get_efd(cl->worker, &cl->efd);
+  if (st != UCS_OK) {
+    rc = ferry__seterr(err, FERRY_EIO, "transport ucx: worker address or "
+                       "event fd: %s", ucs_status_string(st));
+    goto fail;
+  }
+  if (set_am_handler(cl->worker, AM_HDR, on_am_hdr, cl) != 0 ||
+      set_am_handler(cl->worker, AM_PAY, on_am_pay, cl) != 0 ||
+      set_am_handler(cl->worker, AM_END, on_am_end, cl) != 0) {
+    rc = ferry__seterr(err, FERRY_EIO, "transport ucx: cannot set the "
+                       "active message handlers");
+    goto fail;
+  }
+  cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (cl->wake_fd < 0) {
+    rc = ferry__seterr(err, FERRY_EIO, "transport ucx: eventfd: %s",
+                       strerror(errno));
+    goto fail;
+  }
+  uint64_t base_id = 0;
+  ferry_rpc_random(&base_id, sizeof(base_id));
+  cl->next_id = base_id | 1;
+  pthread_mutex_init(&cl->mu, NULL);
+  pthread_cond_init(&cl->op_cv, NULL);
+  if (pthread_create(&cl->thread, NULL, progress_main, cl) != 0) {
+    pthread_mutex_destroy(&cl->mu);
+    pthread_cond_destroy(&cl->op_cv);
+    rc = ferry__seterr(err, FERRY_EIO, "transport ucx: cannot start the "
+                       "progress thread");
+    goto fail;
+  }
+  *out = &cl->base;
+  return 0;
+fail:
+  if (cl->wake_fd >= 0)
+    close(cl->wake_fd);
+  if (cl->addr != NULL)
+    ucp_worker_release_address(cl->worker, cl->addr);
+  ucp_worker_destroy(cl->worker);
+  ucp_cleanup(cl->ctx);
+  ferry__free(cl);
+  return rc;
+}
+
+static void u_client_free(ferry_transport_client_t *base) {
+  uclient_t *cl = (uclient_t *)base;
+  if (cl == NULL)
+    return;
+  pthread_mutex_lock(&cl->mu);
+  cl->stop = true;
+  pthread_mutex_unlock(&cl->mu);
+  cl_wake(cl);
+  pthread_join(cl->thread, NULL);
+  run_ops(cl); /* releases queued by the last cstream_free */
+  while (ucp_worker_progress(cl->worker) != 0) {
+  }
+  ucp_worker_release_address(cl->worker, cl->addr);
+  ucp_worker_destroy(cl->worker);
+  ucp_cleanup(cl->ctx);
+  close(cl->wake_fd);
+  pthread_mutex_destroy(&cl->mu);
+  pthread_cond_destroy(&cl->op_cv);
+  ferry__free(cl);
+}
+
+static int u_open(ferry_transport_client_t *base,
+                  const ferry_transport_peer_t *peer,
+                  const ferry_transport_open_t *req,
+                  ferry_transport_cstream_t **out, ferry_error_t *err) {
+  uclient_t *cl = (uclient_t *)base;
+  *out = NULL;
+  ucstream_t *s = ferry__calloc(1, sizeof(*s));
+  if (s == NULL || (s->peer = ferry__strdup(peer->name)) == NULL) {
+    ferry__free(s);
+    return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
+  }
+  s->base.ops = &ferry_transport_ucx;
+  s->cl = cl;
+  pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_lock(&cl->mu);
+  s->id = cl->next_id++;
+  s->next = cl->streams;
+  cl->streams = s;
+  pthread_mutex_unlock(&cl->mu);
+
+  Ferry__V1__StreamChunksRequest m = FERRY__V1__STREAM_CHUNKS_REQUEST__INIT;
+  m.job_id = req->job_id;
+  m.client_id = req->client_id;
+  if (req->secret != NULL) {
+    m.client_secret.data = (uint8_t *)req->secret;
+    m.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
+  }
+  m.ucx_address.data = (uint8_t *)cl->addr;
+  m.ucx_address.len = cl->addr_len;
+  m.ucx_stream_id = s->id;
+  size_t len = ferry__v1__stream_chunks_request__get_packed_size(&m);
+  uint8_t *buf = ferry__malloc(len);
+  int rc = buf == NULL ? ferry__seterr(err, FERRY_ENOMEM,
+                                       "transport ucx: out of memory")
+                       : 0;
+  if (rc == 0) {
+    ferry__v1__stream_chunks_request__pack(&m, buf);
+    rc = ferry_rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
+  }
+  if (rc == 0)
+    rc = ferry_rpc_stream_open(s->channel, METHOD, buf, len, 0, 0, &s->ctl,
+                               err);
+  ferry__free(buf);
+  if (rc != 0) {
+    ferry_transport_cstream_free(&s->base);
+    return rc;
+  }
+  *out = &s->base;
+  return 0;
+}
+
+static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
+                       void *dst, size_t n) {
+  ucstream_t *s = mv->impl_[0];
+  umsg_t *m = mv->impl_[1];
+  uclient_t *cl = s->cl;
+  size_t total = m->hdr_len + m->pay_len, done = 0;
+  if (off >= total)
+    return 0;
+  if (n > total - off)
+    n = total - off;
+  uint8_t *d = dst;
+  if (off < m->hdr_len) {
+    size_t k = m->hdr_len - off < n ? m->hdr_len - off : n;
+    memcpy(d, m->hdr + off, k);
+    done = k;
+  }
+  if (done == n)
+    return n;
+  size_t poff = off + done - m->hdr_len, plen = n - done;
+  /* Reads within the payload's first bytes (the chunk parser's window
+   * past the header) come from the prefix copy; one that starts in the
+   * header stops after it while the payload is still on the worker: the
+   * payload is fetched by the copy that names where it goes. */
+  if (m->desc != NULL && (poff + plen <= m->prefix_len || done > 0)) {
+    size_t k = poff < m->prefix_len ? m->prefix_len - poff : 0;
+    if (k > plen)
+      k = plen;
+    memcpy(d + done, m->hdr + m->hdr_len + poff, k);
+    return done + k;
+  }
+  if (m->pay_failed)
+    return done;
+  if (m->desc != NULL) {
+    /* The first payload copy: straight into dst when it takes the whole
+     * payload, else into a bounce buffer. */
+    bool direct = poff == 0 && plen == m->pay_len;
+    uop_t *op = ferry__calloc(1, sizeof(*op));
+    uint8_t *bounce = direct ? NULL : ferry__malloc(m->pay_len);
+    if (op == NULL || (!direct && bounce == NULL)) {
+      ferry__free(op);
+      m->pay_failed = true;
+      return 0;
+    }
+    op->kind = OP_RECV;
+    op->desc = m->desc;
+    op->dst = direct ? d + done : bounce;
+    op->len = m->pay_len;
+    m->desc = NULL;
+    pthread_mutex_lock(&cl->mu);
+    op_push_locked(cl, op);
+    pthread_mutex_unlock(&cl->mu);
+    cl_wake(cl);
+    int64_t until = mono_ms() + cl->peer_timeout_ms;
+    pthread_mutex_lock(&cl->mu);
+    while (atomic_load(&op->state) == OPS_PENDING && mono_ms() < until) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 50 * 1000000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&cl->op_cv, &cl->mu, &ts);
+    }
+    int state = OPS_PENDING;
+    bool gave_up = atomic_compare_exchange_strong(&op->state, &state,
+                                                  OPS_ABANDONED);
+    ucs_status_t st_copy = gave_up ? UCS_ERR_TIMED_OUT : op->st;
+    bool ok = !gave_up && op->st == UCS_OK;
+    if (gave_up) {
+      /* The peer stopped answering: the op is UCP's now; its completion
+       * (or the worker's destroy) frees it. */
+      FERRY_LOG(FERRY_LOG_WARN, "transport ucx: %s: a payload of %zu bytes "
+                "did not arrive in %d ms", s->peer, m->pay_len,
+                cl->peer_timeout_ms);
+    } else {
+      ferry__free(op);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (!ok) {
+      ferry__free(bounce);
+      m->pay_failed = true;
+      /* The stream fails at the next next(): the worker is gone or the
+       * transfer broke. */
+      pthread_mutex_lock(&cl->mu);
+      s->peer_dead = true;
+      if (s->final_rc == 0) {
+        s->final_rc = FERRY_EGRPC_UNAVAILABLE;
+        snprintf(s->final_msg, sizeof(s->final_msg),
+                 "StreamChunksUcx from %s: a payload of %zu bytes could "
+                 "not be received (%s)", s->peer, m->pay_len,
+                 gave_up ? "timed out" : ucs_status_string(st_copy));
+      }
+      pthread_mutex_unlock(&cl->mu);
+      return done;
+    }
+    if (direct) {
+      m->direct = d + done;
+      return n;
+    }
+    m->pay = bounce;
+  }
+  const uint8_t *src = m->pay != NULL ? m->pay : m->direct;
+  if (src == NULL)
+    return 0;
+  if (src + poff != d + done)
+    memcpy(d + done, src + poff, plen);
+  return n;
+}
+
+static void msg_release(ferry_transport_msg_t *mv) {
+  ucstream_t *s = mv->impl_[0];
+  umsg_t *m = mv->impl_[1];
+  if (s != NULL && s->out == m)
+    s->out = NULL;
+  if (s != NULL)
+    umsg_free(s->cl, m, false, s->peer_dead);
+  memset(mv, 0, sizeof(*mv));
+}
+
+static void drop_queued_locked(ucstream_t *s);
+
+/* Whether the control call failed (the worker died or was cut off), not
+ * counting our own cancel. Reader thread (or free). */
+static bool ctl_failed(ucstream_t *s) {
+  ferry_rpc_msg_t cm;
+  ferry_error_t cerr = {0};
+  int rc = ferry_rpc_stream_next(s->ctl, &cm, 0, &cerr);
+  if (rc == 0)
+    ferry_rpc_msg_release(&cm);
+  return rc != 0 && rc != FERRY_ETIMEDOUT && rc != FERRY_EOF &&
+         rc != FERRY_EGRPC_CANCELLED;
+}
+
+static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
+                  int timeout_ms, ferry_error_t *err) {
+  ucstream_t *s = (ucstream_t *)base;
+  uclient_t *cl = s->cl;
+  memset(msg, 0, sizeof(*msg));
+  if (s->out != NULL) { /* a message the reader forgot */
+    umsg_free(cl, s->out, false, s->peer_dead);
+    s->out = NULL;
+  }
+  int64_t until = timeout_ms < 0 ? INT64_MAX : mono_ms() + timeout_ms;
+  pthread_mutex_lock(&cl->mu);
+  for (;;) {
+    if (s->final_rc == 0 && s->cancelled) {
+      s->final_rc = FERRY_EGRPC_CANCELLED;
+      snprintf(s->final_msg, sizeof(s->final_msg),
+               "StreamChunksUcx from %s: cancelled", s->peer);
+      pthread_mutex_unlock(&cl->mu);
+      bool dead = ctl_failed(s);
+      ferry_rpc_stream_cancel(s->ctl);
+      pthread_mutex_lock(&cl->mu);
+      if (dead)
+        s->peer_dead = true;
+      /* What a live worker waits for: release it now. */
+      drop_queued_locked(s);
+    }
+    if (s->final_rc != 0)
+      break;
+    umsg_t *m = s->msgs;
+    if (m != NULL && m->seq == s->deliver && msg_complete(m)) {
+      s->msgs = m->next;
+      s->deliver++;
+      m->next = NULL;
+      s->out = m;
+      pthread_mutex_unlock(&cl->mu);
+      msg->len = m->hdr_len + m->pay_len;
+      msg->copy = msg_copy;
+      msg->release = msg_release;
+      msg->impl_[0] = s;
+      msg->impl_[1] = m;
+      return 0;
+    }
+    if (s->got_end && s->deliver >= s->end_seq) {
+      if (s->end_status == FERRY_RPC_OK) {
+        s->final_rc = FERRY_EOF;
+      } else {
+        s->final_rc = ferry_rpc_err_from_status(s->end_status);
+        snprintf(s->final_msg, sizeof(s->final_msg),
+                 "StreamChunksUcx from %s: %s", s->peer, s->end_msg);
+      }
+      break;
+    }
+    /* The control call: its end without our END is a failure (the
+     * worker died, refused the stream or was cut off). */
+    pthread_mutex_unlock(&cl->mu);
+    ferry_rpc_msg_t cm;
+    ferry_error_t cerr = {0};
+    int rc = ferry_rpc_stream_next(s->ctl, &cm, 0, &cerr);
+    if (rc == 0)
+      ferry_rpc_msg_release(&cm); /* none are sent; ignore */
+    pthread_mutex_lock(&cl->mu);
+    if (rc != 0 && rc != FERRY_ETIMEDOUT && s->final_rc == 0 && !s->got_end) {
+      if (rc == FERRY_EOF) {
+        /* Finished OK: END is on its way over UCX; wait a little. */
+        if (s->ctl_ok_at == 0)
+          s->ctl_ok_at = mono_ms();
+        else if (mono_ms() - s->ctl_ok_at > cl->peer_timeout_ms) {
+          s->final_rc = FERRY_EGRPC_UNAVAILABLE;
+          snprintf(s->final_msg, sizeof(s->final_msg),
+                   "StreamChunksUcx from %s: the stream ended without its "
+                   "last message", s->peer);
+        }
+      } else {
+        s->final_rc = rc;
+        s->peer_dead = true;
+        snprintf(s->final_msg, sizeof(s->final_msg), "%s", cerr.msg);
+      }
+      if (s->final_rc != 0)
+        break;
+    }
+    int64_t now = mono_ms();
+    if (now >= until) {
+      pthread_mutex_unlock(&cl->mu);
+      return FERRY_ETIMEDOUT;
+    }
+    int64_t wait = until - now < 50 ? until - now : 50;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)wait * 1000000;
+    while (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&s->cv, &cl->mu, &ts);
+  }
+  int rc = s->final_rc;
+  if (rc != FERRY_EOF)
+    ferry__seterr(err, rc, "%s", s->final_msg);
+  pthread_mutex_unlock(&cl->mu);
+  return rc;
+}
+
+/* Drops every chunk held (mu held): their rendezvous descriptors are
+ * released, which completes the worker's sends. */
+static void drop_queued_locked(ucstream_t *s) {
+  while (s->msgs != NULL) {
+    umsg_t *m = s->msgs;
+    s->msgs = m->next;
+    umsg_free(s->cl, m, true, s->peer_dead);
+  }
+}
+
+/* Wakes the reader, whose next returns FERRY_EGRPC_CANCELLED and cancels
+ * the control call (the worker's on_end), after looking whether the
+ * worker died (the reader owns the call; cstream_free does it otherwise). */
+static void u_cancel(ferry_transport_cstream_t *base) {
+  ucstream_t *s = (ucstream_t *)base;
+  pthread_mutex_lock(&s->cl->mu);
+  s->cancelled = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->cl->mu);
+}
+
+static void u_cstream_free(ferry_transport_cstream_t *base) {
+  ucstream_t *s = (ucstream_t *)base;
+  if (s == NULL)
+    return;
+  uclient_t *cl = s->cl;
+  /* Did the worker die? Then its descriptors are not released. */
+  bool dead = s->ctl != NULL && ctl_failed(s);
+  pthread_mutex_lock(&cl->mu);
+  s->cancelled = true;
+  if (dead)
+    s->peer_dead = true;
+  for (ucstream_t **pp = &cl->streams; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  drop_queued_locked(s);
+  if (s->out != NULL) {
+    umsg_free(cl, s->out, true, s->peer_dead);
+    s->out = NULL;
+  }
+  pthread_mutex_unlock(&cl->mu);
+  ferry_rpc_stream_free(s->ctl);
+  ferry_rpc_channel_free(s->channel);
+  pthread_cond_destroy(&s->cv);
+  ferry__free(s->peer);
+  ferry__free(s);
+}
+
+const ferry_transport_ops_t ferry_transport_ucx = {
+    .name = "ucx",
+    .server_new = u_server_new,
+    .server_address = u_server_address,
+    .server_shutdown = u_server_shutdown,
+    .mem_map = u_mem_map,
+    .mem_unmap = u_mem_unmap,
+    .accept = u_accept,
+    .send = u_send,
+    .window = u_window,
+    .ended = u_ended,
+    .finish = u_finish,
+    .client_new = u_client_new,
+    .client_free = u_client_free,
+    .client_mem_map = NULL,
+    .client_mem_unmap = NULL,
+    .open = u_open,
+    .next = u_next,
+    .cancel = u_cancel,
+    .cstream_free = u_cstream_free,
+};

@@ -1,0 +1,362 @@
+/* Tests of the UCX transport (ferry/transport.h, common/src/transport_ucx.c)
+ * on its own: a gRPC server with the UCX transport on a libuv loop thread
+ * (127.0.0.1, port 0) sends chunks of a header piece and a payload piece;
+ * the client side on the test thread reads them. Every wait is bounded and
+ * every test checks that each send's release ran exactly once and that
+ * Ferry's allocations came back. Skipped when UCX is not built in or
+ * cannot start here. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "ferry/transport.h"
+
+#ifdef FERRY_HAVE_UCX
+
+#define WAIT_MS 10000
+#define PAY (1u << 20)
+
+static const uint8_t SECRET[FERRY_CLIENT_SECRET_BYTES] = "0123456789abcdef";
+
+static struct {
+  uv_loop_t loop;
+  uv_async_t wake;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  ferry_rpc_server_t *rpc;
+  ferry_transport_server_t *srv;
+  uint8_t addr[4096];
+  size_t addr_len;
+  char target[64];
+  uint8_t *payload; /* PAY bytes, the "pool" */
+  void *memh;
+  /* the server's stream and its script */
+  ferry_transport_stream_t *s;
+  int total;     /* chunks to send */
+  int sent;      /* sends started */
+  int inflight;  /* sends without on_sent */
+  bool finish_after; /* finish OK after `total` */
+  atomic_int releases;
+  atomic_int opens, ends, refused;
+  bool stop, stopped;
+  ferry_alloc_stats_t baseline;
+} F;
+
+static void notify(void) {
+  pthread_mutex_lock(&F.mu);
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+static bool wait_for(bool (*pred)(void)) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += WAIT_MS / 1000;
+  pthread_mutex_lock(&F.mu);
+  bool ok = pred();
+  while (!ok && pthread_cond_timedwait(&F.cv, &F.mu, &dl) == 0)
+    ok = pred();
+  ok = pred();
+  pthread_mutex_unlock(&F.mu);
+  return ok;
+}
+
+static void on_release(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&F.releases, 1);
+  notify();
+}
+
+static void pump(void);
+
+static void on_sent(ferry_transport_stream_t *s, int ok, void *arg) {
+  (void)s;
+  (void)arg;
+  F.inflight--;
+  if (ok)
+    pump();
+  notify();
+}
+
+static void on_end(ferry_transport_stream_t *s, void *arg) {
+  (void)arg;
+  atomic_fetch_add(&F.ends, 1);
+  if (F.s == s) {
+    F.s = NULL;
+    ferry_transport_finish(s, FERRY_RPC_CANCELLED, "cancelled");
+  }
+  notify();
+}
+
+/* Sends chunk headers "chunk N" and the payload with byte 0 = N. */
+static uint8_t hdrs[64][32];
+static void pump(void) {
+  while (F.s != NULL && F.sent < F.total &&
+         F.inflight < (int)ferry_transport_window(F.s)) {
+    int i = F.sent++;
+    int n = snprintf((char *)hdrs[i % 64], sizeof(hdrs[0]), "chunk %d", i);
+    ferry_transport_send_t m = {.release = on_release, .n = 2};
+    m.pieces[0] = (ferry_transport_piece_t){hdrs[i % 64], (size_t)n};
+    m.pieces[1] = (ferry_transport_piece_t){F.payload, PAY};
+    F.inflight++;
+    if (ferry_transport_send(F.s, &m) != 0) {
+      F.inflight--;
+      return;
+    }
+  }
+  if (F.s != NULL && F.finish_after && F.sent == F.total && F.inflight == 0) {
+    ferry_transport_stream_t *s = F.s;
+    F.s = NULL;
+    ferry_transport_finish(s, FERRY_RPC_OK, NULL);
+  }
+}
+
+static void on_open(ferry_transport_stream_t *s,
+                    const ferry_transport_open_t *req, void *user) {
+  (void)user;
+  atomic_fetch_add(&F.opens, 1);
+  if (req->secret == NULL ||
+      memcmp(req->secret, SECRET, FERRY_CLIENT_SECRET_BYTES) != 0 ||
+      req->job_id != 7 || req->client_id != 9 || F.s != NULL) {
+    atomic_fetch_add(&F.refused, 1);
+    ferry_transport_finish(s, FERRY_RPC_PERMISSION_DENIED,
+                           "not this client's stream");
+    notify();
+    return;
+  }
+  F.s = s;
+  ferry_transport_accept(s, on_sent, on_end, NULL);
+  pump();
+  notify();
+}
+
+static void srv_done(void *arg) {
+  (void)arg;
+  uv_close((uv_handle_t *)&F.wake, NULL);
+  pthread_mutex_lock(&F.mu);
+  F.stopped = true;
+  pthread_cond_broadcast(&F.cv);
+  pthread_mutex_unlock(&F.mu);
+}
+
+static void rpc_done(void *arg) {
+  (void)arg;
+  if (F.memh != NULL)
+    F.srv->ops->mem_unmap(F.srv, F.memh);
+  ferry_transport_server_shutdown(F.srv, srv_done, NULL);
+}
+
+static void on_wake(uv_async_t *h) {
+  (void)h;
+  pthread_mutex_lock(&F.mu);
+  bool stop = F.stop;
+  F.stop = false;
+  pthread_mutex_unlock(&F.mu);
+  if (stop)
+    ferry_rpc_server_shutdown(F.rpc, rpc_done, NULL);
+}
+
+static void *loop_main(void *arg) {
+  (void)arg;
+  uv_run(&F.loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static void setup(void) {
+  memset(&F, 0, sizeof(F));
+  ferry_rpc_init();
+  ferry__alloc_stats(&F.baseline);
+  pthread_mutex_init(&F.mu, NULL);
+  pthread_cond_init(&F.cv, NULL);
+  F.payload = ferry__malloc(PAY);
+  cr_assert_not_null(F.payload);
+  for (size_t i = 0; i < PAY; i++)
+    F.payload[i] = (uint8_t)(i * 7 + 3);
+  ferry_error_t err = {0};
+  cr_assert_eq(uv_loop_init(&F.loop), 0);
+  uv_async_init(&F.loop, &F.wake, on_wake);
+  cr_assert_eq(ferry_rpc_server_new(&F.loop, NULL, &F.rpc, &err), 0, "%s",
+               err.msg);
+  ferry_transport_server_config_t cfg = {.loop = &F.loop, .rpc_server = F.rpc,
+                                         .on_open = on_open};
+  if (ferry_transport_ucx.server_new(&cfg, &F.srv, &err) != 0)
+    cr_skip_test("UCX cannot start here: %s", err.msg);
+  size_t len;
+  const void *a = ferry_transport_server_address(F.srv, &len);
+  cr_assert(len > 0 && len <= sizeof(F.addr));
+  memcpy(F.addr, a, len);
+  F.addr_len = len;
+  cr_assert_eq(F.srv->ops->mem_map(F.srv, F.payload, PAY, &F.memh, &err), 0,
+               "%s", err.msg);
+  int port = 0;
+  cr_assert_eq(ferry_rpc_server_start(F.rpc, "127.0.0.1:0", &port, &err), 0,
+               "%s", err.msg);
+  snprintf(F.target, sizeof(F.target), "127.0.0.1:%d", port);
+  pthread_create(&F.thread, NULL, loop_main, NULL);
+}
+
+static bool is_stopped(void) { return F.stopped; }
+
+static void teardown(void) {
+  if (F.srv == NULL)
+    return;
+  pthread_mutex_lock(&F.mu);
+  F.stop = true;
+  pthread_mutex_unlock(&F.mu);
+  uv_async_send(&F.wake);
+  cr_assert(wait_for(is_stopped), "the servers did not shut down");
+  pthread_join(F.thread, NULL);
+  cr_assert_eq(uv_loop_close(&F.loop), 0, "a handle is left on the loop");
+  cr_assert_eq(atomic_load(&F.releases), F.sent,
+               "%d releases for %d sends", atomic_load(&F.releases), F.sent);
+  ferry__free(F.payload);
+  ferry_alloc_stats_t now;
+  ferry__alloc_stats(&now);
+  cr_assert_eq(now.blocks, F.baseline.blocks,
+               "%lld Ferry blocks leaked",
+               (long long)(now.blocks - F.baseline.blocks));
+}
+
+TestSuite(transport_ucx, .init = setup, .fini = teardown, .timeout = 60);
+
+static ferry_transport_client_t *client(void) {
+  ferry_transport_client_t *cl = NULL;
+  ferry_error_t err = {0};
+  ferry_transport_client_config_t cfg = {.peer_timeout_ms = 5000};
+  cr_assert_eq(ferry_transport_ucx.client_new(&cfg, &cl, &err), 0, "%s",
+               err.msg);
+  return cl;
+}
+
+static ferry_transport_cstream_t *open_stream(ferry_transport_client_t *cl,
+                                              const uint8_t *secret) {
+  ferry_transport_peer_t peer = {F.target, F.addr, F.addr_len};
+  ferry_transport_open_t req = {.job_id = 7, .client_id = 9,
+                                .secret = secret};
+  ferry_transport_cstream_t *s = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(cl->ops->open(cl, &peer, &req, &s, &err), 0, "%s", err.msg);
+  return s;
+}
+
+static void set_script(int total, bool finish) {
+  pthread_mutex_lock(&F.mu);
+  F.total = total;
+  F.finish_after = finish;
+  pthread_mutex_unlock(&F.mu);
+}
+
+/* Reads one message; checks its header and payload. `split` copies the
+ * payload in two parts (the bounce path), else in one (straight into dst). */
+static void read_one(ferry_transport_cstream_t *s, int want, uint8_t *dst,
+                     bool split) {
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  int rc = ferry_transport_next(s, &m, WAIT_MS, &err);
+  cr_assert_eq(rc, 0, "next: %d %s", rc, err.msg);
+  char hdr[32] = {0}, exp[32];
+  int n = snprintf(exp, sizeof(exp), "chunk %d", want);
+  cr_assert_eq(m.len, (size_t)n + PAY);
+  cr_assert_eq(m.copy(&m, 0, hdr, (size_t)n), (size_t)n);
+  cr_assert_str_eq(hdr, exp);
+  memset(dst, 0, PAY);
+  if (split) {
+    cr_assert_eq(m.copy(&m, (size_t)n, dst, 1000), 1000u);
+    cr_assert_eq(m.copy(&m, (size_t)n + 1000, dst + 1000, PAY - 1000),
+                 PAY - 1000);
+  } else {
+    cr_assert_eq(m.copy(&m, (size_t)n, dst, PAY), PAY);
+  }
+  cr_assert_eq(memcmp(dst, F.payload, PAY), 0, "payload %d differs", want);
+  ferry_transport_msg_release(&m);
+}
+
+Test(transport_ucx, every_chunk_once_in_order_then_eof) {
+  set_script(40, true);
+  ferry_transport_client_t *cl = client();
+  ferry_transport_cstream_t *s = open_stream(cl, SECRET);
+  uint8_t *dst = ferry__malloc(PAY);
+  for (int i = 0; i < 40; i++)
+    read_one(s, i, dst, i % 3 == 2);
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
+               err.msg);
+  cr_assert_eq(ferry_transport_next(s, &m, 10, &err), FERRY_EOF);
+  ferry__free(dst);
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
+  cr_assert_eq(atomic_load(&F.refused), 0);
+}
+
+static bool ended_and_released(void) {
+  return atomic_load(&F.ends) == 1 && atomic_load(&F.releases) == F.sent;
+}
+
+Test(transport_ucx, cancel_ends_the_stream_and_releases_every_send) {
+  set_script(1000, false);
+  ferry_transport_client_t *cl = client();
+  ferry_transport_cstream_t *s = open_stream(cl, SECRET);
+  uint8_t *dst = ferry__malloc(PAY);
+  for (int i = 0; i < 3; i++)
+    read_one(s, i, dst, false);
+  /* The worker has a window of sends out, held by this client. */
+  ferry_transport_cancel(s);
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err),
+               FERRY_EGRPC_CANCELLED);
+  cr_assert(wait_for(ended_and_released), "ends %d, releases %d of %d",
+            atomic_load(&F.ends), atomic_load(&F.releases), F.sent);
+  ferry__free(dst);
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
+}
+
+Test(transport_ucx, a_client_that_goes_away_holding_chunks_frees_them) {
+  set_script(1000, false);
+  ferry_transport_client_t *cl = client();
+  ferry_transport_cstream_t *s = open_stream(cl, SECRET);
+  uint8_t *dst = ferry__malloc(PAY);
+  read_one(s, 0, dst, false);
+  /* Free without reading the rest: what it held is given back. */
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
+  cr_assert(wait_for(ended_and_released), "ends %d, releases %d of %d",
+            atomic_load(&F.ends), atomic_load(&F.releases), F.sent);
+  ferry__free(dst);
+}
+
+static bool refused_once(void) { return atomic_load(&F.refused) == 1; }
+
+Test(transport_ucx, a_wrong_secret_is_refused_like_grpc) {
+  set_script(5, true);
+  ferry_transport_client_t *cl = client();
+  uint8_t bad[FERRY_CLIENT_SECRET_BYTES] = {0};
+  ferry_transport_cstream_t *s = open_stream(cl, bad);
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  int rc = ferry_transport_next(s, &m, WAIT_MS, &err);
+  cr_assert_eq(rc, FERRY_EGRPC_PERMISSION_DENIED, "%d: %s", rc, err.msg);
+  cr_assert(strstr(err.msg, "not this client's stream") != NULL, "%s",
+            err.msg);
+  cr_assert(wait_for(refused_once));
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
+}
+
+#else
+
+Test(transport_ucx, not_built) {
+  cr_skip_test("built without UCX (FERRY_WITH_UCX=OFF or no libucx)");
+}
+
+#endif
