@@ -5,7 +5,8 @@
 # the answer's status line is 200; otherwise prints why and exits 1.
 set -u
 port=${FERRY_METRICS_PORT:-9090}
-if ! exec 3<>"/dev/tcp/127.0.0.1/$port"; then
+# (The braces keep bash's own "connect: Connection refused" out.)
+if ! { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
   echo "ferry-healthcheck: nothing accepts on 127.0.0.1:$port" \
     "(FERRY_METRICS_PORT; the daemon needs --metrics-port $port)"
   exit 1

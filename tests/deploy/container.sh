@@ -9,11 +9,14 @@
 #     delivers every record, `ferryctl status --json` in a fourth container
 #     lists the worker, both daemons' HEALTHCHECKs pass, SIGTERM (podman
 #     stop) ends both with status 0; nothing is left behind.
+# With FERRY_CONTAINER_GPU_RECIPE=1 also the trainer-gpu target's recipe
+# on the Debian base with CUDA off, and an epoch through ferry.Client in it.
 # Skips (77) with the error when podman, buildah or debootstrap is missing
 # or podman cannot run a container on this machine.
 # Measured on 2 cores: the base 30 to 80 s once (debootstrap), the image
-# build 110 s from nothing, the checks about 15 s; 75 s in all when only
-# Ferry's sources changed since the last run.
+# build 110 s from nothing (295 s while other builds shared the cores),
+# the checks about 15 s; 75 s in all when only Ferry's sources changed.
+# The trainer-gpu recipe adds 2.5 to 5 minutes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 version=$(sed -n 's/^project(ferry VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
@@ -21,6 +24,7 @@ base_img=${FERRY_DEBIAN_IMAGE:-localhost/ferry-debian:bookworm}
 tag=ci-$$
 img=localhost/ferry:$tag
 trainer_img=localhost/ferry-trainer:$tag
+gpu_img=localhost/ferry-trainer-gpu-recipe:$tag
 label=ferry-test=container-$$
 net=ferry-ci-$$
 records=2000
@@ -41,7 +45,7 @@ cleanup() {
   # shellcheck disable=SC2086
   [ -z "$ids" ] || podman rm -f -t 0 $ids >/dev/null 2>&1 || true
   podman network rm -f "$net" >/dev/null 2>&1 || true
-  podman rmi -f "$img" "$trainer_img" >/dev/null 2>&1 || true
+  podman rmi -f "$img" "$trainer_img" "$gpu_img" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -81,20 +85,39 @@ fi
 
 # ---- build ---------------------------------------------------------------
 t0=$SECONDS
-build() { # TARGET TAG
+build() { # TARGET TAG [BUILD-ARG...]
+  local target=$1 tag=$2
+  shift 2
   # --jobs 2: the runtime stage's apt-get runs while the build stage
   # compiles.
   podman build --jobs 2 --format docker -f "$root/deploy/container/Containerfile" \
-    --build-arg DEBIAN_IMAGE="$base_img" --target "$1" -t "$2" "$root" \
-    >"$work/build-$1.log" 2>&1 || {
-      tail -n 30 "$work/build-$1.log"
-      echo "FAIL: podman build --target $1"
+    --build-arg DEBIAN_IMAGE="$base_img" "$@" --target "$target" -t "$tag" \
+    "$root" >"$work/build-$target.log" 2>&1 || {
+      tail -n 30 "$work/build-$target.log"
+      echo "FAIL: podman build --target $target"
       exit 1
     }
 }
 build runtime "$img"
 build trainer "$trainer_img"
 echo "image build: $((SECONDS - t0)) s; $(podman image inspect "$img" --format '{{.Size}}') bytes"
+# With FERRY_CONTAINER_GPU_RECIPE=1 (ctest deploy/container-gpu-recipe):
+# the trainer-gpu recipe (build-gpu, trainer-gpu) on the Debian base with
+# CUDA off: NVIDIA's images are not reachable here and there is no GPU,
+# but the packages, the Python package's build (scikit-build-core from
+# PyPI), the copied libraries and the venv are the same steps.
+# pip in the build trusts what this machine's pip trusts (a proxy's CA).
+ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+pip_ca=()
+if [ -f "$ca" ]; then
+  pip_ca=(-v "$ca:/run/ferry-pip-ca.crt:ro" --build-arg PIP_CERT=/run/ferry-pip-ca.crt)
+fi
+if [ "${FERRY_CONTAINER_GPU_RECIPE:-0}" = 1 ]; then
+  t0=$SECONDS
+  build trainer-gpu "$gpu_img" "${pip_ca[@]}" --build-arg CUDA_DEVEL_IMAGE="$base_img" \
+    --build-arg CUDA_RUNTIME_IMAGE="$base_img" --build-arg FERRY_WITH_CUDA=OFF
+  echo "trainer-gpu recipe build: $((SECONDS - t0)) s"
+fi
 
 fail=0
 check() { # DESCRIPTION GOT WANT
@@ -119,6 +142,10 @@ check "no compiler in the runtime image" \
   "$(run "$img" bash -c 'command -v cc gcc cmake || true')" ""
 check "HEALTHCHECK" "$(podman image inspect "$img" --format '{{json .Config.Healthcheck.Test}}')" \
   '["CMD","/usr/local/bin/ferry-healthcheck"]'
+check "HEALTHCHECK where no daemon runs" \
+  "$(run "$img" ferry-healthcheck 2>&1; echo "exit $?")" \
+  "ferry-healthcheck: nothing accepts on 127.0.0.1:9090 (FERRY_METRICS_PORT; the daemon needs --metrics-port 9090)
+exit 1"
 check "no role" "$(run "$img" "" 2>&1 >/dev/null | head -c 25; true)" \
   "usage: ROLE [ARGS...]: RO"
 
@@ -179,6 +206,24 @@ fi
 while IFS= read -r l; do echo "trainer: $l"; done <<<"$out"
 check "records through the trainer" \
   "$(echo "$out" | sed -n 's/^end of epoch: \([0-9]*\) records.*/\1/p' | head -n1)" "$records"
+
+# The Python package in the trainer-gpu recipe image: a second epoch of a
+# new job through ferry.Client.
+if [ "${FERRY_CONTAINER_GPU_RECIPE:-0}" = 1 ]; then
+  check "trainer-gpu image's default command" "$(run "$gpu_img")" "ferry $version"
+  py='import ferry, sys
+n = 0
+with ferry.Client(sys.argv[1], sys.argv[2], epochs=1, timeout=60) as c:
+    for epoch in c.epochs():
+        for b in epoch:
+            n += len(b)
+            b.release()
+print(n)'
+  check "records through ferry.Client (python3, trainer-gpu recipe)" \
+    "$(timeout 120 podman run --rm --no-healthcheck --label "$label" \
+        --network "$net" "$gpu_img" python3 -c "$py" "disp-$$:5050" "$spec" 2>&1 | tail -n 3)" \
+    "$records"
+fi
 
 status=$(run --network "$net" "$img" ctl status --dispatcher "disp-$$:5050" --json)
 check "ferryctl status lists the worker by its advertised address" \
