@@ -31,6 +31,7 @@
 #include "ferry/pipeline.h"
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
+#include "ferry/varint.h"
 #include "tensorflow/core/example/example.pb-c.h"
 
 static const char bench_usage[] =
@@ -134,14 +135,8 @@ static int buf_put(buf_t *b, const void *data, size_t len) {
 }
 
 static int buf_varint(buf_t *b, uint64_t v) {
-  uint8_t tmp[10];
-  size_t n = 0;
-  while (v >= 0x80) {
-    tmp[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  tmp[n++] = (uint8_t)v;
-  return buf_put(b, tmp, n);
+  uint8_t tmp[FERRY_VARINT_MAX];
+  return buf_put(b, tmp, ferry_varint_put(tmp, v));
 }
 
 /* A length-delimited field: tag, length, bytes. */

@@ -15,6 +15,7 @@
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
+#include "ferry/varint.h"
 #include "ferry/v1/worker.pb-c.h"
 
 /* Every field of ferry_client_options_t in order, for the struct_size
@@ -193,16 +194,6 @@ static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
   return ferry__prefixerr(err, "%s at dispatcher %s", what, c->dispatcher);
 }
 
-static int put_varint(uint8_t *p, uint64_t v) {
-  int n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
 static int register_dataset(ferry_client_t *c, const uint8_t *spec,
                             size_t spec_len, double t0, ferry_error_t *err) {
   /* RegisterDatasetRequest{spec = 1}: the canonical spec bytes are the
@@ -213,7 +204,7 @@ static int register_dataset(ferry_client_t *c, const uint8_t *spec,
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   size_t n = 0;
   req[n++] = 0x0a;
-  n += (size_t)put_varint(req + n, spec_len);
+  n += ferry_varint_put(req + n, spec_len);
   memcpy(req + n, spec, spec_len);
   n += spec_len;
   int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_REGISTER_DATASET, req, n,

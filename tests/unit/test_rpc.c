@@ -15,6 +15,7 @@
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
+#include "ferry/varint.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define WAIT_MS 10000
@@ -246,26 +247,6 @@ static void fill_payload(uint8_t *p, size_t n, int index) {
     p[i] = (uint8_t)(index + i);
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-static size_t get_varint(const uint8_t *p, size_t len, uint64_t *v) {
-  *v = 0;
-  for (size_t i = 0; i < len && i < 10; i++) {
-    *v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-    if ((p[i] & 0x80) == 0)
-      return i + 1;
-  }
-  return 0;
-}
-
 static void count_free(void *p) {
   atomic_fetch_add(&S.frees, 1);
   notify();
@@ -303,9 +284,9 @@ static void send_next(ferry_rpc_call_t *call) {
   }
   hdr = malloc(24);
   hdr[n++] = 0x08;
-  n += put_varint(hdr + n, (uint64_t)S.sent);
+  n += ferry_varint_put(hdr + n, (uint64_t)S.sent);
   hdr[n++] = 0x12;
-  n += put_varint(hdr + n, S.payload_len);
+  n += ferry_varint_put(hdr + n, S.payload_len);
   payload = S.shared;
   if (S.distinct) {
     payload = malloc(S.payload_len);
@@ -583,13 +564,14 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 static size_t parse_header(const ferry_rpc_msg_t *msg, uint64_t *index,
                            uint64_t *payload_len) {
   uint8_t hdr[24];
-  size_t n = ferry_rpc_msg_copy(msg, 0, hdr, sizeof(hdr)), off = 0, k;
+  size_t n = ferry_rpc_msg_copy(msg, 0, hdr, sizeof(hdr)), off = 0;
+  int k;
   cr_assert_eq(hdr[off++], 0x08);
-  cr_assert_gt(k = get_varint(hdr + off, n - off, index), 0);
-  off += k;
+  cr_assert_gt(k = ferry_varint_get(hdr + off, hdr + n, 10, index), 0);
+  off += (size_t)k;
   cr_assert_eq(hdr[off++], 0x12);
-  cr_assert_gt(k = get_varint(hdr + off, n - off, payload_len), 0);
-  return off + k;
+  cr_assert_gt(k = ferry_varint_get(hdr + off, hdr + n, 10, payload_len), 0);
+  return off + (size_t)k;
 }
 
 static bool all_freed_64(void) { return atomic_load(&S.frees) == 128; }
@@ -633,9 +615,9 @@ Test(rpc, stream_64_messages_of_4mib_zero_copy, .timeout = 120) {
     uint8_t hdr[24];
     size_t hn = 0;
     hdr[hn++] = 0x08;
-    hn += put_varint(hdr + hn, (uint64_t)i);
+    hn += ferry_varint_put(hdr + hn, (uint64_t)i);
     hdr[hn++] = 0x12;
-    hn += put_varint(hdr + hn, plen);
+    hn += ferry_varint_put(hdr + hn, plen);
     cr_assert_eq(h, fnv1a(fnv1a(0xcbf29ce484222325ull, hdr, hn), want, plen),
                  "checksum of message %d", i);
   }
