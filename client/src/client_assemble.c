@@ -589,8 +589,9 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
     pthread_mutex_unlock(&c->mu);
 
     /* The copy runs outside the lock, so readers copy in parallel. */
-    src->copy(src, ch->payload_off + off * rb, slot->images + base * rb,
-              (size_t)n * rb);
+    size_t want = (size_t)n * rb;
+    size_t got = src->copy(src, ch->payload_off + off * rb,
+                           slot->images + base * rb, want);
     if (ch->n_labels != 0)
       memcpy(slot->labels + base, ch->labels + off, n * sizeof(int64_t));
     else
@@ -602,6 +603,16 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
 
     pthread_mutex_lock(&c->mu);
     slot->copied += n;
+    if (got != want) {
+      /* The transport could not deliver the payload (UCX: the worker
+       * died between a chunk's header and its payload): these records are
+       * not in the slot. Fencing drops every batch not handed out and
+       * restarts our splits from what the trainer got. */
+      char why[160];
+      snprintf(why, sizeof(why), "a chunk's payload could not be received "
+               "(%zu of %zu bytes)", got, want);
+      ferry__client_fence_locked(c, false, why);
+    }
     free_discarded_locked(c, slot);
     if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
       /* The reader that completes a batch augments it (or enqueues it on
