@@ -3,9 +3,11 @@
 # needs, builds with warnings as errors, and runs every test with ctest
 # (unit, conformance, benchmark smoke runs, TensorFlow interop).
 #
-#   tests/run.sh                 everything
+#   tests/run.sh                 everything but the "slow" label
 #   FERRY_BUILD_DIR=DIR          build somewhere other than ./build
 #   FERRY_SKIP_INTEROP=1         skip the TensorFlow interop test
+#   FERRY_SLOW_TESTS=1           also run the tests labelled "slow" (the
+#                                trainer-gpu image recipe: ~5 min more)
 #   extra arguments go to ctest, e.g. tests/run.sh -L unit
 set -euo pipefail
 
@@ -17,4 +19,6 @@ jobs=$(nproc)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFERRY_WERROR=ON ${FERRY_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
+slow=(-LE slow)
+[ "${FERRY_SLOW_TESTS:-0}" != 1 ] || slow=()
+ctest --test-dir "$build" --output-on-failure -j "$jobs" "${slow[@]}" "$@"
