@@ -707,6 +707,7 @@ typedef struct umsg_s {
   size_t pay_len;
   void *desc;          /* rendezvous descriptor not received yet */
   uint8_t *pay;        /* payload bytes (eager copy or bounce) */
+  bool pay_is_bounce;  /* pay is the stream's bounce buffer (not freed) */
   const uint8_t *direct; /* where the payload was received directly */
   bool pay_failed;
 } umsg_t;
@@ -765,6 +766,11 @@ struct ucstream_s {
   int final_rc; /* sticky result once ended (0: running) */
   char final_msg[600];
   int64_t ctl_ok_at; /* the call ended OK at this time, END not yet in */
+  /* Reader thread: the buffer a payload copied in parts is received into,
+   * kept for the next one (a malloc and its page faults per chunk cost
+   * more than the copy). One message is read at a time. */
+  uint8_t *bounce;
+  size_t bounce_cap;
 };
 
 static void cl_wake(uclient_t *cl) {
@@ -802,7 +808,8 @@ static void umsg_free(uclient_t *cl, umsg_t *m, bool locked, bool peer_dead) {
     }
   }
   ferry__free(m->hdr);
-  ferry__free(m->pay);
+  if (!m->pay_is_bounce)
+    ferry__free(m->pay);
   ferry__free(m);
 }
 
@@ -1200,7 +1207,12 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
      * payload, else into a bounce buffer. */
     bool direct = poff == 0 && plen == m->pay_len;
     uop_t *op = ferry__calloc(1, sizeof(*op));
-    uint8_t *bounce = direct ? NULL : ferry__malloc(m->pay_len);
+    if (!direct && s->bounce_cap < m->pay_len) {
+      ferry__free(s->bounce);
+      s->bounce = ferry__malloc(m->pay_len);
+      s->bounce_cap = s->bounce != NULL ? m->pay_len : 0;
+    }
+    uint8_t *bounce = direct ? NULL : s->bounce;
     if (op == NULL || (!direct && bounce == NULL)) {
       ferry__free(op);
       m->pay_failed = true;
@@ -1243,8 +1255,12 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
     }
     pthread_mutex_unlock(&cl->mu);
     if (!ok) {
-      ferry__free(bounce);
       m->pay_failed = true;
+      if (gave_up && !direct) {
+        /* UCP may still write into it: leaked, never reused. */
+        s->bounce = NULL;
+        s->bounce_cap = 0;
+      }
       /* The stream fails at the next next(): the worker is gone or the
        * transfer broke. */
       pthread_mutex_lock(&cl->mu);
@@ -1264,6 +1280,7 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
       return n;
     }
     m->pay = bounce;
+    m->pay_is_bounce = true;
   }
   const uint8_t *src = m->pay != NULL ? m->pay : m->direct;
   if (src == NULL)
@@ -1444,6 +1461,7 @@ static void u_cstream_free(ferry_transport_cstream_t *base) {
   ferry_rpc_stream_free(s->ctl);
   ferry_rpc_channel_free(s->channel);
   pthread_cond_destroy(&s->cv);
+  ferry__free(s->bounce);
   ferry__free(s->peer);
   ferry__free(s);
 }
