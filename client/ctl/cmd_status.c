@@ -18,6 +18,7 @@
 
 #include "ctl.h"
 #include "ferry/alloc.h"
+#include "ferry/job_names.h"
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
@@ -255,32 +256,6 @@ typedef struct view_s {
   vjob_t *jobs;
 } view_t;
 
-static const char *mode_name(Ferry__V1__JobMode m) {
-  switch (m) {
-  case FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH:
-    return "distributed_epoch";
-  case FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS:
-    return "parallel_epochs";
-  default:
-    return "unknown";
-  }
-}
-
-static const char *state_name(Ferry__V1__JobState s) {
-  switch (s) {
-  case FERRY__V1__JOB_STATE__JOB_STATE_RUNNING:
-    return "running";
-  case FERRY__V1__JOB_STATE__JOB_STATE_FINISHED:
-    return "finished";
-  case FERRY__V1__JOB_STATE__JOB_STATE_FAILED:
-    return "failed";
-  case FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED:
-    return "cancelled";
-  default:
-    return "unknown";
-  }
-}
-
 static int view_build(view_t *v, const Ferry__V1__GetStatusResponse *st,
                       const char *dispatcher) {
   v->pb = st;
@@ -293,8 +268,8 @@ static int view_build(view_t *v, const Ferry__V1__GetStatusResponse *st,
     vjob_t *vj = &v->jobs[i];
     bool finished = j->state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED;
     vj->pb = j;
-    vj->mode = mode_name(j->mode);
-    vj->state = state_name(j->state);
+    vj->mode = ferry__job_mode_name(j->mode);
+    vj->state = ferry__job_state_name(j->state);
     vj->epoch = j->epoch + 1;
     vj->num_epochs = j->num_epochs;
     vj->total = j->total;
@@ -824,7 +799,8 @@ static int job_cancel(int argc, char **argv) {
   if (s.o.json) {
     json_begin(stdout, "job_cancel", s.o.dispatcher);
     printf(", \"job_id\": %" PRIu64 ", \"state\": \"%s\", \"already\": %s}\n",
-           r->job_id, state_name(r->state), r->already ? "true" : "false");
+           r->job_id, ferry__job_state_name(r->state),
+           r->already ? "true" : "false");
   } else {
     printf("job %" PRIu64 ": %s\n", r->job_id,
            r->already ? "already cancelled" : "cancelled");
