@@ -57,7 +57,9 @@ podman image exists "$base" ||
 ctx=$tmp/ctx
 mkdir -p "$ctx/lib"
 cp "${bins[@]}" "$ctx/"
-ldd "${bins[3]}" | awk '/=> \//{print $3}' | grep -vE '^/(usr/)?lib/' |
+# (awk, not grep -v: a build without CUDA has none, and grep's exit 1 would
+# end the script under pipefail)
+ldd "${bins[3]}" | awk '/=> \// && $3 !~ /^\/(usr\/)?lib\// {print $3}' |
   xargs -r cp -L -t "$ctx/lib"
 cat > "$ctx/Containerfile" <<EOF
 FROM $base
