@@ -311,7 +311,15 @@ static void stream_answer(ustream_t *s) {
 /* A finished stream, from the sweep: sends END once the last send
  * completed, closes the endpoint, answers the call. True when it can be
  * freed. */
+static void send_end(ustream_t *s);
+
 static bool stream_complete(ustream_t *s, int64_t now) {
+  /* A stream ended with an error (replaced by a newer one, cancelled)
+   * tells the client at once: a live client that holds our payloads
+   * without reading (a stalled trainer) releases them on AM_END, which
+   * completes these sends; UCX 1.13's forced close does not. */
+  if (s->outstanding > 0 && s->fin_status != FERRY_RPC_OK)
+    send_end(s);
   if (s->outstanding > 0) {
     /* An ended stream's sends wait for a live client's release, or for
      * the forced close after the grace period. */
@@ -319,6 +327,17 @@ static bool stream_complete(ustream_t *s, int64_t now) {
       stream_close_ep(s, true);
     return false;
   }
+  send_end(s);
+  if (s->ep != NULL)
+    stream_close_ep(s, s->ended);
+  if (s->ep != NULL || s->close_req != NULL)
+    return false;
+  stream_answer(s);
+  return true;
+}
+
+/* AM_END with the status, once. */
+static void send_end(ustream_t *s) {
   if (s->ep != NULL && !s->ended && !s->end_sent) {
     s->end_sent = true;
     s->end_h = (amhdr_t){.stream_id = s->id, .seq = s->seq,
@@ -333,12 +352,6 @@ static bool stream_complete(ustream_t *s, int64_t now) {
     if (UCS_PTR_IS_PTR(req))
       ucp_request_free(req);
   }
-  if (s->ep != NULL)
-    stream_close_ep(s, s->ended);
-  if (s->ep != NULL || s->close_req != NULL)
-    return false;
-  stream_answer(s);
-  return true;
 }
 
 static void srv_progress(userver_t *srv) {
@@ -862,7 +875,7 @@ static ucs_status_t on_am_hdr(void *arg, const void *header, size_t hlen,
   memcpy(&h, header, sizeof(h));
   pthread_mutex_lock(&cl->mu);
   ucstream_t *s = stream_find_locked(cl, h.stream_id);
-  if (s == NULL || s->cancelled || s->final_rc != 0) {
+  if (s == NULL || s->cancelled || s->final_rc != 0 || s->got_end) {
     pthread_mutex_unlock(&cl->mu);
     return UCS_OK;
   }
@@ -908,7 +921,8 @@ static ucs_status_t on_am_pay(void *arg, const void *header, size_t hlen,
   ucstream_t *s = stream_find_locked(cl, h.stream_id);
   /* A payload nobody wants is dropped: returning UCS_OK without receiving
    * a rendezvous completes the worker's send. */
-  if (s == NULL || s->cancelled || s->final_rc != 0) {
+  if (s == NULL || s->cancelled || s->final_rc != 0 ||
+      (s->got_end && s->end_status != FERRY_RPC_OK)) {
     pthread_mutex_unlock(&cl->mu);
     return UCS_OK;
   }
@@ -938,6 +952,8 @@ static ucs_status_t on_am_pay(void *arg, const void *header, size_t hlen,
   return ret;
 }
 
+static void drop_queued_locked(ucstream_t *s);
+
 static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
                               void *data, size_t len,
                               const ucp_am_recv_param_t *param) {
@@ -955,6 +971,10 @@ static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
     size_t n = len < sizeof(s->end_msg) - 1 ? len : sizeof(s->end_msg) - 1;
     memcpy(s->end_msg, data, n);
     s->end_msg[n] = '\0';
+    /* An error ends the stream now: what is queued is given back (the
+     * worker's sends complete), even while the reader is blocked. */
+    if (h.status != FERRY_RPC_OK)
+      drop_queued_locked(s);
     pthread_cond_broadcast(&s->cv);
   }
   pthread_mutex_unlock(&cl->mu);
@@ -1300,8 +1320,6 @@ static void msg_release(ferry_transport_msg_t *mv) {
   memset(mv, 0, sizeof(*mv));
 }
 
-static void drop_queued_locked(ucstream_t *s);
-
 /* Whether the control call failed (the worker died or was cut off), not
  * counting our own cancel. Reader thread (or free). */
 static bool ctl_failed(ucstream_t *s) {
@@ -1355,7 +1373,8 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
       msg->impl_[1] = m;
       return 0;
     }
-    if (s->got_end && s->deliver >= s->end_seq) {
+    if (s->got_end &&
+        (s->end_status != FERRY_RPC_OK || s->deliver >= s->end_seq)) {
       if (s->end_status == FERRY_RPC_OK) {
         s->final_rc = FERRY_EOF;
       } else {
