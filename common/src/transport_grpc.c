@@ -23,7 +23,6 @@ typedef struct gserver_s {
   ferry_transport_server_t base;
   ferry_transport_open_cb on_open;
   void *user;
-  bool stopping;
 } gserver_t;
 
 typedef struct gstream_s {
@@ -59,12 +58,6 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   if (m == NULL) {
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
                           "StreamChunksRequest: malformed protobuf");
-    return;
-  }
-  if (srv->stopping) {
-    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "worker shutting down");
     return;
   }
   gstream_t *s = ferry__calloc(1, sizeof(*s));
