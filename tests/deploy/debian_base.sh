@@ -26,8 +26,16 @@ if [ ! -s "$base_tar" ]; then
   trap 'rm -rf "$work"' EXIT
   echo "debootstrap: a Debian 12 minbase into $base_tar"
   t0=$SECONDS
-  if ! debootstrap --variant=minbase bookworm "$work/rootfs" \
-      "${FERRY_DEBIAN_MIRROR:-http://deb.debian.org/debian}" \
+  # The mirror apt itself uses (a CI machine may only reach its own), else
+  # deb.debian.org; FERRY_DEBIAN_MIRROR overrides both.
+  mirror=${FERRY_DEBIAN_MIRROR:-$(
+    { sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources
+      sed -n 's/^deb[[:space:]]\{1,\}\(\[[^]]*\][[:space:]]*\)\{0,1\}\([^[:space:]]*\).*/\2/p' \
+        /etc/apt/sources.list; } 2>/dev/null |
+      tr ' ' '\n' | grep -E '^https?://.*/debian/?$' | head -n 1)}
+  mirror=${mirror:-http://deb.debian.org/debian}
+  echo "debootstrap: mirror $mirror"
+  if ! debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" \
       >"$work/debootstrap.log" 2>&1; then
     tail -n 5 "$work/debootstrap.log"
     skip "debootstrap could not make the Debian 12 base (above)"
