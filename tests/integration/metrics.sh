@@ -8,50 +8,12 @@
 # Usage: metrics.sh BUILD_DIR. Exit 77 (skip) without promtool or curl.
 set -euo pipefail
 build=${1:?usage: metrics.sh BUILD_DIR}
-for tool in promtool curl python3; do
-  if ! command -v $tool >/dev/null; then
-    echo "SKIP: $tool is not installed (deploy/install-deps.sh installs it)"
-    exit 77
-  fi
-done
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$p" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-# wait_line FILE REGEX: the first line of FILE matching REGEX (10 s at most).
-wait_line() {
-  for _ in $(seq 200); do
-    if grep -qE "$2" "$1" 2>/dev/null; then grep -E "$2" "$1" | head -n 1; return 0; fi
-    sleep 0.05
-  done
-  cat "$1" "${1%.out}.err" >&2 || true
-  fail "no line matching '$2' in $1"
-}
-
-"$build/client/ctl/ferryctl" gen --out "$tmp/data" --shards 2 --records 3000 \
-  --format raw --size 16x16 --seed 3 >/dev/null
-
-"$build/dispatcher/ferry-dispatcher" --port 0 --host 127.0.0.1 \
-  --work-dir "$tmp/state" --metrics-port 0 >"$tmp/d.out" 2>"$tmp/d.err" &
-pids+=($!)
-disp=$(wait_line "$tmp/d.out" "listening on" | sed 's/.*listening on //')
-dm=$(wait_line "$tmp/d.out" "metrics on http://" | sed 's/.*metrics on //')
-"$build/worker/ferry-worker" --dispatcher "$disp" --port 0 --host 127.0.0.1 \
-  --threads 2 --metrics-port 0 >"$tmp/w.out" 2>"$tmp/w.err" &
-pids+=($!)
-wait_line "$tmp/w.out" "listening on" >/dev/null
-wm=$(wait_line "$tmp/w.out" "metrics on http://" | sed 's/.*metrics on //')
-wbase=${wm%/metrics}
-dbase=${dm%/metrics}
+# shellcheck source-path=SCRIPTDIR source=metrics_lib.sh
+. "$(dirname "$0")/metrics_lib.sh"
+need promtool curl python3
+start_cluster "$build" 3000 3
+wbase=http://$wm
+dbase=http://$dm
 
 code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
 [ "$(code "$dbase/healthz")" = 200 ] || fail "dispatcher /healthz"

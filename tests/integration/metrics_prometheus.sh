@@ -9,43 +9,11 @@ set -euo pipefail
 build=${1:?usage: metrics_prometheus.sh BUILD_DIR}
 prom=$(command -v prometheus || true)
 [ -n "$prom" ] || [ ! -x /usr/bin/prometheus ] || prom=/usr/bin/prometheus
-for tool in "$prom" curl python3; do
-  if [ -z "$tool" ] || ! command -v "$tool" >/dev/null; then
-    echo "SKIP: prometheus, curl or python3 is not installed (deploy/install-deps.sh installs them)"
-    exit 77
-  fi
-done
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$p" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-wait_line() {
-  for _ in $(seq 200); do
-    if grep -qE "$2" "$1" 2>/dev/null; then grep -E "$2" "$1" | head -n 1; return 0; fi
-    sleep 0.05
-  done
-  fail "no line matching '$2' in $1"
-}
-
-"$build/client/ctl/ferryctl" gen --out "$tmp/data" --shards 2 --records 2000 \
-  --format raw --size 16x16 --seed 5 >/dev/null
-"$build/dispatcher/ferry-dispatcher" --port 0 --host 127.0.0.1 \
-  --work-dir "$tmp/state" --metrics-port 0 >"$tmp/d.out" 2>"$tmp/d.err" &
-pids+=($!)
-disp=$(wait_line "$tmp/d.out" "listening on" | sed 's/.*listening on //')
-dm=$(wait_line "$tmp/d.out" "metrics on http://" | sed 's|.*metrics on http://||; s|/metrics||')
-"$build/worker/ferry-worker" --dispatcher "$disp" --port 0 --host 127.0.0.1 \
-  --threads 2 --metrics-port 0 >"$tmp/w.out" 2>"$tmp/w.err" &
-pids+=($!)
-wm=$(wait_line "$tmp/w.out" "metrics on http://" | sed 's|.*metrics on http://||; s|/metrics||')
+# shellcheck source-path=SCRIPTDIR source=metrics_lib.sh
+. "$(dirname "$0")/metrics_lib.sh"
+[ -n "$prom" ] || need prometheus
+need curl python3
+start_cluster "$build" 2000 5
 
 cat >"$tmp/prometheus.yml" <<YML
 global:
@@ -69,7 +37,7 @@ for attempt in 1 2 3 4 5; do
     kill -0 $ppid 2>/dev/null || break
     sleep 0.1
   done
-  if [ $started = 1 ]; then pids+=($ppid); break; fi
+  if [ $started = 1 ]; then track $ppid; break; fi
   kill $ppid 2>/dev/null || true; wait $ppid 2>/dev/null || true
 done
 [ $started = 1 ] || { cat "$tmp/p.log"; fail "prometheus did not start"; }
