@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sets variables its includers use
 # Shared by metrics.sh and metrics_prometheus.sh (sourced, not run): the
 # skip check, a temp dir and the processes that are always stopped, and a
 # local cluster (dispatcher + worker) serving metrics on ports it picks.
