@@ -10,6 +10,8 @@
 # Needs: /usr/bin/python3 with the venv module (Debian: python3-venv) and
 # access to PyPI.
 set -eu
+# shellcheck source=../lib/venv.sh
+. "$(cd "$(dirname "$0")/../lib" && pwd)/venv.sh"
 
 TF_VERSION=2.20.0
 NUMPY_VERSION=2.2.6
@@ -28,22 +30,8 @@ if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ] &&
   exit 0
 fi
 
-if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
-  echo "setup-venv: $PY lacks the venv/ensurepip modules" \
-       "(on Debian: apt-get install python3-venv)" >&2
-  exit 1
-fi
-
-# Only ever delete what looks like a venv: FERRY_TF_VENV may be mistyped.
-if [ -d "$VENV" ] && [ -n "$(ls -A "$VENV")" ] &&
-   [ ! -f "$VENV/pyvenv.cfg" ]; then
-  echo "setup-venv: $VENV exists and is not a venv; not touching it" >&2
-  exit 1
-fi
 echo "setup-venv: creating $VENV (downloads TensorFlow, ~250 MB)" >&2
-rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
-"$PY" -m venv "$VENV"
+make_venv "$VENV" "$PY" || exit 1
 # A partial install must not leave a venv that looks ready: the marker is
 # written last.
 # shellcheck disable=SC2086 # $WANT is a list of requirements

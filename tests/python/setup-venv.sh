@@ -24,6 +24,8 @@
 set -eu
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=../lib/venv.sh
+. "$root/tests/lib/venv.sh"
 build="$root/build/tests/python"
 tf=0
 while [ $# -gt 0 ]; do
@@ -56,21 +58,8 @@ want="system-site-packages; build: $reqs"
 
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$marker" ] ||
    [ "$(cat "$marker")" != "$want" ]; then
-  if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
-    echo "setup-venv: $PY lacks the venv/ensurepip modules" \
-         "(on Debian: apt-get install python3-venv)" >&2
-    exit 1
-  fi
-  # Only ever delete what looks like a venv: FERRY_PY_VENV may be mistyped.
-  if [ -d "$VENV" ] && [ -n "$(ls -A "$VENV")" ] &&
-     [ ! -f "$VENV/pyvenv.cfg" ]; then
-    echo "setup-venv: $VENV exists and is not a venv; not touching it" >&2
-    exit 1
-  fi
   echo "setup-venv: creating $VENV (--system-site-packages)" >&2
-  rm -rf "$VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PY" -m venv --system-site-packages "$VENV"
+  make_venv "$VENV" "$PY" --system-site-packages || exit 1
   # shellcheck disable=SC2086 # lists
   "$VENV/bin/python" -m pip install $pipq $reqs >&2
   printf '%s' "$want" > "$marker"
