@@ -1,5 +1,5 @@
-/* Response memory freed in one go (state.h), and the protobuf-c allocators
- * over it and over the Ferry heap. */
+/* Response memory freed in one go (state.h), and the protobuf-c allocator
+ * over it (the one over the Ferry heap is common's: ferry/pb_alloc.h). */
 #include <stddef.h>
 #include <string.h>
 
@@ -30,18 +30,10 @@ void ferry__arena_free(ferry_arena_t *a) {
   a->head = NULL;
 }
 
-static void *pb_alloc(void *data, size_t n) { return ferry__malloc(n); }
-static void pb_free(void *data, void *p) { ferry__free(p); }
 static void *arena_pb_alloc(void *data, size_t n) {
   return ferry__arena_alloc(data, n);
 }
 static void arena_pb_free(void *data, void *p) {}
-
-void ferry__disp_pb_allocator(ProtobufCAllocator *out) {
-  out->alloc = pb_alloc;
-  out->free = pb_free;
-  out->allocator_data = NULL;
-}
 
 void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out) {
   out->alloc = arena_pb_alloc;

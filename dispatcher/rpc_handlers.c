@@ -5,6 +5,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
 
 typedef int (*op_fn)(ferry_disp_service_t *svc, const void *req, void *resp,
@@ -136,9 +137,7 @@ static void wait_unlink(ferry_disp_service_t *svc, ferry_disp_wait_t *w) {
 }
 
 static void free_request(ProtobufCMessage *m) {
-  ProtobufCAllocator al;
-  ferry__disp_pb_allocator(&al);
-  protobuf_c_message_free_unpacked(m, &al);
+  protobuf_c_message_free_unpacked(m, &ferry__pb_allocator);
 }
 
 /* Answers a waiting call with the diff of leases as it stands now; with
@@ -511,7 +510,6 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   ferry_disp_binding_t *b = user;
   const method_t *m = &methods[b->method];
   ferry_disp_service_t *svc = b->svc;
-  ProtobufCAllocator al;
   ProtobufCMessage *rq, *rs;
   ferry_arena_t a = {0};
   ferry_error_t err = {0};
@@ -532,8 +530,8 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                           "request larger than this method accepts");
     return;
   }
-  ferry__disp_pb_allocator(&al);
-  if ((rq = protobuf_c_message_unpack(m->req, &al, len, req)) == NULL) {
+  rq = protobuf_c_message_unpack(m->req, &ferry__pb_allocator, len, req);
+  if (rq == NULL) {
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
                           "malformed request message");
     return;
@@ -549,7 +547,7 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
       rc = m->fn(svc, rq, rs, &a, ferry__disp_now_ms(), &err);
   }
   if (later) { /* answered by reg_after; nothing was changed yet */
-    protobuf_c_message_free_unpacked(rq, &al);
+    free_request(rq);
     ferry__arena_free(&a);
     return;
   }
@@ -572,7 +570,7 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
       reply_msg(call, rs, &a);
   }
   if (!held)
-    protobuf_c_message_free_unpacked(rq, &al);
+    free_request(rq);
   if (rc != 0)
     FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", m->name, err.msg);
   ferry__arena_free(&a);

@@ -291,8 +291,8 @@ void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms);
 void ferry__disp_split_order(bool shuffle, uint64_t seed, uint32_t epoch,
                              uint32_t *out, uint32_t n);
 
-/* Protobuf-c allocators: the Ferry heap, and an arena (free is a no-op). */
-void ferry__disp_pb_allocator(ProtobufCAllocator *out);
+/* Protobuf-c allocator over an arena (free is a no-op); the one over the
+ * Ferry heap is ferry__pb_allocator (ferry/pb_alloc.h). */
 void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out);
 
 #endif /* FERRY_DISPATCHER_STATE_H */

@@ -4,6 +4,8 @@
  * parts commit. */
 #include "state_internal.h"
 
+#include "ferry/pb_alloc.h"
+
 #include "dmetrics.h"
 
 static void row_check_done(row_t *r) {
@@ -542,17 +544,15 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
 
 int ferry__disp_apply(ferry_disp_t *d, const uint8_t *buf, size_t len,
                       int64_t now_ms, ferry_error_t *err) {
-  ProtobufCAllocator al;
   entry_t *e;
   int rc;
 
-  ferry__disp_pb_allocator(&al);
-  e = ferry__v1__journal_entry__unpack(&al, len, buf);
+  e = ferry__v1__journal_entry__unpack(&ferry__pb_allocator, len, buf);
   if (e == NULL)
     return ferry__seterr(err, FERRY_EINVAL, "malformed journal entry");
   d->now = now_ms;
   rc = apply(d, e, err);
-  ferry__v1__journal_entry__free_unpacked(e, &al);
+  ferry__v1__journal_entry__free_unpacked(e, &ferry__pb_allocator);
   return rc;
 }
 

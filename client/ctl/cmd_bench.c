@@ -173,16 +173,10 @@ static int enc_entry(enc_t *e, const char *key, int kind) {
 }
 
 static int enc_int64(enc_t *e, const char *key, int64_t v) {
-  uint8_t tmp[10];
-  size_t n = 0;
-  uint64_t u = (uint64_t)v;
+  uint8_t tmp[FERRY_VARINT_MAX];
+  size_t n = ferry_varint_put(tmp, (uint64_t)v);
   int rc;
 
-  while (u >= 0x80) {
-    tmp[n++] = (uint8_t)(u | 0x80);
-    u >>= 7;
-  }
-  tmp[n++] = (uint8_t)u;
   e->list.n = 0;
   if ((rc = buf_ld(&e->list, 1, tmp, n)) < 0)
     return rc;

@@ -20,6 +20,7 @@
 #include "ferry/alloc.h"
 #include "ferry/options.h"
 #include "ferry/tfrecord.h"
+#include "ferry/varint.h"
 
 #define MAX_CHANNELS 16
 #define MAX_IMAGE_BYTES (256ull << 20)
@@ -259,26 +260,8 @@ static uint64_t render(const image_spec_t *sp, uint64_t id, uint8_t *px) {
 
 /* ---- Example wire format ---------------------------------------------- */
 
-static size_t varint_len(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = (uint8_t)v;
-  return p;
-}
-
 /* Length of a length-delimited field (tag, length, body of `len`). */
-static size_t ld_len(size_t len) { return 1 + varint_len(len) + len; }
+static size_t ld_len(size_t len) { return 1 + ferry_varint_len(len) + len; }
 
 /* Sizes of one map entry {key, Feature}: its body and the Feature's. */
 static size_t entry_body(size_t key_len, size_t feature_body) {
@@ -286,7 +269,7 @@ static size_t entry_body(size_t key_len, size_t feature_body) {
 }
 
 static size_t int64_feature_body(uint64_t v) {
-  return ld_len(ld_len(varint_len(v))); /* Feature{int64_list{value}} */
+  return ld_len(ld_len(ferry_varint_len(v))); /* Feature{int64_list{value}} */
 }
 
 static size_t bytes_feature_body(size_t len) {
@@ -295,7 +278,7 @@ static size_t bytes_feature_body(size_t len) {
 
 static uint8_t *put_ld(uint8_t *p, uint8_t tag, size_t len) {
   *p++ = tag;
-  return put_varint(p, len);
+  return p + ferry_varint_put(p, len);
 }
 
 static uint8_t *put_int64_entry(uint8_t *p, const char *key, uint64_t v) {
@@ -305,9 +288,9 @@ static uint8_t *put_int64_entry(uint8_t *p, const char *key, uint64_t v) {
   memcpy(p, key, kl);
   p += kl;
   p = put_ld(p, 0x12, fb);                    /* entry.value */
-  p = put_ld(p, 0x1A, ld_len(varint_len(v))); /* Feature.int64_list */
-  p = put_ld(p, 0x0A, varint_len(v));         /* Int64List.value, packed */
-  return put_varint(p, v);
+  p = put_ld(p, 0x1A, ld_len(ferry_varint_len(v))); /* Feature.int64_list */
+  p = put_ld(p, 0x0A, ferry_varint_len(v)); /* Int64List.value, packed */
+  return p + ferry_varint_put(p, v);
 }
 
 /* Total size of the Example {image: bytes[img_len], label, id}. */

@@ -44,6 +44,7 @@
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "ferry/rpc.h"
+#include "ferry/varint.h"
 #include "bare_ucx.h"
 
 extern char **environ;
@@ -85,15 +86,6 @@ static void grpc_sent(ferry_rpc_call_t *call, int ok, void *arg) {
   grpc_send(call);
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  do {
-    p[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-    v >>= 7;
-  } while (v);
-  return n;
-}
-
 static void grpc_send(ferry_rpc_call_t *call) {
   if (G.sent == G.count) {
     ferry_rpc_stream_finish(call, FERRY_RPC_OK, NULL);
@@ -104,9 +96,9 @@ static void grpc_send(ferry_rpc_call_t *call) {
   uint8_t hdr[24];
   size_t n = 0;
   hdr[n++] = 0x08;
-  n += put_varint(hdr + n, G.sent);
+  n += ferry_varint_put(hdr + n, G.sent);
   hdr[n++] = 0x12;
-  n += put_varint(hdr + n, G.msg_bytes);
+  n += ferry_varint_put(hdr + n, G.msg_bytes);
   ferry_rpc_piece_t pieces[2] = {
       {hdr, n, NULL, NULL},
       {G.payload, G.msg_bytes, no_free, NULL},

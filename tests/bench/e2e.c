@@ -47,6 +47,7 @@
 #include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "ferry/transport.h"
+#include "ferry/varint.h"
 #include "harness.h"
 
 #define H 32
@@ -287,18 +288,10 @@ static void bare_send(ferry_rpc_call_t *call) {
   }
   uint8_t hdr[24];
   size_t n = 0;
-  uint64_t v = B.sent;
   hdr[n++] = 0x08;
-  do {
-    hdr[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-    v >>= 7;
-  } while (v);
+  n += ferry_varint_put(hdr + n, B.sent);
   hdr[n++] = 0x12;
-  v = MSG_BYTES;
-  do {
-    hdr[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
-    v >>= 7;
-  } while (v);
+  n += ferry_varint_put(hdr + n, MSG_BYTES);
   ferry_rpc_piece_t pieces[2] = {
       {hdr, n, NULL, NULL},
       {B.payload, MSG_BYTES, no_free, NULL},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every fuzz target in BUILD_DIR/tests/fuzz for SECONDS each, starting
-# from its seed corpus (copied, so the committed corpus stays as it is).
+# from its seed corpus, tests/fuzz/<concern>/corpus/<name>/ (copied, so the
+# committed corpus stays as it is).
 # Exits non-zero on the first crash, leak or sanitizer report.
 #
 # The mutation sequence is seeded (FERRY_FUZZ_SEED, default 1), so a run is
@@ -17,7 +18,9 @@ for bin in "$build"/tests/fuzz/fuzz_*; do
   [ -x "$bin" ] || continue
   name=$(basename "$bin"); name=${name#fuzz_}
   mkdir -p "$work/$name"
-  if [ -d "$here/corpus/$name" ]; then cp -r "$here/corpus/$name/." "$work/$name/"; fi
+  for seeds in "$here"/*/corpus/"$name"; do
+    if [ -d "$seeds" ]; then cp -r "$seeds/." "$work/$name/"; fi
+  done
   echo "fuzz_$name: ${seconds}s"
   if ! "$bin" -seed="${FERRY_FUZZ_SEED:-1}" -max_total_time="$seconds" \
        -rss_limit_mb=2048 -timeout=10 \

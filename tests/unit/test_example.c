@@ -1,4 +1,4 @@
-/* Tests for the zero-copy Example parser (common/src/example.c).
+/* Tests for the zero-copy Example parser (common/src/records/example.c).
  *
  * protobuf-c's generated code is the oracle: random Examples are packed
  * with it and every feature ferry finds is compared with what protobuf-c
@@ -20,6 +20,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/example.h"
+#include "ferry/varint.h"
 #include "tensorflow/core/example/example.pb-c.h"
 
 /* ---- Wire-format builder (plain malloc: the tests count ferry's
@@ -43,15 +44,8 @@ static void wb_put(wb_t *b, const void *d, size_t n) {
 }
 
 static void wb_varint(wb_t *b, uint64_t v) {
-  uint8_t tmp[10];
-  size_t k = 0;
-
-  while (v >= 0x80) {
-    tmp[k++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  tmp[k++] = (uint8_t)v;
-  wb_put(b, tmp, k);
+  uint8_t tmp[FERRY_VARINT_MAX];
+  wb_put(b, tmp, ferry_varint_put(tmp, v));
 }
 
 static void wb_tag(wb_t *b, uint32_t field, unsigned wire) {
@@ -1289,7 +1283,7 @@ Test(example, speed_raw_image) {
   wb_free(&rec);
 }
 
-/* The fuzz seeds (tests/fuzz/corpus/example, written by
+/* The fuzz seeds (tests/fuzz/records/corpus/example, written by
  * make_example_seeds.py) are valid Examples on which both parsers agree. */
 Test(example, fuzz_seeds) {
   char dirpath[1024], path[1300];
@@ -1297,7 +1291,7 @@ Test(example, fuzz_seeds) {
   struct dirent *de;
   size_t n = 0;
 
-  snprintf(dirpath, sizeof(dirpath), "%s/tests/fuzz/corpus/example",
+  snprintf(dirpath, sizeof(dirpath), "%s/tests/fuzz/records/corpus/example",
            FERRY_SOURCE_DIR);
   dir = opendir(dirpath);
   cr_assert_not_null(dir, "%s", dirpath);

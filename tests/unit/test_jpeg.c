@@ -10,7 +10,7 @@
 #include <turbojpeg.h>
 
 #include "ferry/imgops.h"
-#include "../../common/src/imgops_internal.h"
+#include "../../common/src/image/imgops_internal.h"
 
 enum { OK, TRUNC, FAIL };
 

@@ -12,6 +12,7 @@
 #include "ferry/imgops.h"
 #include "ferry/pipeline.h"
 #include "ferry/spec.h"
+#include "ferry/varint.h"
 
 /* A growable byte buffer for the protobuf encoder. */
 typedef struct {
@@ -31,14 +32,8 @@ static void put(buf_t *b, const void *data, size_t len) {
 }
 
 static void put_varint(buf_t *b, uint64_t v) {
-  uint8_t tmp[10];
-  size_t n = 0;
-  while (v >= 0x80) {
-    tmp[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  tmp[n++] = (uint8_t)v;
-  put(b, tmp, n);
+  uint8_t tmp[FERRY_VARINT_MAX];
+  put(b, tmp, ferry_varint_put(tmp, v));
 }
 
 /* Appends field `field` (wire type 2) holding `len` bytes. */

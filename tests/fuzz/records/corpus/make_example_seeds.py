@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_example: small tf.train.Example records
 encoded by hand (no protobuf library), each under 4 KB, into
-tests/fuzz/corpus/example/. Run from anywhere; the output is deterministic.
+tests/fuzz/records/corpus/example/. Run from anywhere; the output is
+deterministic.
 """
 import os
 import struct
