@@ -40,6 +40,9 @@ struct ferry__wqueue_s {
   ferry__wkey_t *key;     /* the stream's pool key (a reference) */
 };
 
+/* A stream stalled this long when its last task ends is reclaimed. */
+#define RECLAIM_STALL_MS 1000
+
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -200,6 +203,33 @@ static void send_next(ferry__wqueue_t *q) {
     }
     q->sending++;
   }
+}
+
+/* After a purge: a stream with sends in flight but no live task left
+ * (the dispatcher took the client's splits: a stalled client, a lost
+ * lease) is ended. Its in-flight chunks are of leases that ended, and a
+ * client whose reader is blocked never completes them: over UCX it holds
+ * the rendezvous payloads, i.e. pool memory every other stream waits for
+ * (one chunk block may be larger than the whole pool). Ending the stream
+ * with an error makes the transport give them back (UCX: AM_END at once,
+ * the client drops what it holds); the client reopens a stream for what
+ * it is given next. */
+static void queue_reclaim(ferry__wqueue_t *q) {
+  if (q->call == NULL || q->sending == 0 || q->head != NULL ||
+      q->key == NULL || ferry__wpool_key_tasks(&q->w->pool, q->key) > 0)
+    return;
+  /* Only a stream that has not completed a send for a while: a reading
+   * client completes (drops) the chunks of its ended leases by itself, and
+   * ending its stream would restart its other splits here. */
+  int64_t since = atomic_load(&q->key->stall_since_ms);
+  if (since == 0 || now_ms() - since < RECLAIM_STALL_MS)
+    return;
+  FERRY_LOG(FERRY_LOG_INFO, "stream job %llu client %llu: its tasks here "
+            "ended with %u sends held: stream ended, their chunks reclaimed",
+            (unsigned long long)q->job_id, (unsigned long long)q->client_id,
+            q->sending);
+  queue_end_call(q, FERRY_RPC_CANCELLED, "its leases on this worker ended");
+  queue_mark(q, false);
 }
 
 /* The client cancelled, went away or the server is shutting down. */
@@ -407,8 +437,10 @@ void ferry__winbox_on_async(uv_async_t *a) {
     c = next;
   }
   if (purge)
-    for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+    for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
       queue_purge(q, false);
+      queue_reclaim(q);
+    }
   for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
     send_next(q);
     queue_mark(q, false);

@@ -160,6 +160,13 @@ uint64_t ferry__wpool_share(ferry__wpool_t *p, ferry__wkey_t *k, size_t need) {
   return s;
 }
 
+int ferry__wpool_key_tasks(ferry__wpool_t *p, ferry__wkey_t *k) {
+  pthread_mutex_lock(&p->lock);
+  int n = k->tasks;
+  pthread_mutex_unlock(&p->lock);
+  return n;
+}
+
 enum { TAKE_OK, TAKE_FULL_KEY, TAKE_FULL_POOL };
 
 /* Reserves `need` bytes for `key` (may be NULL: no share). On TAKE_OK,

@@ -177,6 +177,8 @@ void ferry__wpool_key_put(ferry__wpool_t *p, ferry__wkey_t *k, bool task);
  * out, `k` included; one share stays free for a stream that becomes
  * active), at least two blocks (one chunk filling while one is sent). */
 uint64_t ferry__wpool_share(ferry__wpool_t *p, ferry__wkey_t *k, size_t need);
+/* Live tasks of the stream `k` on this worker (its chunks may still be out). */
+int ferry__wpool_key_tasks(ferry__wpool_t *p, ferry__wkey_t *k);
 /* Like ferry__wpool_acquire for stream `key` (NULL: no share), within its
  * share. Record-less chunks (cap 0) are always granted. With `wait` false
  * it returns NULL at once when the share or the pool is full: then *gen is

@@ -954,6 +954,27 @@ static ucs_status_t on_am_pay(void *arg, const void *header, size_t hlen,
 
 static void drop_queued_locked(ucstream_t *s);
 
+/* The chunk handed out to the reader: a payload it has not started to
+ * receive is given back (mu held). A reader blocked before its copy (the
+ * trainer holds every batch) would otherwise pin the worker's pool memory
+ * for as long as it stalls; its copy then comes up short (a fence). */
+static void drop_out_payload_locked(ucstream_t *s) {
+  umsg_t *m = s->out;
+  if (m == NULL || m->desc == NULL)
+    return;
+  if (!s->peer_dead) {
+    uop_t *op = ferry__calloc(1, sizeof(*op));
+    if (op == NULL)
+      return; /* kept: released with the message */
+    op->kind = OP_RELEASE;
+    op->desc = m->desc;
+    op_push_locked(s->cl, op);
+    cl_wake(s->cl);
+  }
+  m->desc = NULL;
+  m->pay_failed = true;
+}
+
 static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
                               void *data, size_t len,
                               const ucp_am_recv_param_t *param) {
@@ -973,8 +994,10 @@ static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
     s->end_msg[n] = '\0';
     /* An error ends the stream now: what is queued is given back (the
      * worker's sends complete), even while the reader is blocked. */
-    if (h.status != FERRY_RPC_OK)
+    if (h.status != FERRY_RPC_OK) {
       drop_queued_locked(s);
+      drop_out_payload_locked(s);
+    }
     pthread_cond_broadcast(&s->cv);
   }
   pthread_mutex_unlock(&cl->mu);
@@ -1209,20 +1232,29 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
   if (done == n)
     return n;
   size_t poff = off + done - m->hdr_len, plen = n - done;
+  /* The descriptor is taken under mu: AM_END with an error (progress
+   * thread) gives back one the reader has not claimed. */
+  pthread_mutex_lock(&cl->mu);
+  void *desc = m->desc;
+  bool failed = m->pay_failed;
   /* Reads within the payload's first bytes (the chunk parser's window
    * past the header) come from the prefix copy; one that starts in the
    * header stops after it while the payload is still on the worker: the
    * payload is fetched by the copy that names where it goes. */
-  if (m->desc != NULL && (poff + plen <= m->prefix_len || done > 0)) {
+  bool from_prefix = poff + plen <= m->prefix_len || done > 0;
+  if (desc != NULL && !from_prefix)
+    m->desc = NULL; /* claimed: the receive below owns it */
+  pthread_mutex_unlock(&cl->mu);
+  if (from_prefix && (desc != NULL || failed)) {
     size_t k = poff < m->prefix_len ? m->prefix_len - poff : 0;
     if (k > plen)
       k = plen;
     memcpy(d + done, m->hdr + m->hdr_len + poff, k);
     return done + k;
   }
-  if (m->pay_failed)
+  if (failed)
     return done;
-  if (m->desc != NULL) {
+  if (desc != NULL) {
     /* The first payload copy: straight into dst when it takes the whole
      * payload, else into a bounce buffer. */
     bool direct = poff == 0 && plen == m->pay_len;
@@ -1235,14 +1267,16 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
     uint8_t *bounce = direct ? NULL : s->bounce;
     if (op == NULL || (!direct && bounce == NULL)) {
       ferry__free(op);
+      pthread_mutex_lock(&cl->mu);
+      m->desc = desc; /* released with the message */
       m->pay_failed = true;
+      pthread_mutex_unlock(&cl->mu);
       return 0;
     }
     op->kind = OP_RECV;
-    op->desc = m->desc;
+    op->desc = desc;
     op->dst = direct ? d + done : bounce;
     op->len = m->pay_len;
-    m->desc = NULL;
     pthread_mutex_lock(&cl->mu);
     op_push_locked(cl, op);
     pthread_mutex_unlock(&cl->mu);
@@ -1313,10 +1347,13 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
 static void msg_release(ferry_transport_msg_t *mv) {
   ucstream_t *s = mv->impl_[0];
   umsg_t *m = mv->impl_[1];
-  if (s != NULL && s->out == m)
-    s->out = NULL;
-  if (s != NULL)
-    umsg_free(s->cl, m, false, s->peer_dead);
+  if (s != NULL) {
+    pthread_mutex_lock(&s->cl->mu);
+    if (s->out == m)
+      s->out = NULL;
+    umsg_free(s->cl, m, true, s->peer_dead);
+    pthread_mutex_unlock(&s->cl->mu);
+  }
   memset(mv, 0, sizeof(*mv));
 }
 
@@ -1337,12 +1374,12 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
   ucstream_t *s = (ucstream_t *)base;
   uclient_t *cl = s->cl;
   memset(msg, 0, sizeof(*msg));
-  if (s->out != NULL) { /* a message the reader forgot */
-    umsg_free(cl, s->out, false, s->peer_dead);
-    s->out = NULL;
-  }
   int64_t until = timeout_ms < 0 ? INT64_MAX : mono_ms() + timeout_ms;
   pthread_mutex_lock(&cl->mu);
+  if (s->out != NULL) { /* a message the reader forgot */
+    umsg_free(cl, s->out, true, s->peer_dead);
+    s->out = NULL;
+  }
   for (;;) {
     if (s->final_rc == 0 && s->cancelled) {
       s->final_rc = FERRY_EGRPC_CANCELLED;
