@@ -315,10 +315,43 @@ static size_t tmsg_copy(const ferry_chunk_src_t *src, size_t off, void *dst,
   return m->copy(m, off, dst, n);
 }
 
+/* True when `address` is on the list of workers whose UCX stream failed
+ * before its first chunk (mu held). */
+static bool ucx_failed_locked(const ferry_client_t *c, const char *address) {
+  for (size_t i = 0; i < c->n_ucx_failed; i++)
+    if (strcmp(c->ucx_failed[i], address) == 0)
+      return true;
+  return false;
+}
+
+/* Puts `address` on that list (mu held; out of memory: the next stream
+ * tries UCX again, which fails the same way). */
+static void ucx_failed_add_locked(ferry_client_t *c, const char *address) {
+  if (ucx_failed_locked(c, address))
+    return;
+  char *a = ferry__strdup(address);
+  char **l = ferry__realloc(c->ucx_failed,
+                            (c->n_ucx_failed + 1) * sizeof(*l));
+  if (a == NULL || l == NULL) {
+    ferry__free(a);
+    if (l != NULL)
+      c->ucx_failed = l;
+    return;
+  }
+  c->ucx_failed = l;
+  l[c->n_ucx_failed++] = a;
+}
+
+static bool transport_is_auto(const ferry_client_t *c) {
+  return c->transport == NULL || c->transport[0] == '\0' ||
+         strcmp(c->transport, "auto") == 0;
+}
+
 static void *reader_main(void *arg) {
   ferry__worker_t *w = arg;
   ferry_client_t *c = w->client;
   ferry_error_t e;
+  uint64_t chunks = 0;
   for (;;) {
     ferry_transport_msg_t msg;
     ferry_chunk_src_t src;
@@ -330,6 +363,16 @@ static void *reader_main(void *arg) {
       if (rc != FERRY_EOF && !w->stop && !c->stopping) {
         FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
                   e.msg);
+        /* A UCX stream that failed before its first chunk most likely
+         * cannot work between these two processes (another user's
+         * shared memory, no common UCX transport): auto mode serves this
+         * worker over gRPC from now on (pick_transport says so). */
+        if (chunks == 0 && transport_is_auto(c) &&
+            w->stream->ops != &ferry_transport_grpc) {
+          pthread_mutex_lock(&c->mu);
+          ucx_failed_add_locked(c, w->address);
+          pthread_mutex_unlock(&c->mu);
+        }
         /* If the worker is alive it goes on with later chunks on the
          * reopened stream: what was in flight is lost for good, so its
          * leases of our splits must start again from delivered. */
@@ -340,6 +383,7 @@ static void *reader_main(void *arg) {
       }
       break;
     }
+    chunks++;
     src.len = msg.len;
     src.copy = tmsg_copy;
     src.ctx = &msg;
@@ -401,14 +445,20 @@ static int pick_transport(ferry_client_t *c, const char *address,
   char why[sizeof(c->transport_why)];
   const char *want = c->transport;
   const ferry_transport_ops_t *ops;
-  bool automatic = want == NULL || want[0] == '\0' ||
-                   strcmp(want, "auto") == 0;
+  bool automatic = transport_is_auto(c);
+  pthread_mutex_lock(&c->mu);
+  bool ucx_failed = ucx_failed_locked(c, address);
+  pthread_mutex_unlock(&c->mu);
   if (automatic && c->rpc_opts.tls != NULL && peer_has_ucx) {
     /* UCX carries no TLS: a client configured for it stays on gRPC unless
      * the job asks for ucx by name. */
     ops = &ferry_transport_grpc;
     snprintf(why, sizeof(why), "auto: grpc, TLS is configured and UCX "
              "does not encrypt");
+  } else if (automatic && peer_has_ucx && ucx_failed) {
+    ops = &ferry_transport_grpc;
+    snprintf(why, sizeof(why), "auto: grpc, the UCX stream to this worker "
+             "failed before its first chunk");
   } else {
     ops = ferry_transport_choose(want, peer_has_ucx, why, sizeof(why), e);
   }
@@ -916,6 +966,9 @@ void ferry_client_free(ferry_client_t *c) {
     if (c->transports[i] != NULL)
       c->transports[i]->ops->client_free(c->transports[i]);
   ferry__free(c->transport);
+  for (size_t i = 0; i < c->n_ucx_failed; i++)
+    ferry__free(c->ucx_failed[i]);
+  ferry__free(c->ucx_failed);
   ferry_rpc_channel_free(c->dch);
   if (c->rpc_inited)
     ferry_rpc_shutdown();

@@ -252,6 +252,11 @@ struct ferry_client_s {
   char *transport;
   ferry_transport_client_t *transports[2];
   char transport_why[128]; /* the last choice logged (heartbeat thread) */
+  /* Workers (by address) whose UCX stream failed before its first chunk
+   * (e.g. the worker cannot map this process's shared memory): in auto
+   * mode they are served over gRPC from then on (mu). */
+  char **ucx_failed;
+  size_t n_ucx_failed;
 };
 
 /* Monotonic seconds. */

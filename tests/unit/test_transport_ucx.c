@@ -1,4 +1,4 @@
-/* Tests of the UCX transport (ferry/transport.h, common/src/transport_ucx.c)
+/* Tests of the UCX transport (ferry/transport.h, common/src/transport/transport_ucx.c)
  * on its own: a gRPC server with the UCX transport on a libuv loop thread
  * (127.0.0.1, port 0) sends chunks of a header piece and a payload piece;
  * the client side on the test thread reads them. Every wait is bounded and

@@ -15,7 +15,7 @@
 
 /* ferry.v1.Worker (worker.proto): the chunk stream over gRPC. */
 #define FERRY_METHOD_STREAM_CHUNKS "/ferry.v1.Worker/StreamChunks"
-/* The UCX transport's control call (common/src/transport_ucx.c): the same
+/* The UCX transport's control call (common/src/transport/transport_ucx.c): the same
  * request with the client's UCP address; the chunks travel over UCX. */
 #define FERRY_METHOD_STREAM_CHUNKS_UCX "/ferry.v1.Worker/StreamChunksUcx"
 

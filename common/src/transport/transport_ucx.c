@@ -170,6 +170,11 @@ struct ustream_s {
   uint64_t seq;
   int fin_status;
   char *fin_msg;
+  /* ucp_ep_create to the client's address failed (e.g. its shared memory
+   * is another user's): the call is answered UNAVAILABLE with this text,
+   * whatever the worker finishes with, so the client learns at once and
+   * (in auto mode) falls back to gRPC for this worker. */
+  char *unreachable;
   int64_t grace_until; /* ended: force the close after this */
   amhdr_t end_h;       /* AM_END's header, read by UCP until the close */
 };
@@ -302,7 +307,9 @@ static void stream_answer(ustream_t *s) {
     return;
   ferry_rpc_call_t *call = s->call;
   s->call = NULL;
-  if (!s->accepted && s->fin_status != FERRY_RPC_OK)
+  if (s->unreachable != NULL)
+    ferry_rpc_stream_finish(call, FERRY_RPC_UNAVAILABLE, s->unreachable);
+  else if (!s->accepted && s->fin_status != FERRY_RPC_OK)
     ferry_rpc_reply_error(call, s->fin_status, s->fin_msg);
   else
     ferry_rpc_stream_finish(call, s->fin_status, s->fin_msg);
@@ -375,6 +382,7 @@ static void srv_sweep(userver_t *srv) {
       *pp = s->next;
       ferry__free(s->client_addr);
       ferry__free(s->fin_msg);
+      ferry__free(s->unreachable);
       ferry__free(s);
     } else {
       pp = &s->next;
@@ -611,9 +619,12 @@ static void u_accept(ferry_transport_stream_t *base,
       .err_mode = UCP_ERR_HANDLING_MODE_NONE};
   ucs_status_t st = ucp_ep_create(s->srv->worker, &ep, &s->ep);
   if (st != UCS_OK) {
-    FERRY_LOG(FERRY_LOG_WARN, "transport ucx: stream %llu: cannot reach "
-              "the client's UCX address: %s", (unsigned long long)s->id,
-              ucs_status_string(st));
+    char why[160];
+    snprintf(why, sizeof(why), "the worker cannot reach the client's UCX "
+             "address: %s", ucs_status_string(st));
+    FERRY_LOG(FERRY_LOG_WARN, "transport ucx: stream %llu: %s",
+              (unsigned long long)s->id, why);
+    s->unreachable = ferry__strdup(why);
     s->ep = NULL;
     stream_end(s);
     return;
