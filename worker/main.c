@@ -106,7 +106,10 @@ static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
   if (rc == 0 && npos > 0)
     rc = ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
                        argv[1]);
-  if (rc == 0 && cfg->config != NULL && cfg->config[0] != '\0') {
+  /* --version and --help answer without reading the config file (as the
+   * dispatcher does): a missing file must not hide the version. */
+  if (rc == 0 && cfg->config != NULL && cfg->config[0] != '\0' &&
+      !cfg->version && !cfg->help) {
     char *path = cfg->config;
     cfg->config = NULL;
     ferry_options_free(table, N_OPTS, cfg);

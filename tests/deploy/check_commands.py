@@ -147,7 +147,7 @@ def run_real(argv, what):
     name = argv[0]
     var, extra = PROGRAMS[name]
     # --config is checked on its own (check_config): the file is in a
-    # ConfigMap, not here, and ferry-worker reads it even with --version.
+    # ConfigMap, not here.
     args = [a for a in argv[1:] if not a.startswith("--config=")]
     if "--config" in args:
         i = args.index("--config")

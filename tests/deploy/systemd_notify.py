@@ -154,11 +154,17 @@ def check_stop(name, p, notify):
 
 
 def test_version(bins, version):
-    for name, b in bins.items():
-        r = subprocess.run([b, "--version"], capture_output=True, timeout=30)
-        check(r.returncode == 0 and r.stdout.decode() == "%s %s\n" %
-              (name, version), "%s --version prints '%s %s' and exits 0 "
-              "(got %d, %r)" % (name, name, version, r.returncode, r.stdout))
+    # Also with a --config file that does not exist: the version answers
+    # without reading it.
+    for extra in ([], ["--config", "/nonexistent/ferry.conf"]):
+        for name, b in bins.items():
+            r = subprocess.run([b] + extra + ["--version"],
+                               capture_output=True, timeout=30)
+            check(r.returncode == 0 and r.stdout.decode() == "%s %s\n" %
+                  (name, version), "%s %s--version prints '%s %s' and "
+                  "exits 0 (got %d, %r)" % (name, " ".join(extra + [""]),
+                                            name, version, r.returncode,
+                                            r.stdout))
 
 
 def test_dispatcher(b, tmp):
