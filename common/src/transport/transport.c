@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ferry/pb_alloc.h"
 #include "ferry/transport.h"
+#include "transport_internal.h"
 
 static const ferry_transport_ops_t *const all[] = {
     &ferry_transport_grpc,
@@ -62,4 +64,28 @@ const ferry_transport_ops_t *ferry_transport_choose(const char *want,
   ferry__seterr(err, FERRY_EINVAL, "transport '%s': expected auto, grpc or "
                 "ucx", want);
   return NULL;
+}
+
+Ferry__V1__StreamChunksRequest *
+ferry__transport_request(ferry_rpc_call_t *call, const uint8_t *req,
+                         size_t len, ferry_transport_open_t *o) {
+  Ferry__V1__StreamChunksRequest *m =
+      ferry__v1__stream_chunks_request__unpack(&ferry__pb_allocator, len, req);
+  if (m == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                          "StreamChunksRequest: malformed protobuf");
+    return NULL;
+  }
+  memset(o, 0, sizeof(*o));
+  o->job_id = m->job_id;
+  o->client_id = m->client_id;
+  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES)
+    o->secret = m->client_secret.data;
+  o->bearer = ferry_rpc_call_bearer(call, &o->bearer_len);
+  return m;
+}
+
+void ferry__transport_request_free(Ferry__V1__StreamChunksRequest *m) {
+  if (m != NULL)
+    ferry__v1__stream_chunks_request__free_unpacked(m, &ferry__pb_allocator);
 }

@@ -16,6 +16,7 @@
 #include "ferry/rpc_methods.h"
 #include "ferry/transport.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "transport_internal.h"
 
 /* ---- Worker side --------------------------------------------------------- */
 
@@ -53,30 +54,22 @@ static void piece_free(void *arg) {
 static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                     void *user) {
   gserver_t *srv = user;
-  Ferry__V1__StreamChunksRequest *m =
-      ferry__v1__stream_chunks_request__unpack(NULL, len, req);
-  if (m == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksRequest: malformed protobuf");
+  ferry_transport_open_t o;
+  Ferry__V1__StreamChunksRequest *m = ferry__transport_request(call, req,
+                                                               len, &o);
+  if (m == NULL)
     return;
-  }
   gstream_t *s = ferry__calloc(1, sizeof(*s));
   if (s == NULL) {
-    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry__transport_request_free(m);
     ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   s->base.ops = &ferry_transport_grpc;
   s->base.server = &srv->base;
   s->call = call;
-  ferry_transport_open_t o = {0};
-  o.job_id = m->job_id;
-  o.client_id = m->client_id;
-  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES)
-    o.secret = m->client_secret.data;
-  o.bearer = ferry_rpc_call_bearer(call, &o.bearer_len);
   srv->on_open(&s->base, &o, srv->user);
-  ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+  ferry__transport_request_free(m);
 }
 
 static int g_server_new(const ferry_transport_server_config_t *cfg,

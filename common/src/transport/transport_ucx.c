@@ -57,6 +57,7 @@
 #include "ferry/rpc_methods.h"
 #include "ferry/transport.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "transport_internal.h"
 
 #define METHOD FERRY_METHOD_STREAM_CHUNKS_UCX
 
@@ -443,22 +444,20 @@ static void srv_free_now(userver_t *srv) {
 static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                     void *user) {
   userver_t *srv = user;
-  Ferry__V1__StreamChunksRequest *m =
-      ferry__v1__stream_chunks_request__unpack(NULL, len, req);
-  if (m == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksRequest: malformed protobuf");
+  ferry_transport_open_t o;
+  Ferry__V1__StreamChunksRequest *m = ferry__transport_request(call, req,
+                                                               len, &o);
+  if (m == NULL)
     return;
-  }
   if (m->ucx_address.len == 0 || m->ucx_address.len > 65536) {
-    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry__transport_request_free(m);
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
                           "StreamChunksUcx: ucx_address missing or over "
                           "64 KiB");
     return;
   }
   if (srv->stopping) {
-    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry__transport_request_free(m);
     ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
                           "worker shutting down");
     return;
@@ -468,7 +467,7 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   if (s == NULL || a == NULL) {
     ferry__free(s);
     ferry__free(a);
-    ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+    ferry__transport_request_free(m);
     ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
@@ -482,14 +481,8 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   s->id = m->ucx_stream_id;
   s->next = srv->streams;
   srv->streams = s;
-  ferry_transport_open_t o = {0};
-  o.job_id = m->job_id;
-  o.client_id = m->client_id;
-  if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES)
-    o.secret = m->client_secret.data;
-  o.bearer = ferry_rpc_call_bearer(call, &o.bearer_len);
   srv->on_open(&s->base, &o, srv->user);
-  ferry__v1__stream_chunks_request__free_unpacked(m, NULL);
+  ferry__transport_request_free(m);
 }
 
 static int u_server_new(const ferry_transport_server_config_t *cfg,

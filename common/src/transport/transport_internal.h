@@ -1,0 +1,22 @@
+/* What the transports of common/src/transport share (not installed). */
+#ifndef FERRY_TRANSPORT_INTERNAL_H
+#define FERRY_TRANSPORT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/rpc.h"
+#include "ferry/transport.h"
+#include "ferry/v1/worker.pb-c.h"
+
+/* The StreamChunksRequest a transport's gRPC call opened with: unpacked
+ * (with ferry__pb_allocator), and the job, client, secret and bearer token
+ * the worker's on_open needs taken from it into `o` (pointing into the
+ * message and the call: valid until ferry__transport_request_free). A
+ * malformed request is answered INVALID_ARGUMENT and NULL returned. */
+Ferry__V1__StreamChunksRequest *
+ferry__transport_request(ferry_rpc_call_t *call, const uint8_t *req,
+                         size_t len, ferry_transport_open_t *o);
+void ferry__transport_request_free(Ferry__V1__StreamChunksRequest *m);
+
+#endif /* FERRY_TRANSPORT_INTERNAL_H */
