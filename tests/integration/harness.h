@@ -137,6 +137,31 @@ extern bool hx_track_runner_pids;
  * that tests killed by their timeout left behind. */
 void hx_sweep_runner_pids(void);
 
+/* An integration test executable's Criterion suite (once per file, after
+ * including criterion.h): before each test the runner's pids are tracked
+ * and `before` runs, after it every process the test started is reaped
+ * and `after` runs (both `void f(void)` or NULL), and at the end of the
+ * run the daemons of tests killed by their timeout are swept. */
+#define HX_SUITE(name, timeout_s, before, after)                          \
+  static void hx_suite_init_(void) {                                      \
+    void (*hx_f_)(void) = (before);                                       \
+    hx_track_runner_pids = true;                                          \
+    if (hx_f_ != NULL)                                                    \
+      hx_f_();                                                            \
+  }                                                                       \
+  static void hx_suite_fini_(void) {                                      \
+    void (*hx_f_)(void) = (after);                                        \
+    hx_reap_all();                                                        \
+    if (hx_f_ != NULL)                                                    \
+      hx_f_();                                                            \
+  }                                                                       \
+  ReportHook(POST_ALL)(struct criterion_global_stats *hx_stats_) {        \
+    (void)hx_stats_;                                                      \
+    hx_sweep_runner_pids();                                               \
+  }                                                                       \
+  TestSuite(name, .init = hx_suite_init_, .fini = hx_suite_fini_,         \
+            .timeout = (timeout_s))
+
 /* Prints the last lines of every daemon's log to stderr (debugging). */
 void hx_dump_logs(void);
 

@@ -52,20 +52,12 @@ static hx_dataset_t DS;
 static char SPEC[1024];
 static char WORKDIR[600];
 
-static void setup(void) {
-  hx_track_runner_pids = true;
+static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
 }
 
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(client_faults, .init = setup, .fini = teardown, .timeout = 240);
+HX_SUITE(client_faults, 240, reset, NULL);
 
 static unsigned seed_for(const char *test) {
   const char *env = getenv("FERRY_IT_SEED");

@@ -18,15 +18,7 @@
 static hx_proc_t *D, *W;
 static hx_dataset_t DS;
 
-static void setup(void) { hx_track_runner_pids = true; }
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(hostile, .init = setup, .fini = teardown, .timeout = 120);
+HX_SUITE(hostile, 120, NULL, NULL);
 
 /* A cluster whose data root is the dataset's directory. */
 static void rooted_cluster(void) {

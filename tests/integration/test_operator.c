@@ -38,20 +38,12 @@ extern char **environ;
 static hx_proc_t *D;
 static hx_proc_t *W[2];
 
-static void setup(void) {
-  hx_track_runner_pids = true;
+static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
 }
 
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(operator, .init = setup, .fini = teardown, .timeout = 180);
+HX_SUITE(operator, 180, reset, NULL);
 
 /* ---- Running ferryctl --------------------------------------------------- */
 

@@ -23,15 +23,7 @@
 #define NEXT_TIMEOUT_MS 10000
 #define REFUSE_BUDGET_MS 1000.0
 
-static void setup(void) { hx_track_runner_pids = true; }
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(ownership, .init = setup, .fini = teardown, .timeout = 60);
+HX_SUITE(ownership, 60, NULL, NULL);
 
 /* The port of a "HOST:PORT" address. */
 static const char *port_of(const char *addr) {

@@ -29,24 +29,17 @@ static hx_proc_t *D;
 static hx_proc_t *W[2];
 static char certs[600];
 
-static void setup(void) {
-  hx_track_runner_pids = true;
+static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
   ferry_rpc_init();
 }
 
-static void teardown(void) {
-  hx_reap_all();
+static void cleanup(void) {
   ferry_rpc_shutdown();
 }
 
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(security, .init = setup, .fini = teardown, .timeout = 120);
+HX_SUITE(security, 120, reset, cleanup);
 
 /* DIR/NAME of the certificate directory (static rotating buffers). */
 static const char *C(const char *name) {

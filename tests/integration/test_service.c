@@ -26,20 +26,12 @@
 static hx_proc_t *D;
 static hx_proc_t *W[4];
 
-static void setup(void) {
-  hx_track_runner_pids = true;
+static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
 }
 
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(service, .init = setup, .fini = teardown, .timeout = 60);
+HX_SUITE(service, 60, reset, NULL);
 
 /* Starts a dispatcher and `n` workers and waits until all registered. */
 static void cluster(int n, const hx_daemon_opts_t *dopts,

@@ -24,20 +24,12 @@
 static hx_proc_t *D;
 static hx_proc_t *W[2];
 
-static void setup(void) {
-  hx_track_runner_pids = true;
+static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
 }
 
-static void teardown(void) { hx_reap_all(); }
-
-ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
-  (void)stats;
-  hx_sweep_runner_pids();
-}
-
-TestSuite(worker_faults, .init = setup, .fini = teardown, .timeout = 240);
+HX_SUITE(worker_faults, 240, reset, NULL);
 
 static void cluster(int n, const hx_daemon_opts_t *wopts) {
   char why[512];
