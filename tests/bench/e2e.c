@@ -25,6 +25,7 @@
  * Usage: bench_e2e [--quick] [--records N] [--worker-threads T]
  *                  [--heartbeat-ms MS] [--splits-in-flight N]
  *                  [--dispatcher PATH] [--worker PATH]
+ *                  [--transports grpc|ucx|grpc,ucx] (default: both when built)
  * --heartbeat-ms sets the daemons' interval (default 100); the client's is
  * half of it. Workers learn new leases from their heartbeats, so both it
  * and --splits-in-flight (the client's; 0: its default) bound the rate.
@@ -497,7 +498,8 @@ int main(int argc, char **argv) {
               "usage: bench_e2e [--quick] [--records N] "
               "[--worker-threads T] [--heartbeat-ms MS]\n"
               "                 [--splits-in-flight N] [--dispatcher PATH] "
-              "[--worker PATH]\n");
+              "[--worker PATH]\n"
+              "                 [--transports grpc|ucx|grpc,ucx]\n");
       return ch == 'h' ? 0 : 2;
     }
   }
