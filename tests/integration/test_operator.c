@@ -30,6 +30,7 @@
 
 #include "ferry/version.h"
 #include "harness.h"
+#include "it_cluster.h"
 
 extern char **environ;
 
@@ -141,27 +142,8 @@ static int json_lines(const char *text, const char *what) {
 /* ---- Cluster ------------------------------------------------------------ */
 
 static void cluster(int n, const char *const *dispatcher_argv) {
-  char why[512];
   hx_daemon_opts_t o = {.extra_argv = dispatcher_argv};
-  cr_assert_eq(hx_start_dispatcher(&D, &o, why, sizeof(why)), 0, "%s", why);
-  for (int i = 0; i < n; i++)
-    cr_assert_eq(hx_start_worker(&W[i], D->addr, NULL, why, sizeof(why)), 0,
-                 "%s", why);
-  int seen = hx_wait_workers(D->addr, n, 10000);
-  if (seen != n)
-    hx_dump_logs();
-  cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
-}
-
-static ferry_client_t *new_client(const ferry_client_options_t *o) {
-  ferry_client_t *c = NULL;
-  ferry_error_t err = {0};
-  int rc = ferry_client_new(o, &c, &err);
-  if (rc != 0)
-    hx_dump_logs();
-  cr_assert_eq(rc, 0, "ferry_client_new: %s (%s)", err.msg,
-               ferry_strerror(rc));
-  return c;
+  it_cluster(&D, W, n, &o, NULL);
 }
 
 /* The worker's entry in `ferryctl workers --json` output, or NULL. */
@@ -237,7 +219,7 @@ Test(operator, drain_mid_epoch_keeps_exactly_once) {
   ferry_client_options_t o;
   hx_client_options(&o, D->addr, spec);
   o.num_epochs = 1;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   hx_ids_t got = {0};
   ferry_error_t err = {0};
   int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS, after_batch,
@@ -351,7 +333,7 @@ Test(operator, cancel_fails_every_client_within_two_heartbeats) {
   reader_t rd[2];
   memset(rd, 0, sizeof(rd));
   for (int i = 0; i < 2; i++) {
-    rd[i].c = new_client(&o);
+    rd[i].c = it_new_client(&o);
     cr_assert_eq(pthread_create(&rd[i].t, NULL, read_until_error, &rd[i]), 0);
   }
   double deadline = hx_now_ms() + 10000;
@@ -446,7 +428,7 @@ Test(operator, client_token_cannot_drain_or_cancel) {
   hx_client_options(&o, D->addr, spec);
   o.token_file = client;
   o.num_epochs = -1;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   const ferry_batch_t *b = NULL;
   ferry_error_t err = {0};
   cr_assert_eq(ferry_next(c, &b, NEXT_TIMEOUT_MS, &err), 0, "%s", err.msg);
@@ -511,7 +493,7 @@ Test(operator, json_lines_agree_with_the_text) {
   hx_client_options(&o, D->addr, spec);
   o.job_name = "two-epochs";
   o.num_epochs = 2;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   for (int e = 0; e < 2; e++) {
     hx_ids_t got = {0};
     ferry_error_t err = {0};

@@ -18,6 +18,7 @@
 
 #include "ferry/tfrecord.h"
 #include "harness.h"
+#include "it_cluster.h"
 
 #define NEXT_TIMEOUT_MS 10000
 #define ERROR_BUDGET_MS 5000.0
@@ -36,32 +37,12 @@ HX_SUITE(service, 60, reset, NULL);
 /* Starts a dispatcher and `n` workers and waits until all registered. */
 static void cluster(int n, const hx_daemon_opts_t *dopts,
                     const hx_daemon_opts_t *wopts) {
-  char why[512];
-  cr_assert_eq(hx_start_dispatcher(&D, dopts, why, sizeof(why)), 0, "%s",
-               why);
-  for (int i = 0; i < n; i++)
-    cr_assert_eq(hx_start_worker(&W[i], D->addr, wopts, why, sizeof(why)), 0,
-                 "%s", why);
-  int seen = hx_wait_workers(D->addr, n, 10000);
-  if (seen != n)
-    hx_dump_logs();
-  cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
+  it_cluster(&D, W, n, dopts, wopts);
 }
 
 static void make_small(hx_dataset_t *ds) {
   cr_assert_eq(hx_make_dataset(ds, "data", 4, 300, 8, 8, 3), 0,
                "cannot write the dataset");
-}
-
-static ferry_client_t *new_client(const ferry_client_options_t *o) {
-  ferry_client_t *c = NULL;
-  ferry_error_t err = {0};
-  int rc = ferry_client_new(o, &c, &err);
-  if (rc != 0)
-    hx_dump_logs();
-  cr_assert_eq(rc, 0, "ferry_client_new: %s (%s)", err.msg,
-               ferry_strerror(rc));
-  return c;
 }
 
 /* Reads one epoch and checks it against `expected` repeated `times`. */
@@ -111,7 +92,7 @@ static void distributed(int workers) {
   ferry_client_options_t o;
   hx_client_options(&o, D->addr, spec);
   o.num_epochs = 2;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   size_t n;
   uint64_t *expected = hx_expected_ids(&ds, false, &n);
   cr_assert_eq(n, 1200);
@@ -139,7 +120,7 @@ Test(service, parallel_epochs_2_workers) {
   hx_client_options(&o, D->addr, spec);
   o.mode = FERRY_MODE_PARALLEL_EPOCHS;
   o.num_epochs = 2;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   size_t n;
   uint64_t *expected = hx_expected_ids(&ds, false, &n);
   expect_epoch(c, &ds, expected, n, 2, 0, true);
@@ -190,7 +171,7 @@ Test(service, two_clients_share_a_named_job) {
   reader_t r[2];
   memset(r, 0, sizeof(r));
   for (int i = 0; i < 2; i++) {
-    r[i].c = new_client(&o);
+    r[i].c = it_new_client(&o);
     r[i].ds = &ds;
   }
   cr_assert_eq(ferry_client_job_id(r[0].c), ferry_client_job_id(r[1].c),
@@ -242,7 +223,7 @@ static hx_ids_t shuffled_run(const hx_dataset_t *ds, uint64_t seed) {
   /* One split at a time: the order is then the dispatcher's and the
    * worker's permutations alone, not the timing of several streams. */
   o.splits_in_flight = 1;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   hx_ids_t got = {0};
   ferry_error_t err = {0};
   int rc = hx_collect_epoch(c, &got, ds, true, NEXT_TIMEOUT_MS, NULL, NULL,
@@ -368,7 +349,7 @@ Test(service, skip_policy_counts_corrupt_records_in_status) {
   o.error_policy = FERRY_ON_ERROR_SKIP;
   o.job_name = "skippy";
   o.num_epochs = 1;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   size_t n;
   uint64_t *expected = hx_expected_ids(&ds, true, &n);
   cr_assert_eq(n, 1197);
@@ -466,7 +447,7 @@ Test(service, worker_killed_mid_epoch_still_exactly_once) {
   hx_client_options(&o, D->addr, spec);
   o.num_epochs = 1;
   o.prefetch = 2;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   killer_t k = {.at = 3, .victim = W[0]};
   hx_ids_t got = {0};
   ferry_error_t err = {0};
@@ -516,7 +497,7 @@ Test(service, leases_do_not_wait_for_heartbeats) {
   o.num_epochs = 1;
   o.splits_in_flight = 1;
   double t0 = hx_now_ms();
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   size_t n;
   uint64_t *expected = hx_expected_ids(&ds, false, &n);
   expect_epoch(c, &ds, expected, n, 1, 0, true);
@@ -591,7 +572,7 @@ Test(service, dispatcher_killed_mid_epoch_still_exactly_once) {
   /* Two splits of eight at a time: most leases of epoch 0 come from the
    * restarted dispatcher. */
   o.splits_in_flight = 2;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   size_t n;
   uint64_t *expected = hx_expected_ids(&ds, false, &n);
   for (int epoch = 0; epoch < 2; epoch++) {

@@ -18,6 +18,7 @@
 
 #include "ferry/tfrecord.h"
 #include "harness.h"
+#include "it_cluster.h"
 
 #define NEXT_TIMEOUT_MS 10000
 
@@ -32,26 +33,7 @@ static void reset(void) {
 HX_SUITE(worker_faults, 240, reset, NULL);
 
 static void cluster(int n, const hx_daemon_opts_t *wopts) {
-  char why[512];
-  cr_assert_eq(hx_start_dispatcher(&D, NULL, why, sizeof(why)), 0, "%s", why);
-  for (int i = 0; i < n; i++)
-    cr_assert_eq(hx_start_worker(&W[i], D->addr, wopts, why, sizeof(why)), 0,
-                 "%s", why);
-  int seen = hx_wait_workers(D->addr, n, 10000);
-  if (seen != n)
-    hx_dump_logs();
-  cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
-}
-
-static ferry_client_t *new_client(const ferry_client_options_t *o) {
-  ferry_client_t *c = NULL;
-  ferry_error_t err = {0};
-  int rc = ferry_client_new(o, &c, &err);
-  if (rc != 0)
-    hx_dump_logs();
-  cr_assert_eq(rc, 0, "ferry_client_new: %s (%s)", err.msg,
-               ferry_strerror(rc));
-  return c;
+  it_cluster(&D, W, n, NULL, wopts);
 }
 
 /* One epoch of `spec` on a new client, every id once; returns records/s. */
@@ -64,7 +46,7 @@ static double one_epoch(const char *spec, const hx_dataset_t *ds, int shuffle,
     o.shuffle = 1;
     o.shuffle_seed = 7;
   }
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   hx_ids_t got = {0};
   ferry_error_t err = {0};
   double t0 = hx_now_ms();
@@ -111,7 +93,7 @@ Test(worker_faults, shard_truncated_under_a_reading_worker) {
   ferry_client_options_t o;
   hx_client_options(&o, D->addr, spec);
   o.num_epochs = 1;
-  ferry_client_t *c = new_client(&o);
+  ferry_client_t *c = it_new_client(&o);
   const ferry_batch_t *b = NULL;
   ferry_error_t err = {0};
   int rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
@@ -178,7 +160,7 @@ Test(worker_faults, stalled_client_slows_only_itself) {
   ferry_client_options_t o;
   hx_client_options(&o, D->addr, spec_a);
   o.num_epochs = 1;
-  ferry_client_t *ca = new_client(&o);
+  ferry_client_t *ca = it_new_client(&o);
   const ferry_batch_t *held = NULL;
   ferry_error_t err = {0};
   for (int i = 0; i < 3; i++) {
