@@ -63,8 +63,11 @@ static void make_certs(void) {
 }
 
 /* The dispatcher's flags of the secured cluster. */
-static const char *const *dispatcher_flags(const char *cert, const char *key) {
-  static const char *f[32];
+/* The flags both daemons take: TLS with `cert`/`key` and client
+ * certificates required, and the worker and client tokens. Returns how
+ * many were written into f. */
+static int tls_token_flags(const char **f, const char *cert,
+                           const char *key) {
   int n = 0;
   f[n++] = "--tls-cert";
   f[n++] = C(cert);
@@ -77,6 +80,12 @@ static const char *const *dispatcher_flags(const char *cert, const char *key) {
   f[n++] = C("worker.token");
   f[n++] = "--client-token-file";
   f[n++] = C("client.token");
+  return n;
+}
+
+static const char *const *dispatcher_flags(const char *cert, const char *key) {
+  static const char *f[32];
+  int n = tls_token_flags(f, cert, key);
   f[n++] = "--status-token-file";
   f[n++] = C("status.token");
   f[n] = NULL;
@@ -85,18 +94,7 @@ static const char *const *dispatcher_flags(const char *cert, const char *key) {
 
 static const char *const *worker_flags(void) {
   static const char *f[32];
-  int n = 0;
-  f[n++] = "--tls-cert";
-  f[n++] = C("server.pem");
-  f[n++] = "--tls-key";
-  f[n++] = C("server.key");
-  f[n++] = "--tls-ca";
-  f[n++] = C("ca.pem");
-  f[n++] = "--tls-client-auth";
-  f[n++] = "--worker-token-file";
-  f[n++] = C("worker.token");
-  f[n++] = "--client-token-file";
-  f[n++] = C("client.token");
+  int n = tls_token_flags(f, "server.pem", "server.key");
   f[n] = NULL;
   return f;
 }
