@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/log.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
 #include "ferry/tfrecord.h"
@@ -229,6 +230,14 @@ void hx_dump_logs(void) {
       fputs(ring[k % 40], stderr);
     fclose(f);
   }
+}
+
+void hx_client_log_from_env(void) {
+  const char *lvl = getenv("FERRY_IT_CLIENT_LOG");
+  if (lvl == NULL)
+    return;
+  ferry_log_set_callback(ferry_log_to_stderr, NULL);
+  ferry_log_set_level(ferry_log_level_parse(lvl));
 }
 
 void hx_reap_all(void) {

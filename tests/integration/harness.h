@@ -146,6 +146,7 @@ void hx_sweep_runner_pids(void);
   static void hx_suite_init_(void) {                                      \
     void (*hx_f_)(void) = (before);                                       \
     hx_track_runner_pids = true;                                          \
+    hx_client_log_from_env();                                             \
     if (hx_f_ != NULL)                                                    \
       hx_f_();                                                            \
   }                                                                       \
@@ -161,6 +162,10 @@ void hx_sweep_runner_pids(void);
   }                                                                       \
   TestSuite(name, .init = hx_suite_init_, .fini = hx_suite_fini_,         \
             .timeout = (timeout_s))
+
+/* FERRY_IT_CLIENT_LOG=LEVEL (debug, info, warn...) sends the in-process
+ * client library's log lines to stderr at that level (debugging). */
+void hx_client_log_from_env(void);
 
 /* Prints the last lines of every daemon's log to stderr (debugging). */
 void hx_dump_logs(void);

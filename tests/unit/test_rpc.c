@@ -5,12 +5,17 @@
  * that Ferry's own allocations all came back. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
@@ -355,6 +360,109 @@ Test(rpc, unary_echo, .timeout = 60) {
   unary_ok("/test.Echo/Echo", "hello", 5);
   unary_ok("/test.Echo/Echo", "", 0);
   unary_ok("/test.Echo/Later", "answered later", 14);
+  fx_stop();
+}
+
+/* A slow link: a TCP relay that holds every read for RELAY_DELAY_MS
+ * before passing it on, both ways (over Ferry's 1 s longest reconnect
+ * backoff). gRPC core gives a connection attempt
+ * max(next backoff, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS) to finish; with
+ * that argument at 100 ms (as Ferry once set it), a handshake over such a
+ * link never finished and the peer was unreachable for good. */
+#define RELAY_DELAY_MS 1200
+
+static struct {
+  int lfd;
+  int port;
+  atomic_bool stop;
+  pthread_t thread;
+} R;
+
+static void *relay_conn(void *arg) {
+  int a = (int)(intptr_t)arg, b = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)F.port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  char buf[65536];
+  if (b >= 0 && connect(b, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+    struct pollfd p[2] = {{.fd = a, .events = POLLIN},
+                          {.fd = b, .events = POLLIN}};
+    while (!atomic_load(&R.stop) && poll(p, 2, 100) >= 0) {
+      int from = (p[0].revents & (POLLIN | POLLHUP)) ? 0
+                 : (p[1].revents & (POLLIN | POLLHUP)) ? 1
+                                                         : -1;
+      if (from < 0)
+        continue;
+      ssize_t n = read(p[from].fd, buf, sizeof(buf));
+      if (n <= 0)
+        break;
+      struct timespec d = {RELAY_DELAY_MS / 1000,
+                           RELAY_DELAY_MS % 1000 * 1000000L};
+      nanosleep(&d, NULL); /* the link's latency */
+      if (write(p[1 - from].fd, buf, (size_t)n) != n)
+        break;
+    }
+  }
+  if (b >= 0)
+    close(b);
+  close(a);
+  return NULL;
+}
+
+static void *relay_main(void *arg) {
+  (void)arg;
+  struct pollfd p = {.fd = R.lfd, .events = POLLIN};
+  while (!atomic_load(&R.stop)) {
+    if (poll(&p, 1, 100) <= 0)
+      continue;
+    int c = accept(R.lfd, NULL, NULL);
+    pthread_t t;
+    if (c >= 0 && pthread_create(&t, NULL, relay_conn, (void *)(intptr_t)c) == 0)
+      pthread_detach(t);
+    else if (c >= 0)
+      close(c);
+  }
+  return NULL;
+}
+
+Test(rpc, slow_link_handshake_completes, .timeout = 60) {
+  fx_start(NULL);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  R.lfd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(R.lfd, 0);
+  cr_assert_eq(bind(R.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  cr_assert_eq(listen(R.lfd, 8), 0);
+  cr_assert_eq(getsockname(R.lfd, (struct sockaddr *)&sa, &sl), 0);
+  R.port = ntohs(sa.sin_port);
+  atomic_store(&R.stop, false);
+  cr_assert_eq(pthread_create(&R.thread, NULL, relay_main, NULL), 0);
+
+  char target[64];
+  snprintf(target, sizeof(target), "127.0.0.1:%d", R.port);
+  ferry_rpc_channel_t *ch = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
+               err.msg);
+  uint8_t *reply = NULL;
+  size_t reply_len = 0;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  /* wait_for_ready: a failed attempt is retried until the deadline. */
+  int rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "slow", 4, WAIT_MS,
+                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len,
+                           &err);
+  double ms = ms_since(&t0);
+  cr_log_info("echo over a link with %d ms each way: %s after %.0f ms",
+              RELAY_DELAY_MS, rc == 0 ? "answered" : err.msg, ms);
+  cr_expect_eq(rc, 0, "%s: %s", ferry_err_name(rc), err.msg);
+  cr_expect(rc != 0 || (reply_len == 4 && memcmp(reply, "slow", 4) == 0));
+  ferry_free(reply);
+  ferry_rpc_channel_free(ch);
+  atomic_store(&R.stop, true);
+  pthread_join(R.thread, NULL);
+  close(R.lfd);
   fx_stop();
 }
 

@@ -12,6 +12,7 @@
 #define DEFAULT_REQUEST_SLOTS 8
 #define RECONNECT_BACKOFF_MIN_MS 100
 #define RECONNECT_BACKOFF_MAX_MS 1000
+#define CONNECT_TIMEOUT_MIN_MS 5000
 
 /* gRPC logs through gpr_log, to stderr by default; the library never
  * writes there, so its lines join Ferry's log. Its errors are warnings
@@ -127,11 +128,18 @@ size_t ferry__rpc_channel_args(const ferry_rpc_options_t *o, bool server,
      * is back within milliseconds; with the defaults every worker and
      * client stalled a whole second (and longer after a few failed
      * tries) after a dispatcher restart. Trying every 100 ms to 1 s
-     * costs a LAN nothing. */
+     * costs a LAN nothing.
+     * GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is not a backoff: gRPC core uses
+     * it as the least time a connection attempt gets (its deadline is
+     * max(next backoff, now + this); 20 s by default). Set to 100 ms it
+     * cut TLS handshakes that took longer short, on a loaded machine or
+     * when the caller polled its completion queue only now and then, and
+     * such a peer could never be reached. A refused connection fails at
+     * once whatever this is; 5 s bounds a black-holed address. */
     set_int(&args[n++], GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
             RECONNECT_BACKOFF_MIN_MS);
     set_int(&args[n++], GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-            RECONNECT_BACKOFF_MIN_MS);
+            CONNECT_TIMEOUT_MIN_MS);
     set_int(&args[n++], GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
             RECONNECT_BACKOFF_MAX_MS);
   }

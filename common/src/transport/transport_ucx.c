@@ -1426,11 +1426,19 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
       break;
     }
     /* The control call: its end without our END is a failure (the
-     * worker died, refused the stream or was cut off). */
+     * worker died, refused the stream or was cut off). Until the first
+     * message came over UCX, the call's connection (TCP, TLS, HTTP/2
+     * settings) may still be in progress, and gRPC core advances it only
+     * while some thread polls the call's completion queue: then this
+     * thread waits there, 5 ms at a time, instead of on s->cv. */
+    int64_t left = until - mono_ms();
+    int ctl_wait = s->deliver == 0 && s->msgs == NULL && !s->got_end
+                       ? (int)(left < 5 ? (left > 0 ? left : 0) : 5)
+                       : 0;
     pthread_mutex_unlock(&cl->mu);
     ferry_rpc_msg_t cm;
     ferry_error_t cerr = {0};
-    int rc = ferry_rpc_stream_next(s->ctl, &cm, 0, &cerr);
+    int rc = ferry_rpc_stream_next(s->ctl, &cm, ctl_wait, &cerr);
     if (rc == 0)
       ferry_rpc_msg_release(&cm); /* none are sent; ignore */
     pthread_mutex_lock(&cl->mu);
@@ -1458,6 +1466,8 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
       pthread_mutex_unlock(&cl->mu);
       return FERRY_ETIMEDOUT;
     }
+    if (ctl_wait > 0 && rc == FERRY_ETIMEDOUT)
+      continue; /* waited on the call instead */
     int64_t wait = until - now < 50 ? until - now : 50;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
