@@ -100,8 +100,12 @@ typedef struct log_s {
   size_t n;
 } log_t;
 
-/* Reads it_client's output file. */
-static log_t read_log(const char *path) {
+/* Reads it_client's output file. `killed`: the client died by SIGKILL,
+ * which can cut its last write() short (the kernel stops a write at a
+ * page boundary when a fatal signal is pending): that batch was not
+ * released, so its records are delivered again elsewhere, and its torn
+ * record is left out. Anywhere else a torn record fails the test. */
+static log_t read_log(const char *path, bool killed) {
   log_t l = {0};
   FILE *f = fopen(path, "rb");
   cr_assert_not_null(f, "%s", path);
@@ -112,9 +116,16 @@ static log_t read_log(const char *path) {
   } h;
   while (fread(&h, sizeof(h), 1, f) == 1) {
     l.v = realloc(l.v, (l.n + h.n) * sizeof(taken_t));
+    size_t at = l.n;
     for (uint32_t i = 0; i < h.n; i++) {
       uint64_t id;
-      cr_assert_eq(fread(&id, sizeof(id), 1, f), 1, "%s: torn record", path);
+      if (fread(&id, sizeof(id), 1, f) != 1) {
+        cr_assert(killed, "%s: torn record", path);
+        printf("%s: the killed client's last record is torn (%u of %u "
+               "ids): left out\n", path, i, h.n);
+        l.n = at;
+        break;
+      }
       l.v[l.n++] = (taken_t){h.epoch, h.t_ms, id, h.acked};
     }
   }
@@ -347,7 +358,7 @@ static void run(fault_t fault, unsigned *seed, int r) {
   }
   log_t logs[CLIENTS];
   for (int k = 0; k < CLIENTS; k++)
-    logs[k] = read_log(out[k]);
+    logs[k] = read_log(out[k], fault == FAULT_KILL && k == victim);
   size_t dups = check_epochs(logs, victim, fault, fault_ms, resume_ms);
   size_t before = 0;
   for (size_t i = 0; i < logs[victim].n; i++)
@@ -455,7 +466,7 @@ static off_t whole_job(const char *job, hx_proc_t *kill_worker,
            jid, EPOCHS - 1);
   log_t logs[CLIENTS];
   for (int k = 0; k < CLIENTS; k++)
-    logs[k] = read_log(out[k]);
+    logs[k] = read_log(out[k], false);
   cr_assert_eq(check_epochs(logs, 0, FAULT_LEAVE, 0, 0), 0);
   for (int k = 0; k < CLIENTS; k++) {
     free(logs[k].v);
