@@ -232,6 +232,26 @@ void hx_dump_logs(void) {
   }
 }
 
+double hx_proc_cpu_s(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* Fields after the command name, which ends at the last ')': state is
+   * field 3, utime and stime fields 14 and 15. */
+  char *p = strrchr(buf, ')');
+  unsigned long long ut, st;
+  if (p == NULL ||
+      sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+             &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 void hx_client_log_from_env(void) {
   const char *lvl = getenv("FERRY_IT_CLIENT_LOG");
   if (lvl == NULL)

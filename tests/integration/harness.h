@@ -236,6 +236,10 @@ bool hx_json_valid(const char *text);
 bool hx_json_int_after(const char *text, const char *anchor, const char *key,
                        int64_t *value);
 
+/* CPU seconds (user + system) process `pid` has used so far, from
+ * /proc/PID/stat; -1 when it cannot be read. */
+double hx_proc_cpu_s(pid_t pid);
+
 /* Paths of the binaries the tests run. */
 const char *hx_dispatcher_bin(void);
 const char *hx_worker_bin(void);
