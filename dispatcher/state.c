@@ -69,8 +69,11 @@ void ferry__disp_free_rows(job_t *j) {
   ferry__free(j->rows);
   ferry__free(j->order);
   ferry__free(j->ep_workers);
+  ferry__free(j->active);
   j->rows = NULL;
   j->order = NULL;
+  j->active = NULL;
+  j->nactive = j->active_cap = j->ndone = j->free_from = 0;
   j->ep_workers = NULL;
   j->nrows = 0;
   j->n_ep_workers = 0;
@@ -144,6 +147,19 @@ job_t *ferry__disp_find_job(ferry_disp_t *d, uint64_t id) {
 }
 
 worker_t *ferry__disp_find_worker(ferry_disp_t *d, uint64_t id) {
+  /* Workers are appended as they register, with growing ids, and never
+   * removed: a binary search, with a linear scan as the fallback should
+   * that order ever not hold. */
+  size_t lo = 0, hi = d->nworkers;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (d->workers[mid]->id == id)
+      return d->workers[mid];
+    if (d->workers[mid]->id < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   for (size_t i = 0; i < d->nworkers; i++)
     if (d->workers[i]->id == id)
       return d->workers[i];
@@ -178,6 +194,43 @@ int64_t ferry__disp_row_index(const job_t *j, uint32_t split, uint64_t worker) {
     if (j->ep_workers[s] == worker)
       return (int64_t)s * ns + split;
   return -1;
+}
+
+int ferry__disp_row_changed(job_t *j, uint32_t r, bool was_done) {
+  row_t *row = &j->rows[r];
+  bool in = row->client != 0 && !row->done;
+  if (row->done && !was_done)
+    j->ndone++;
+  if (in && row->act == 0) {
+    if (j->nactive == j->active_cap) {
+      uint32_t cap = j->active_cap ? j->active_cap * 2 : 64;
+      uint32_t *v = ferry__realloc(j->active, cap * sizeof(uint32_t));
+      if (v == NULL)
+        return FERRY_ENOMEM;
+      j->active = v;
+      j->active_cap = cap;
+    }
+    j->active[j->nactive++] = r;
+    row->act = j->nactive;
+  } else if (!in && row->act != 0) {
+    uint32_t k = row->act - 1, last = j->active[--j->nactive];
+    j->active[k] = last;
+    j->rows[last].act = k + 1;
+    row->act = 0;
+  }
+  if (row->client == 0 && !row->done && row->rank < j->free_from)
+    j->free_from = row->rank;
+  return 0;
+}
+
+uint32_t ferry__disp_first_free(job_t *j) {
+  while (j->free_from < j->nrows) {
+    const row_t *row = &j->rows[j->order[j->free_from]];
+    if (row->client == 0 && !row->done)
+      break;
+    j->free_from++;
+  }
+  return j->free_from;
 }
 
 uint64_t ferry__disp_epoch_delivered(const job_t *j) {

@@ -8,9 +8,12 @@
 
 #include "dmetrics.h"
 
-static void row_check_done(row_t *r) {
-  if (!r->done && r->total_known && r->delivered >= r->total)
+static void row_check_done(job_t *j, uint32_t idx) {
+  row_t *r = &j->rows[idx];
+  if (!r->done && r->total_known && r->delivered >= r->total) {
     r->done = true;
+    ferry__disp_row_changed(j, idx, false); /* a removal: cannot fail */
+  }
 }
 
 static int bad_entry(ferry_error_t *err, const char *what, uint64_t id) {
@@ -152,11 +155,15 @@ static int apply_client_left(ferry_disp_t *d,
   if (c == NULL)
     return bad_entry(err, "client", m->client_id);
   c->active = false;
-  for (uint32_t r = 0; r < j->nrows; r++) {
+  /* Its rows not done are all in the active list; each removal moves the
+   * last entry into the hole, so walk it from the end. */
+  for (uint32_t k = j->nactive; k-- > 0;) {
+    uint32_t r = j->active[k];
     row_t *row = &j->rows[r];
     if (row->client == m->client_id && !row->done) {
       row->client = 0;
       row->worker = 0;
+      ferry__disp_row_changed(j, r, false); /* a removal: cannot fail */
     }
   }
   if (ferry__disp_active_clients(j) == 0)
@@ -175,6 +182,8 @@ static int apply_assign(ferry_disp_t *d, const Ferry__V1__JournalAssign *m,
   r->worker = m->worker_id;
   r->lease = m->lease;
   r->start = m->start;
+  if (ferry__disp_row_changed(j, m->row, r->done) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   return 0;
 }
 
@@ -192,7 +201,7 @@ static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
       r->delivered = m->rows[i]->delivered;
       r->restarts = 0; /* progress: restarts no longer count in a row */
     }
-    row_check_done(r);
+    row_check_done(j, m->rows[i]->row);
   }
   return 0;
 }
@@ -207,7 +216,7 @@ static int apply_task_finished(ferry_disp_t *d,
     return bad_entry(err, "finished: row", m->row);
   r->total = m->total;
   r->total_known = true;
-  row_check_done(r);
+  row_check_done(j, m->row);
   return 0;
 }
 
@@ -264,13 +273,16 @@ static int apply_epoch_start(ferry_disp_t *d,
   ferry__disp_split_order(j->shuffle, j->seed, j->epoch, perm, ns);
   nsplit_order = 0;
   for (uint32_t i = 0; i < ns; i++)
-    for (uint32_t s = 0; s < nw; s++)
+    for (uint32_t s = 0; s < nw; s++) {
+      j->rows[s * ns + perm[i]].rank = nsplit_order;
       j->order[nsplit_order++] = s * ns + perm[i];
+    }
   ferry__free(perm);
   if (PAR(j))
     memcpy(j->ep_workers, m->workers, nw * sizeof(uint64_t));
   j->n_ep_workers = PAR(j) ? nw : 0;
   j->nrows = n;
+  j->nactive = j->ndone = j->free_from = 0;
   j->started = true;
   return 0;
 }
@@ -335,6 +347,7 @@ static void release_rows(ferry_disp_t *d, uint64_t worker) {
       if (PAR(j) && row->pinned == worker) {
         row->done = row->lost = true;
         row->worker = 0;
+        ferry__disp_row_changed(j, r, false); /* a removal: cannot fail */
       } else if (row->worker == worker) {
         row->worker = 0;
       }

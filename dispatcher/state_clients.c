@@ -1,5 +1,7 @@
 /* ClientHeartbeat: progress, restarts, binding more rows, and the answer
  * with every row bound to the client. */
+#include <stdlib.h>
+
 #include "state_internal.h"
 
 /* Commits one Progress entry with the rows whose delivered count grew. */
@@ -105,15 +107,33 @@ static int fill_workers(ferry_disp_t *d, Ferry__V1__ClientHeartbeatResponse *r,
   return 0;
 }
 
+typedef struct ranked_s {
+  uint32_t rank, row;
+} ranked_t;
+
+static int cmp_ranked(const void *a, const void *b) {
+  uint32_t x = ((const ranked_t *)a)->rank, y = ((const ranked_t *)b)->rank;
+  return x < y ? -1 : x > y;
+}
+
 static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
                             Ferry__V1__ClientHeartbeatResponse *r,
                             ferry_arena_t *a) {
-  r->assignments = ferry__arena_alloc(a, (j->nrows + 1) * sizeof(void *));
-  if (r->assignments == NULL)
+  /* The client's rows not done are on the active list. */
+  ranked_t *mine = ferry__arena_alloc(a, (j->nactive + 1) * sizeof(*mine));
+  uint32_t n = 0;
+  r->assignments = ferry__arena_alloc(a, (j->nactive + 1) * sizeof(void *));
+  if (r->assignments == NULL || mine == NULL)
     return FERRY_ENOMEM;
+  for (uint32_t k = 0; k < j->nactive; k++) {
+    const row_t *row = &j->rows[j->active[k]];
+    if (row->client == client && !row->done)
+      mine[n++] = (ranked_t){row->rank, j->active[k]};
+  }
   /* In hand-out order, so the client reads splits in the epoch's order. */
-  for (uint32_t i = 0; i < j->nrows; i++) {
-    const row_t *row = &j->rows[j->order[i]];
+  qsort(mine, n, sizeof(*mine), cmp_ranked);
+  for (uint32_t i = 0; i < n; i++) {
+    const row_t *row = &j->rows[mine[i].row];
     worker_t *w = row->worker ? ferry__disp_find_worker(d, row->worker) : NULL;
     Ferry__V1__Assignment *as;
     if (row->client != client || row->done)
@@ -134,11 +154,8 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
 }
 
 /* True when no row of the current epoch waits for a client. */
-static bool exhausted(const job_t *j) {
-  for (uint32_t i = 0; i < j->nrows; i++)
-    if (j->rows[i].client == 0 && !j->rows[i].done)
-      return false;
-  return true;
+static bool exhausted(job_t *j) {
+  return ferry__disp_first_free(j) >= j->nrows;
 }
 
 static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,

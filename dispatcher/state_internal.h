@@ -90,6 +90,10 @@ typedef struct row_s {
   uint32_t restarts;
   uint64_t avoid;
   int64_t avoid_until;
+  /* Volatile indexes (job_t): the row's place in the hand-out order, and
+   * 1 + its slot in the job's active list (0: not in it). */
+  uint32_t rank;
+  uint32_t act;
 } row_t;
 
 typedef struct client_s {
@@ -127,6 +131,16 @@ typedef struct job_s {
   row_t *rows;
   uint32_t nrows;
   uint32_t *order;      /* hand-out order of the rows */
+  /* Indexes over the rows, so that no RPC walks every row (issue 12):
+   * `active` lists the rows bound to a client and not done (every lease
+   * not done is among them), in no order; `ndone` counts the rows done;
+   * every row before `free_from` in hand-out order is bound or done.
+   * Kept by ferry__disp_row_changed after any change of a row's client
+   * or done flag; rebuilt from the rows by apply_epoch_start. */
+  uint32_t *active;
+  uint32_t nactive, active_cap;
+  uint32_t ndone;
+  uint32_t free_from;
   uint64_t *ep_workers; /* parallel_epochs: the epoch's workers */
   uint32_t n_ep_workers;
   client_t *clients;
@@ -223,6 +237,16 @@ row_t *ferry__disp_job_row(job_t *j, uint32_t epoch, uint32_t row);
  * distributed_epoch the worker is irrelevant; in parallel_epochs each of
  * the epoch's workers owns the block of rows [slot * nsplits, ...). */
 int64_t ferry__disp_row_index(const job_t *j, uint32_t split, uint64_t worker);
+
+/* Row `r`'s client or done flag changed: updates the job's active list,
+ * done count and first free rank. Returns 0 or FERRY_ENOMEM (the active
+ * list could not grow; only when the row became active). `was_done`: the
+ * row was done before the change. */
+int ferry__disp_row_changed(job_t *j, uint32_t r, bool was_done);
+
+/* The first rank in hand-out order whose row is unbound and not done
+ * (nrows: none), advancing the job's cursor. */
+uint32_t ferry__disp_first_free(job_t *j);
 
 /* Records delivered in the job's current epoch. */
 uint64_t ferry__disp_epoch_delivered(const job_t *j);

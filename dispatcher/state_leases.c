@@ -10,11 +10,13 @@ void ferry__disp_recount(ferry_disp_t *d) {
     job_t *j = d->jobs[i];
     if (!RUNNING(j))
       continue;
-    for (uint32_t r = 0; r < j->nrows; r++) {
+    /* Every lease not done is on a row of the active list. */
+    for (uint32_t k = 0; k < j->nactive; k++) {
+      const row_t *row = &j->rows[j->active[k]];
       worker_t *w;
-      if (j->rows[r].worker == 0 || j->rows[r].done)
+      if (row->worker == 0 || row->done)
         continue;
-      w = ferry__disp_find_worker(d, j->rows[r].worker);
+      w = ferry__disp_find_worker(d, row->worker);
       if (w != NULL)
         w->ntasks++;
     }
@@ -92,7 +94,10 @@ static worker_t *worker_for(ferry_disp_t *d, job_t *j, const row_t *row) {
 
 /* Leases every bound row that waits for a worker. */
 static void lease_pending(ferry_disp_t *d, job_t *j) {
-  for (uint32_t r = 0; r < j->nrows; r++) {
+  /* bind_row keeps the row's client, so the active list does not change
+   * under the walk. */
+  for (uint32_t k = 0; k < j->nactive; k++) {
+    uint32_t r = j->active[k];
     row_t *row = &j->rows[r];
     worker_t *w;
     if (row->client == 0 || row->worker != 0 || row->done)
@@ -103,12 +108,7 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
   }
 }
 
-static bool all_done(const job_t *j) {
-  for (uint32_t r = 0; r < j->nrows; r++)
-    if (!j->rows[r].done)
-      return false;
-  return true;
-}
+static bool all_done(const job_t *j) { return j->ndone >= j->nrows; }
 
 /* Starts the current epoch: needs a live worker in parallel_epochs. */
 static bool start_epoch(ferry_disp_t *d, job_t *j) {
@@ -173,7 +173,8 @@ void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
   if (!RUNNING(j) || !j->started)
     return;
   ferry__disp_recount(d);
-  for (uint32_t k = 0; k < j->nrows && want > 0; k++) {
+  for (uint32_t k = ferry__disp_first_free(j); k < j->nrows && want > 0;
+       k++) {
     uint32_t r = j->order[k];
     row_t *row = &j->rows[r];
     if (row->client != 0 || row->done)

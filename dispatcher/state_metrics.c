@@ -33,10 +33,13 @@ void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
     const job_t *j = d->jobs[i];
     if (!j->started)
       continue;
-    for (uint32_t r = 0; r < j->nrows; r++) {
-      const row_t *row = &j->rows[r];
-      out[row->done ? 2 : row->worker != 0 ? 1 : 0]++;
-    }
+    /* Leases not done are on the active list. */
+    uint64_t leased = 0;
+    for (uint32_t k = 0; k < j->nactive; k++)
+      leased += j->rows[j->active[k]].worker != 0;
+    out[0] += j->nrows - j->ndone - leased;
+    out[1] += leased;
+    out[2] += j->ndone;
   }
 }
 

@@ -56,8 +56,8 @@ static int job_clients(ferry_disp_t *d, const job_t *j, Ferry__V1__JobStatus *s,
     st->batches = c->batches;
     cs->client_id = c->id;
     cs->stats = st;
-    for (uint32_t r = 0; r < j->nrows; r++)
-      cs->splits_in_flight += j->rows[r].client == c->id && !j->rows[r].done;
+    for (uint32_t k = 0; k < j->nactive; k++)
+      cs->splits_in_flight += j->rows[j->active[k]].client == c->id;
     cs->last_heartbeat_ms_ago = d->now - c->last_hb;
     s->clients[s->n_clients++] = cs;
   }

@@ -134,7 +134,7 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
 static int diff_cancelled(ferry_disp_t *d, worker_t *w,
                           const Ferry__V1__WorkerHeartbeatRequest *req,
                           Ferry__V1__WorkerHeartbeatResponse *resp,
-                          ferry_arena_t *a) {
+                          ferry_arena_t *a, uint32_t *listed) {
   resp->cancelled = ferry__arena_alloc(a, (req->n_tasks + 1) * sizeof(void *));
   if (resp->cancelled == NULL)
     return FERRY_ENOMEM;
@@ -144,6 +144,7 @@ static int diff_cancelled(ferry_disp_t *d, worker_t *w,
     row_t *row = leased_row(d, w, t, &j);
     Ferry__V1__TaskRef *ref;
     if (row != NULL) {
+      *listed += row->listed != d->hb_gen; /* each row once */
       row->listed = d->hb_gen;
       continue;
     }
@@ -159,13 +160,21 @@ static int diff_cancelled(ferry_disp_t *d, worker_t *w,
   return 0;
 }
 
-/* Every lease of the worker it did not list: new tasks. */
+/* Every lease of the worker it did not list: new tasks. `listed`: the
+ * distinct leases of the worker that the request listed. w->ntasks is
+ * never below the worker's leases not done (ferry__disp_recount made it
+ * exact and every new lease since added one), so when it is not above
+ * `listed` there is nothing new and the walk is skipped: a held
+ * heartbeat is re-checked after every change at the cost of its own
+ * tasks only. */
 static int diff_new(ferry_disp_t *d, worker_t *w,
                     Ferry__V1__WorkerHeartbeatResponse *resp,
-                    ferry_arena_t *a) {
+                    ferry_arena_t *a, uint32_t listed) {
   size_t n = 0, k = 0;
+  if (w->ntasks <= listed)
+    return 0;
   for (size_t i = 0; i < d->njobs; i++)
-    n += RUNNING(d->jobs[i]) ? d->jobs[i]->nrows : 0;
+    n += RUNNING(d->jobs[i]) ? d->jobs[i]->nactive : 0;
   if ((resp->new_tasks = ferry__arena_alloc(a, (n + 1) * sizeof(void *))) ==
       NULL)
     return FERRY_ENOMEM;
@@ -173,8 +182,9 @@ static int diff_new(ferry_disp_t *d, worker_t *w,
     job_t *j = d->jobs[i];
     if (!RUNNING(j))
       continue;
-    for (uint32_t r = 0; r < j->nrows; r++) {
-      row_t *row = &j->rows[r];
+    /* Every lease not done is on a row of the active list. */
+    for (uint32_t x = 0; x < j->nactive; x++) {
+      row_t *row = &j->rows[j->active[x]];
       if (row->worker != w->id || row->done || row->listed == d->hb_gen)
         continue;
       if ((resp->new_tasks[k] = make_task(j, row, a)) == NULL)
@@ -192,10 +202,12 @@ static int fill_worker_resp(ferry_disp_t *d, worker_t *w,
                             const Ferry__V1__WorkerHeartbeatRequest *req,
                             Ferry__V1__WorkerHeartbeatResponse *resp,
                             ferry_arena_t *a, ferry_error_t *err) {
+  uint32_t listed = 0;
   d->hb_gen++;
   resp->worker_id = w->id;
   resp->heartbeat_ms = d->cfg.heartbeat_ms;
-  if (diff_cancelled(d, w, req, resp, a) != 0 || diff_new(d, w, resp, a) != 0)
+  if (diff_cancelled(d, w, req, resp, a, &listed) != 0 ||
+      diff_new(d, w, resp, a, listed) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   return 0;
 }
