@@ -147,10 +147,13 @@ job_t *ferry__disp_find_job(ferry_disp_t *d, uint64_t id) {
 }
 
 worker_t *ferry__disp_find_worker(ferry_disp_t *d, uint64_t id) {
-  /* Workers are appended as they register, with growing ids, and never
-   * removed: a binary search, with a linear scan as the fallback should
-   * that order ever not hold. */
+  /* Workers are appended as they register, with ids from 1 up, and never
+   * removed: worker i is at i - 1, unless the journal skipped ids; then a
+   * binary search, and a linear scan as the fallback should that order
+   * ever not hold. */
   size_t lo = 0, hi = d->nworkers;
+  if (id >= 1 && id <= d->nworkers && d->workers[id - 1]->id == id)
+    return d->workers[id - 1];
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (d->workers[mid]->id == id)

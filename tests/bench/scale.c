@@ -384,6 +384,7 @@ typedef struct sim_client_s {
   size_t secret_len;
   asg_t *held; /* the previous answer's splits, reported delivered next */
   size_t nheld;
+  uint32_t waiting; /* the previous answer's splits without a worker yet */
   uint64_t grants, records, beats, errors;
   samples_t rtt_ms;
   char err[600];
@@ -436,7 +437,10 @@ static int client_beat(sim_client_t *c, bool leaving, ferry_error_t *err) {
   req.client_id = c->id;
   req.client_secret.data = c->secret;
   req.client_secret.len = c->secret_len;
-  req.want_splits = leaving ? 0 : cfg.want;
+  /* Like ferry_client: at most `want` splits in flight, the ones still
+   * waiting for a worker included. */
+  req.want_splits = leaving || c->waiting >= cfg.want ? 0
+                                                      : cfg.want - c->waiting;
   req.leaving = leaving;
   req.stats = &st;
   for (size_t i = 0; i < c->nheld; i++) {
@@ -470,10 +474,13 @@ static int client_beat(sim_client_t *c, bool leaving, ferry_error_t *err) {
     rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     goto out;
   }
+  uint32_t waiting = 0;
   for (size_t i = 0; i < r->n_assignments; i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
-    if (a->worker_id == 0)
-      continue; /* bound, waiting for a worker: not a grant yet */
+    if (a->worker_id == 0) {
+      waiting++; /* bound, waiting for a worker: not a grant yet */
+      continue;
+    }
     asg_t *n = &next[nnext++];
     n->epoch = a->epoch;
     n->split = a->split;
@@ -495,6 +502,7 @@ static int client_beat(sim_client_t *c, bool leaving, ferry_error_t *err) {
   free(c->held);
   c->held = next;
   c->nheld = nnext;
+  c->waiting = waiting;
   next = NULL;
 out:
   free(next);
