@@ -76,7 +76,7 @@ static ssize_t window_header(window_t *w, uint64_t off, const uint8_t **h) {
  * scan: the rest of the file becomes one split of unknown count. */
 static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
                       uint64_t max_len, splits_t *out, const char *path) {
-  split_t cur = {file, 0, 0, 0, 0};
+  split_t cur = {.file = file};
   uint64_t off = 0, index = 0;
   window_t w = {fd, ferry__malloc(SCAN_WINDOW), 0, 0};
   int rc = 0;
@@ -102,7 +102,7 @@ static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
         rc = FERRY_ENOMEM;
         goto out;
       }
-      cur = (split_t){file, off, 0, index, 0};
+      cur = (split_t){.file = file, .offset = off, .first = index};
       rc = ferry__disp_push_split(out, &cur);
       goto out;
     }
@@ -133,7 +133,7 @@ out:
  * DALI index (shard_index.h) instead of scanning its headers. */
 static int scan_index(const ferry_tfr_index_entry_t *v, size_t n, uint32_t file,
                       uint32_t per, splits_t *out) {
-  split_t cur = {file, 0, 0, 0, 0};
+  split_t cur = {.file = file};
   for (size_t i = 0; i < n; i++) {
     if (cur.count == 0) {
       cur.offset = v[i].offset;
@@ -200,7 +200,7 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
     if (st.st_size == 0) {
       rc = 0; /* an empty file has no split */
     } else if (is_compressed(c, h, (size_t)n)) {
-      split_t s = {file, 0, 0, 0, 0};
+      split_t s = {.file = file};
       rc = ferry__disp_push_split(out, &s);
     } else if ((rc = ferry__shard_index_load(path, fd, &st, max_len, &idx,
                                              &nidx)) != 0) {

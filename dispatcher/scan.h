@@ -15,11 +15,15 @@
 #include "ferry/roots.h"
 #include "ferry/spec.h"
 
+/* 32 bytes: a dataset holds one per split (issue 12). A split holds at
+ * most records_per_split (<= 2^24) records, so its count fits 32 bits. */
 typedef struct split_s {
   uint32_t file;
-  uint64_t offset, end;  /* end 0: end of file */
-  uint64_t first, count; /* count 0: unknown */
+  uint32_t count;       /* 0: unknown */
+  uint64_t offset, end; /* end 0: end of file */
+  uint64_t first;
 } split_t;
+_Static_assert(sizeof(split_t) == 32, "split_t grew");
 
 /* A file as this process scanned it. Datasets over the same files (the
  * same data under another pipeline) share the scan of a file whose

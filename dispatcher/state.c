@@ -207,18 +207,18 @@ int ferry__disp_row_changed(job_t *j, uint32_t r, bool was_done) {
   if (in && row->act == 0) {
     if (j->nactive == j->active_cap) {
       uint32_t cap = j->active_cap ? j->active_cap * 2 : 64;
-      uint32_t *v = ferry__realloc(j->active, cap * sizeof(uint32_t));
+      active_t *v = ferry__realloc(j->active, cap * sizeof(active_t));
       if (v == NULL)
         return FERRY_ENOMEM;
       j->active = v;
       j->active_cap = cap;
     }
-    j->active[j->nactive++] = r;
+    j->active[j->nactive++] = (active_t){.row = r};
     row->act = j->nactive;
   } else if (!in && row->act != 0) {
-    uint32_t k = row->act - 1, last = j->active[--j->nactive];
-    j->active[k] = last;
-    j->rows[last].act = k + 1;
+    uint32_t k = row->act - 1;
+    j->active[k] = j->active[--j->nactive];
+    j->rows[j->active[k].row].act = k + 1;
     row->act = 0;
   }
   if (row->client == 0 && !row->done && row->rank < j->free_from)

@@ -58,8 +58,15 @@ static int apply_register(ferry_disp_t *d,
       ferry__disp_free_dataset(ds);
       return bad_entry(err, "split file index", s->file_index);
     }
-    ds->splits[i] = (split_t){s->file_index, s->byte_offset, s->byte_end,
-                              s->first_record, s->num_records};
+    if (s->num_records > UINT32_MAX) {
+      ferry__disp_free_dataset(ds);
+      return bad_entry(err, "split record count", s->num_records);
+    }
+    ds->splits[i] = (split_t){.file = s->file_index,
+                              .count = (uint32_t)s->num_records,
+                              .offset = s->byte_offset,
+                              .end = s->byte_end,
+                              .first = s->first_record};
     ds->known_records += s->num_records;
   }
   ds->nsplits = (uint32_t)m->n_splits;
@@ -158,7 +165,7 @@ static int apply_client_left(ferry_disp_t *d,
   /* Its rows not done are all in the active list; each removal moves the
    * last entry into the hole, so walk it from the end. */
   for (uint32_t k = j->nactive; k-- > 0;) {
-    uint32_t r = j->active[k];
+    uint32_t r = j->active[k].row;
     row_t *row = &j->rows[r];
     if (row->client == m->client_id && !row->done) {
       row->client = 0;
@@ -263,8 +270,6 @@ static int apply_epoch_start(ferry_disp_t *d,
   }
   for (uint32_t r = 0; r < n; r++) {
     const split_t *s = &j->ds->splits[r % ns];
-    j->rows[r].split = r % ns;
-    j->rows[r].pinned = PAR(j) ? m->workers[r / ns] : 0;
     j->rows[r].total = s->count;
     j->rows[r].total_known = s->count > 0;
   }
@@ -344,7 +349,7 @@ static void release_rows(ferry_disp_t *d, uint64_t worker) {
       row_t *row = &j->rows[r];
       if (row->done)
         continue;
-      if (PAR(j) && row->pinned == worker) {
+      if (PAR(j) && ferry__disp_row_pinned(j, r) == worker) {
         row->done = row->lost = true;
         row->worker = 0;
         ferry__disp_row_changed(j, r, false); /* a removal: cannot fail */
@@ -412,16 +417,21 @@ static int apply_skipped(ferry_disp_t *d, const Ferry__V1__JournalSkipped *m,
 
   if (r == NULL)
     return bad_entry(err, "skipped: row", m->row);
-  if (r->skip_lease != m->lease) {
-    r->skip_lease = m->lease;
-    r->skip_seen = 0;
+  /* Only a row under lease (so on the active list) reports skips. */
+  active_t none = {0}, *s = ferry__disp_row_active(j, r);
+  if (s == NULL)
+    s = &none;
+  if (s->skip_lease != m->lease) {
+    s->skip_lease = m->lease;
+    s->skip_seen = 0;
   }
-  if (m->skipped <= r->skip_seen)
+  if (m->skipped <= s->skip_seen)
     return 0;
-  delta = m->skipped - r->skip_seen;
-  r->skip_seen = m->skipped;
+  delta = m->skipped - s->skip_seen;
+  s->skip_seen = m->skipped;
   j->skipped += delta;
-  j->skipped_by_file[j->ds->splits[r->split].file] += delta;
+  j->skipped_by_file[j->ds->splits[ferry__disp_row_split(j, m->row)].file] +=
+      delta;
   return 0;
 }
 
@@ -519,6 +529,9 @@ static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   }
 }
 
+/* The largest serialization buffer kept between commits. */
+#define SCRATCH_KEEP (1u << 20)
+
 int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   size_t n = protobuf_c_message_get_packed_size(&e->base);
   int rc;
@@ -551,6 +564,13 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   if (d->sink != NULL) {
     protobuf_c_message_pack(&e->base, d->scratch);
     d->sink(d->scratch, n, d->sink_arg);
+    /* The buffer stays for the next entry, unless a rare large one (a
+     * dataset's split list) grew it: that would stay resident. */
+    if (d->scratch_cap > SCRATCH_KEEP) {
+      ferry__free(d->scratch);
+      d->scratch = NULL;
+      d->scratch_cap = 0;
+    }
   }
   return 0;
 }
@@ -586,6 +606,8 @@ void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms) {
   for (size_t i = 0; i < d->nds; i++)
     if (d->ds[i]->idle_since >= 0)
       d->ds[i]->idle_since = now_ms;
+  /* The replay unpacked every entry: split lists of large datasets. */
+  ferry__disp_trim_heap();
 }
 
 int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err) {

@@ -33,7 +33,8 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
                 "job %" PRIu64 ": client %" PRIu64 " reports %" PRIu64
                 " records of epoch %u split %u, which holds %" PRIu64
                 ": counted as %" PRIu64,
-                j->id, client, p->delivered, j->epoch, row->split, row->total,
+                j->id, client, p->delivered, j->epoch,
+                ferry__disp_row_split(j, (uint64_t)r), row->total,
                 row->total);
     v = row->total_known && p->delivered > row->total ? row->total
                                                       : p->delivered;
@@ -126,9 +127,9 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
   if (r->assignments == NULL || mine == NULL)
     return FERRY_ENOMEM;
   for (uint32_t k = 0; k < j->nactive; k++) {
-    const row_t *row = &j->rows[j->active[k]];
+    const row_t *row = &j->rows[j->active[k].row];
     if (row->client == client && !row->done)
-      mine[n++] = (ranked_t){row->rank, j->active[k]};
+      mine[n++] = (ranked_t){row->rank, j->active[k].row};
   }
   /* In hand-out order, so the client reads splits in the epoch's order. */
   qsort(mine, n, sizeof(*mine), cmp_ranked);
@@ -142,9 +143,10 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
       return FERRY_ENOMEM;
     ferry__v1__assignment__init(as);
     as->epoch = j->epoch;
-    as->split = row->split;
+    as->split = ferry__disp_row_split(j, mine[i].row);
     as->num_records = row->total_known ? row->total : 0;
-    as->worker_id = w != NULL ? w->id : (PAR(j) ? row->pinned : 0);
+    as->worker_id =
+        w != NULL ? w->id : ferry__disp_row_pinned(j, mine[i].row);
     as->worker_address = w != NULL ? w->address : "";
     as->lease = row->lease;
     as->start = row->delivered;

@@ -70,31 +70,43 @@ typedef struct dataset_s {
   int64_t idle_since;     /* volatile: unused by any job since (-1: used) */
 } dataset_t;
 
+/* One per split of a job's current epoch (per split and worker in
+ * parallel_epochs): its split and pinned worker follow from its index
+ * (ferry__disp_row_split, ferry__disp_row_pinned), not stored. */
 typedef struct row_s {
-  uint32_t split;
-  uint64_t pinned; /* parallel_epochs: the row's worker */
   uint64_t client; /* 0: unassigned */
   uint64_t worker; /* lease holder; 0: none yet */
   uint64_t lease;  /* generation of the current lease; 0: never leased */
   uint64_t start;  /* first position of the current lease */
   uint64_t delivered;
   uint64_t total; /* valid when total_known */
-  bool total_known;
-  bool done;
-  bool lost;           /* done-with-loss (parallel_epochs) */
-  uint64_t skip_lease; /* skipped-count dedupe: last lease seen ... */
-  uint64_t skip_seen;  /* ... and its cumulative count */
-  uint64_t listed;     /* volatile: heartbeat generation that listed it */
-  /* Volatile: restarts in a row without progress, and the worker whose
-   * lease failed last, which the row avoids until `avoid_until`. */
-  uint32_t restarts;
+  /* Volatile: the worker whose lease failed last, which the row avoids
+   * until `avoid_until`, and the restarts in a row without progress. */
   uint64_t avoid;
   int64_t avoid_until;
+  uint32_t restarts;
   /* Volatile indexes (job_t): the row's place in the hand-out order, and
    * 1 + its slot in the job's active list (0: not in it). */
   uint32_t rank;
   uint32_t act;
+  bool total_known;
+  bool done;
+  bool lost; /* done-with-loss (parallel_epochs) */
 } row_t;
+
+/* Memory per split (issue 12's target: 200 bytes in all). */
+_Static_assert(sizeof(row_t) <= 80, "row_t grew");
+
+/* A row bound to a client and not done (job_t.active), with what only
+ * such a row needs: its heartbeat mark and the skipped-count dedupe of
+ * its lease. A row that leaves the list and comes back (unbound, bound
+ * again) starts them afresh: it comes back with a new lease. */
+typedef struct active_s {
+  uint32_t row;
+  uint64_t listed;     /* volatile: heartbeat generation that listed it */
+  uint64_t skip_lease; /* skipped-count dedupe: last lease seen ... */
+  uint64_t skip_seen;  /* ... and its cumulative count */
+} active_t;
 
 typedef struct client_s {
   uint64_t id;
@@ -137,7 +149,7 @@ typedef struct job_s {
    * every row before `free_from` in hand-out order is bound or done.
    * Kept by ferry__disp_row_changed after any change of a row's client
    * or done flag; rebuilt from the rows by apply_epoch_start. */
-  uint32_t *active;
+  struct active_s *active;
   uint32_t nactive, active_cap;
   uint32_t ndone;
   uint32_t free_from;
@@ -208,6 +220,13 @@ struct ferry_disp_s {
 
 /* arena.c */
 
+/* Hands the heap's free memory back to the system (glibc's malloc_trim;
+ * a no-op elsewhere): after a large transient, such as the registration
+ * of a dataset of a million splits or a replay, whose freed memory the
+ * daemon's malloc settings (ferry_rpc_tune_malloc) would otherwise keep
+ * resident. Costs a walk of the heap: only after such transients. */
+void ferry__disp_trim_heap(void);
+
 /* A copy of `s` in the arena; NULL when out of memory. */
 char *ferry__arena_strdup(ferry_arena_t *a, const char *s);
 
@@ -233,6 +252,16 @@ worker_t *ferry__disp_live_worker(ferry_disp_t *d, uint64_t id);
 /* The row of the current epoch at index `row`, or NULL. */
 row_t *ferry__disp_job_row(job_t *j, uint32_t epoch, uint32_t row);
 
+/* The split of row `r` of the current epoch, and in parallel_epochs its
+ * worker (each of the epoch's workers owns the block of rows
+ * [slot * nsplits, ...); 0 in distributed_epoch). */
+static inline uint32_t ferry__disp_row_split(const job_t *j, uint64_t r) {
+  return (uint32_t)(r % j->ds->nsplits);
+}
+static inline uint64_t ferry__disp_row_pinned(const job_t *j, uint64_t r) {
+  return PAR(j) ? j->ep_workers[r / j->ds->nsplits] : 0;
+}
+
 /* The row index of (split, worker) in the current epoch, or -1. In
  * distributed_epoch the worker is irrelevant; in parallel_epochs each of
  * the epoch's workers owns the block of rows [slot * nsplits, ...). */
@@ -243,6 +272,12 @@ int64_t ferry__disp_row_index(const job_t *j, uint32_t split, uint64_t worker);
  * list could not grow; only when the row became active). `was_done`: the
  * row was done before the change. */
 int ferry__disp_row_changed(job_t *j, uint32_t r, bool was_done);
+
+/* The active list's entry of a row of `j` (NULL: not on it). */
+static inline active_t *ferry__disp_row_active(const job_t *j,
+                                               const row_t *row) {
+  return row->act != 0 ? &j->active[row->act - 1] : NULL;
+}
 
 /* The first rank in hand-out order whose row is unbound and not done
  * (nrows: none), advancing the job's cursor. */

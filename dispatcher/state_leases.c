@@ -12,7 +12,7 @@ void ferry__disp_recount(ferry_disp_t *d) {
       continue;
     /* Every lease not done is on a row of the active list. */
     for (uint32_t k = 0; k < j->nactive; k++) {
-      const row_t *row = &j->rows[j->active[k]];
+      const row_t *row = &j->rows[j->active[k].row];
       worker_t *w;
       if (row->worker == 0 || row->done)
         continue;
@@ -84,9 +84,10 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
 /* The worker a row should be leased to now: its pinned worker in
  * parallel_epochs (if live and not in its backoff), else the least loaded
  * eligible one it does not avoid. */
-static worker_t *worker_for(ferry_disp_t *d, job_t *j, const row_t *row) {
+static worker_t *worker_for(ferry_disp_t *d, job_t *j, uint32_t r) {
+  const row_t *row = &j->rows[r];
   if (PAR(j)) {
-    worker_t *w = ferry__disp_live_worker(d, row->pinned);
+    worker_t *w = ferry__disp_live_worker(d, ferry__disp_row_pinned(j, r));
     return w != NULL && !avoided(d, row, w) ? w : NULL;
   }
   return pick_worker(d, row);
@@ -97,12 +98,12 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
   /* bind_row keeps the row's client, so the active list does not change
    * under the walk. */
   for (uint32_t k = 0; k < j->nactive; k++) {
-    uint32_t r = j->active[k];
+    uint32_t r = j->active[k].row;
     row_t *row = &j->rows[r];
     worker_t *w;
     if (row->client == 0 || row->worker != 0 || row->done)
       continue;
-    if ((w = worker_for(d, j, row)) == NULL)
+    if ((w = worker_for(d, j, r)) == NULL)
       continue; /* waits: no eligible worker, or in its backoff */
     bind_row(d, j, r, row->client, w);
   }
@@ -179,7 +180,7 @@ void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     row_t *row = &j->rows[r];
     if (row->client != 0 || row->done)
       continue;
-    if (bind_row(d, j, r, client, worker_for(d, j, row)) != 0)
+    if (bind_row(d, j, r, client, worker_for(d, j, r)) != 0)
       return;
     want--;
   }
@@ -201,7 +202,8 @@ void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
 
 int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
   row_t *row = &j->rows[r];
-  const split_t *sp = &j->ds->splits[row->split];
+  uint32_t split = ferry__disp_row_split(j, r);
+  const split_t *sp = &j->ds->splits[split];
   worker_t *w = ferry__disp_find_worker(d, row->worker);
   int64_t backoff = 100;
 
@@ -210,7 +212,7 @@ int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
     snprintf(msg, sizeof(msg),
              "epoch %u split %u (%s, records from %" PRIu64 "): restarted %u "
              "times in a row without progress; giving up",
-             j->epoch, row->split, j->ds->files[sp->file], sp->first,
+             j->epoch, split, j->ds->files[sp->file], sp->first,
              FERRY_DISP_MAX_RESTARTS);
     return ferry__disp_emit_job_failed(d, j, FERRY_EIO, msg);
   }
@@ -226,8 +228,8 @@ int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
             "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split %u "
             "(lease %" PRIu64 " on worker %" PRIu64 ") from %" PRIu64
             " (restart %u in a row)",
-            j->id, row->client, j->epoch, row->split, row->lease, row->worker,
+            j->id, row->client, j->epoch, split, row->lease, row->worker,
             row->delivered, row->restarts);
   ferry__disp_recount(d);
-  return bind_row(d, j, r, row->client, worker_for(d, j, row));
+  return bind_row(d, j, r, row->client, worker_for(d, j, r));
 }

@@ -36,7 +36,7 @@ void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
     /* Leases not done are on the active list. */
     uint64_t leased = 0;
     for (uint32_t k = 0; k < j->nactive; k++)
-      leased += j->rows[j->active[k]].worker != 0;
+      leased += j->rows[j->active[k].row].worker != 0;
     out[0] += j->nrows - j->ndone - leased;
     out[1] += leased;
     out[2] += j->ndone;

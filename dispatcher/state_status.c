@@ -57,7 +57,7 @@ static int job_clients(ferry_disp_t *d, const job_t *j, Ferry__V1__JobStatus *s,
     cs->client_id = c->id;
     cs->stats = st;
     for (uint32_t k = 0; k < j->nactive; k++)
-      cs->splits_in_flight += j->rows[j->active[k]].client == c->id;
+      cs->splits_in_flight += j->rows[j->active[k].row].client == c->id;
     cs->last_heartbeat_ms_ago = d->now - c->last_hb;
     s->clients[s->n_clients++] = cs;
   }

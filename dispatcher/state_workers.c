@@ -72,7 +72,9 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
                                               : ferry_strerror(t->error_code));
       continue;
     }
-    if (t->skipped > (row->skip_lease == t->lease ? row->skip_seen : 0)) {
+    const active_t *act = ferry__disp_row_active(j, row);
+    if (t->skipped >
+        (act != NULL && act->skip_lease == t->lease ? act->skip_seen : 0)) {
       Ferry__V1__JournalSkipped m = FERRY__V1__JOURNAL_SKIPPED__INIT;
       m.job_id = j->id;
       m.epoch = j->epoch;
@@ -98,13 +100,14 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
                                   ferry_arena_t *a) {
   Ferry__V1__Task *t = ferry__arena_alloc(a, sizeof(*t));
   Ferry__V1__Split *s = ferry__arena_alloc(a, sizeof(*s));
-  const split_t *sp = &j->ds->splits[row->split];
+  uint32_t split = ferry__disp_row_split(j, (uint64_t)(row - j->rows));
+  const split_t *sp = &j->ds->splits[split];
 
   if (t == NULL || s == NULL)
     return NULL;
   ferry__v1__task__init(t);
   ferry__v1__split__init(s);
-  s->index = row->split;
+  s->index = split;
   s->file_index = sp->file;
   s->byte_offset = sp->offset;
   s->byte_end = sp->end;
@@ -144,8 +147,11 @@ static int diff_cancelled(ferry_disp_t *d, worker_t *w,
     row_t *row = leased_row(d, w, t, &j);
     Ferry__V1__TaskRef *ref;
     if (row != NULL) {
-      *listed += row->listed != d->hb_gen; /* each row once */
-      row->listed = d->hb_gen;
+      active_t *act = ferry__disp_row_active(j, row);
+      if (act != NULL) { /* always: a row under lease is active */
+        *listed += act->listed != d->hb_gen; /* each row once */
+        act->listed = d->hb_gen;
+      }
       continue;
     }
     if ((ref = ferry__arena_alloc(a, sizeof(*ref))) == NULL)
@@ -184,8 +190,9 @@ static int diff_new(ferry_disp_t *d, worker_t *w,
       continue;
     /* Every lease not done is on a row of the active list. */
     for (uint32_t x = 0; x < j->nactive; x++) {
-      row_t *row = &j->rows[j->active[x]];
-      if (row->worker != w->id || row->done || row->listed == d->hb_gen)
+      row_t *row = &j->rows[j->active[x].row];
+      if (row->worker != w->id || row->done ||
+          j->active[x].listed == d->hb_gen)
         continue;
       if ((resp->new_tasks[k] = make_task(j, row, a)) == NULL)
         return FERRY_ENOMEM;
@@ -370,7 +377,7 @@ int ferry__disp_drain_worker(ferry_disp_t *d,
       const job_t *j = d->jobs[i];
       for (uint32_t r = 0; RUNNING(j) && r < j->nrows; r++)
         moved += !j->rows[r].done && (j->rows[r].worker == w->id ||
-                                      (PAR(j) && j->rows[r].pinned == w->id));
+                                      ferry__disp_row_pinned(j, r) == w->id);
     }
     m.worker_id = w->id;
     ENTRY(e, WORKER_DRAINED, worker_drained, m);
