@@ -1,6 +1,7 @@
 /* Response memory freed in one go (state.h), and the protobuf-c allocator
  * over it (the one over the Ferry heap is common's: ferry/pb_alloc.h). */
 #include <malloc.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -8,13 +9,15 @@
 #include "ferry/alloc.h"
 #include "state_internal.h"
 
-/* Blocks of ARENA_BLOCK bytes carved from the front (a response is many
- * small messages: a client's heartbeat answer has one WorkerInfo per
- * worker), so that a response costs a few mallocs rather than one per
- * object (issue 12's profile). A request over half a block gets a block
- * of its own, linked behind the current one so the current one keeps
- * filling. */
-#define ARENA_BLOCK 16384
+/* Blocks carved from the front (a response is many small messages: a
+ * client's heartbeat answer has one WorkerInfo per worker), so that a
+ * response costs a few mallocs rather than one per object (issue 12's
+ * profile). Block sizes double from ARENA_FIRST up to ARENA_MAX, so a
+ * small answer (most held heartbeats) zeroes little; a request over half
+ * the next block's size gets a block of its own, linked behind the
+ * current one so the current one keeps filling. */
+#define ARENA_FIRST 512
+#define ARENA_MAX 65536
 
 typedef struct block_s {
   struct block_s *next;
@@ -33,13 +36,17 @@ void *ferry__arena_alloc(ferry_arena_t *a, size_t size) {
     b->used += size;
     return p; /* zeroed: calloc'ed and never handed out before */
   }
-  size_t cap = size > ARENA_BLOCK / 2 ? size : ARENA_BLOCK;
+  size_t next = b == NULL ? ARENA_FIRST
+                : b->cap >= ARENA_MAX / 2 ? ARENA_MAX
+                                          : b->cap * 2;
+  bool own = size > next / 2;
+  size_t cap = own ? size : next;
   block_t *n = ferry__calloc(1, sizeof(*n) + cap);
   if (n == NULL)
     return NULL;
   n->cap = cap;
   n->used = size;
-  if (cap == size && b != NULL) {
+  if (own && b != NULL) {
     n->next = b->next;
     b->next = n;
   } else {

@@ -58,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -694,6 +695,25 @@ static Ferry__V1__GetStatusResponse *wait_status(int wait_ms,
 
 static double mib(uint64_t b) { return (double)b / (1 << 20); }
 
+/* The 1-minute load average (the machine is shared: say how busy). */
+static double load1(void) {
+  double l = NAN;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f != NULL) {
+    if (fscanf(f, "%lf", &l) != 1)
+      l = NAN;
+    fclose(f);
+  }
+  return l;
+}
+
+static double self_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
 static void target(const char *what, double v, double limit, bool above,
                    int *missed) {
   bool ok = above ? v >= limit : v <= limit;
@@ -812,6 +832,7 @@ int main(int argc, char **argv) {
   read_proc_stats(p->pid, &s2);
 
   /* The run. */
+  double load_start = load1(), cpu_start = self_cpu_s();
   double t0 = hx_now_ms();
   int started_c = start_threads(NULL, cfg.clients, client_main, cs,
                                 sizeof(*cs), offsetof(sim_client_t, th));
@@ -826,6 +847,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < started_c; i++)
     pthread_join(cs[i].th, NULL);
   double run_s = (hx_now_ms() - t0) / 1e3;
+  double load_end = load1(), bench_cpu = self_cpu_s() - cpu_start;
   read_proc_stats(p->pid, &s3);
   atomic_store(&stop_workers, true);
   for (int i = 0; i < started_w; i++)
@@ -927,6 +949,10 @@ int main(int argc, char **argv) {
          "one core)\n",
          s3.cpu_s, s3.cpu_s - s2.cpu_s,
          100 * (s3.cpu_s - s2.cpu_s) / run_s);
+  printf("machine: %ld CPUs, load average %.1f at the run's start, %.1f at "
+         "its end; the simulated peers (this process) used %.2f CPU s during "
+         "the run\n",
+         sysconf(_SC_NPROCESSORS_ONLN), load_start, load_end, bench_cpu);
   printf("journal: %.1f MiB; restart on it: listening after %.0f ms, first "
          "answer after %.0f ms, RSS %.1f MiB\n",
          mib(jbytes), listen_ms, restart_ms, mib(s4.rss));
