@@ -123,6 +123,7 @@ void ferry__disp_free(ferry_disp_t *d) {
   ferry__free(d->ds);
   ferry__free(d->jobs);
   ferry__free(d->workers);
+  ferry__free(d->heap);
   ferry__free(d->scratch);
   ferry__free(d);
 }

@@ -328,6 +328,7 @@ static int apply_worker_registered(ferry_disp_t *d,
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     }
     w->id = m->worker_id;
+    w->heap_pos = UINT32_MAX; /* until ferry__disp_recount */
   }
   ferry__free(w->address);
   w->address = addr;

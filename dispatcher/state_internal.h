@@ -188,6 +188,8 @@ typedef struct worker_s {
   bool op_drained;
   uint64_t drain_beats;
   uint32_t unfinished;
+  uint32_t heap_pos; /* volatile: its slot in ferry_disp_t.heap, or
+                      * UINT32_MAX when not in it */
 } worker_t;
 
 struct ferry_disp_s {
@@ -207,6 +209,14 @@ struct ferry_disp_s {
   void *sink_arg;
   uint8_t *scratch;
   size_t scratch_cap;
+  /* Volatile (issue 12): the eligible workers as a binary min-heap by
+   * (ntasks, id), rebuilt by ferry__disp_recount before every leasing
+   * decision and kept as each lease adds a task, so that picking the
+   * least loaded worker costs O(log workers), not a walk of them all.
+   * heap_ok false (out of memory): the walk. */
+  worker_t **heap;
+  size_t nheap, heap_cap;
+  bool heap_ok;
 };
 
 #define PAR(j) ((j)->mode == FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS)

@@ -3,6 +3,55 @@
  * the fencing of clients that stopped reading. */
 #include "state_internal.h"
 
+/* The least loaded first: fewer tasks, then the lower id. */
+static bool lighter(const worker_t *a, const worker_t *b) {
+  return a->ntasks != b->ntasks ? a->ntasks < b->ntasks : a->id < b->id;
+}
+
+static void heap_sift_down(ferry_disp_t *d, size_t i) {
+  worker_t **h = d->heap;
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < d->nheap && lighter(h[l], h[m]))
+      m = l;
+    if (r < d->nheap && lighter(h[r], h[m]))
+      m = r;
+    if (m == i)
+      return;
+    worker_t *t = h[i];
+    h[i] = h[m];
+    h[m] = t;
+    h[i]->heap_pos = (uint32_t)i;
+    h[m]->heap_pos = (uint32_t)m;
+    i = m;
+  }
+}
+
+/* Rebuilds the heap of eligible workers (state_internal.h). */
+static void heap_build(ferry_disp_t *d) {
+  d->heap_ok = false;
+  d->nheap = 0;
+  for (size_t i = 0; i < d->nworkers; i++)
+    d->workers[i]->heap_pos = UINT32_MAX;
+  if (d->nworkers > d->heap_cap) {
+    worker_t **h = ferry__realloc(d->heap, d->nworkers * sizeof(*h));
+    if (h == NULL)
+      return; /* pick_worker walks the workers instead */
+    d->heap = h;
+    d->heap_cap = d->nworkers;
+  }
+  for (size_t i = 0; i < d->nworkers; i++) {
+    worker_t *w = d->workers[i];
+    if (!ferry__disp_eligible(d, w))
+      continue;
+    w->heap_pos = (uint32_t)d->nheap;
+    d->heap[d->nheap++] = w;
+  }
+  for (size_t i = d->nheap / 2; i-- > 0;)
+    heap_sift_down(d, i);
+  d->heap_ok = true;
+}
+
 void ferry__disp_recount(ferry_disp_t *d) {
   for (size_t i = 0; i < d->nworkers; i++)
     d->workers[i]->ntasks = 0;
@@ -21,6 +70,7 @@ void ferry__disp_recount(ferry_disp_t *d) {
         w->ntasks++;
     }
   }
+  heap_build(d);
 }
 
 bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w) {
@@ -40,6 +90,16 @@ static bool avoided(const ferry_disp_t *d, const row_t *row,
  * `row` (may be NULL) does not avoid, or NULL. */
 static worker_t *pick_worker(ferry_disp_t *d, const row_t *row) {
   worker_t *best = NULL;
+  if (d->heap_ok) {
+    /* The heap's root, unless the row avoids it (one worker at most):
+     * then the lighter of the root's children, the next in order. */
+    if (d->nheap == 0 || !avoided(d, row, d->heap[0]))
+      return d->nheap > 0 ? d->heap[0] : NULL;
+    for (size_t i = 1; i <= 2 && i < d->nheap; i++)
+      if (best == NULL || lighter(d->heap[i], best))
+        best = d->heap[i];
+    return best;
+  }
   for (size_t i = 0; i < d->nworkers; i++) {
     worker_t *w = d->workers[i];
     if (!ferry__disp_eligible(d, w) || avoided(d, row, w))
@@ -68,8 +128,11 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
   uint64_t worker = w != NULL ? w->id : 0;
   uint64_t lease = w != NULL ? next_lease(d, row) : row->lease;
   uint64_t start = w != NULL ? row->delivered : row->start;
-  if (w != NULL)
+  if (w != NULL) {
     w->ntasks++;
+    if (d->heap_ok && w->heap_pos != UINT32_MAX)
+      heap_sift_down(d, w->heap_pos);
+  }
   if (row->client != client)
     return ferry__disp_emit_assign(d, j, r, client, worker, lease, start);
   if (row->worker == worker && row->lease == lease)

@@ -949,6 +949,12 @@ int main(int argc, char **argv) {
          "one core)\n",
          s3.cpu_s, s3.cpu_s - s2.cpu_s,
          100 * (s3.cpu_s - s2.cpu_s) / run_s);
+  double run_cpu = s3.cpu_s - s2.cpu_s;
+  if (grants > 0)
+    printf("dispatcher CPU per grant (every heartbeat of the run included): "
+           "%.1f us, i.e. %.0f grants per CPU second\n",
+           1e6 * run_cpu / (double)grants,
+           run_cpu > 0 ? (double)grants / run_cpu : NAN);
   printf("machine: %ld CPUs, load average %.1f at the run's start, %.1f at "
          "its end; the simulated peers (this process) used %.2f CPU s during "
          "the run\n",
