@@ -237,6 +237,55 @@ uint32_t ferry__disp_first_free(job_t *j) {
   return j->free_from;
 }
 
+static bool heavier(const worker_t *a, const worker_t *b) {
+  return a->ntasks != b->ntasks ? a->ntasks > b->ntasks : a->id > b->id;
+}
+
+bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap) {
+  for (size_t i = 0; i < d->njobs; i++) {
+    const job_t *j = d->jobs[i];
+    uint32_t done = 0, act = 0;
+    for (uint32_t r = 0; r < j->nrows; r++) {
+      const row_t *row = &j->rows[r];
+      bool in = row->client != 0 && !row->done;
+      done += row->done;
+      act += in;
+      if ((row->act != 0) != in ||
+          (in && (row->act > j->nactive || j->active[row->act - 1].row != r))) {
+        snprintf(why, cap, "job %" PRIu64 " row %u: client %" PRIu64
+                 " done %d, active slot %u", j->id, r, row->client, row->done,
+                 row->act);
+        return false;
+      }
+      if (row->rank >= j->nrows || j->order[row->rank] != r) {
+        snprintf(why, cap, "job %" PRIu64 " row %u: rank %u", j->id, r,
+                 row->rank);
+        return false;
+      }
+      if (row->rank < j->free_from && !row->done && row->client == 0) {
+        snprintf(why, cap, "job %" PRIu64 " row %u: free at rank %u, "
+                 "before the first free rank %u", j->id, r, row->rank,
+                 j->free_from);
+        return false;
+      }
+    }
+    if (done != j->ndone || act != j->nactive) {
+      snprintf(why, cap, "job %" PRIu64 ": %u rows done, %u active; the "
+               "indexes say %u and %u", j->id, done, act, j->ndone,
+               j->nactive);
+      return false;
+    }
+  }
+  for (size_t k = 0; d->heap_ok && k < d->nheap; k++)
+    if (d->heap[k]->heap_pos != k ||
+        (k > 0 && heavier(d->heap[(k - 1) / 2], d->heap[k]))) {
+      snprintf(why, cap, "worker heap: slot %zu (worker %" PRIu64 ")", k,
+               d->heap[k]->id);
+      return false;
+    }
+  return true;
+}
+
 uint64_t ferry__disp_epoch_delivered(const job_t *j) {
   uint64_t sum = 0;
   for (uint32_t i = 0; i < j->nrows; i++)

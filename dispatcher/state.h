@@ -291,6 +291,11 @@ void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms);
 void ferry__disp_split_order(bool shuffle, uint64_t seed, uint32_t epoch,
                              uint32_t *out, uint32_t n);
 
+/* Checks the split tables' indexes and the worker heap (issue 12;
+ * state_internal.h) against the rows and workers they index, recomputed
+ * the slow way. Returns true, or false with what disagrees in `why`. */
+bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap);
+
 /* Protobuf-c allocator over an arena (free is a no-op); the one over the
  * Ferry heap is ferry__pb_allocator (ferry/pb_alloc.h). */
 void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out);

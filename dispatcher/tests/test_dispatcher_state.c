@@ -1362,6 +1362,9 @@ Test(dispatcher, exactly_once_with_failures) {
       if (SC[c].alive)
         running |= sim_client_step(&SC[c], now, true);
     ferry__disp_tick(D, now);
+    char why[300];
+    cr_assert(ferry__disp_check_indexes(D, why, sizeof(why)), "step %d: %s",
+              step, why);
   }
   cr_assert_not(running, "the job did not finish in %d steps", step);
   cr_assert_gt(step, 30, "finished too early to exercise the failures");
