@@ -276,7 +276,7 @@ bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap) {
       return false;
     }
   }
-  for (size_t k = 0; d->heap_ok && k < d->nheap; k++)
+  for (size_t k = 0; d->heap_fresh && d->heap_ok && k < d->nheap; k++)
     if (d->heap[k]->heap_pos != k ||
         (k > 0 && heavier(d->heap[(k - 1) / 2], d->heap[k]))) {
       snprintf(why, cap, "worker heap: slot %zu (worker %" PRIu64 ")", k,

@@ -598,6 +598,7 @@ int ferry__disp_apply(ferry_disp_t *d, const uint8_t *buf, size_t len,
     return ferry__seterr(err, FERRY_EINVAL, "malformed journal entry");
   }
   d->now = now_ms;
+  d->recount_valid = false; /* rows change without `changes` moving */
   rc = apply(d, e, err);
   if (large)
     ferry__arena_free(&arena);
@@ -608,6 +609,7 @@ int ferry__disp_apply(ferry_disp_t *d, const uint8_t *buf, size_t len,
 
 void ferry__disp_replayed(ferry_disp_t *d, int64_t now_ms) {
   d->now = now_ms;
+  d->recount_valid = false;
   for (size_t i = 0; i < d->nworkers; i++)
     d->workers[i]->last_hb = now_ms;
   for (size_t i = 0; i < d->njobs; i++) {

@@ -210,13 +210,17 @@ struct ferry_disp_s {
   uint8_t *scratch;
   size_t scratch_cap;
   /* Volatile (issue 12): the eligible workers as a binary min-heap by
-   * (ntasks, id), rebuilt by ferry__disp_recount before every leasing
-   * decision and kept as each lease adds a task, so that picking the
-   * least loaded worker costs O(log workers), not a walk of them all.
-   * heap_ok false (out of memory): the walk. */
+   * (ntasks, id), built by the first pick after each
+   * ferry__disp_recount (heap_fresh) and kept as each lease adds a task,
+   * so that picking the least loaded worker costs O(log workers), not a
+   * walk of them all. heap_ok false (out of memory): the walk. */
   worker_t **heap;
   size_t nheap, heap_cap;
-  bool heap_ok;
+  bool heap_ok, heap_fresh;
+  /* Volatile: `changes` when the task counts were last recounted; while
+   * it has not moved (no entry applied, no re-lease) they still hold. */
+  uint64_t recount_changes;
+  bool recount_valid;
 };
 
 #define PAR(j) ((j)->mode == FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS)

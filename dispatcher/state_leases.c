@@ -53,6 +53,13 @@ static void heap_build(ferry_disp_t *d) {
 }
 
 void ferry__disp_recount(ferry_disp_t *d) {
+  /* Eligibility moves with time and heartbeats: the next pick rebuilds
+   * the heap. The counts move only with rows: changes counts those. */
+  d->heap_fresh = false;
+  if (d->recount_valid && d->recount_changes == d->changes)
+    return;
+  d->recount_valid = true;
+  d->recount_changes = d->changes;
   for (size_t i = 0; i < d->nworkers; i++)
     d->workers[i]->ntasks = 0;
   for (size_t i = 0; i < d->njobs; i++) {
@@ -70,7 +77,6 @@ void ferry__disp_recount(ferry_disp_t *d) {
         w->ntasks++;
     }
   }
-  heap_build(d);
 }
 
 bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w) {
@@ -90,6 +96,10 @@ static bool avoided(const ferry_disp_t *d, const row_t *row,
  * `row` (may be NULL) does not avoid, or NULL. */
 static worker_t *pick_worker(ferry_disp_t *d, const row_t *row) {
   worker_t *best = NULL;
+  if (!d->heap_fresh) {
+    heap_build(d);
+    d->heap_fresh = true;
+  }
   if (d->heap_ok) {
     /* The heap's root, unless the row avoids it (one worker at most):
      * then the lighter of the root's children, the next in order. */
@@ -130,7 +140,7 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
   uint64_t start = w != NULL ? row->delivered : row->start;
   if (w != NULL) {
     w->ntasks++;
-    if (d->heap_ok && w->heap_pos != UINT32_MAX)
+    if (d->heap_fresh && d->heap_ok && w->heap_pos != UINT32_MAX)
       heap_sift_down(d, w->heap_pos);
   }
   if (row->client != client)
