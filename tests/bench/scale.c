@@ -45,7 +45,11 @@
  *                    [--heartbeat-ms MS] [--dir DIR] [--keep]
  * Defaults: the full run (1000 workers, 100 clients, 1,000,000 splits,
  * 20 s, want 16, 4 probes, heartbeat 1000 ms). --quick: 50 workers, 5
- * clients, 10,000 splits, 3 s (the ctest smoke run).
+ * clients, 10,000 splits, 3 s (the ctest smoke run). --dir DIR: the
+ * dataset and the dispatcher's work dir go there and stay (e.g. a tmpfs,
+ * to see the dispatcher without the disk's fdatasync); without it they go
+ * in the harness's temporary directory, removed at the end unless
+ * --keep. The dispatcher's logs are always in that temporary directory.
  */
 #include <errno.h>
 #include <stddef.h>
