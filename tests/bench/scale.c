@@ -43,6 +43,7 @@
  * Usage: bench_scale [--quick] [--workers N] [--clients N] [--splits N]
  *                    [--seconds S] [--want N] [--probes N]
  *                    [--heartbeat-ms MS] [--dir DIR] [--keep]
+ *                    [--connections N]
  * Defaults: the full run (1000 workers, 100 clients, 1,000,000 splits,
  * 20 s, want 16, 4 probes, heartbeat 1000 ms). --quick: 50 workers, 5
  * clients, 10,000 splits, 3 s (the ctest smoke run). --dir DIR: the
@@ -90,10 +91,21 @@ static struct {
   int hb_ms;
   const char *dir;
   bool keep;
-} cfg = {1000, 100, 4, 1000000, 16, 20.0, 1000, NULL, false};
+  int connections; /* 0: one per simulated peer */
+} cfg = {1000, 100, 4, 1000000, 16, 20.0, 1000, NULL, false, 0};
 
 static char disp_addr[64];
-static ferry_rpc_channel_t *chan;
+static ferry_rpc_channel_t *chan; /* setup and status calls */
+/* The peers' channels: peer i uses peer_chans[i % npeer_chans]. Channels
+ * with the same arguments share one connection (gRPC's subchannel pool),
+ * so each gets its own max_message_bytes: one TCP connection per channel,
+ * as separate worker and client processes would have. */
+static ferry_rpc_channel_t **peer_chans;
+static int npeer_chans;
+
+static ferry_rpc_channel_t *peer_chan(int peer) {
+  return peer_chans[peer % npeer_chans];
+}
 static atomic_bool stop_workers, stop_clients;
 static atomic_int registered;
 
@@ -151,7 +163,8 @@ static uint8_t *pack(const ProtobufCMessage *m, size_t *len) {
 }
 
 /* One unary call of `m`; the answer unpacked with `desc` into *out. */
-static int call(const char *method, const ProtobufCMessage *m,
+static int call(ferry_rpc_channel_t *ch, const char *method,
+                const ProtobufCMessage *m,
                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out,
                 ferry_error_t *err) {
   size_t len, rlen;
@@ -159,7 +172,7 @@ static int call(const char *method, const ProtobufCMessage *m,
   *out = NULL;
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  int rc = ferry_rpc_unary(chan, method, buf, len, CALL_DEADLINE_MS,
+  int rc = ferry_rpc_unary(ch, method, buf, len, CALL_DEADLINE_MS,
                            FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
   free(buf);
   if (rc != 0)
@@ -230,7 +243,7 @@ static int read_proc_stats(pid_t pid, proc_stats_t *st) {
 static Ferry__V1__GetStatusResponse *get_status(ferry_error_t *err) {
   Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
   ProtobufCMessage *out;
-  if (call(FERRY_METHOD_GET_STATUS, &req.base,
+  if (call(chan, FERRY_METHOD_GET_STATUS, &req.base,
            &ferry__v1__get_status_response__descriptor, &out, err) != 0)
     return NULL;
   return (Ferry__V1__GetStatusResponse *)out;
@@ -317,7 +330,7 @@ static int worker_beat(sim_worker_t *w, const char *address,
   }
   req.tasks = pp;
   req.n_tasks = w->ntasks;
-  rc = call(FERRY_METHOD_WORKER_HEARTBEAT, &req.base,
+  rc = call(peer_chan(w->index), FERRY_METHOD_WORKER_HEARTBEAT, &req.base,
             &ferry__v1__worker_heartbeat_response__descriptor,
             (ProtobufCMessage **)out, err);
   free(tp);
@@ -406,7 +419,8 @@ static int join_job(sim_client_t *c, const char *dataset_id,
   o.num_epochs = -1;
   req.dataset_id = (char *)dataset_id;
   req.options = &o;
-  int rc = call(FERRY_METHOD_GET_OR_CREATE_JOB, &req.base,
+  int rc = call(peer_chan(cfg.workers + cfg.probes + c->index),
+                FERRY_METHOD_GET_OR_CREATE_JOB, &req.base,
                 &ferry__v1__get_or_create_job_response__descriptor,
                 (ProtobufCMessage **)&r, err);
   if (rc != 0)
@@ -460,7 +474,8 @@ static int client_beat(sim_client_t *c, bool leaving, ferry_error_t *err) {
   req.progress = pp;
   req.n_progress = c->nheld;
   double t0 = hx_now_ms();
-  rc = call(FERRY_METHOD_CLIENT_HEARTBEAT, &req.base,
+  rc = call(peer_chan(cfg.workers + cfg.probes + c->index),
+            FERRY_METHOD_CLIENT_HEARTBEAT, &req.base,
             &ferry__v1__client_heartbeat_response__descriptor,
             (ProtobufCMessage **)&r, err);
   if (rc != 0)
@@ -631,7 +646,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: bench_scale [--quick] [--workers N] [--clients N] "
           "[--splits N] [--seconds S] [--want N] [--probes N] "
-          "[--heartbeat-ms MS] [--dir DIR] [--keep]\n");
+          "[--heartbeat-ms MS] [--dir DIR] [--keep] [--connections N]\n");
 }
 
 static int parse_args(int argc, char **argv) {
@@ -646,6 +661,7 @@ static int parse_args(int argc, char **argv) {
       {"heartbeat-ms", required_argument, NULL, 'h'},
       {"dir", required_argument, NULL, 'd'},
       {"keep", no_argument, NULL, 'k'},
+      {"connections", required_argument, NULL, 'C'},
       {NULL, 0, NULL, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -665,12 +681,14 @@ static int parse_args(int argc, char **argv) {
     case 'h': cfg.hb_ms = atoi(optarg); break;
     case 'd': cfg.dir = optarg; break;
     case 'k': cfg.keep = true; break;
+    case 'C': cfg.connections = atoi(optarg); break;
     default: usage(); return -1;
     }
   }
   if (optind != argc || cfg.workers < 1 || cfg.clients < 1 ||
       cfg.splits < 1 || cfg.seconds <= 0 || cfg.want < 1 ||
-      cfg.want > 4096 || cfg.probes < 0 || cfg.hb_ms < 10) {
+      cfg.want > 4096 || cfg.probes < 0 || cfg.hb_ms < 10 ||
+      cfg.connections < 0) {
     usage();
     return -1;
   }
@@ -743,9 +761,13 @@ int main(int argc, char **argv) {
   snprintf(data, sizeof(data), "%s/scale.tfrecord", dir);
   snprintf(wd, sizeof(wd), "%s/dispatcher", dir);
   printf("bench scale: %d workers (+%d probes), %d clients, %u splits, "
-         "%.0f s, want %u, heartbeat %d ms; data and journal in %s\n",
+         "%.0f s, want %u, heartbeat %d ms, %d connections; data and "
+         "journal in %s\n",
          cfg.workers, cfg.probes, cfg.clients, cfg.splits, cfg.seconds,
-         cfg.want, cfg.hb_ms, dir);
+         cfg.want, cfg.hb_ms,
+         cfg.connections > 0 ? cfg.connections
+                             : cfg.workers + cfg.probes + cfg.clients,
+         dir);
   fflush(stdout);
 
   double t = hx_now_ms();
@@ -768,13 +790,27 @@ int main(int argc, char **argv) {
     return 1;
   }
   snprintf(disp_addr, sizeof(disp_addr), "%s", p->addr);
+  npeer_chans = cfg.connections > 0
+                    ? cfg.connections
+                    : cfg.workers + cfg.probes + cfg.clients;
+  if ((peer_chans = calloc((size_t)npeer_chans, sizeof(*peer_chans))) ==
+      NULL)
+    return 1;
+  for (int i = 0; i < npeer_chans; i++) {
+    ferry_rpc_options_t ro = {0};
+    ro.max_message_bytes = FERRY_RPC_DEFAULT_MAX_MESSAGE + i;
+    if (ferry_rpc_channel_new(p->addr, &ro, &peer_chans[i], &err) != 0) {
+      fprintf(stderr, "bench_scale: %s\n", err.msg);
+      return 1;
+    }
+  }
   Ferry__V1__GetStatusResponse *st = wait_status(10000, &err);
   if (st == NULL) {
     fprintf(stderr, "bench_scale: GetStatus: %s\n", err.msg);
     return 1;
   }
   free_msg(&st->base);
-  proc_stats_t s0, s1, s2, s3;
+  proc_stats_t s0, s1, s1b, s2, s3;
   read_proc_stats(p->pid, &s0);
 
   /* The dataset. */
@@ -827,6 +863,9 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  /* The split table's memory: RSS across the epoch's start alone (the
+   * peers' connections and registrations come before). */
+  read_proc_stats(p->pid, &s1b);
   t = hx_now_ms();
   if (client_beat(&cs[0], false, &err) != 0) {
     fprintf(stderr, "bench_scale: first ClientHeartbeat: %s\n", err.msg);
@@ -896,6 +935,10 @@ int main(int argc, char **argv) {
   snprintf(jpath, sizeof(jpath), "%s/journal", wd);
   uint64_t jbytes = stat(jpath, &jst) == 0 ? (uint64_t)jst.st_size : 0;
 
+  for (int i = 0; i < npeer_chans; i++)
+    ferry_rpc_channel_free(peer_chans[i]);
+  free(peer_chans);
+
   /* Restart on the journal of the run: kill -9, start, first answer. */
   hx_stop(p, SIGKILL, 5000, NULL);
   ferry_rpc_channel_free(chan);
@@ -941,11 +984,12 @@ int main(int argc, char **argv) {
   print_samples("worker idle beat, lateness past interval", &late);
   print_samples("heartbeat latency (probe workers, unheld)", &probe);
   uint64_t ds_bytes = s1.rss > s0.rss ? s1.rss - s0.rss : 0;
-  uint64_t job_bytes = s2.rss > s1.rss ? s2.rss - s1.rss : 0;
+  uint64_t job_bytes = s2.rss > s1b.rss ? s2.rss - s1b.rss : 0;
   printf("dispatcher memory: RSS %.1f MiB at start, %.1f after the "
-         "registration, %.1f after the epoch's start, %.1f after the run; "
-         "peak %.1f MiB\n",
-         mib(s0.rss), mib(s1.rss), mib(s2.rss), mib(s3.rss), mib(s3.hwm));
+         "registration, %.1f with the peers connected, %.1f after the "
+         "epoch's start, %.1f after the run; peak %.1f MiB\n",
+         mib(s0.rss), mib(s1.rss), mib(s1b.rss), mib(s2.rss), mib(s3.rss),
+         mib(s3.hwm));
   printf("  per split: dataset %.1f B, job rows %.1f B, both %.1f B\n",
          (double)ds_bytes / cfg.splits, (double)job_bytes / cfg.splits,
          (double)(ds_bytes + job_bytes) / cfg.splits);
