@@ -855,7 +855,13 @@ int main(int argc, char **argv) {
     failures++;
   }
 
-  /* The clients join one named job; the first beat starts its epoch. */
+  /* The split table's memory: RSS across the job's creation and its
+   * epoch's start alone (the peers' connections and registrations come
+   * before). */
+  read_proc_stats(p->pid, &s1b);
+
+  /* The clients join one named job (the first creates it and starts its
+   * epoch). */
   for (int i = 0; i < cfg.clients; i++) {
     cs[i].index = i;
     if (join_job(&cs[i], dsid, &err) != 0) {
@@ -863,9 +869,6 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  /* The split table's memory: RSS across the epoch's start alone (the
-   * peers' connections and registrations come before). */
-  read_proc_stats(p->pid, &s1b);
   t = hx_now_ms();
   if (client_beat(&cs[0], false, &err) != 0) {
     fprintf(stderr, "bench_scale: first ClientHeartbeat: %s\n", err.msg);
@@ -971,8 +974,7 @@ int main(int argc, char **argv) {
 
   /* The report. */
   printf("setup: dataset written in %.0f ms, registered in %.0f ms, %d "
-         "workers registered in %.0f ms, first client beat (the epoch's "
-         "start) %.0f ms\n",
+         "workers registered in %.0f ms, first client beat %.0f ms\n",
          write_ms, reg_ms, nw, wreg_ms, first_beat_ms);
   printf("run: %.1f s, %" PRIu64 " client beats, %" PRIu64 " worker beats, "
          "%" PRIu64 " tasks handed to workers, epoch %u reached\n",
