@@ -206,25 +206,14 @@ typedef struct proc_stats_s {
   uint64_t rss, hwm;      /* bytes */
 } proc_stats_t;
 
+/* CPU from the harness (hx_proc_cpu_s); RSS and its peak from
+ * /proc/PID/status. */
 static int read_proc_stats(pid_t pid, proc_stats_t *st) {
-  char path[64], buf[4096];
+  char path[64];
+  FILE *f;
   memset(st, 0, sizeof(*st));
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (f == NULL)
+  if ((st->cpu_s = hx_proc_cpu_s(pid)) < 0)
     return -1;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  /* Fields after the command's closing parenthesis: state is field 3,
-   * utime and stime are 14 and 15. */
-  char *p = strrchr(buf, ')');
-  unsigned long ut = 0, st_ = 0;
-  if (p == NULL ||
-      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-             &ut, &st_) != 2)
-    return -1;
-  st->cpu_s = (double)(ut + st_) / (double)sysconf(_SC_CLK_TCK);
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
   if ((f = fopen(path, "r")) == NULL)
     return -1;
