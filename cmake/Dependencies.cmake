@@ -6,6 +6,9 @@ pkg_check_modules(GRPC REQUIRED IMPORTED_TARGET grpc gpr)
 pkg_check_modules(PROTOBUFC REQUIRED IMPORTED_TARGET libprotobuf-c)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
+# The libjpeg API of the same libjpeg-turbo, for the decode fused with a
+# crop and a DCT scale (jpeg_crop_scanline, jpeg_skip_scanlines).
+pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
 # The daemons' metrics endpoint (ferry-metrics-http only).
 pkg_check_modules(MICROHTTPD REQUIRED IMPORTED_TARGET libmicrohttpd)

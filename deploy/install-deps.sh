@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  libuv1-dev libturbojpeg0-dev libucx-dev libcriterion-dev zlib1g-dev
+  libuv1-dev libturbojpeg0-dev libjpeg-dev libucx-dev libcriterion-dev zlib1g-dev
   clang libclang-rt-14-dev          # libFuzzer and sanitizer runtimes
   python3 python3-venv python3-grpcio  # interop tests
   # The Python suite (tests/python): its venv sees these through
@@ -32,7 +32,7 @@ packages=(
 build_only=(
   build-essential cmake pkg-config
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  libuv1-dev libturbojpeg0-dev libucx-dev zlib1g-dev
+  libuv1-dev libturbojpeg0-dev libjpeg-dev libucx-dev zlib1g-dev
   libsystemd-dev libmicrohttpd-dev
 )
 if [ "${1:-}" = --build-only ]; then

@@ -66,7 +66,7 @@ FROM $base
 RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
       systemd systemd-sysv dbus libgrpc29 libprotobuf-c1 libuv1 \\
-      libturbojpeg0 libucx0 zlib1g libsystemd0 libmicrohttpd12 \\
+      libturbojpeg0 libjpeg62-turbo libucx0 zlib1g libsystemd0 libmicrohttpd12 \\
  && rm -rf /var/lib/apt/lists/*
 COPY ferry-dispatcher ferry-worker ferryctl /usr/local/bin/
 COPY ferry-example-trainer /usr/local/bin/

@@ -125,6 +125,11 @@ typedef struct ferry_crop_op_s {
   uint64_t key;     /* RANDOM_RESIZED: ferry_crop_key(seed, epoch, record) */
   int exact;        /* 1: full decode, then the resampler (no DCT scaling,
                        no partial decode): the reference path */
+  double gap;       /* DCT scale choice: the smallest s/8 with the scaled
+                       window >= gap x the output on both axes; 0 means 1
+                       (the fastest; PIL's draft). 2 is Pillow's
+                       reducing_gap for thumbnails: more accurate, slower
+                       (docs/PERFORMANCE.md has both) */
 } ferry_crop_op_t;
 
 /* Plans op on an h x w image: the window in source pixels and the output

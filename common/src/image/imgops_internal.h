@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "ferry/error.h"
+#include "ferry/crop.h"
 #include "ferry/imgops.h"
 
 enum {
@@ -71,6 +72,45 @@ typedef struct ferry__blur_job_s {
 void ferry__blur_scalar(const ferry__blur_job_t *job);
 void ferry__blur_avx2(const ferry__blur_job_t *job);
 void ferry__blur_avx512(const ferry__blur_job_t *job);
+
+/* One resampling (crop.c) after its taps are planned: `src` points at
+ * column xlo of the source's first row; the vertical taps of output row
+ * oy are rows ystart[oy].. (ycount, weights wy + oy * ystride), the
+ * horizontal ones of column ox are source columns xstart[ox].. (absolute,
+ * xcount >= 1, weights wx + ox * xstride; a zero pixel has one tap of
+ * weight 0). `row` holds ncols floats (16-byte aligned: with in_c = 4 it
+ * is read as vectors of 4), `row4` (in_c = 3) ncols / 3 vectors of 4
+ * (the row's pixels padded to 4 lanes). The two paths give the same
+ * bits. */
+typedef float ferry__v4f __attribute__((vector_size(16)));
+typedef struct ferry__rs_job_s {
+  const uint8_t *src;
+  size_t stride;
+  int in_c, out_c; /* out_c <= in_c: extra input channels are dropped */
+  uint8_t *dst;
+  int dh, dw;
+  float *row;
+  ferry__v4f *row4;
+  size_t ncols;
+  int xlo;
+  const int *ystart, *ycount;
+  const float *wy;
+  int ystride;
+  const int *xstart, *xcount;
+  const float *wx;
+  int xstride;
+  int xtaps; /* every xcount[ox] is this */
+} ferry__rs_job_t;
+
+void ferry__resample_rows_scalar(const ferry__rs_job_t *job);
+void ferry__resample_rows_avx2(const ferry__rs_job_t *job);
+
+/* ferry_resample with in_c source channels of which the first out_c are
+ * kept (in_c 4, out_c 3: RGBX from libjpeg to RGB). */
+int ferry__resample_x(ferry_resampler_t *r, const uint8_t *src, int sh,
+                      int sw, size_t stride, int in_c, int out_c,
+                      const ferry_window_t *win, uint8_t *dst, int dh,
+                      int dw, ferry_error_t *err);
 
 /* Test hook: ferry_jpeg_decode with `accurate` != 0 selecting the slow
  * integer DCT (JDCT_ISLOW) instead of TensorFlow's IFAST, so tests can

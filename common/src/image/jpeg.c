@@ -16,12 +16,18 @@
 #include "ferry/imgops.h"
 
 #include <limits.h>
+#include <math.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <turbojpeg.h>
+/* jpeglib.h needs stdio.h (FILE) before it. */
+#include <jerror.h>
+#include <jpeglib.h>
 
 #include "ferry/alloc.h"
+#include "ferry/crop.h"
 #include "imgops_internal.h"
 
 /* TensorFlow refuses images of 2^29 samples or more before decoding
@@ -29,10 +35,32 @@
  * corrupt file can make the decoder write. */
 #define MAX_SAMPLES (1LL << 29)
 
+/* libjpeg's error manager for the fused decode (ferry_jpeg_decode_crop):
+ * errors longjmp back, warnings are counted (the first one's text and
+ * whether the data ran out are kept) and never stop the decode. */
+typedef struct {
+  struct jpeg_error_mgr pub;
+  jmp_buf jb;
+  int warnings;
+  int eof; /* JWRN_JPEG_EOF: the data ended before the image did */
+  char first[JMSG_LENGTH_MAX];
+  char msg[JMSG_LENGTH_MAX];
+} crop_err_t;
+
 struct ferry_jpeg_s {
   tjhandle tj;
   uint8_t *cmyk; /* CMYK scratch when dst is too small for 4 channels */
   size_t cmyk_cap;
+  /* The fused decode: a libjpeg decompressor (created on first use), the
+   * region libjpeg produced, the full image of the exact path, the
+   * resampler and the counters. */
+  struct jpeg_decompress_struct cinfo;
+  crop_err_t cerr;
+  int have_cinfo;
+  uint8_t *region;
+  size_t region_cap;
+  ferry_resampler_t *rs;
+  ferry_jpeg_crop_stats_t stats;
 };
 
 int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
@@ -56,6 +84,10 @@ void ferry_jpeg_free(ferry_jpeg_t *j) {
     return;
   tjDestroy(j->tj);
   ferry__free(j->cmyk);
+  if (j->have_cinfo)
+    jpeg_destroy_decompress(&j->cinfo);
+  ferry__free(j->region);
+  ferry_resampler_free(j->rs);
   ferry__free(j);
 }
 
@@ -197,6 +229,22 @@ static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, size_t npix,
   }
 }
 
+/* cmyk_to_rgb in place, 4 bytes a pixel (the 4th left as it is). */
+static void cmyk_to_rgbx(uint8_t *p, size_t npix, int adobe) {
+  for (size_t i = 0; i < npix; i++, p += 4) {
+    int c = p[0], m = p[1], y = p[2], k = p[3];
+    if (adobe) {
+      p[0] = (uint8_t)(k * c / 255);
+      p[1] = (uint8_t)(k * m / 255);
+      p[2] = (uint8_t)(k * y / 255);
+    } else {
+      p[0] = (uint8_t)((255 - k) * (255 - c) / 255);
+      p[1] = (uint8_t)((255 - k) * (255 - m) / 255);
+      p[2] = (uint8_t)((255 - k) * (255 - y) / 255);
+    }
+  }
+}
+
 /* Handles a first pass that failed (see the top of the file). Returns 0
  * when the file decoded with acceptable warnings only. */
 static int pass_failed(ferry_jpeg_t *j, const uint8_t *src, size_t len,
@@ -298,4 +346,300 @@ int ferry_jpeg_decode(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                       uint8_t *dst, size_t cap, int *h, int *w,
                       ferry_error_t *err) {
   return ferry__jpeg_decode_dct(j, src, len, dst, cap, h, w, 0, err);
+}
+
+/* ---------------------------------------------------------------------
+ * The decode fused with a crop and a DCT scale (ferry/crop.h), through
+ * libjpeg-turbo's libjpeg API: TurboJPEG 2.1 has no crop or skip. The
+ * settings are TurboJPEG's for TJFLAG_FASTDCT (IFAST, fancy upsampling),
+ * so at scale 8/8 the pixels libjpeg produces are the full decode's
+ * (except one column or row at the edge of the decoded region, where the
+ * upsampler lacks its neighbour: the region reaches 2 scaled pixels past
+ * the clip on each side, so those never reach the filter).
+ *
+ * The warning policy is ferry_jpeg_decode's: data that ends before the
+ * image is truncated (the JWRN_JPEG_EOF warning, or the marker walk not
+ * reaching EOI: decoding stops after the window's last row, so the walk
+ * is what sees a file cut below the window), any other warning is
+ * accepted, a libjpeg error is a corrupt JPEG. Corrupt entropy-coded data
+ * below the window's last iMCU row is not seen (it is never decoded).
+ */
+
+static void crop_error_exit(j_common_ptr c) {
+  crop_err_t *e = (crop_err_t *)(void *)c->err;
+  (*c->err->format_message)(c, e->msg);
+  longjmp(e->jb, 1);
+}
+
+static void crop_emit_message(j_common_ptr c, int level) {
+  crop_err_t *e = (crop_err_t *)(void *)c->err;
+  if (level >= 0)
+    return; /* trace messages */
+  if (e->warnings++ == 0)
+    (*c->err->format_message)(c, e->first);
+  if (c->err->msg_code == JWRN_JPEG_EOF)
+    e->eof = 1;
+}
+
+static void crop_output_message(j_common_ptr c) { (void)c; }
+
+static int ensure_cinfo(ferry_jpeg_t *j, ferry_error_t *err) {
+  if (j->rs == NULL && ferry_resampler_new(&j->rs, err) != 0)
+    return FERRY_ENOMEM;
+  if (j->have_cinfo)
+    return 0;
+  j->cinfo.err = jpeg_std_error(&j->cerr.pub);
+  j->cerr.pub.error_exit = crop_error_exit;
+  j->cerr.pub.emit_message = crop_emit_message;
+  j->cerr.pub.output_message = crop_output_message;
+  if (setjmp(j->cerr.jb))
+    return ferry__seterr(err, FERRY_ENOMEM, "jpeg: %s", j->cerr.msg);
+  jpeg_create_decompress(&j->cinfo);
+  j->have_cinfo = 1;
+  return 0;
+}
+
+static int grow_region(ferry_jpeg_t *j, size_t need, ferry_error_t *err) {
+  uint8_t *p;
+  if (need <= j->region_cap)
+    return 0;
+  if (need < j->region_cap + j->region_cap / 2)
+    need = j->region_cap + j->region_cap / 2;
+  p = ferry__malloc(need);
+  if (p == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM,
+                         "jpeg: out of memory for %zu bytes of pixels", need);
+  ferry__free(j->region);
+  j->region = p;
+  j->region_cap = need;
+  return 0;
+}
+
+static int check_out(int oh, int ow, size_t cap, ferry_error_t *err) {
+  if ((size_t)oh * (size_t)ow * 3 > cap)
+    return ferry__seterr(err, FERRY_ERANGE,
+                         "jpeg: a %dx%d output needs %zu bytes, the buffer "
+                         "holds %zu",
+                         ow, oh, (size_t)oh * (size_t)ow * 3, cap);
+  return 0;
+}
+
+/* The exact path: the full decode (ferry_jpeg_decode), then the
+ * resampler over the plan's window. */
+static int decode_crop_exact(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                             const ferry_crop_op_t *op, uint8_t *dst,
+                             size_t cap, int *oh, int *ow,
+                             ferry_jpeg_crop_info_t *info,
+                             ferry_error_t *err) {
+  int h, w, rc;
+  ferry_window_t win;
+  if ((rc = ferry_jpeg_header(j, src, len, &h, &w, err)) != 0)
+    return rc;
+  if ((rc = ferry_crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
+      (rc = check_out(*oh, *ow, cap, err)) != 0)
+    return rc;
+  if ((long long)h * w * 3 >= MAX_SAMPLES)
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: image %dx%d is too large (TensorFlow's limit "
+                         "is 2^29 samples)", w, h);
+  if ((rc = grow_region(j, (size_t)h * (size_t)w * 3, err)) != 0 ||
+      (rc = ferry_jpeg_decode(j, src, len, j->region, j->region_cap, &h, &w,
+                              err)) != 0)
+    return rc;
+  rc = ferry_resample(j->rs, j->region, h, w, (size_t)w * 3, 3, &win, dst,
+                      *oh, *ow, err);
+  if (rc != 0)
+    return rc;
+  if (info != NULL) {
+    info->src_h = h;
+    info->src_w = w;
+    info->win = win;
+    info->scale = 8;
+    info->progressive = 0;
+    info->decoded = (ferry_box_t){0, 0, h, w};
+  }
+  j->stats.images++;
+  j->stats.full++;
+  j->stats.pixels_decoded += (uint64_t)h * (uint64_t)w;
+  return 0;
+}
+
+/* The smallest s in 1..8 whose scaled window still has `gap` times the
+ * output's resolution on both axes (8 when upscaling). */
+static int pick_scale(const ferry_window_t *win, int oh, int ow, double gap) {
+  double g = gap >= 1.0 ? gap : 1.0;
+  for (int s = 1; s < 8; s++)
+    if (win->w * s >= 8.0 * g * ow * (1.0 - 1e-12) &&
+        win->h * s >= 8.0 * g * oh * (1.0 - 1e-12))
+      return s;
+  return 8;
+}
+
+static int clampi(int v, int lo, int hi) {
+  return v < lo ? lo : v > hi ? hi : v;
+}
+
+int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                           const ferry_crop_op_t *op, uint8_t *dst,
+                           size_t cap, int *oh, int *ow,
+                           ferry_jpeg_crop_info_t *info, ferry_error_t *err) {
+  struct jpeg_decompress_struct *ci = &j->cinfo;
+  crop_err_t *e = &j->cerr;
+  ferry_window_t win, rwin;
+  int rc, h, w, s, cmyk, adobe, progressive, sw, sh;
+  int cx0, cx1, cy0, cy1, dy0, dy1, rows;
+  JDIMENSION xoff, cw;
+  size_t rowbytes;
+
+  *oh = 0;
+  *ow = 0;
+  if (op->exact) {
+    if (j->rs == NULL && (rc = ferry_resampler_new(&j->rs, err)) != 0)
+      return rc;
+    return decode_crop_exact(j, src, len, op, dst, cap, oh, ow, info, err);
+  }
+  if ((rc = ensure_cinfo(j, err)) != 0)
+    return rc;
+  if (len == 0 || src == NULL)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
+  if (len > ULONG_MAX)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
+                         len);
+  e->warnings = 0;
+  e->eof = 0;
+  e->first[0] = '\0';
+  if (setjmp(e->jb)) {
+    int code = e->eof ? FERRY_EJPEGTRUNC : FERRY_EJPEG;
+    jpeg_abort_decompress(ci);
+    if (e->warnings > 0 && strcmp(e->msg, e->first) != 0)
+      return ferry__seterr(err, code, "jpeg: %s (after: %s)", e->msg,
+                           e->first);
+    return ferry__seterr(err, code, "jpeg: %s", e->msg);
+  }
+  jpeg_mem_src(ci, src, (unsigned long)len);
+  if (jpeg_read_header(ci, TRUE) != JPEG_HEADER_OK) {
+    jpeg_abort_decompress(ci);
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image in the data");
+  }
+  h = (int)ci->image_height;
+  w = (int)ci->image_width;
+  if (h <= 0 || w <= 0) {
+    jpeg_abort_decompress(ci);
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image (size %dx%d)", w,
+                         h);
+  }
+  cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+  if ((long long)h * w * (cmyk ? 4 : 3) >= MAX_SAMPLES) {
+    jpeg_abort_decompress(ci);
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: image %dx%d is too large (TensorFlow's limit "
+                         "is 2^29 samples)", w, h);
+  }
+  if ((rc = ferry_crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
+      (rc = check_out(*oh, *ow, cap, err)) != 0) {
+    jpeg_abort_decompress(ci);
+    return rc;
+  }
+  s = pick_scale(&win, *oh, *ow, op->gap);
+  ci->scale_num = (unsigned)s;
+  ci->scale_denom = 8;
+  ci->dct_method = JDCT_IFAST;
+  ci->do_fancy_upsampling = TRUE;
+  /* RGBX: 4 bytes a pixel, which the resampler reads as one vector. */
+  ci->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGBX;
+  jpeg_start_decompress(ci);
+  progressive = jpeg_has_multiple_scans(ci) ? 1 : 0;
+  sw = (int)ci->output_width;
+  sh = (int)ci->output_height;
+
+  /* The clip in scaled pixels (whole pixels covering it), and the region
+   * to decode: 2 more on each side for the upsampler's context. */
+  {
+    double f = s / 8.0;
+    const ferry_box_t *cl = &win.clip;
+    cx0 = clampi((int)floor(cl->left * f), 0, sw - 1);
+    cx1 = clampi((int)ceil((cl->left + cl->width) * f), cx0 + 1, sw);
+    cy0 = clampi((int)floor(cl->top * f), 0, sh - 1);
+    cy1 = clampi((int)ceil((cl->top + cl->height) * f), cy0 + 1, sh);
+    rwin.x = win.x * f;
+    rwin.y = win.y * f;
+    rwin.w = win.w * f;
+    rwin.h = win.h * f;
+  }
+  xoff = (JDIMENSION)(cx0 >= 2 ? cx0 - 2 : 0);
+  cw = (JDIMENSION)(clampi(cx1 + 2, 0, sw)) - xoff;
+  if (xoff != 0 || cw != (JDIMENSION)sw)
+    jpeg_crop_scanline(ci, &xoff, &cw); /* aligns to iMCU columns */
+  dy0 = cy0 >= 2 ? cy0 - 2 : 0;
+  dy1 = clampi(cy1 + 2, 0, sh);
+  if (dy0 > 0 &&
+      jpeg_skip_scanlines(ci, (JDIMENSION)dy0) != (JDIMENSION)dy0) {
+    jpeg_abort_decompress(ci);
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: cannot skip to row %d of %d", dy0, sh);
+  }
+  rows = dy1 - dy0;
+  rowbytes = (size_t)cw * (size_t)ci->output_components;
+  if ((rc = grow_region(j, (size_t)rows * rowbytes, err)) != 0) {
+    jpeg_abort_decompress(ci);
+    return rc;
+  }
+  while ((int)ci->output_scanline < dy1) {
+    JSAMPROW rp[16];
+    int at = (int)ci->output_scanline - dy0, n = dy1 - (int)ci->output_scanline;
+    if (n > 16)
+      n = 16;
+    for (int i = 0; i < n; i++)
+      rp[i] = j->region + (size_t)(at + i) * rowbytes;
+    if (jpeg_read_scanlines(ci, rp, (JDIMENSION)n) == 0)
+      break; /* suspension: impossible with the memory source */
+  }
+  adobe = ci->saw_Adobe_marker ? 1 : 0;
+  jpeg_abort_decompress(ci);
+  if (e->eof)
+    return ferry__seterr(err, FERRY_EJPEGTRUNC, "jpeg: %s", e->first);
+  {
+    int adobe2;
+    if (walk(src, len, &adobe2) == WALK_TRUNCATED)
+      return ferry__seterr(err, FERRY_EJPEGTRUNC,
+                           "jpeg: data ends before the end-of-image marker%s%s",
+                           e->warnings ? " (first warning: " : "",
+                           e->warnings ? e->first : "");
+  }
+  if (cmyk)
+    cmyk_to_rgbx(j->region, (size_t)rows * cw, adobe);
+
+  rwin.x -= (double)xoff;
+  rwin.y -= (double)dy0;
+  rwin.clip.left = cx0 - (int)xoff;
+  rwin.clip.top = cy0 - dy0;
+  rwin.clip.width = cx1 - cx0;
+  rwin.clip.height = cy1 - cy0;
+  rc = ferry__resample_x(j->rs, j->region, rows, (int)cw, rowbytes, 4, 3,
+                         &rwin, dst, *oh, *ow, err);
+  if (rc != 0)
+    return rc;
+  if (info != NULL) {
+    info->src_h = h;
+    info->src_w = w;
+    info->win = win;
+    info->scale = s;
+    info->progressive = progressive;
+    info->decoded = (ferry_box_t){dy0, (int)xoff, rows, (int)cw};
+  }
+  j->stats.images++;
+  if (s < 8 || rows < sh || (int)cw < sw) {
+    j->stats.fused++;
+    j->stats.by_scale[s]++;
+    j->stats.progressive += (uint64_t)progressive;
+  } else {
+    j->stats.full++;
+  }
+  j->stats.pixels_decoded += (uint64_t)rows * (uint64_t)cw;
+  return 0;
+}
+
+void ferry_jpeg_crop_stats(const ferry_jpeg_t *j,
+                           ferry_jpeg_crop_stats_t *out) {
+  *out = j->stats;
 }

@@ -1,0 +1,108 @@
+/* The resampler's passes over a planned job (crop.c), compiled twice:
+ * into crop.c for the baseline and into crop_avx2.c with AVX2, each file
+ * defining RESAMPLE_ROWS to its function's name first. Both files build
+ * with -fvect-cost-model=dynamic (the loops below vectorise) and
+ * -ffp-contract=off (no fused multiply-adds), so both give the same bits:
+ * every sum is formed in the same order with the same roundings. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "imgops_internal.h"
+
+typedef ferry__v4f rs_v4;
+typedef int32_t rs_v4i __attribute__((vector_size(16)));
+
+/* row[i] = sum_k w[k] * s[k * stride + i] over i < ncols. */
+static void rs_vpass(float *restrict row, const uint8_t *restrict s,
+                     size_t stride, const float *restrict w, int n,
+                     size_t ncols) {
+  float w0 = w[0];
+  for (size_t i = 0; i < ncols; i++)
+    row[i] = w0 * (float)s[i];
+  for (int k = 1; k < n; k++) {
+    const uint8_t *restrict sk = s + (size_t)k * stride;
+    float wk = w[k];
+    for (size_t i = 0; i < ncols; i++)
+      row[i] += wk * (float)sk[i];
+  }
+}
+
+static inline uint8_t rs_u8(float v) {
+  if (!(v > 0.0f))
+    return 0;
+  if (v >= 254.5f)
+    return 255;
+  return (uint8_t)(int)(v + 0.5f);
+}
+
+/* The horizontal pass of one row into 3-channel output, n taps a pixel
+ * (inlined with n constant by the switch of the caller). */
+static inline __attribute__((always_inline)) void
+rs_h4(const ferry__rs_job_t *j, const rs_v4 *r4, uint8_t *o, int n) {
+  const float *wx = j->wx;
+  const int *xs = j->xstart;
+  int xlo = j->xlo;
+  size_t st = (size_t)j->xstride;
+  for (int ox = 0; ox < j->dw; ox++, wx += st, o += 3) {
+    const rs_v4 *p4 = r4 + (xs[ox] - xlo);
+    rs_v4 a = wx[0] * p4[0];
+    for (int k = 1; k < n; k++)
+      a += wx[k] * p4[k];
+    /* rs_u8 on 4 lanes: +0.5, clamp to [0, 255] (NaN to 0), trunc. */
+    a += 0.5f;
+    rs_v4i lo = a > 0.0f, hi = a >= 255.0f;
+    rs_v4i t = __builtin_convertvector(a, rs_v4i);
+    t = (t & lo & ~hi) | (hi & 255);
+    o[0] = (uint8_t)t[0];
+    o[1] = (uint8_t)t[1];
+    o[2] = (uint8_t)t[2];
+  }
+}
+
+void RESAMPLE_ROWS(const ferry__rs_job_t *j);
+void RESAMPLE_ROWS(const ferry__rs_job_t *j) {
+  int ic = j->in_c, oc = j->out_c;
+  const rs_v4 *r4 = ic == 4 ? (const rs_v4 *)(const void *)j->row : j->row4;
+  for (int oy = 0; oy < j->dh; oy++) {
+    uint8_t *o = j->dst + (size_t)oy * (size_t)j->dw * (size_t)oc;
+    rs_vpass(j->row, j->src + (size_t)j->ystart[oy] * j->stride, j->stride,
+             j->wy + (size_t)oy * (size_t)j->ystride, j->ycount[oy],
+             j->ncols);
+    if (ic == 3) {
+      size_t np = j->ncols / 3;
+      for (size_t i = 0; i < np; i++) {
+        rs_v4 v = {j->row[3 * i], j->row[3 * i + 1], j->row[3 * i + 2],
+                   0.0f};
+        j->row4[i] = v;
+      }
+    }
+    if (oc == 3 && ic >= 3) {
+      /* One 4-lane vector per pixel, a tap loop of fixed length. */
+      switch (j->xtaps) {
+      case 1: rs_h4(j, r4, o, 1); break;
+      case 2: rs_h4(j, r4, o, 2); break;
+      case 3: rs_h4(j, r4, o, 3); break;
+      case 4: rs_h4(j, r4, o, 4); break;
+      case 5: rs_h4(j, r4, o, 5); break;
+      case 6: rs_h4(j, r4, o, 6); break;
+      case 7: rs_h4(j, r4, o, 7); break;
+      case 8: rs_h4(j, r4, o, 8); break;
+      default: rs_h4(j, r4, o, j->xtaps); break;
+      }
+      continue;
+    }
+    for (int ox = 0; ox < j->dw; ox++) {
+      int nx = j->xcount[ox];
+      const float *wx = j->wx + (size_t)ox * (size_t)j->xstride;
+      const float *p = j->row + (size_t)(j->xstart[ox] - j->xlo) * (size_t)ic;
+      uint8_t *q = o + (size_t)ox * (size_t)oc;
+      for (int ch = 0; ch < oc; ch++) {
+        float a = 0.0f;
+        for (int k = 0; k < nx; k++)
+          a += wx[k] * p[(size_t)k * (size_t)ic + (size_t)ch];
+        q[ch] = rs_u8(a);
+      }
+    }
+  }
+}
