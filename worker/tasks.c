@@ -1023,6 +1023,10 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     ferry_pipeline_ctx_times(r->ctx, t0);
     ferry_pipeline_ctx_set_timing(r->ctx, 1);
   }
+  /* The random ops' key: the same record of the same epoch draws the
+   * same crop whichever worker or lease runs it. */
+  ferry_pipeline_ctx_set_key(r->ctx, k->seed, k->epoch,
+                             (uint64_t)k->file_index << 40 | index);
   int rc = ferry_pipeline_process(r->ctx, data, len, &pix, &h, &w, &c,
                                   &label, &perr);
   if (timed) {

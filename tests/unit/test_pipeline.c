@@ -3,12 +3,14 @@
  * state. Examples are encoded by hand (protobuf wire format), JPEGs with
  * TurboJPEG. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <turbojpeg.h>
 
 #include "ferry/alloc.h"
+#include "ferry/crop.h"
 #include "ferry/imgops.h"
 #include "ferry/pipeline.h"
 #include "ferry/spec.h"
@@ -700,4 +702,206 @@ Test(pipeline, no_allocation_in_steady_state) {
   assert_steady_state(&s, recs, lens, 3);
   for (int i = 0; i < 3; i++)
     free(recs[i]);
+}
+
+/* ---------------------------------------------------------------------
+ * The crop ops (issue 13): fused with the JPEG decode when first, keyed
+ * by (seed, epoch, record).
+ */
+
+static void add_rrc(ferry_spec_t *s, int size, bool exact) {
+  ferry_image_op_t *op = &s->ops[s->n_ops++];
+  memset(op, 0, sizeof(*op));
+  op->kind = FERRY_OP_RANDOM_RESIZED_CROP;
+  op->a = op->b = size;
+  op->scale[0] = 0.08f;
+  op->scale[1] = 1.0f;
+  op->ratio[0] = 0.75f;
+  op->ratio[1] = (float)(4.0 / 3.0);
+  op->exact = exact;
+}
+
+/* The fused pipeline gives ferry_jpeg_decode_crop's pixels for the same
+ * key; exact=true the exact path's; the same key replays, another epoch
+ * draws another crop; the counters say what ran. */
+Test(pipeline, random_resized_crop_fused_and_exact) {
+  uint8_t *jpeg, *rec, *want = malloc(64 * 64 * 3);
+  size_t jlen = make_jpeg(300, 400, 5, &jpeg), len;
+  ferry_spec_t s;
+  ferry_error_t err = {0};
+  ferry_pipeline_t *p[2];
+  ferry_pipeline_ctx_t *ctx[2];
+  const uint8_t *px;
+  int h, w, c, oh, ow;
+  int64_t label;
+  ferry_jpeg_t *j;
+
+  len = raw_record(jpeg, jlen, 3, &rec);
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  for (int exact = 0; exact <= 1; exact++) {
+    spec_jpeg(&s, 0, 0);
+    add_rrc(&s, 64, exact);
+    compile(&s, &p[exact], &ctx[exact]);
+    cr_assert_eq(ferry_pipeline_shape(p[exact], &h, &w, &c), 0);
+    cr_assert(h == 64 && w == 64 && c == 3);
+    for (uint64_t rec_id = 0; rec_id < 20; rec_id++) {
+      ferry_crop_op_t op = {.kind = FERRY_CROP_RANDOM_RESIZED,
+                            .out_h = 64,
+                            .out_w = 64,
+                            .rrc = {0.08f, 1.0f, 0.75f, (float)(4.0 / 3.0)},
+                            .key = ferry_crop_key(7, 2, rec_id),
+                            .exact = exact};
+      ferry_pipeline_ctx_set_key(ctx[exact], 7, 2, rec_id);
+      cr_assert_eq(ferry_pipeline_process(ctx[exact], rec, len, &px, &h, &w,
+                                          &c, &label, &err),
+                   0, "%s", err.msg);
+      cr_assert(h == 64 && w == 64 && c == 3 && label == 3);
+      cr_assert_eq(ferry_jpeg_decode_crop(j, jpeg, jlen, &op, want,
+                                          64 * 64 * 3, &oh, &ow, NULL, &err),
+                   0, "%s", err.msg);
+      cr_assert(memcmp(px, want, 64 * 64 * 3) == 0,
+                "exact %d record %llu: not decode_crop's pixels", exact,
+                (unsigned long long)rec_id);
+    }
+  }
+  ferry_jpeg_crop_stats_t st;
+  ferry_pipeline_ctx_jpeg_stats(ctx[0], &st);
+  cr_assert(st.images == 20 && st.fused + st.full == 20 && st.fused > 0,
+            "fused %llu full %llu", (unsigned long long)st.fused,
+            (unsigned long long)st.full);
+  ferry_pipeline_ctx_jpeg_stats(ctx[1], &st);
+  cr_assert(st.fused == 0, "exact=true fused %llu", (unsigned long long)st.fused);
+
+  /* Replays and epochs. */
+  uint8_t a[64 * 64 * 3];
+  ferry_pipeline_ctx_set_key(ctx[0], 7, 2, 11);
+  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0);
+  memcpy(a, px, sizeof(a));
+  ferry_pipeline_ctx_set_key(ctx[0], 7, 2, 11);
+  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0);
+  cr_assert(memcmp(a, px, sizeof(a)) == 0, "the same key drew another crop");
+  ferry_pipeline_ctx_set_key(ctx[0], 7, 3, 11);
+  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0);
+  cr_assert(memcmp(a, px, sizeof(a)) != 0, "another epoch, the same crop");
+  for (int i = 0; i < 2; i++)
+    release(p[i], ctx[i]);
+  ferry_jpeg_free(j);
+  free(rec);
+  free(jpeg);
+  free(want);
+}
+
+/* resize(S) | center_crop fused equals the unfused exact path within 1
+ * at scale 8/8 (small images), and on raw images runs the same math. */
+Test(pipeline, resize_center_crop_fused_and_raw) {
+  int H = 120, W = 160;
+  uint8_t *jpeg, *rec, *rgb = malloc((size_t)H * W * 3), *out[2];
+  size_t jlen = make_jpeg(H, W, 9, &jpeg), len;
+  ferry_spec_t s;
+  ferry_error_t err = {0};
+  ferry_pipeline_t *p;
+  ferry_pipeline_ctx_t *ctx;
+  const uint8_t *px;
+  int h, w, c;
+  int64_t label;
+
+  len = raw_record(jpeg, jlen, 1, &rec);
+  for (int exact = 0; exact <= 1; exact++) {
+    spec_jpeg(&s, 0, 0);
+    add_op(&s, FERRY_OP_RESIZE_SHORTER, 100, 0, 0);
+    s.ops[0].exact = exact;
+    add_op(&s, FERRY_OP_CENTER_CROP, 90, 80, 0);
+    compile(&s, &p, &ctx);
+    cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                        &label, &err),
+                 0, "%s", err.msg);
+    cr_assert(h == 90 && w == 80, "%dx%d", h, w);
+    out[exact] = malloc(90 * 80 * 3);
+    memcpy(out[exact], px, 90 * 80 * 3);
+    release(p, ctx);
+  }
+  /* Scale 7/8 against 8/8 on a synthetic image with hard edges: close
+   * on average (the photographs' bounds are test_crop's). */
+  double sq = 0;
+  for (size_t i = 0; i < 90 * 80 * 3; i++)
+    sq += (double)(out[0][i] - out[1][i]) * (out[0][i] - out[1][i]);
+  double mse = sq / (90 * 80 * 3);
+  cr_assert(mse < 65.0, "fused vs exact: mse %g (PSNR %.1f dB)", mse,
+            10 * log10(65025.0 / mse));
+  /* A raw image: resize(S) alone gives the torchvision size. */
+  fill_photo(rgb, H, W, 3);
+  free(rec);
+  len = raw_record(rgb, (size_t)H * W * 3, 1, &rec);
+  spec_raw(&s, H, W, 3);
+  add_op(&s, FERRY_OP_RESIZE_SHORTER, 50, 0, 0);
+  compile(&s, &p, &ctx);
+  cr_assert_eq(ferry_pipeline_shape(p, &h, &w, &c), 0);
+  cr_assert(h == 50 && w == 66, "%dx%d", h, w);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(h == 50 && w == 66, "%dx%d", h, w);
+  release(p, ctx);
+  free(out[0]);
+  free(out[1]);
+  free(rec);
+  free(rgb);
+  free(jpeg);
+}
+
+/* Bad JPEGs through the fused decode: errors name the feature and keep
+ * the codes the error policies act on (corrupt FERRY_EJPEG, cut short
+ * FERRY_EJPEGTRUNC, also when the cut lies below the crop window). */
+Test(pipeline, bad_jpegs_fused) {
+  uint8_t *jpeg, *rec, junk[300];
+  size_t jlen = make_jpeg(256, 256, 2, &jpeg), len;
+  ferry_spec_t s;
+  ferry_error_t err = {0};
+  ferry_pipeline_t *p;
+  ferry_pipeline_ctx_t *ctx;
+  const uint8_t *px;
+  int h, w, c, rc;
+  int64_t label;
+
+  spec_jpeg(&s, 0, 0);
+  add_rrc(&s, 32, false);
+  compile(&s, &p, &ctx);
+  fill_random(junk, sizeof(junk), 78);
+  len = raw_record(junk, sizeof(junk), 1, &rec);
+  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+  cr_assert_eq(rc, FERRY_EJPEG, "got %s: %s", ferry_err_name(rc), err.msg);
+  cr_assert(strstr(err.msg, "feature 'image'") != NULL, "%s", err.msg);
+  free(rec);
+  /* Cut at 90%: many crops lie above the cut and decode no further; the
+   * marker walk still finds the missing end. */
+  for (uint64_t k = 0; k < 20; k++) {
+    len = raw_record(jpeg, jlen * 9 / 10, 1, &rec);
+    ferry_pipeline_ctx_set_key(ctx, 1, 0, k);
+    rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+    cr_assert_eq(rc, FERRY_EJPEGTRUNC, "key %llu: got %s: %s",
+                 (unsigned long long)k, ferry_err_name(rc), err.msg);
+    cr_assert(strstr(err.msg, "feature 'image'") != NULL, "%s", err.msg);
+    free(rec);
+  }
+  /* Only the header. */
+  len = raw_record(jpeg, 200, 1, &rec);
+  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+  cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "got %s: %s",
+            ferry_err_name(rc), err.msg);
+  free(rec);
+  /* The ctx still works after errors. */
+  len = raw_record(jpeg, jlen, 9, &rec);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(h == 32 && w == 32 && label == 9);
+  free(rec);
+  free(jpeg);
+  release(p, ctx);
 }

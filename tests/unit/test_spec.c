@@ -193,7 +193,8 @@ static const bad_case bad_cases[] = {
      "column 39: expected ',' or ')', found '|'", NULL},
     {"tfrecord(\"a\") | dec(raw, 1, 1, 1)",
      "column 17: expected a stage name (tfrecord, decode, label, resize, "
-     "dilate, blur, shuffle, batch, repeat), found 'dec'",
+     "dilate, blur, random_resized_crop, center_crop, shuffle, batch, "
+     "repeat), found 'dec'",
      NULL},
     {"decode(raw, 1, 1, 1)",
      "column 1: expected tfrecord(...) as the first stage, found 'decode'",
@@ -364,6 +365,99 @@ static const bad_case bad_cases[] = {
      "column 39: expected a stage name, found end of input", NULL},
 };
 
+/* The crop ops: every argument out of range names the op and the field. */
+static const bad_case crop_bad_cases[] = {
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop()",
+     "column 32: random_resized_crop needs a size", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(0)",
+     "column 52: random_resized_crop height must be in 1..16384, found 0",
+     NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "scale=(0, 1))",
+     "random_resized_crop scale must be (min, max) with 0 < min <= max <= "
+     "1, found (0, 1)",
+     NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "scale=(0.5, 0.25))",
+     "random_resized_crop scale must be (min, max) with 0 < min <= max <= "
+     "1, found (0.5, 0.25)",
+     NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "scale=(0.5, 1.5))",
+     "random_resized_crop scale must be (min, max) with 0 < min <= max <= "
+     "1, found 1.5",
+     NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "ratio=(0.001, 1))",
+     "random_resized_crop ratio must be (min, max) with 0.01 <= min <= max "
+     "<= 100, found 0.001",
+     NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "ratio=0.5)",
+     "expected (min, max) for random_resized_crop ratio, found 0.5", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "ratio=(0.5 1))",
+     "expected ',' between min and max, found 1", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, "
+     "exact=1)",
+     "expected true or false for random_resized_crop exact, found 1", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | resize(224, 224, exact=true)",
+     "resize exact applies to resize(S) only", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | resize(0)",
+     "resize height must be in 1..16384, found 0", NULL},
+    {"tfrecord(\"a\") | decode(jpeg) | center_crop(16385)",
+     "center_crop height must be in 1..16384, found 16385", NULL},
+    {"tfrecord(\"a\") | decode(raw, 64, 64, 16) | resize(16000)",
+     "resize: a 16000x16000x16 image is over the 268435456-byte limit",
+     NULL},
+};
+
+Test(spec, crop_ops_errors_name_the_field) {
+  for (size_t i = 0; i < sizeof(crop_bad_cases) / sizeof(crop_bad_cases[0]);
+       i++) {
+    ferry_spec_t s;
+    ferry_error_t err = {0};
+    int rc = ferry_spec_parse(crop_bad_cases[i].text, &s, &err);
+    cr_assert_eq(rc, FERRY_ESPEC, "case %zu <%s>: rc %d", i,
+                 crop_bad_cases[i].text, rc);
+    cr_assert(strstr(err.msg, crop_bad_cases[i].want) != NULL,
+              "case %zu <%s>:\n  got  %s\n  want %s", i,
+              crop_bad_cases[i].text, err.msg, crop_bad_cases[i].want);
+  }
+}
+
+Test(spec, crop_ops_parse) {
+  ferry_spec_t s;
+  int h, w, c;
+  parse_ok("tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224)", &s);
+  cr_assert_eq(s.n_ops, 1);
+  cr_assert_eq(s.ops[0].kind, FERRY_OP_RANDOM_RESIZED_CROP);
+  cr_assert(s.ops[0].a == 224 && s.ops[0].b == 224 && !s.ops[0].exact);
+  /* torchvision's defaults. */
+  cr_assert(s.ops[0].scale[0] == 0.08f && s.ops[0].scale[1] == 1.0f);
+  cr_assert(s.ops[0].ratio[0] == 0.75f &&
+            s.ops[0].ratio[1] == (float)(4.0 / 3.0));
+  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert(h == 224 && w == 224 && c == 3);
+  ferry_spec_close(&s);
+  /* resize(S) of an unknown size: the shape varies until center_crop. */
+  parse_ok("tfrecord(\"a\") | decode(jpeg) | resize(256)", &s);
+  cr_assert_eq(s.ops[0].kind, FERRY_OP_RESIZE_SHORTER);
+  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), FERRY_ESHAPE);
+  ferry_spec_close(&s);
+  parse_ok("tfrecord(\"a\") | decode(raw, 375, 500, 3) | resize(256)", &s);
+  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert(h == 256 && w == 341, "%dx%d", h, w);
+  ferry_spec_close(&s);
+  parse_ok("tfrecord(\"a\") | decode(jpeg) | resize(256) | "
+           "center_crop(224, 200)",
+           &s);
+  cr_assert_eq(s.ops[1].kind, FERRY_OP_CENTER_CROP);
+  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert(h == 224 && w == 200);
+  ferry_spec_close(&s);
+}
+
 Test(spec, errors_give_column_and_expectation) {
   size_t i;
   for (i = 0; i < sizeof(bad_cases) / sizeof(bad_cases[0]); i++) {
@@ -450,6 +544,16 @@ static const char *const good_specs[] = {
     "tfrecord(\"a\") | decode(raw, 32, 32, 3) | repeat()",
     "tfrecord(\"a\") | decode(raw, 32, 32, 3) | repeat(2)",
     "tfrecord(\"a\") | decode(raw, 32, 32, 3) | repeat(9223372036854775807)",
+    "tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224) | batch(256)",
+    "tfrecord(\"a\") | decode(jpeg) | random_resized_crop(224, 192, "
+    "scale=(0.25, 0.5), ratio=(0.5, 2), exact=true)",
+    "tfrecord(\"a\") | decode(jpeg) | random_resized_crop(8, "
+    "scale=(1e-06, 1), ratio=(0.01, 100))",
+    "tfrecord(\"a\") | decode(jpeg) | resize(256) | center_crop(224)",
+    "tfrecord(\"a\") | decode(jpeg) | resize(256, exact=true) | "
+    "center_crop(224, 200)",
+    "tfrecord(\"a\") | decode(raw, 32, 48, 4) | center_crop(16) | "
+    "resize(8) | random_resized_crop(4)",
 };
 #define N_GOOD (sizeof(good_specs) / sizeof(good_specs[0]))
 
@@ -655,23 +759,23 @@ Test(spec, validate_hand_made) {
 
   /* JPEG of any size: blur cannot be checked, resize makes it known. */
   s.n_ops = 2;
-  s.ops[0] = (ferry_image_op_t){FERRY_OP_BLUR, 31, 0, 1.0f};
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_RESIZE, 15, 100, 0};
+  s.ops[0] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 31, .b = 0, .sigma = 1.0f};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_RESIZE, .a = 15, .b = 100, .sigma = 0};
   cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
-  s.ops[0] = (ferry_image_op_t){FERRY_OP_RESIZE, 15, 100, 0};
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_BLUR, 31, 0, 1.0f};
+  s.ops[0] = (ferry_image_op_t){.kind = FERRY_OP_RESIZE, .a = 15, .b = 100, .sigma = 0};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 31, .b = 0, .sigma = 1.0f};
   expect_invalid(&s, "blur (op 2): a 15x100 image is too small for size 31");
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_BLUR, 3, 0, NAN};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 3, .b = 0, .sigma = NAN};
   expect_invalid(&s, "blur (op 2): sigma must be in 0.001..100, found nan");
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_BLUR, 3, 0, 0.0009f};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 3, .b = 0, .sigma = 0.0009f};
   expect_invalid(&s, "blur (op 2): sigma must be in 0.001..100");
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_DILATE, 2, 0, 0};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_DILATE, .a = 2, .b = 0, .sigma = 0};
   expect_invalid(&s, "dilate (op 2): size must be 3");
-  s.ops[1] = (ferry_image_op_t){(ferry_op_kind_t)7, 2, 0, 0};
+  s.ops[1] = (ferry_image_op_t){.kind = (ferry_op_kind_t)7, .a = 2, .b = 0, .sigma = 0};
   expect_invalid(&s, "op 2: unknown kind 7");
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_RESIZE, 1, 16385, 0};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_RESIZE, .a = 1, .b = 16385, .sigma = 0};
   expect_invalid(&s, "resize (op 2): height and width must be in 1..16384");
-  s.ops[1] = (ferry_image_op_t){FERRY_OP_DILATE, 3, 0, 0};
+  s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_DILATE, .a = 3, .b = 0, .sigma = 0};
   s.n_ops = FERRY_SPEC_MAX_OPS + 1;
   expect_invalid(&s, "too many image ops: 17 (at most 16)");
   s.n_ops = 2;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry/crop.h"
 #include "ferry/error.h"
 #include "ferry/spec.h"
 
@@ -37,6 +38,18 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
                            ferry_pipeline_ctx_t **out, ferry_error_t *err);
 void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx);
 void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on);
+
+/* The key of the random ops (random_resized_crop) for the next records:
+ * the job's seed, the epoch and the record's identity in the dataset
+ * (the worker uses file_index << 40 | index in the file), so a split
+ * leased again replays the same crops. Zeros until set. */
+void ferry_pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
+                                uint64_t epoch, uint64_t record);
+
+/* The ctx's fused-decode counters (ferry/crop.h): how many JPEGs were
+ * decoded partially or scaled, progressive ones, full decodes. */
+void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
+                                   ferry_jpeg_crop_stats_t *out);
 void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
                               double seconds[FERRY_STAGE_COUNT]);
 

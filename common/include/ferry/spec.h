@@ -23,16 +23,23 @@
 typedef enum { FERRY_IMAGE_RAW = 0, FERRY_IMAGE_JPEG = 1 } ferry_image_format_t;
 
 typedef enum {
-  FERRY_OP_RESIZE = 1,
+  FERRY_OP_RESIZE = 1,              /* resize(H, W): TF bilinear */
   FERRY_OP_DILATE = 2,
-  FERRY_OP_BLUR = 3
+  FERRY_OP_BLUR = 3,
+  FERRY_OP_RANDOM_RESIZED_CROP = 4, /* torchvision RandomResizedCrop */
+  FERRY_OP_RESIZE_SHORTER = 5,      /* resize(S): torchvision Resize(S) */
+  FERRY_OP_CENTER_CROP = 6          /* torchvision CenterCrop */
 } ferry_op_kind_t;
 
 typedef struct ferry_image_op_s {
   ferry_op_kind_t kind;
-  int a;       /* resize: height; dilate: size; blur: size */
-  int b;       /* resize: width */
+  int a;       /* resize: height; dilate: size; blur: size;
+                  random_resized_crop, center_crop: height;
+                  resize(S): S */
+  int b;       /* resize, random_resized_crop, center_crop: width */
   float sigma; /* blur */
+  float scale[2], ratio[2]; /* random_resized_crop: (min, max) */
+  bool exact;  /* random_resized_crop, resize(S): no fused decode */
 } ferry_image_op_t;
 
 #define FERRY_SPEC_MAX_OPS 16

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "ferry/alloc.h"
+#include "ferry/crop.h"
 #include "ferry/example.h"
 #include "ferry/imgops.h"
 
@@ -34,7 +35,12 @@ struct ferry_pipeline_s {
   char *label_key; /* NULL: no label */
   ferry_image_op_t ops[FERRY_SPEC_MAX_OPS];
   size_t n_ops;
-  bool has_resize;
+  bool has_resize; /* an op sets the size (the JPEG's may differ) */
+  /* The decode fused with the first ops (issue 13): `fused` ops (0, 1
+   * or 2) run inside ferry_jpeg_decode_crop as `fop` says; the loop runs
+   * the rest. */
+  size_t fused;
+  ferry_crop_op_t fop;
   int out_h, out_w, out_c; /* out_h/out_w 0 when they vary per record */
 };
 
@@ -43,6 +49,8 @@ struct ferry_pipeline_ctx_s {
   ferry_example_t ex;
   ferry_jpeg_t *jpeg;
   ferry_blur_t *blur[FERRY_SPEC_MAX_OPS]; /* indexed like p->ops */
+  ferry_resampler_t *rs; /* the crop and resize(S) ops not fused */
+  uint64_t seed, epoch, record; /* the random ops' key (set_key) */
   uint8_t *buf[2];
   size_t cap[2];
   int timing;
@@ -116,6 +124,40 @@ int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
                              "sigma positive",
                              op->a, (double)op->sigma);
       break;
+    case FERRY_OP_RANDOM_RESIZED_CROP:
+    case FERRY_OP_CENTER_CROP:
+    case FERRY_OP_RESIZE_SHORTER: {
+      const char *name = op->kind == FERRY_OP_CENTER_CROP ? "center_crop"
+                         : op->kind == FERRY_OP_RESIZE_SHORTER
+                             ? "resize"
+                             : "random_resized_crop";
+      if (op->a < 1 || op->a > MAX_SIDE ||
+          (op->kind != FERRY_OP_RESIZE_SHORTER &&
+           (op->b < 1 || op->b > MAX_SIDE)))
+        return ferry__seterr(err, FERRY_ESPEC, "%s (op %zu): sizes out of "
+                             "range", name, i + 1);
+      if (op->kind == FERRY_OP_RANDOM_RESIZED_CROP &&
+          !(op->scale[0] > 0.0f && op->scale[0] <= op->scale[1] &&
+            op->scale[1] <= 1.0f && op->ratio[0] >= 0.01f &&
+            op->ratio[0] <= op->ratio[1] && op->ratio[1] <= 100.0f))
+        return ferry__seterr(err, FERRY_ESPEC,
+                             "random_resized_crop (op %zu): scale or ratio "
+                             "out of range",
+                             i + 1);
+      if (c > 4)
+        return ferry__seterr(err, FERRY_ENOTSUP,
+                             "%s (op %zu): images of 1 to 4 channels, this "
+                             "one has %d",
+                             name, i + 1, c);
+      if (op->kind == FERRY_OP_RESIZE_SHORTER) {
+        if (h > 0)
+          ferry_resize_shorter_size(h, w, op->a, &h, &w);
+      } else {
+        h = op->a;
+        w = op->b;
+      }
+      break;
+    }
     default:
       return ferry__seterr(err, FERRY_ESPEC, "op %zu: unknown kind %d", i,
                            (int)op->kind);
@@ -141,8 +183,40 @@ int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
   memcpy(p->ops, spec->ops, spec->n_ops * sizeof(spec->ops[0]));
   p->n_ops = spec->n_ops;
   for (size_t i = 0; i < p->n_ops; i++)
-    if (p->ops[i].kind == FERRY_OP_RESIZE)
+    if (p->ops[i].kind != FERRY_OP_DILATE && p->ops[i].kind != FERRY_OP_BLUR)
       p->has_resize = true;
+  /* Fusion: a JPEG whose first op crops or resizes the torchvision way,
+   * unless that op asks for the exact path. */
+  if (p->format == FERRY_IMAGE_JPEG && p->n_ops > 0) {
+    const ferry_image_op_t *o0 = &p->ops[0];
+    ferry_crop_op_t *f = &p->fop;
+    if (o0->kind == FERRY_OP_RANDOM_RESIZED_CROP && !o0->exact) {
+      f->kind = FERRY_CROP_RANDOM_RESIZED;
+      f->out_h = o0->a;
+      f->out_w = o0->b;
+      f->rrc.scale_min = o0->scale[0];
+      f->rrc.scale_max = o0->scale[1];
+      f->rrc.ratio_min = o0->ratio[0];
+      f->rrc.ratio_max = o0->ratio[1];
+      p->fused = 1;
+    } else if (o0->kind == FERRY_OP_RESIZE_SHORTER && !o0->exact) {
+      f->kind = FERRY_CROP_RESIZE_CENTER;
+      f->shorter = o0->a;
+      p->fused = 1;
+      if (p->n_ops > 1 && p->ops[1].kind == FERRY_OP_CENTER_CROP) {
+        f->out_h = p->ops[1].a;
+        f->out_w = p->ops[1].b;
+        p->fused = 2;
+      }
+    } else if (o0->kind == FERRY_OP_CENTER_CROP) {
+      /* Scale 8/8 and an integer box: the same pixels as the full
+       * decode's crop, without decoding the rest. */
+      f->kind = FERRY_CROP_CENTER;
+      f->out_h = o0->a;
+      f->out_w = o0->b;
+      p->fused = 1;
+    }
+  }
   p->out_h = h;
   p->out_w = w;
   p->out_c = c;
@@ -214,13 +288,24 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
     if (rc < 0)
       goto fail;
   }
+  for (size_t i = p->fused; i < p->n_ops; i++) {
+    ferry_op_kind_t k = p->ops[i].kind;
+    if (k != FERRY_OP_RANDOM_RESIZED_CROP && k != FERRY_OP_RESIZE_SHORTER &&
+        k != FERRY_OP_CENTER_CROP)
+      continue;
+    if ((rc = ferry_resampler_new(&ctx->rs, err)) < 0)
+      goto fail;
+    break;
+  }
   /* With known sizes the buffers get their final size now, so even the
    * first record allocates nothing. */
   if (p->height > 0 && p->width > 0) {
     size_t in = (size_t)p->height * (size_t)p->width * (size_t)p->channels;
     size_t most = in;
     for (size_t i = 0; i < p->n_ops; i++)
-      if (p->ops[i].kind == FERRY_OP_RESIZE) {
+      if (p->ops[i].kind == FERRY_OP_RESIZE ||
+          p->ops[i].kind == FERRY_OP_RANDOM_RESIZED_CROP ||
+          p->ops[i].kind == FERRY_OP_CENTER_CROP) {
         size_t s = (size_t)p->ops[i].a * (size_t)p->ops[i].b *
                    (size_t)p->channels;
         if (s > most)
@@ -245,9 +330,32 @@ void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx) {
   ferry_jpeg_free(ctx->jpeg);
   for (size_t i = 0; i < FERRY_SPEC_MAX_OPS; i++)
     ferry_blur_free(ctx->blur[i]);
+  ferry_resampler_free(ctx->rs);
   ferry__aligned_free(ctx->buf[0]);
   ferry__aligned_free(ctx->buf[1]);
   ferry__free(ctx);
+}
+
+void ferry_pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
+                                uint64_t epoch, uint64_t record) {
+  ctx->seed = seed;
+  ctx->epoch = epoch;
+  ctx->record = record;
+}
+
+void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
+                                   ferry_jpeg_crop_stats_t *out) {
+  if (ctx->jpeg != NULL)
+    ferry_jpeg_crop_stats(ctx->jpeg, out);
+  else
+    memset(out, 0, sizeof(*out));
+}
+
+/* The key of op i's draws for the current record: ops differ by index so
+ * two random ops of one spec do not draw alike. */
+static uint64_t op_key(const ferry_pipeline_ctx_t *ctx, size_t i) {
+  return ferry_crop_key(ctx->seed, ctx->epoch, ctx->record) ^
+         ((uint64_t)i * 0x9E3779B97F4A7C15ull);
 }
 
 void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on) {
@@ -298,6 +406,82 @@ static int decode_jpeg(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
     return rc;
   return ferry_jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h,
                            w, err);
+}
+
+/* The decode fused with the first p->fused ops, into ctx->buf[0]. */
+static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
+                             size_t len, int *h, int *w, ferry_error_t *err) {
+  const ferry_pipeline_t *p = ctx->p;
+  ferry_crop_op_t op = p->fop;
+  ferry_window_t win;
+  int rc, sh, sw;
+
+  op.key = op_key(ctx, 0);
+  if (ctx->cap[0] > 0) {
+    rc = ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
+                                ctx->cap[0], h, w, NULL, err);
+    if (rc != FERRY_ERANGE)
+      return rc;
+  }
+  /* The output's size: from the header and the plan. */
+  if ((rc = ferry_jpeg_header(ctx->jpeg, src, len, &sh, &sw, err)) < 0)
+    return rc;
+  if ((rc = ferry_crop_plan(&op, sh, sw, &win, h, w, err)) < 0)
+    return rc;
+  if (*h > MAX_SIDE || *w > MAX_SIDE)
+    return ferry__seterr(err, FERRY_ETOOSMALL,
+                         "resize(%d) of a %dx%d JPEG gives %dx%d, over %d",
+                         op.shorter, sw, sh, *w, *h, MAX_SIDE);
+  if ((rc = grow(ctx, 0, (size_t)*h * (size_t)*w * 3, err)) < 0)
+    return rc;
+  return ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
+                                ctx->cap[0], h, w, NULL, err);
+}
+
+/* The crop and resize(S) ops outside a fusion: plan on the current
+ * image, resample into buffer dst_i. */
+static int crop_op(ferry_pipeline_ctx_t *ctx, size_t i, const uint8_t *cur,
+                   int *ih, int *iw, int ic, int dst_i, ferry_error_t *err) {
+  const ferry_image_op_t *op = &ctx->p->ops[i];
+  ferry_crop_op_t co = {0};
+  ferry_window_t win;
+  int oh, ow, rc;
+  switch (op->kind) {
+  case FERRY_OP_RANDOM_RESIZED_CROP:
+    co.kind = FERRY_CROP_RANDOM_RESIZED;
+    co.out_h = op->a;
+    co.out_w = op->b;
+    co.rrc.scale_min = op->scale[0];
+    co.rrc.scale_max = op->scale[1];
+    co.rrc.ratio_min = op->ratio[0];
+    co.rrc.ratio_max = op->ratio[1];
+    co.key = op_key(ctx, i);
+    break;
+  case FERRY_OP_RESIZE_SHORTER:
+    co.kind = FERRY_CROP_RESIZE_CENTER;
+    co.shorter = op->a;
+    break;
+  default:
+    co.kind = FERRY_CROP_CENTER;
+    co.out_h = op->a;
+    co.out_w = op->b;
+    break;
+  }
+  if ((rc = ferry_crop_plan(&co, *ih, *iw, &win, &oh, &ow, err)) < 0)
+    return rc;
+  if (oh > MAX_SIDE || ow > MAX_SIDE)
+    return ferry__seterr(err, FERRY_ETOOSMALL,
+                         "resize(%d) of a %dx%d image gives %dx%d, over %d",
+                         op->a, *iw, *ih, ow, oh, MAX_SIDE);
+  if ((rc = grow(ctx, dst_i, (size_t)oh * (size_t)ow * (size_t)ic, err)) < 0)
+    return rc;
+  rc = ferry_resample(ctx->rs, cur, *ih, *iw, (size_t)*iw * (size_t)ic, ic,
+                      &win, ctx->buf[dst_i], oh, ow, err);
+  if (rc < 0)
+    return rc;
+  *ih = oh;
+  *iw = ow;
+  return 0;
 }
 
 int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
@@ -375,7 +559,8 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       which = 0;
     }
   } else {
-    rc = decode_jpeg(ctx, data, data_len, &ih, &iw, err);
+    rc = p->fused > 0 ? decode_jpeg_fused(ctx, data, data_len, &ih, &iw, err)
+                      : decode_jpeg(ctx, data, data_len, &ih, &iw, err);
     if (rc < 0) {
       ferry__prefixerr(err, "feature '%s': decode(jpeg)", p->image_key);
       return rc;
@@ -399,13 +584,27 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
   /* Each op reads `cur` and writes the other buffer; `which` is the
    * buffer `cur` is in (1 for the raw record itself, so the first op
    * writes buffer 0). */
-  for (size_t i = 0; i < p->n_ops; i++) {
+  for (size_t i = p->format == FERRY_IMAGE_JPEG ? p->fused : 0;
+       i < p->n_ops; i++) {
     const ferry_image_op_t *op = &p->ops[i];
     int dst_i = which == 0 ? 1 : 0;
     size_t in_bytes = (size_t)ih * (size_t)iw * (size_t)ic;
     uint8_t *dst;
 
-    if (op->kind == FERRY_OP_RESIZE) {
+    if (op->kind == FERRY_OP_RANDOM_RESIZED_CROP ||
+        op->kind == FERRY_OP_RESIZE_SHORTER ||
+        op->kind == FERRY_OP_CENTER_CROP) {
+      if ((rc = crop_op(ctx, i, cur, &ih, &iw, ic, dst_i, err)) < 0) {
+        ferry__prefixerr(err, "%s (op %zu)",
+                         op->kind == FERRY_OP_CENTER_CROP ? "center_crop"
+                         : op->kind == FERRY_OP_RESIZE_SHORTER
+                             ? "resize"
+                             : "random_resized_crop",
+                         i + 1);
+        return rc;
+      }
+      dst = ctx->buf[dst_i];
+    } else if (op->kind == FERRY_OP_RESIZE) {
       size_t out_bytes = (size_t)op->a * (size_t)op->b * (size_t)ic;
       if (op->a == ih && op->b == iw)
         continue; /* Half-pixel bilinear at scale 1 is the identity. */

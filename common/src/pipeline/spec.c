@@ -16,6 +16,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/clocale.h"
+#include "ferry/crop.h"
 #include "ferry/v1/common.pb-c.h"
 
 #define DEFAULT_SHUFFLE_BUFFER 10000u
@@ -31,6 +32,9 @@
  * the way to a NaN kernel; such a blur is the identity anyway. */
 #define MIN_SIGMA 0.001
 #define MAX_SIGMA 100.0
+/* random_resized_crop's aspect ratio bounds (scale is in (0, 1]). */
+#define MIN_RATIO 0.01
+#define MAX_RATIO 100.0
 
 /* The defaults ferry_spec_init puts in: static, so init cannot fail, and
  * ferry_spec_close knows not to free them. */
@@ -38,7 +42,8 @@ static char default_image_key[] = "image";
 static char default_label_key[] = "label";
 
 static const char *const stage_names =
-    "tfrecord, decode, label, resize, dilate, blur, shuffle, batch, repeat";
+    "tfrecord, decode, label, resize, dilate, blur, random_resized_crop, "
+    "center_crop, shuffle, batch, repeat";
 
 /* ---------------------------------------------------------------------
  * Small helpers: ownership of keys, the C locale, UTF-8, text checks.
@@ -153,6 +158,14 @@ static bool op_eq(const ferry_image_op_t *a, const ferry_image_op_t *b) {
     return a->a == b->a;
   case FERRY_OP_BLUR:
     return a->a == b->a && memcmp(&a->sigma, &b->sigma, sizeof(float)) == 0;
+  case FERRY_OP_RANDOM_RESIZED_CROP:
+    return a->a == b->a && a->b == b->b && a->exact == b->exact &&
+           memcmp(a->scale, b->scale, sizeof(a->scale)) == 0 &&
+           memcmp(a->ratio, b->ratio, sizeof(a->ratio)) == 0;
+  case FERRY_OP_RESIZE_SHORTER:
+    return a->a == b->a && a->exact == b->exact;
+  case FERRY_OP_CENTER_CROP:
+    return a->a == b->a && a->b == b->b;
   }
   return false;
 }
@@ -419,6 +432,57 @@ static int validate_impl(const ferry_spec_t *s, const parser *p,
                         "%sblur (op %zu): a %dx%d image is too small for "
                         "size %d (height and width must be > %d)",
                         at, i + 1, h, w, op->a, op->a / 2);
+      break;
+    case FERRY_OP_RANDOM_RESIZED_CROP:
+    case FERRY_OP_CENTER_CROP: {
+      const char *name = op->kind == FERRY_OP_CENTER_CROP
+                             ? "center_crop"
+                             : "random_resized_crop";
+      if (op->a < 1 || op->a > MAX_RESIZE_DIM || op->b < 1 ||
+          op->b > MAX_RESIZE_DIM)
+        return spec_err(err,
+                        "%s%s (op %zu): height and width must be in "
+                        "1..%d, found %d, %d",
+                        at, name, i + 1, MAX_RESIZE_DIM, op->a, op->b);
+      if (op->kind == FERRY_OP_RANDOM_RESIZED_CROP) {
+        /* Written so that NaN fails too. */
+        if (!(op->scale[0] > 0.0f && op->scale[0] <= op->scale[1] &&
+              op->scale[1] <= 1.0f))
+          return spec_err(err,
+                          "%srandom_resized_crop (op %zu): scale must be "
+                          "(min, max) with 0 < min <= max <= 1, found "
+                          "(%g, %g)",
+                          at, i + 1, (double)op->scale[0],
+                          (double)op->scale[1]);
+        if (!(op->ratio[0] >= (float)MIN_RATIO &&
+              op->ratio[0] <= op->ratio[1] &&
+              op->ratio[1] <= (float)MAX_RATIO))
+          return spec_err(err,
+                          "%srandom_resized_crop (op %zu): ratio must be "
+                          "(min, max) with %g <= min <= max <= %g, found "
+                          "(%g, %g)",
+                          at, i + 1, MIN_RATIO, MAX_RATIO,
+                          (double)op->ratio[0], (double)op->ratio[1]);
+      }
+      h = op->a;
+      w = op->b;
+      if ((rc = check_bytes(p, sp->ops[i], name, (uint64_t)h, (uint64_t)w,
+                            (uint64_t)c, err)) != 0)
+        return rc;
+      break;
+    }
+    case FERRY_OP_RESIZE_SHORTER:
+      if (op->a < 1 || op->a > MAX_RESIZE_DIM)
+        return spec_err(err,
+                        "%sresize (op %zu): the shorter side must be in "
+                        "1..%d, found %d",
+                        at, i + 1, MAX_RESIZE_DIM, op->a);
+      if (h != 0) {
+        ferry_resize_shorter_size(h, w, op->a, &h, &w);
+        if ((rc = check_bytes(p, sp->ops[i], "resize", (uint64_t)h,
+                              (uint64_t)w, (uint64_t)c, err)) != 0)
+          return rc;
+      }
       break;
     default:
       return spec_err(err, "%sop %zu: unknown kind %d", at, i + 1,
@@ -688,6 +752,7 @@ typedef enum {
   P_INT,    /* int64 in lo..hi */
   P_U64,    /* any uint64 */
   P_FLOAT,  /* float32 in flo..fhi */
+  P_PAIR,   /* (NUMBER, NUMBER): two float32 in flo..fhi */
   P_BOOL,   /* true | false */
   P_STRING, /* "..." */
   P_ENUM,   /* one of words */
@@ -718,6 +783,8 @@ typedef enum {
   ST_RESIZE,
   ST_DILATE,
   ST_BLUR,
+  ST_RRC,
+  ST_CENTER_CROP,
   ST_SHUFFLE,
   ST_BATCH,
   ST_REPEAT,
@@ -739,6 +806,19 @@ static const param_def decode_params[] = {
     {.name = "key", .type = P_STRING, .named_only = true}};
 static const param_def label_params[] = {{.name = "key", .type = P_KEY}};
 static const param_def resize_params[] = {
+    {.name = "height", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM},
+    {.name = "width", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM},
+    {.name = "exact", .type = P_BOOL, .named_only = true}};
+static const param_def rrc_params[] = {
+    {.name = "height", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM},
+    {.name = "width", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM},
+    {.name = "scale", .type = P_PAIR, .named_only = true, .flo = 0.0,
+     .fhi = 1.0, .rule = "must be (min, max) with 0 < min <= max <= 1"},
+    {.name = "ratio", .type = P_PAIR, .named_only = true, .flo = MIN_RATIO,
+     .fhi = MAX_RATIO,
+     .rule = "must be (min, max) with 0.01 <= min <= max <= 100"},
+    {.name = "exact", .type = P_BOOL, .named_only = true}};
+static const param_def center_crop_params[] = {
     {.name = "height", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM},
     {.name = "width", .type = P_INT, .lo = 1, .hi = MAX_RESIZE_DIM}};
 static const param_def dilate_params[] = {
@@ -767,6 +847,8 @@ static const stage_def stages[ST_COUNT] = {
     STAGE("resize", resize_params, false),
     STAGE("dilate", dilate_params, false),
     STAGE("blur", blur_params, false),
+    STAGE("random_resized_crop", rrc_params, false),
+    STAGE("center_crop", center_crop_params, false),
     STAGE("shuffle", shuffle_params, false),
     STAGE("batch", batch_params, false),
     STAGE("repeat", repeat_params, false)};
@@ -781,7 +863,7 @@ typedef struct {
   size_t pos;
   int64_t i;
   uint64_t u;
-  float f;
+  float f, f2; /* P_FLOAT; P_PAIR: f, f2 */
   bool b;
   int e;
   char *s; /* P_STRING, P_KEY (NULL with P_KEY: none) */
@@ -812,6 +894,32 @@ static int range_err(parser *p, const token *t, const stage_def *sd,
   return spec_err(p->err, "%s%s %s must be in %lld..%lld, found %s",
                   loc(p, t->pos, &lb), sd->name, pd->name,
                   (long long)pd->lo, (long long)pd->hi, describe(p, t, &tb));
+}
+
+/* Token t (a NUMBER) as a float32 in pd's bounds; does not move. */
+static int token_float(parser *p, const token *t, const stage_def *sd,
+                       const param_def *pd, float *out) {
+  locale_t old;
+  char num[128], what[160], *end;
+  if (t->kind != T_NUMBER) {
+    snprintf(what, sizeof(what), "a number for %s %s", sd->name, pd->name);
+    return expected(p, t, what);
+  }
+  /* A copy of just the token, so that strtof cannot read past what the
+   * lexer took (hex floats, "inf"); parsing as float32 directly rounds
+   * once. Absurdly long numbers are out of range. */
+  if (t->len >= sizeof(num))
+    return range_err(p, t, sd, pd);
+  memcpy(num, p->text + t->pos, t->len);
+  num[t->len] = '\0';
+  old = ferry__c_locale_enter();
+  *out = strtof(num, &end);
+  ferry__c_locale_leave(old);
+  /* Bounds as float32, as validate_impl checks them (0.01 is below
+   * 0.01 in double once it is a float). */
+  if (*end != '\0' || !(*out >= (float)pd->flo && *out <= (float)pd->fhi))
+    return range_err(p, t, sd, pd);
+  return 0;
 }
 
 /* Converts the current token into `av` by the parameter's type, checks
@@ -849,27 +957,35 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
     av->u = mag;
     break;
   case P_FLOAT: {
-    locale_t old;
-    double d;
-    char num[128], *end;
-    if (t.kind != T_NUMBER) {
-      snprintf(what, sizeof(what), "a number for %s %s", sd->name,
-               pd->name);
+    int rc = token_float(p, &t, sd, pd, &av->f);
+    if (rc != 0)
+      return rc;
+    break;
+  }
+  case P_PAIR: {
+    int rc;
+    snprintf(what, sizeof(what), "(min, max) for %s %s", sd->name,
+             pd->name);
+    if (t.kind != T_LPAREN)
       return expected(p, &t, what);
+    if ((rc = advance(p)) != 0 ||
+        (rc = token_float(p, &p->tok, sd, pd, &av->f)) != 0 ||
+        (rc = advance(p)) != 0)
+      return rc;
+    if (p->tok.kind != T_COMMA)
+      return expected(p, &p->tok, "',' between min and max");
+    if ((rc = advance(p)) != 0 ||
+        (rc = token_float(p, &p->tok, sd, pd, &av->f2)) != 0 ||
+        (rc = advance(p)) != 0)
+      return rc;
+    if (p->tok.kind != T_RPAREN)
+      return expected(p, &p->tok, "')' after max");
+    if (!(av->f <= av->f2) || (pd->flo == 0.0 && !(av->f > 0.0f))) {
+      locbuf lb;
+      return spec_err(p->err, "%s%s %s %s, found (%g, %g)",
+                      loc(p, t.pos, &lb), sd->name, pd->name, pd->rule,
+                      (double)av->f, (double)av->f2);
     }
-    /* A copy of just the token, so that strtof cannot read past what
-     * the lexer took (hex floats, "inf"); parsing as float32 directly
-     * rounds once. Absurdly long numbers are out of range. */
-    if (t.len >= sizeof(num))
-      return range_err(p, &t, sd, pd);
-    memcpy(num, p->text + t.pos, t.len);
-    num[t.len] = '\0';
-    old = ferry__c_locale_enter();
-    av->f = strtof(num, &end);
-    d = (double)av->f;
-    ferry__c_locale_leave(old);
-    if (*end != '\0' || !(d >= pd->flo && d <= pd->fhi))
-      return range_err(p, &t, sd, pd);
     break;
   }
   case P_BOOL:
@@ -1009,7 +1125,8 @@ static int parse_args(parser *p, const stage_def *sd, argval *av,
       if ((rc = advance(p)) != 0)
         return rc;
       if (p->tok.kind != T_IDENT && p->tok.kind != T_STRING &&
-          p->tok.kind != T_NUMBER)
+          p->tok.kind != T_NUMBER &&
+          !(p->tok.kind == T_LPAREN && sd->params[k].type == P_PAIR))
         return expected(p, &p->tok, "a value after '='");
       if ((rc = read_value(p, sd, &sd->params[k], &av[k])) != 0)
         return rc;
@@ -1125,12 +1242,51 @@ static int finish_stage(parser *p, stage_id id, size_t pos, argval *av,
     set_key(&spec->label_key, &av[0], default_label_key);
     break;
   case ST_RESIZE:
-    if (!av[0].set || !av[1].set)
-      return spec_err(p->err, "%sresize needs height and width: "
-                              "resize(H, W)", at);
-    op->kind = FERRY_OP_RESIZE;
+    if (!av[0].set)
+      return spec_err(p->err,
+                      "%sresize needs height and width, resize(H, W), or "
+                      "the shorter side, resize(S)",
+                      at);
+    if (av[1].set) {
+      if (av[2].set)
+        return spec_err(p->err,
+                        "%sresize exact applies to resize(S) only "
+                        "(resize(H, W) is never fused with the decode)",
+                        loc(p, av[2].pos, &lb));
+      op->kind = FERRY_OP_RESIZE;
+      op->b = (int)av[1].i;
+    } else {
+      op->kind = FERRY_OP_RESIZE_SHORTER;
+      op->exact = av[2].set && av[2].b;
+    }
     op->a = (int)av[0].i;
-    op->b = (int)av[1].i;
+    spec->n_ops++;
+    break;
+  case ST_RRC:
+    if (!av[0].set)
+      return spec_err(p->err,
+                      "%srandom_resized_crop needs a size: "
+                      "random_resized_crop(224) or (H, W)",
+                      at);
+    op->kind = FERRY_OP_RANDOM_RESIZED_CROP;
+    op->a = (int)av[0].i;
+    op->b = av[1].set ? (int)av[1].i : op->a;
+    op->scale[0] = av[2].set ? av[2].f : 0.08f;
+    op->scale[1] = av[2].set ? av[2].f2 : 1.0f;
+    op->ratio[0] = av[3].set ? av[3].f : 0.75f;
+    op->ratio[1] = av[3].set ? av[3].f2 : (float)(4.0 / 3.0);
+    op->exact = av[4].set && av[4].b;
+    spec->n_ops++;
+    break;
+  case ST_CENTER_CROP:
+    if (!av[0].set)
+      return spec_err(p->err,
+                      "%scenter_crop needs a size: center_crop(224) or "
+                      "(H, W)",
+                      at);
+    op->kind = FERRY_OP_CENTER_CROP;
+    op->a = (int)av[0].i;
+    op->b = av[1].set ? (int)av[1].i : op->a;
     spec->n_ops++;
     break;
   case ST_DILATE:
@@ -1175,6 +1331,11 @@ static int finish_stage(parser *p, stage_id id, size_t pos, argval *av,
   return 0;
 }
 
+static bool is_op_stage(stage_id id) {
+  return id == ST_RESIZE || id == ST_DILATE || id == ST_BLUR ||
+         id == ST_RRC || id == ST_CENTER_CROP;
+}
+
 /* Where each stage may appear: tfrecord first; decode and label (in
  * either order) next; then the image ops; then shuffle, batch and repeat
  * in that order. Each stage but the image ops at most once. */
@@ -1189,7 +1350,7 @@ static int check_order(parser *p, stage_id id, const bool *seen,
                     "%sexpected tfrecord(...) as the first stage, found "
                     "'%s'",
                     at, name);
-  if (id != ST_RESIZE && id != ST_DILATE && id != ST_BLUR && seen[id]) {
+  if (!is_op_stage(id) && seen[id]) {
     /* Only the column of the first one is wanted: drop "column " and
      * the trailing ": " from the location. */
     const char *first_at = loc(p, first[id], &lb2);
@@ -1211,7 +1372,7 @@ static int check_order(parser *p, stage_id id, const bool *seen,
     return spec_err(p->err,
                     "%sexpected decode(...) after tfrecord, found '%s'", at,
                     name);
-  if (id == ST_RESIZE || id == ST_DILATE || id == ST_BLUR) {
+  if (is_op_stage(id)) {
     const char *after = seen[ST_SHUFFLE] ? "shuffle"
                         : seen[ST_BATCH] ? "batch"
                         : seen[ST_REPEAT] ? "repeat"
@@ -1267,7 +1428,7 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec,
       if (tok_is(&p, &p.tok, stages[id].name))
         break;
     if (id == ST_COUNT) {
-      char what[128];
+      char what[192];
       snprintf(what, sizeof(what), "a stage name (%s)", stage_names);
       rc = expected(&p, &p.tok, what);
       goto fail;
@@ -1444,6 +1605,26 @@ int ferry_spec_format(const ferry_spec_t *spec, char **out) {
       format_float(op->sigma, num, sizeof(num));
       sb_printf(&b, " | blur(%d, %s)", op->a, num);
       break;
+    case FERRY_OP_RANDOM_RESIZED_CROP: {
+      char n1[32], n2[32], n3[32];
+      format_float(op->scale[0], num, sizeof(num));
+      format_float(op->scale[1], n1, sizeof(n1));
+      format_float(op->ratio[0], n2, sizeof(n2));
+      format_float(op->ratio[1], n3, sizeof(n3));
+      sb_printf(&b,
+                " | random_resized_crop(%d, %d, scale=(%s, %s), "
+                "ratio=(%s, %s)%s)",
+                op->a, op->b, num, n1, n2, n3,
+                op->exact ? ", exact=true" : "");
+      break;
+    }
+    case FERRY_OP_RESIZE_SHORTER:
+      sb_printf(&b, " | resize(%d%s)", op->a,
+                op->exact ? ", exact=true" : "");
+      break;
+    case FERRY_OP_CENTER_CROP:
+      sb_printf(&b, " | center_crop(%d, %d)", op->a, op->b);
+      break;
     }
   }
   if (spec->shuffle) {
@@ -1488,6 +1669,9 @@ typedef struct {
   Ferry__V1__Resize resize[FERRY_SPEC_MAX_OPS];
   Ferry__V1__Dilate dilate[FERRY_SPEC_MAX_OPS];
   Ferry__V1__Blur blur[FERRY_SPEC_MAX_OPS];
+  Ferry__V1__RandomResizedCrop rrc[FERRY_SPEC_MAX_OPS];
+  Ferry__V1__ResizeShorter rshort[FERRY_SPEC_MAX_OPS];
+  Ferry__V1__CenterCrop ccrop[FERRY_SPEC_MAX_OPS];
 } pb_spec;
 
 /* Canonical choices: every sub-message is present (Label with an empty
@@ -1540,6 +1724,32 @@ static void build_msg(const ferry_spec_t *s, pb_spec *m) {
       m->blur[i].sigma = op->sigma;
       m->op[i].op_case = FERRY__V1__IMAGE_OP__OP_BLUR;
       m->op[i].blur = &m->blur[i];
+      break;
+    case FERRY_OP_RANDOM_RESIZED_CROP:
+      ferry__v1__random_resized_crop__init(&m->rrc[i]);
+      m->rrc[i].height = (uint32_t)op->a;
+      m->rrc[i].width = (uint32_t)op->b;
+      m->rrc[i].scale_min = op->scale[0];
+      m->rrc[i].scale_max = op->scale[1];
+      m->rrc[i].ratio_min = op->ratio[0];
+      m->rrc[i].ratio_max = op->ratio[1];
+      m->rrc[i].exact = op->exact;
+      m->op[i].op_case = FERRY__V1__IMAGE_OP__OP_RANDOM_RESIZED_CROP;
+      m->op[i].random_resized_crop = &m->rrc[i];
+      break;
+    case FERRY_OP_RESIZE_SHORTER:
+      ferry__v1__resize_shorter__init(&m->rshort[i]);
+      m->rshort[i].size = (uint32_t)op->a;
+      m->rshort[i].exact = op->exact;
+      m->op[i].op_case = FERRY__V1__IMAGE_OP__OP_RESIZE_SHORTER;
+      m->op[i].resize_shorter = &m->rshort[i];
+      break;
+    case FERRY_OP_CENTER_CROP:
+      ferry__v1__center_crop__init(&m->ccrop[i]);
+      m->ccrop[i].height = (uint32_t)op->a;
+      m->ccrop[i].width = (uint32_t)op->b;
+      m->op[i].op_case = FERRY__V1__IMAGE_OP__OP_CENTER_CROP;
+      m->op[i].center_crop = &m->ccrop[i];
       break;
     }
     m->opp[i] = &m->op[i];
@@ -1717,6 +1927,39 @@ static int from_msg(const Ferry__V1__PipelineSpec *m, ferry_spec_t *s,
         return rc;
       op->sigma = o->blur->sigma;
       break;
+    case FERRY__V1__IMAGE_OP__OP_RANDOM_RESIZED_CROP: {
+      const Ferry__V1__RandomResizedCrop *q = o->random_resized_crop;
+      op->kind = FERRY_OP_RANDOM_RESIZED_CROP;
+      inner = &q->base;
+      if ((rc = u32_to_int(q->height, "random_resized_crop height", &op->a,
+                           err)) != 0 ||
+          (rc = u32_to_int(q->width, "random_resized_crop width", &op->b,
+                           err)) != 0)
+        return rc;
+      op->scale[0] = q->scale_min;
+      op->scale[1] = q->scale_max;
+      op->ratio[0] = q->ratio_min;
+      op->ratio[1] = q->ratio_max;
+      op->exact = q->exact != 0;
+      break;
+    }
+    case FERRY__V1__IMAGE_OP__OP_RESIZE_SHORTER:
+      op->kind = FERRY_OP_RESIZE_SHORTER;
+      inner = &o->resize_shorter->base;
+      if ((rc = u32_to_int(o->resize_shorter->size, "resize size", &op->a,
+                           err)) != 0)
+        return rc;
+      op->exact = o->resize_shorter->exact != 0;
+      break;
+    case FERRY__V1__IMAGE_OP__OP_CENTER_CROP:
+      op->kind = FERRY_OP_CENTER_CROP;
+      inner = &o->center_crop->base;
+      if ((rc = u32_to_int(o->center_crop->height, "center_crop height",
+                           &op->a, err)) != 0 ||
+          (rc = u32_to_int(o->center_crop->width, "center_crop width",
+                           &op->b, err)) != 0)
+        return rc;
+      break;
     default:
       return spec_err(err, "ops[%zu]: no op set", i);
     }
@@ -1815,9 +2058,14 @@ int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w,
   int hh = spec->height, ww = spec->width;
   size_t i;
   for (i = 0; i < spec->n_ops && i < FERRY_SPEC_MAX_OPS; i++) {
-    if (spec->ops[i].kind == FERRY_OP_RESIZE) {
-      hh = spec->ops[i].a;
-      ww = spec->ops[i].b;
+    const ferry_image_op_t *op = &spec->ops[i];
+    if (op->kind == FERRY_OP_RESIZE ||
+        op->kind == FERRY_OP_RANDOM_RESIZED_CROP ||
+        op->kind == FERRY_OP_CENTER_CROP) {
+      hh = op->a;
+      ww = op->b;
+    } else if (op->kind == FERRY_OP_RESIZE_SHORTER && hh > 0 && ww > 0) {
+      ferry_resize_shorter_size(hh, ww, op->a, &hh, &ww);
     }
   }
   if (hh <= 0 || ww <= 0)
