@@ -9,6 +9,7 @@
 #include <string.h>
 #include <turbojpeg.h>
 
+#include "ferry/crop.h"
 #include "ferry/imgops.h"
 #include "../../common/src/image/imgops_internal.h"
 
@@ -368,4 +369,66 @@ Test(jpeg, corrupt_truncated_and_small_buffer) {
   free(bad);
   free(jp);
   ferry_jpeg_free(j);
+}
+
+/* The decode fused with a crop (ferry/crop.h) over the same files: the
+ * same outcome as the full decode for every file that decodes or is
+ * truncated; files that fail must fail the fused way too, except where
+ * the corruption lies below every window tried (never decoded: the
+ * documented limit), which this test lists by name. */
+Test(jpeg, conformance_testdata_fused) {
+  char dir[512];
+  if (!have_testdata(dir, sizeof(dir))) {
+    printf("skip: %s/jpeg is absent\n", FERRY_TESTDATA_DIR);
+    cr_skip_test("%s/jpeg is absent", FERRY_TESTDATA_DIR);
+  }
+  size_t cap = 1u << 20;
+  uint8_t *dst = malloc(cap);
+  ferry_jpeg_t *j;
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char path[700];
+    size_t len;
+    snprintf(path, sizeof(path), "%s/%s", dir, cases[i].name);
+    uint8_t *b = slurp(path, &len);
+    cr_assert_not_null(b, "cannot read %s", path);
+    for (int k = 0; k < 6; k++) {
+      ferry_crop_op_t op = {.kind = k < 4 ? FERRY_CROP_RANDOM_RESIZED
+                                          : FERRY_CROP_RESIZE_CENTER,
+                            .out_h = k < 5 ? 16 : 0,
+                            .out_w = k < 5 ? 16 : 0,
+                            .shorter = 20,
+                            .rrc = {0.08, 1.0, 0.75, 4.0 / 3.0},
+                            .key = ferry_crop_key(1, 0, (uint64_t)k),
+                            .exact = k == 3};
+      ferry_error_t err = {0};
+      int oh, ow;
+      int rc = ferry_jpeg_decode_crop(j, b, len, &op, dst, cap, &oh, &ow,
+                                      NULL, &err);
+      switch (cases[i].want) {
+      case OK:
+        cr_assert_eq(rc, 0, "%s (try %d): %s", cases[i].name, k, err.msg);
+        break;
+      case TRUNC:
+        cr_assert_eq(rc, FERRY_EJPEGTRUNC, "%s (try %d): %s", cases[i].name,
+                     k, err.msg);
+        break;
+      default:
+        if (rc == 0) {
+          printf("fused: %s (try %d) decodes: its corruption lies outside "
+                 "the window\n",
+                 cases[i].name, k);
+          cr_assert(k != 3, "%s: the exact path must fail", cases[i].name);
+          break;
+        }
+        cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC,
+                  "%s (try %d): rc %d", cases[i].name, k, rc);
+        cr_assert(strlen(err.msg) > 6, "%s: message", cases[i].name);
+        break;
+      }
+    }
+    free(b);
+  }
+  ferry_jpeg_free(j);
+  free(dst);
 }

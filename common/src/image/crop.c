@@ -203,13 +203,14 @@ int ferry_crop_plan(const ferry_crop_op_t *op, int h, int w,
     ferry_window_of_box(&b, win);
     /* The clip is the box inside the image: the rest of a box larger
      * than the image is zero padding. */
-    if (win->clip.top < 0) {
-      win->clip.height = h;
-      win->clip.top = 0;
-    }
-    if (win->clip.left < 0) {
-      win->clip.width = w;
-      win->clip.left = 0;
+    {
+      int y0 = b.top > 0 ? b.top : 0, x0 = b.left > 0 ? b.left : 0;
+      int y1 = b.top + b.height < h ? b.top + b.height : h;
+      int x1 = b.left + b.width < w ? b.left + b.width : w;
+      win->clip.top = y0;
+      win->clip.left = x0;
+      win->clip.height = y1 - y0; /* >= 1: a centred box meets the image */
+      win->clip.width = x1 - x0;
     }
     *oh = op->out_h;
     *ow = op->out_w;
@@ -310,22 +311,27 @@ static int axis_plan(axis_t *a, double x, double len, int n, int c0,
     xmax = hi < (double)size ? (int)hi : size;
     if (xmax - xmin > stride)
       xmax = xmin + stride; /* rounding at the far edge */
-    double wd[64 * 2 + 3];
-    int cnt = xmax - xmin;
+    int cnt = xmax - xmin, k0 = 0;
+    /* The taps' sum first (in double), then the normalised weights,
+     * without the zero taps at both ends (the triangle's edges). */
     for (int k = 0; k < cnt; k++) {
-      double t = ((double)(k + xmin) - center + 0.5) * inv;
-      double v = 1.0 - fabs(t);
-      wd[k] = v > 0.0 ? v : 0.0;
-      total += wd[k];
+      double v = 1.0 - fabs(((double)(k + xmin) - center + 0.5) * inv);
+      total += v > 0.0 ? v : 0.0;
     }
-    /* Drop zero taps at both ends (the triangle's edges). */
-    int k0 = 0;
-    while (k0 < cnt && wd[k0] == 0.0)
-      k0++;
-    while (cnt > k0 && wd[cnt - 1] == 0.0)
+    for (int k = 0; k < cnt; k++) {
+      double v = 1.0 - fabs(((double)(k + xmin) - center + 0.5) * inv);
+      if (v <= 0.0 && k == k0) {
+        k0++;
+        continue;
+      }
+      w[k - k0] = (float)(v > 0.0 && total != 0.0 ? v / total : 0.0);
+    }
+    while (cnt > k0 && w[cnt - 1 - k0] == 0.0f)
       cnt--;
-    for (int k = k0; k < cnt; k++)
-      w[k - k0] = (float)(total != 0.0 ? wd[k] / total : 0.0);
+    if (cnt == k0) { /* no weight at all (cannot happen inside the clip) */
+      w[0] = 0.0f;
+      cnt = k0 + 1;
+    }
     a->start[i] = c0 + xmin + k0;
     a->count[i] = cnt - k0;
   }
@@ -359,10 +365,6 @@ static void axis_pad(axis_t *a, int n, int c0) {
   a->ntaps = m;
 }
 
-/* Largest filter the stack buffer in axis_plan holds (support < 64, i.e.
- * a downscale of under 64x; larger ones are refused). */
-#define MAX_SCALE 63.0
-
 int ferry_resample(ferry_resampler_t *r, const uint8_t *src, int sh, int sw,
                    size_t stride, int c, const ferry_window_t *win,
                    uint8_t *dst, int dh, int dw, ferry_error_t *err) {
@@ -389,12 +391,12 @@ int ferry__resample_x(ferry_resampler_t *r, const uint8_t *src, int sh,
                          "resample: clip %dx%d at (%d, %d) is not inside the "
                          "%dx%d image",
                          cl->height, cl->width, cl->top, cl->left, sh, sw);
-  if (!(win->w > 0.0 && win->h > 0.0 && win->w / dw <= MAX_SCALE &&
-        win->h / dh <= MAX_SCALE && isfinite(win->x) && isfinite(win->y)))
+  if (!(win->w > 0.0 && win->h > 0.0 && isfinite(win->w) &&
+        isfinite(win->h) && isfinite(win->x) && isfinite(win->y)))
     return ferry__seterr(err, FERRY_EINVAL,
-                         "resample: window %gx%g to %dx%d (downscale over "
-                         "%g or not finite)",
-                         win->h, win->w, dh, dw, MAX_SCALE);
+                         "resample: window %gx%g at (%g, %g) is empty or "
+                         "not finite",
+                         win->h, win->w, win->y, win->x);
   if ((rc = axis_plan(&r->ax[0], win->y, win->h, dh, cl->top,
                       cl->top + cl->height)) != 0 ||
       (rc = axis_plan(&r->ax[1], win->x, win->w, dw, cl->left,
