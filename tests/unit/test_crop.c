@@ -539,3 +539,132 @@ Test(crop, accuracy_random_resized_crop_64, .timeout = 240) {
                         .rrc = {0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0}};
   accuracy_run("random_resized_crop(64, 48)", op, 8, &gap1_bounds);
 }
+
+/* ---------------------------------------------------------------------
+ * Cross-check against the real torchvision (Debian's python3-torchvision
+ * under /usr/bin/python3), skipped with a reason when it is absent: the
+ * resampler against F.resized_crop(antialias=True) on float tensors, and
+ * Resize(S) / CenterCrop geometry against F.resize / F.center_crop.
+ */
+#define TV_PYTHON "/usr/bin/python3"
+
+static const char tv_script[] =
+    "import sys, struct, torch\n"
+    "import torchvision.transforms.functional as F\n"
+    "d = open(sys.argv[1], 'rb').read()\n"
+    "h, w, t, l, bh, bw, oh, ow = struct.unpack('8i', d[:32])\n"
+    "x = torch.frombuffer(bytearray(d[32:]), dtype=torch.uint8)\n"
+    "x = x.reshape(h, w, 3).permute(2, 0, 1).float()\n"
+    "y = F.resized_crop(x, t, l, bh, bw, [oh, ow], antialias=True)\n"
+    "y = y.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)\n"
+    "open(sys.argv[2], 'wb').write(y.contiguous().numpy().tobytes())\n"
+    "g = []\n"
+    "for (H, W, S, C) in [(375, 500, 256, 224), (500, 333, 256, 224),\n"
+    "                     (100, 100, 7, 5), (229, 231, 229, 224),\n"
+    "                     (10, 20, 10, 15), (768, 256, 113, 100)]:\n"
+    "    r = F.resize(torch.zeros(1, H, W), S, antialias=True)\n"
+    "    idx = torch.arange(1, H * W + 1, dtype=torch.float64)\n"
+    "    c = F.center_crop(idx.reshape(1, H, W), [C, C])\n"
+    "    nz = (c[0] > 0).nonzero()\n"
+    "    first = int(c[0][nz[0][0], nz[0][1]].item()) - 1\n"
+    "    top = first // W - int(nz[0][0]); left = first % W - int(nz[0][1])\n"
+    "    g.append('%d %d %d %d' % (r.shape[1], r.shape[2], top, left))\n"
+    "open(sys.argv[3], 'w').write('\\n'.join(g) + '\\n')\n";
+
+static int have_torchvision(void) {
+  return system(TV_PYTHON " -c 'import torchvision' > /dev/null 2>&1") == 0;
+}
+
+Test(crop, cross_check_with_torchvision, .timeout = 240) {
+  if (!have_torchvision()) {
+    printf("skip: " TV_PYTHON " cannot import torchvision "
+           "(apt-get install python3-torchvision)\n");
+    cr_skip_test("torchvision is absent");
+  }
+  char dir[] = "/tmp/ferry-tv-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char py[300], in[300], out[300], geo[300], cmd[1400];
+  snprintf(py, sizeof(py), "%s/check.py", dir);
+  snprintf(in, sizeof(in), "%s/in.bin", dir);
+  snprintf(out, sizeof(out), "%s/out.bin", dir);
+  snprintf(geo, sizeof(geo), "%s/geo.txt", dir);
+  FILE *f = fopen(py, "w");
+  cr_assert_not_null(f);
+  fputs(tv_script, f);
+  fclose(f);
+  ferry_resampler_t *r;
+  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  uint64_t s = 99;
+  printf("torchvision cross-check: seed 99\n");
+  /* A smooth and a noisy image; downscales, upscales, odd boxes. */
+  static const int cfg[][8] = {
+      {150, 200, 10, 20, 120, 170, 224, 224}, {150, 200, 0, 0, 150, 200, 37, 61},
+      {150, 200, 30, 40, 20, 30, 224, 200},   {150, 200, 5, 7, 143, 9, 64, 64},
+      {64, 48, 0, 0, 64, 48, 1, 1},           {64, 48, 3, 2, 59, 41, 130, 20}};
+  for (size_t t = 0; t < sizeof(cfg) / sizeof(cfg[0]); t++) {
+    int h = cfg[t][0], w = cfg[t][1], oh = cfg[t][6], ow = cfg[t][7];
+    size_t n = (size_t)h * w * 3;
+    uint8_t *img = malloc(n), *mine = malloc((size_t)oh * ow * 3),
+            *theirs = malloc((size_t)oh * ow * 3);
+    for (size_t i = 0; i < n; i++)
+      img[i] = t % 2 ? (uint8_t)lcg(&s)
+                     : (uint8_t)(128 + 100 * sin((double)i * 0.013));
+    f = fopen(in, "wb");
+    fwrite(cfg[t], sizeof(int), 8, f);
+    fwrite(img, 1, n, f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), TV_PYTHON " %s %s %s %s", py, in, out, geo);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    f = fopen(out, "rb");
+    cr_assert_eq(fread(theirs, 1, (size_t)oh * ow * 3, f),
+                 (size_t)oh * ow * 3);
+    fclose(f);
+    ferry_box_t box = {cfg[t][2], cfg[t][3], cfg[t][4], cfg[t][5]};
+    ferry_window_t win;
+    ferry_window_of_box(&box, &win);
+    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * 3, 3, &win, mine,
+                                oh, ow, NULL),
+                 0);
+    int worst = 0;
+    for (size_t i = 0; i < (size_t)oh * ow * 3; i++) {
+      int d = abs((int)mine[i] - (int)theirs[i]);
+      if (d > worst)
+        worst = d;
+    }
+    printf("torchvision cross-check: %dx%d box %d,%d %dx%d -> %dx%d: max "
+           "|ferry - torchvision| = %d\n",
+           h, w, box.top, box.left, box.height, box.width, oh, ow, worst);
+    cr_assert_leq(worst, 1);
+    free(img);
+    free(mine);
+    free(theirs);
+  }
+  /* Geometry. */
+  static const int geo_in[][4] = {{375, 500, 256, 224}, {500, 333, 256, 224},
+                                  {100, 100, 7, 5},     {229, 231, 229, 224},
+                                  {10, 20, 10, 15},     {768, 256, 113, 100}};
+  f = fopen(geo, "r");
+  cr_assert_not_null(f);
+  for (size_t t = 0; t < sizeof(geo_in) / sizeof(geo_in[0]); t++) {
+    int th, tw, ttop, tleft, mh, mw;
+    ferry_box_t b;
+    cr_assert_eq(fscanf(f, "%d %d %d %d", &th, &tw, &ttop, &tleft), 4);
+    ferry_resize_shorter_size(geo_in[t][0], geo_in[t][1], geo_in[t][2], &mh,
+                              &mw);
+    ferry_center_crop_box(geo_in[t][0], geo_in[t][1], geo_in[t][3],
+                          geo_in[t][3], &b);
+    cr_assert(mh == th && mw == tw, "resize(%d) of %dx%d: %dx%d, torchvision "
+              "%dx%d", geo_in[t][2], geo_in[t][0], geo_in[t][1], mh, mw, th,
+              tw);
+    cr_assert(b.top == ttop && b.left == tleft,
+              "center_crop(%d) of %dx%d: (%d, %d), torchvision (%d, %d)",
+              geo_in[t][3], geo_in[t][0], geo_in[t][1], b.top, b.left, ttop,
+              tleft);
+  }
+  fclose(f);
+  printf("torchvision cross-check: Resize(S) and CenterCrop geometry equal on "
+         "6 shapes\n");
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+  ferry_resampler_free(r);
+}
