@@ -1040,6 +1040,11 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
   } else if (((n + 1) & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0) {
     r->read_t0 = ferry_metrics_now_ns(); /* the next record's read */
   }
+  if (rc == 0) {
+    ferry_decode_path_t dp = ferry_pipeline_ctx_last_decode(r->ctx);
+    if (dp != FERRY_DECODE_NONE)
+      ferry_metric_add(ferry__wmetrics()->jpeg[dp], 1);
+  }
   if (rc != 0) {
     if (k->policy == FERRY_ON_ERROR_SKIP) {
       if (r->out >= k->start) {

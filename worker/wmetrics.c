@@ -50,6 +50,16 @@ static void init(void) {
       "Seconds streams had chunks ready that their client did not take "
       "(summed over streams): time blocked on slow clients.",
       NULL, 1e-3, NULL, 0));
+  ferry_metric_family_t *jd = ferry_metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_jpeg_decodes_total",
+      "JPEGs decoded, by path: full (whole, at full scale), fused (only "
+      "the crop's rows and columns, at a reduced DCT scale where it "
+      "keeps the output's resolution), progressive (fused, but a "
+      "progressive file: all its coefficients decoded).",
+      "path", 1, NULL, 0);
+  wm.jpeg[FERRY_DECODE_FULL] = ferry_metric_get1(jd, "full");
+  wm.jpeg[FERRY_DECODE_FUSED] = ferry_metric_get1(jd, "fused");
+  wm.jpeg[FERRY_DECODE_PROGRESSIVE] = ferry_metric_get1(jd, "progressive");
   f_pool_used = ferry_metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_bytes",
       "Bytes of chunk buffers handed out (queued or being sent).", NULL, 1,

@@ -756,6 +756,10 @@ Test(pipeline, random_resized_crop_fused_and_exact) {
                                           &c, &label, &err),
                    0, "%s", err.msg);
       cr_assert(h == 64 && w == 64 && c == 3 && label == 3);
+      ferry_decode_path_t dp = ferry_pipeline_ctx_last_decode(ctx[exact]);
+      cr_assert(exact ? dp == FERRY_DECODE_FULL
+                      : dp == FERRY_DECODE_FUSED || dp == FERRY_DECODE_FULL,
+                "exact %d: path %d", exact, (int)dp);
       cr_assert_eq(ferry_jpeg_decode_crop(j, jpeg, jlen, &op, want,
                                           64 * 64 * 3, &oh, &ow, NULL, &err),
                    0, "%s", err.msg);

@@ -473,3 +473,136 @@ Test(tasks, a_file_outside_the_data_roots_is_not_opened) {
   rmdir(root);
   wt_file_free(&f);
 }
+
+/* ---------------------------------------------------------------------
+ * JPEG records through the decode fused with random_resized_crop (issue
+ * 13): bad JPEGs under both error policies, and a split run again draws
+ * the same crops (the key is the job's seed, the epoch and the record).
+ */
+#include <turbojpeg.h>
+
+#define JT_N 12
+#define JT_TRUNC 4   /* a JPEG cut at 60% */
+#define JT_CORRUPT 9 /* no JPEG at all */
+#define JT_OUT 16
+
+static void jt_file_make(wt_file_t *f) {
+  ferry_error_t err;
+  tjhandle tj = tjInitCompress();
+  cr_assert_not_null(tj);
+  memset(f, 0, sizeof(*f));
+  snprintf(f->dir, sizeof(f->dir), "/tmp/ferry-wtest-XXXXXX");
+  cr_assert_not_null(mkdtemp(f->dir));
+  snprintf(f->path, sizeof(f->path), "%s/jpeg.tfrecord", f->dir);
+  ferry_tfr_writer_t *w;
+  cr_assert_eq(ferry_tfr_writer_open(f->path, FERRY_COMPRESSION_NONE, &w,
+                                     &err),
+               0, "%s", err.msg);
+  f->n = JT_N;
+  f->offsets = calloc(JT_N + 1, sizeof(uint64_t));
+  uint64_t off = 0;
+  wbuf_t ex = {0};
+  int ih = 96, iw = 128;
+  uint8_t *rgb = malloc((size_t)ih * iw * 3);
+  for (size_t i = 0; i < JT_N; i++) {
+    unsigned char *jpeg = NULL;
+    unsigned long jlen = 0;
+    wt_image(rgb, (size_t)ih * iw * 3, i);
+    for (int y = 0; y < ih; y++) /* smooth it: a photo-like gradient */
+      for (int x = 0; x < iw * 3; x++)
+        rgb[(size_t)y * iw * 3 + x] = (uint8_t)(rgb[x] / 2 + y + x / 6);
+    cr_assert_eq(tjCompress2(tj, rgb, iw, 0, ih, TJPF_RGB, &jpeg, &jlen,
+                             TJSAMP_420, 90, 0),
+                 0);
+    size_t len = i == JT_TRUNC ? jlen * 6 / 10 : i == JT_CORRUPT ? 50 : jlen;
+    if (i == JT_CORRUPT)
+      memset(jpeg, 0x42, 50);
+    wbuf_t features = {0};
+    wb_feature(&features, "image", jpeg, len, 0, true);
+    wb_feature(&features, "label", NULL, 0, (int64_t)i, false);
+    ex.n = 0;
+    wb_ld(&ex, 1, features.p, features.n);
+    free(features.p);
+    tjFree(jpeg);
+    f->offsets[i] = off;
+    off += ex.n + 16;
+    cr_assert_eq(ferry_tfr_writer_write(w, ex.p, ex.n, &err), 0);
+  }
+  f->offsets[JT_N] = off;
+  free(ex.p);
+  free(rgb);
+  tjDestroy(tj);
+  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0);
+  char text[256];
+  snprintf(text, sizeof(text),
+           "tfrecord(\"%s\") | decode(jpeg) | random_resized_crop(%d)",
+           f->path, JT_OUT);
+  cr_assert_eq(ferry_spec_parse(text, &f->spec, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry_spec_pack(&f->spec, &f->spec_bytes, &f->spec_len), 0);
+}
+
+/* The payload bytes of every chunk, in order, and their record count. */
+static size_t jt_payload(rig_t *r, uint8_t *out, size_t cap) {
+  size_t n = 0, recs = 0;
+  for (size_t ci = 0; ci < r->sink.n; ci++) {
+    Ferry__V1__Chunk *m = r->sink.chunks[ci];
+    if (m->count == 0)
+      continue;
+    cr_assert(m->height == JT_OUT && m->width == JT_OUT && m->channels == 3);
+    cr_assert_leq(n + m->payload.len, cap);
+    memcpy(out + n, m->payload.data, m->payload.len);
+    n += m->payload.len;
+    recs += m->count;
+  }
+  cr_assert_eq(n, recs * JT_OUT * JT_OUT * 3);
+  return recs;
+}
+
+Test(tasks, fused_jpeg_bad_records_under_both_policies) {
+  wt_file_t f;
+  jt_file_make(&f);
+  rig_t r;
+  wt_task_t t;
+  size_t cap = JT_N * JT_OUT * JT_OUT * 3;
+  uint8_t *a = malloc(cap), *b = malloc(cap);
+
+  /* fail: the truncated JPEG stops the split, naming file and offset. */
+  rig_init(&r, 64 << 20, 1 << 20);
+  wt_task(&t, &f, 0, JT_N, false);
+  t.task.shuffle_seed = 7;
+  run_here(&r, &t.task);
+  check_error(&r, &t, &f, FERRY_EJPEGTRUNC, f.offsets[JT_TRUNC]);
+  cr_assert_eq(jt_payload(&r, a, cap), JT_TRUNC, "the records before it");
+  rig_close(&r);
+
+  /* skip: both bad records are counted, the rest delivered. */
+  rig_init(&r, 64 << 20, 1 << 20);
+  t.task.error_policy = FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP;
+  run_here(&r, &t.task);
+  ferry__wprogress_t p = progress(&r, &t.task);
+  cr_assert(p.finished);
+  cr_assert_eq(p.produced, JT_N - 2);
+  cr_assert_eq(p.skipped, 2, "one truncated, one corrupt JPEG");
+  cr_assert_eq(jt_payload(&r, a, cap), JT_N - 2);
+  rig_close(&r);
+
+  /* The same split run again (a re-lease) draws the same crops. */
+  rig_init(&r, 64 << 20, 1 << 20);
+  run_here(&r, &t.task);
+  cr_assert_eq(jt_payload(&r, b, cap), JT_N - 2);
+  cr_assert(memcmp(a, b, (JT_N - 2) * JT_OUT * JT_OUT * 3) == 0,
+            "a re-run of the split drew other crops");
+  rig_close(&r);
+
+  /* Another epoch draws others. */
+  rig_init(&r, 64 << 20, 1 << 20);
+  t.task.epoch = 2;
+  run_here(&r, &t.task);
+  cr_assert_eq(jt_payload(&r, b, cap), JT_N - 2);
+  cr_assert(memcmp(a, b, (JT_N - 2) * JT_OUT * JT_OUT * 3) != 0,
+            "epoch 2 drew epoch 1's crops");
+  rig_close(&r);
+  free(a);
+  free(b);
+  wt_file_free(&f);
+}

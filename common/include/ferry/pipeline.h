@@ -46,6 +46,17 @@ void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on);
 void ferry_pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
                                 uint64_t epoch, uint64_t record);
 
+/* How the last record's JPEG was decoded (ferry_pipeline_process). */
+typedef enum {
+  FERRY_DECODE_NONE = 0,        /* no JPEG (raw), or the record failed */
+  FERRY_DECODE_FULL = 1,        /* whole, at full scale */
+  FERRY_DECODE_FUSED = 2,       /* fused: partial and/or DCT-scaled */
+  FERRY_DECODE_PROGRESSIVE = 3  /* fused, but a progressive file: all its
+                                   coefficients were decoded */
+} ferry_decode_path_t;
+ferry_decode_path_t ferry_pipeline_ctx_last_decode(
+    const ferry_pipeline_ctx_t *ctx);
+
 /* The ctx's fused-decode counters (ferry/crop.h): how many JPEGs were
  * decoded partially or scaled, progressive ones, full decodes. */
 void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,

@@ -51,6 +51,7 @@ struct ferry_pipeline_ctx_s {
   ferry_blur_t *blur[FERRY_SPEC_MAX_OPS]; /* indexed like p->ops */
   ferry_resampler_t *rs; /* the crop and resize(S) ops not fused */
   uint64_t seed, epoch, record; /* the random ops' key (set_key) */
+  ferry_decode_path_t last;     /* the last record's decode */
   uint8_t *buf[2];
   size_t cap[2];
   int timing;
@@ -351,6 +352,11 @@ void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
     memset(out, 0, sizeof(*out));
 }
 
+ferry_decode_path_t ferry_pipeline_ctx_last_decode(
+    const ferry_pipeline_ctx_t *ctx) {
+  return ctx->last;
+}
+
 /* The key of op i's draws for the current record: ops differ by index so
  * two random ops of one spec do not draw alike. */
 static uint64_t op_key(const ferry_pipeline_ctx_t *ctx, size_t i) {
@@ -414,14 +420,15 @@ static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
   const ferry_pipeline_t *p = ctx->p;
   ferry_crop_op_t op = p->fop;
   ferry_window_t win;
+  ferry_jpeg_crop_info_t info;
   int rc, sh, sw;
 
   op.key = op_key(ctx, 0);
   if (ctx->cap[0] > 0) {
     rc = ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
-                                ctx->cap[0], h, w, NULL, err);
+                                ctx->cap[0], h, w, &info, err);
     if (rc != FERRY_ERANGE)
-      return rc;
+      goto done;
   }
   /* The output's size: from the header and the plan. */
   if ((rc = ferry_jpeg_header(ctx->jpeg, src, len, &sh, &sw, err)) < 0)
@@ -434,8 +441,16 @@ static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
                          op.shorter, sw, sh, *w, *h, MAX_SIDE);
   if ((rc = grow(ctx, 0, (size_t)*h * (size_t)*w * 3, err)) < 0)
     return rc;
-  return ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
-                                ctx->cap[0], h, w, NULL, err);
+  rc = ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
+                              ctx->cap[0], h, w, &info, err);
+done:
+  if (rc == 0)
+    ctx->last = info.progressive ? FERRY_DECODE_PROGRESSIVE
+                : info.scale < 8 || info.decoded.height < info.src_h ||
+                        info.decoded.width < info.src_w
+                    ? FERRY_DECODE_FUSED
+                    : FERRY_DECODE_FULL;
+  return rc;
 }
 
 /* The crop and resize(S) ops outside a fusion: plan on the current
@@ -498,6 +513,7 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
 
   if (ctx->timing)
     t0 = now();
+  ctx->last = FERRY_DECODE_NONE;
 
   rc = ferry_example_parse(&ctx->ex, record, len, err);
   if (rc < 0)
@@ -559,8 +575,13 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       which = 0;
     }
   } else {
-    rc = p->fused > 0 ? decode_jpeg_fused(ctx, data, data_len, &ih, &iw, err)
-                      : decode_jpeg(ctx, data, data_len, &ih, &iw, err);
+    if (p->fused > 0) {
+      rc = decode_jpeg_fused(ctx, data, data_len, &ih, &iw, err);
+    } else {
+      rc = decode_jpeg(ctx, data, data_len, &ih, &iw, err);
+      if (rc == 0)
+        ctx->last = FERRY_DECODE_FULL;
+    }
     if (rc < 0) {
       ferry__prefixerr(err, "feature '%s': decode(jpeg)", p->image_key);
       return rc;
