@@ -512,15 +512,24 @@ Test(crop, accuracy_random_resized_crop_224, .timeout = 240) {
   accuracy_run("random_resized_crop(224)", op, 8, &gap1_bounds);
 }
 
-Test(crop, accuracy_random_resized_crop_96_gap2, .timeout = 240) {
-  /* 96, not 224: these photos are small enough that gap 2 at 224 is
+Test(crop, accuracy_random_resized_crop_112, .timeout = 240) {
+  /* Half of 224: the 500x375 photos reach the scales 4/8 and 2/8 here. */
+  ferry_crop_op_t op = {.kind = FERRY_CROP_RANDOM_RESIZED,
+                        .out_h = 112,
+                        .out_w = 112,
+                        .rrc = {0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0}};
+  accuracy_run("random_resized_crop(112)", op, 8, &gap1_bounds);
+}
+
+Test(crop, accuracy_random_resized_crop_40_gap2, .timeout = 240) {
+  /* 40, not 224: these photos are small enough that gap 2 at 224 is
    * always scale 8/8, bitwise the exact path. */
   ferry_crop_op_t op = {.kind = FERRY_CROP_RANDOM_RESIZED,
-                        .out_h = 96,
-                        .out_w = 96,
+                        .out_h = 40,
+                        .out_w = 40,
                         .rrc = {0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0},
                         .gap = 2.0};
-  accuracy_run("random_resized_crop(96), gap 2", op, 8, &gap2_bounds);
+  accuracy_run("random_resized_crop(40), gap 2", op, 8, &gap2_bounds);
 }
 
 Test(crop, accuracy_resize_256_center_crop_224, .timeout = 240) {

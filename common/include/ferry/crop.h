@@ -82,10 +82,12 @@ void ferry_center_crop_box(int h, int w, int ch, int cw, ferry_box_t *out);
 void ferry_window_of_box(const ferry_box_t *b, ferry_window_t *win);
 
 /* The window of Resize(shorter) then CenterCrop(ch, cw) on an h x w image,
- * in source pixels, with the whole image as its clip (torchvision resizes
- * the whole image first). ch = cw = 0: Resize alone (output = the resized
- * size). Sets the output size in *oh, *ow. Output pixels outside the
- * resized image (crop larger than it) are zeros. */
+ * in source pixels. torchvision resizes the whole image first, so its
+ * filter reads past the crop: the clip is the window grown by the
+ * filter's support, inside the image (the same taps as the whole image's
+ * resize). ch = cw = 0: Resize alone (output = the resized size). Sets
+ * the output size in *oh, *ow. Output pixels outside the resized image
+ * (crop larger than it) are zeros. */
 void ferry_window_resize_center(int h, int w, int shorter, int ch, int cw,
                                 ferry_window_t *win, int *oh, int *ow);
 

@@ -160,10 +160,24 @@ void ferry_window_resize_center(int h, int w, int shorter, int ch, int cw,
   win->y = (double)b.top * sy;
   win->w = (double)cw * sx;
   win->h = (double)ch * sy;
-  win->clip.top = 0;
-  win->clip.left = 0;
-  win->clip.height = h;
-  win->clip.width = w;
+  /* torchvision resizes the whole image, so its filter may read outside
+   * the crop: the clip is the window grown by the filter's support (and a
+   * pixel for rounding), inside the image. The taps then are those of the
+   * whole image's resize, and the decoder need not decode the rest. */
+  {
+    double spy = sy > 1.0 ? sy : 1.0, spx = sx > 1.0 ? sx : 1.0;
+    int y0 = (int)floor(win->y - spy - 1.0), x0 = (int)floor(win->x - spx - 1.0);
+    int y1 = (int)ceil(win->y + win->h + spy + 1.0);
+    int x1 = (int)ceil(win->x + win->w + spx + 1.0);
+    y0 = y0 > 0 ? y0 : 0;
+    x0 = x0 > 0 ? x0 : 0;
+    y1 = y1 < h ? y1 : h;
+    x1 = x1 < w ? x1 : w;
+    win->clip.top = y0;
+    win->clip.left = x0;
+    win->clip.height = y1 - y0;
+    win->clip.width = x1 - x0;
+  }
   *oh = ch;
   *ow = cw;
 }
