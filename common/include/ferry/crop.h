@@ -10,8 +10,9 @@
  *     plain bilinear when upscaling) of a fractional source window;
  *   - ferry_jpeg_decode_crop: the decoder is told the window and the
  *     output size before it runs, decodes only the iMCU rows and columns
- *     the window touches, at the smallest DCT scale (s/8) that leaves at
- *     least the output resolution, then resamples the rest.
+ *     the window touches, at the smallest DCT scale s/8 (s = 1, 2, 4 or
+ *     8, the ones libjpeg-turbo has SIMD for) that leaves at least the
+ *     output resolution, then resamples the rest.
  *
  * Everything here is deterministic: the same (op, image, key) gives the
  * same pixels on every machine.
@@ -170,9 +171,9 @@ typedef struct ferry_jpeg_crop_info_s {
  * upsampling, RGB; grayscale replicated, CMYK/YCCK converted with TF's
  * formula) fused with `op`: the decoder is given the window before it
  * runs, decodes only the iMCU rows and columns the window's clip touches
- * (plus one row/column of context for the upsampler), at the smallest DCT
- * scale s/8 with clip * s/8 >= the output size on both axes, and
- * resamples that to the output. dst holds *oh x *ow x 3 bytes (cap bytes
+ * (plus two rows/columns of context for the upsampler), at the smallest
+ * DCT scale s/8 of s = 1, 2, 4, 8 with window * s/8 >= gap x the output
+ * on both axes, and resamples that to the output. dst holds *oh x *ow x 3 bytes (cap bytes
  * at least). Errors as ferry_jpeg_decode (FERRY_EJPEG, FERRY_EJPEGTRUNC:
  * the data must still reach its end-of-image marker, checked by a walk of
  * the marker structure even when decoding stops early), FERRY_ERANGE when
