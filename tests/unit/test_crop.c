@@ -14,6 +14,7 @@
 #include <turbojpeg.h>
 
 #include "ferry/crop.h"
+#include "unit_files.h"
 #include "ferry/example.h"
 #include "ferry/imgops.h"
 #include "ferry/tfrecord.h"
@@ -280,25 +281,6 @@ typedef struct {
   size_t len;
 } photo_t;
 
-static uint8_t *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  uint8_t *b;
-  long n;
-  if (f == NULL)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  b = malloc((size_t)n + 1);
-  if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-    fclose(f);
-    free(b);
-    return NULL;
-  }
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
 
 /* Photographs of ../shared/testdata (MANIFEST.md): the ImageNet-like
  * JPEGs inside two TFRecord files, and the files of jpeg/ that decode
@@ -320,7 +302,7 @@ static size_t load_photos(photo_t *out, size_t cap, char *why,
   for (size_t i = 0; i < sizeof(photo_files) / sizeof(photo_files[0]); i++) {
     snprintf(path, sizeof(path), "%s/jpeg/%s", FERRY_TESTDATA_DIR,
              photo_files[i]);
-    uint8_t *b = slurp(path, &out[n].len);
+    uint8_t *b = tu_slurp(path, &out[n].len);
     if (b == NULL) {
       snprintf(why, whycap, "%s is absent", path);
       return 0;

@@ -10,6 +10,7 @@
 #include <turbojpeg.h>
 
 #include "ferry/crop.h"
+#include "unit_files.h"
 #include "ferry/imgops.h"
 #include "../../common/src/image/imgops_internal.h"
 
@@ -74,25 +75,6 @@ static const jcase_t cases[] = {
     {"jd_invalid-prediction-shift.jpg", FAIL, 0, 0},
 };
 
-static uint8_t *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  uint8_t *b;
-  long n;
-  if (f == NULL)
-    return NULL;
-  fseek(f, 0, SEEK_END);
-  n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  b = malloc((size_t)n + 1);
-  if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-    fclose(f);
-    free(b);
-    return NULL;
-  }
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
 
 static int have_testdata(char *dir, size_t cap) {
   snprintf(dir, cap, "%s/jpeg", FERRY_TESTDATA_DIR);
@@ -121,7 +103,7 @@ Test(jpeg, conformance_testdata) {
     int h = -1, w = -1, rc;
     ferry_error_t err = {0};
     snprintf(path, sizeof(path), "%s/%s", dir, cases[i].name);
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = tu_slurp(path, &len);
     cr_assert_not_null(b, "cannot read %s", path);
     rc = ferry_jpeg_decode(j, b, len, dst, cap, &h, &w, &err);
     switch (cases[i].want) {
@@ -153,7 +135,7 @@ static uint8_t *decode_file(ferry_jpeg_t *j, const char *dir,
   size_t len, cap = 4u << 20;
   uint8_t *dst = malloc(cap);
   snprintf(path, sizeof(path), "%s/%s", dir, name);
-  uint8_t *b = slurp(path, &len);
+  uint8_t *b = tu_slurp(path, &len);
   cr_assert_not_null(b);
   cr_assert_eq(
       ferry__jpeg_decode_dct(j, b, len, dst, cap, h, w, accurate, NULL), 0);
@@ -390,7 +372,7 @@ Test(jpeg, conformance_testdata_fused) {
     char path[700];
     size_t len;
     snprintf(path, sizeof(path), "%s/%s", dir, cases[i].name);
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = tu_slurp(path, &len);
     cr_assert_not_null(b, "cannot read %s", path);
     for (int k = 0; k < 6; k++) {
       ferry_crop_op_t op = {.kind = k < 4 ? FERRY_CROP_RANDOM_RESIZED

@@ -209,40 +209,33 @@ int ferry_jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return read_header(j, src, len, h, w, &cs, err);
 }
 
-/* TensorFlow's CMYK to RGB (jpeg_mem.cc): Adobe files store inverted
- * CMYK. In place is safe: pixel i is read before its 3 bytes are written
- * and writes never reach a later pixel's 4 bytes. */
-static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, size_t npix,
-                        int adobe) {
-  for (size_t i = 0; i < npix; i++) {
-    int c = in[4 * i], m = in[4 * i + 1], y = in[4 * i + 2];
-    int k = in[4 * i + 3];
-    if (adobe) {
-      out[3 * i] = (uint8_t)(k * c / 255);
-      out[3 * i + 1] = (uint8_t)(k * m / 255);
-      out[3 * i + 2] = (uint8_t)(k * y / 255);
-    } else {
-      out[3 * i] = (uint8_t)((255 - k) * (255 - c) / 255);
-      out[3 * i + 1] = (uint8_t)((255 - k) * (255 - m) / 255);
-      out[3 * i + 2] = (uint8_t)((255 - k) * (255 - y) / 255);
-    }
+/* TensorFlow's CMYK to RGB (jpeg_mem.cc) of one pixel: Adobe files store
+ * inverted CMYK. Reads all 4 bytes before writing, so out may be in. */
+static inline void cmyk_pixel(const uint8_t *in, uint8_t *out, int adobe) {
+  int c = in[0], m = in[1], y = in[2], k = in[3];
+  if (adobe) {
+    out[0] = (uint8_t)(k * c / 255);
+    out[1] = (uint8_t)(k * m / 255);
+    out[2] = (uint8_t)(k * y / 255);
+  } else {
+    out[0] = (uint8_t)((255 - k) * (255 - c) / 255);
+    out[1] = (uint8_t)((255 - k) * (255 - m) / 255);
+    out[2] = (uint8_t)((255 - k) * (255 - y) / 255);
   }
 }
 
-/* cmyk_to_rgb in place, 4 bytes a pixel (the 4th left as it is). */
+/* In place is safe: pixel i is read before its 3 bytes are written and
+ * writes never reach a later pixel's 4 bytes. */
+static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, size_t npix,
+                        int adobe) {
+  for (size_t i = 0; i < npix; i++)
+    cmyk_pixel(in + 4 * i, out + 3 * i, adobe);
+}
+
+/* In place, 4 bytes a pixel (the 4th left as it is: RGBX). */
 static void cmyk_to_rgbx(uint8_t *p, size_t npix, int adobe) {
-  for (size_t i = 0; i < npix; i++, p += 4) {
-    int c = p[0], m = p[1], y = p[2], k = p[3];
-    if (adobe) {
-      p[0] = (uint8_t)(k * c / 255);
-      p[1] = (uint8_t)(k * m / 255);
-      p[2] = (uint8_t)(k * y / 255);
-    } else {
-      p[0] = (uint8_t)((255 - k) * (255 - c) / 255);
-      p[1] = (uint8_t)((255 - k) * (255 - m) / 255);
-      p[2] = (uint8_t)((255 - k) * (255 - y) / 255);
-    }
-  }
+  for (size_t i = 0; i < npix; i++)
+    cmyk_pixel(p + 4 * i, p + 4 * i, adobe);
 }
 
 /* Handles a first pass that failed (see the top of the file). Returns 0
