@@ -659,3 +659,42 @@ Test(crop, cross_check_with_torchvision, .timeout = 240) {
   cr_assert_eq(system(cmd), 0);
   ferry_resampler_free(r);
 }
+
+/* The baseline and AVX2 paths of the resampler give the same bits (the
+ * same float operations in the same order, no contraction). */
+Test(crop, resampler_paths_are_bitwise_equal) {
+  if (ferry_imgops_set_isa("avx2") != 0) {
+    printf("skip: the CPU has no AVX2\n");
+    cr_skip_test("no AVX2");
+  }
+  uint64_t s = 4242;
+  ferry_resampler_t *r;
+  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  for (int it = 0; it < 60; it++) {
+    int h = 1 + (int)(lcg(&s) % 200), w = 1 + (int)(lcg(&s) % 200);
+    int oh = 1 + (int)(lcg(&s) % 150), ow = 1 + (int)(lcg(&s) % 150);
+    int c = 1 + it % 4;
+    uint8_t *img = malloc((size_t)h * w * c), *a = malloc((size_t)oh * ow * c),
+            *b = malloc((size_t)oh * ow * c);
+    for (size_t i = 0; i < (size_t)h * w * c; i++)
+      img[i] = (uint8_t)lcg(&s);
+    ferry_box_t box = {0, 0, h, w};
+    ferry_window_t win;
+    ferry_window_of_box(&box, &win);
+    cr_assert_eq(ferry_imgops_set_isa("avx2"), 0);
+    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * c, c, &win, a, oh,
+                                ow, NULL),
+                 0);
+    cr_assert_eq(ferry_imgops_set_isa("scalar"), 0);
+    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * c, c, &win, b, oh,
+                                ow, NULL),
+                 0);
+    cr_assert(memcmp(a, b, (size_t)oh * ow * c) == 0,
+              "seed 4242 iteration %d: %dx%dx%d to %dx%d differs", it, h, w,
+              c, oh, ow);
+    free(img);
+    free(a);
+    free(b);
+  }
+  ferry_resampler_free(r);
+}
