@@ -407,8 +407,15 @@ static const bad_case crop_bad_cases[] = {
      "resize height must be in 1..16384, found 0", NULL},
     {"tfrecord(\"a\") | decode(jpeg) | center_crop(16385)",
      "center_crop height must be in 1..16384, found 16385", NULL},
-    {"tfrecord(\"a\") | decode(raw, 64, 64, 16) | resize(16000)",
-     "resize: a 16000x16000x16 image is over the 268435456-byte limit",
+    {"tfrecord(\"a\") | decode(raw, 64, 64, 4) | resize(16000)",
+     "resize: a 16000x16000x4 image is over the 268435456-byte limit",
+     NULL},
+    {"tfrecord(\"a\") | decode(raw, 64, 64, 5) | random_resized_crop(8)",
+     "random_resized_crop (op 1): images of 1 to 4 channels, this one has 5",
+     NULL},
+    {"tfrecord(\"a\") | decode(raw, 64, 64, 6) | resize(8)",
+     "resize (op 1): resize(S) takes images of 1 to 4 channels, this one "
+     "has 6",
      NULL},
 };
 

@@ -438,6 +438,11 @@ static int validate_impl(const ferry_spec_t *s, const parser *p,
       const char *name = op->kind == FERRY_OP_CENTER_CROP
                              ? "center_crop"
                              : "random_resized_crop";
+      if (c > 4)
+        return spec_err(err,
+                        "%s%s (op %zu): images of 1 to 4 channels, this "
+                        "one has %d",
+                        at, name, i + 1, c);
       if (op->a < 1 || op->a > MAX_RESIZE_DIM || op->b < 1 ||
           op->b > MAX_RESIZE_DIM)
         return spec_err(err,
@@ -472,6 +477,11 @@ static int validate_impl(const ferry_spec_t *s, const parser *p,
       break;
     }
     case FERRY_OP_RESIZE_SHORTER:
+      if (c > 4)
+        return spec_err(err,
+                        "%sresize (op %zu): resize(S) takes images of 1 to "
+                        "4 channels, this one has %d",
+                        at, i + 1, c);
       if (op->a < 1 || op->a > MAX_RESIZE_DIM)
         return spec_err(err,
                         "%sresize (op %zu): the shorter side must be in "
