@@ -37,6 +37,7 @@ typedef struct gen_opts_s {
   int compression; /* "none|gzip|zlib" */
   int64_t classes;
   int64_t quality;
+  int content; /* "shapes|photo" */
   char *prefix;
   bool help;
 } gen_opts_t;
@@ -51,7 +52,8 @@ static const ferry_option_t gen_table[] = {
     {"format", FERRY_OPT_ENUM, offsetof(gen_opts_t, format), "raw", 0, 0,
      "raw|jpeg", "image encoding: raw HxWxC uint8 bytes, or a JPEG"},
     {"size", FERRY_OPT_STRING, offsetof(gen_opts_t, size), "32x32", 0, 0,
-     NULL, "image height x width, e.g. 224x224"},
+     NULL, "image height x width, e.g. 224x224, or imagenet: ImageNet's "
+     "spread of sizes (mostly 375x500; JPEG only)"},
     {"channels", FERRY_OPT_INT, offsetof(gen_opts_t, channels), "3", 1,
      MAX_CHANNELS, NULL, "channels per pixel (jpeg: 1 or 3)"},
     {"seed", FERRY_OPT_INT, offsetof(gen_opts_t, seed), "0", 0, 0, NULL,
@@ -62,6 +64,10 @@ static const ferry_option_t gen_table[] = {
      2147483647.0, NULL, "labels are drawn from [0, classes)"},
     {"quality", FERRY_OPT_INT, offsetof(gen_opts_t, quality), "90", 1, 100,
      NULL, "JPEG quality (4:2:0 chroma subsampling)"},
+    {"content", FERRY_OPT_ENUM, offsetof(gen_opts_t, content), "shapes", 0,
+     0, "shapes|photo",
+     "shapes: a gradient, flat shapes, noise; photo: a natural-looking "
+     "scene (3 channels; about 0.5 bytes per pixel as a quality-90 JPEG)"},
     {"prefix", FERRY_OPT_STRING, offsetof(gen_opts_t, prefix), "train", 0, 0,
      NULL, "file name prefix"},
     {"help", FERRY_OPT_BOOL, offsetof(gen_opts_t, help), "false", 0, 0, NULL,
@@ -258,6 +264,309 @@ static uint64_t render(const image_spec_t *sp, uint64_t id, uint8_t *px) {
   return label;
 }
 
+/* ---- photo-like content (--content photo) ------------------------------ */
+
+/* ImageNet's geometry, as (height, width, share in percent): most images
+ * are 500x375 landscape, then 500x333, portraits, squares, and a tail of
+ * smaller and larger ones (mean about 400x350, like ImageNet's). */
+static const struct {
+  int h, w, percent;
+} imagenet_sizes[] = {
+    {375, 500, 40}, {333, 500, 14}, {500, 375, 12}, {500, 333, 6},
+    {500, 500, 6},  {400, 500, 6},  {480, 640, 6},  {225, 300, 4},
+    {300, 400, 3},  {600, 800, 2},  {768, 1024, 1},
+};
+#define N_IMAGENET_SIZES (sizeof(imagenet_sizes) / sizeof(imagenet_sizes[0]))
+#define IMAGENET_MAX_H 768
+#define IMAGENET_MAX_W 1024
+
+/* The geometry of record `id` under --size imagenet. */
+static void imagenet_size(uint64_t seed, uint64_t id, int *h, int *w) {
+  uint64_t s = rng_key(seed, id, 3);
+  int pick = (int)(next64(&s) % 100), acc = 0;
+  for (size_t i = 0; i < N_IMAGENET_SIZES; i++) {
+    acc += imagenet_sizes[i].percent;
+    if (pick < acc) {
+      *h = imagenet_sizes[i].h;
+      *w = imagenet_sizes[i].w;
+      return;
+    }
+  }
+  *h = imagenet_sizes[0].h;
+  *w = imagenet_sizes[0].w;
+}
+
+/* Octaves of value noise: cell sizes 2, 4, ..., 128 pixels. */
+#define PHOTO_OCTAVES 7
+/* The knobs that set the bytes per pixel at quality 90 (0.53 with these,
+ * about 105 KB per image at ImageNet's sizes, as its photographs): leaves
+ * per image, the largest texture and grain amplitudes (out of 256) and
+ * the sensor noise. */
+#define PHOTO_LEAVES_MIN 100
+#define PHOTO_LEAVES_SPAN 100
+#define PHOTO_TEXTURE 128
+#define PHOTO_GRAIN 256
+#define PHOTO_NOISE 5
+
+/* One leaf of the scene: an ellipse or a box, its colour, shading ramp
+ * (1/256ths per pixel) and texture amplitudes (out of 256). */
+typedef struct leaf_s {
+  int cy, cx, ry, rx, box;
+  int col[3];
+  int sx, sy;
+  int oct, amp, grain;
+} leaf_t;
+
+/* Scratch of the photo renderer, sized for the largest image. */
+typedef struct photo_scratch_s {
+  leaf_t leaves[PHOTO_LEAVES_MIN + PHOTO_LEAVES_SPAN + 1];
+  uint8_t *mask;                  /* h*w: covered by a leaf already */
+  int16_t *acc;                   /* h*w*3 working pixels */
+  int16_t *field[PHOTO_OCTAVES];  /* h*w value noise per octave, +-256 */
+  int32_t *top, *bot;             /* a lattice row interpolated along x */
+} photo_scratch_t;
+
+static void photo_scratch_free(photo_scratch_t *ps) {
+  ferry__free(ps->mask);
+  ferry__free(ps->acc);
+  for (int k = 0; k < PHOTO_OCTAVES; k++)
+    ferry__free(ps->field[k]);
+  ferry__free(ps->top);
+  ferry__free(ps->bot);
+  memset(ps, 0, sizeof(*ps));
+}
+
+static int photo_scratch_init(photo_scratch_t *ps, int max_h, int max_w) {
+  size_t px = (size_t)max_h * (size_t)max_w;
+  memset(ps, 0, sizeof(*ps));
+  ps->mask = ferry__malloc(px);
+  ps->acc = ferry__malloc(px * 3 * sizeof(int16_t));
+  for (int k = 0; k < PHOTO_OCTAVES; k++)
+    ps->field[k] = ferry__malloc(px * sizeof(int16_t));
+  ps->top = ferry__malloc(((size_t)max_w + 1) * sizeof(int32_t));
+  ps->bot = ferry__malloc(((size_t)max_w + 1) * sizeof(int32_t));
+  bool ok = ps->mask && ps->acc && ps->top && ps->bot;
+  for (int k = 0; k < PHOTO_OCTAVES; k++)
+    ok = ok && ps->field[k] != NULL;
+  if (!ok) {
+    photo_scratch_free(ps);
+    return FERRY_ENOMEM;
+  }
+  return 0;
+}
+
+/* The lattice value at (ix, iy) of a noise keyed by `key`: in [-256, 256). */
+static inline int32_t lattice(uint64_t key, int ix, int iy) {
+  return (int32_t)(mix64(key ^ ((uint64_t)(uint32_t)iy << 32 |
+                                (uint32_t)ix)) & 511) - 256;
+}
+
+/* One lattice row `iy` interpolated along x into row[0..w). */
+static void lattice_row(uint64_t key, int iy, int shift, int w,
+                        int32_t *row) {
+  const int cell = 1 << shift;
+  for (int x0 = 0, ix = 0; x0 < w; x0 += cell, ix++) {
+    int32_t a = lattice(key, ix, iy), b = lattice(key, ix + 1, iy);
+    int n = w - x0 < cell ? w - x0 : cell;
+    for (int f = 0; f < n; f++)
+      row[x0 + f] = a * (cell - f) + b * f; /* scaled by cell */
+  }
+}
+
+/* Value noise of cell 2^shift over an h x w image into out (h*w values
+ * in [-256, 256)): the lattice bilinearly interpolated. */
+static void value_noise(photo_scratch_t *ps, uint64_t key, int shift, int h,
+                        int w, int16_t *out) {
+  const int cell = 1 << shift;
+  for (int y0 = 0, iy = 0; y0 < h; y0 += cell, iy++) {
+    lattice_row(key, iy, shift, w, ps->top);
+    lattice_row(key, iy + 1, shift, w, ps->bot);
+    int n = h - y0 < cell ? h - y0 : cell;
+    for (int f = 0; f < n; f++) {
+      int16_t *o = out + (size_t)(y0 + f) * (size_t)w;
+      for (int x = 0; x < w; x++)
+        o[x] = (int16_t)((ps->top[x] * (cell - f) + ps->bot[x] * f) >>
+                         (2 * shift));
+    }
+  }
+}
+
+/* A [1 2 1] / 4 blur along both axes of one channel plane of acc (the
+ * softness of a lens: edges spread over two or three pixels). */
+static void soften(int16_t *acc, int h, int w) {
+  for (int y = 0; y < h; y++) {
+    int16_t *r = acc + (size_t)y * (size_t)w * 3;
+    for (int c = 0; c < 3; c++) {
+      int prev = r[c];
+      for (int x = 0; x < w; x++) {
+        int cur = r[x * 3 + c];
+        int next = x + 1 < w ? r[(x + 1) * 3 + c] : cur;
+        r[x * 3 + c] = (int16_t)((prev + 2 * cur + next + 2) >> 2);
+        prev = cur;
+      }
+    }
+  }
+  const size_t row = (size_t)w * 3;
+  for (size_t i = 0; i < row; i++) {
+    int prev = acc[i];
+    for (int y = 0; y < h; y++) {
+      int cur = acc[(size_t)y * row + i];
+      int next = y + 1 < h ? acc[(size_t)(y + 1) * row + i] : cur;
+      acc[(size_t)y * row + i] = (int16_t)((prev + 2 * cur + next + 2) >> 2);
+      prev = cur;
+    }
+  }
+}
+
+/* Draws a photo-like image of record `id` (h x w x 3) into px and returns
+ * its label. A "dead leaves" scene, whose statistics are close to natural
+ * images' (scale invariance, an amplitude spectrum near 1/f): a sky-like
+ * gradient behind overlapping ellipses and boxes whose sizes follow
+ * a power law, each with its colour, a shading ramp and a texture from
+ * one octave of value noise; the object of the record's class comes last,
+ * near the middle. Then illumination at every octave (amplitude
+ * proportional to the cell size), a lens-like softening and mild sensor
+ * noise. Integer arithmetic only: the same bytes on every machine. */
+static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
+                             uint64_t id, uint8_t *px) {
+  const int h = sp->h, w = sp->w;
+  const size_t npx = (size_t)h * (size_t)w;
+  uint64_t s = rng_key(sp->seed, id, 0);
+  uint64_t label = next64(&s) % sp->classes; /* as label_of() */
+  uint64_t noise_key = rng_key(sp->seed, id, 4);
+  for (int k = 0; k < PHOTO_OCTAVES; k++)
+    value_noise(ps, noise_key + (uint64_t)k, k + 1, h, w, ps->field[k]);
+
+  /* The scene is drawn front to back: a pixel takes the first leaf that
+   * covers it (ps->mask), the background where none does. */
+  int c0[3], c1[3];
+  for (int c = 0; c < 3; c++) {
+    c0[c] = (int)(next64(&s) & 0xFF);
+    c1[c] = (int)(next64(&s) & 0xFF);
+  }
+  const int dim = h < w ? h : w;
+  const int rmin = 3, rmax = dim / 2 > rmin ? dim / 2 : rmin + 1;
+  int n_leaves = PHOTO_LEAVES_MIN + (int)(next64(&s) % PHOTO_LEAVES_SPAN);
+  leaf_t *lv = ps->leaves;
+  for (int k = 0; k <= n_leaves; k++) {
+    leaf_t *l = &lv[k];
+    bool object = k == n_leaves; /* the last drawn: in front */
+    uint64_t r = next64(&s);
+    /* Radius rmin + (rmax - rmin) u^3: many small leaves, few large. */
+    int64_t u = (int64_t)(r & 1023);
+    int rad = rmin + (int)((rmax - rmin) * u * u * u / (1024ll * 1024 * 1024));
+    if (object) {
+      rad = dim / 5 + (int)(r % (uint64_t)(dim / 6 + 1));
+      l->cy = h / 2 + (int)((r >> 10) % (uint64_t)(h / 4 + 1)) - h / 8;
+      l->cx = w / 2 + (int)((r >> 20) % (uint64_t)(w / 4 + 1)) - w / 8;
+    } else {
+      l->cy = (int)((r >> 10) % (uint64_t)h);
+      l->cx = (int)((r >> 30) % (uint64_t)w);
+    }
+    /* Aspect in [1/2, 2]; shape: 0 ellipse, 1 box. */
+    int asp = 8 + (int)((r >> 50) % 25); /* rx/ry in 16ths */
+    l->ry = rad;
+    l->rx = rad * asp / 16 < 1 ? 1 : rad * asp / 16;
+    l->box = (int)((r >> 62) & 1);
+    uint64_t q = next64(&s);
+    if (object) {
+      uint64_t cs = rng_key(sp->seed, label, 1);
+      for (int c = 0; c < 3; c++)
+        l->col[c] = 30 + (int)(next64(&cs) % 196);
+    } else {
+      int base = (int)(q & 0xFF);
+      for (int c = 0; c < 3; c++)
+        l->col[c] = base + (int)((q >> (8 + 8 * c)) & 0x7F) - 64;
+    }
+    /* Shading ramp: up to +-40 across the leaf, in a random direction,
+     * in 1/256ths per pixel. */
+    int gx = (int)((q >> 32) % 81) - 40, gy = (int)((q >> 40) % 81) - 40;
+    l->sx = gx * 256 / (l->rx + 1);
+    l->sy = gy * 256 / (l->ry + 1);
+    /* Texture: a coarse octave (cells of 2 to 32 pixels) and the finest
+     * grain, each with its amplitude (out of 256). */
+    l->oct = (int)((q >> 48) % 5);
+    l->amp = (int)((q >> 52) % (PHOTO_TEXTURE + 1));
+    l->grain = (int)((4 + (q >> 60)) * PHOTO_GRAIN / 19);
+  }
+  uint8_t *mask = ps->mask;
+  memset(mask, 0, npx);
+  for (int k = n_leaves; k >= 0; k--) {
+    const leaf_t *l = &lv[k];
+    const int16_t *tex = ps->field[l->oct], *fine = ps->field[0];
+    int y0 = l->cy - l->ry < 0 ? 0 : l->cy - l->ry;
+    int y1 = l->cy + l->ry >= h ? h - 1 : l->cy + l->ry;
+    for (int y = y0; y <= y1; y++) {
+      int dy = y - l->cy, half = l->rx;
+      if (!l->box) {
+        /* x extent of the ellipse at dy: rx * sqrt(1 - (dy/ry)^2). */
+        int64_t t = (int64_t)l->ry * l->ry - (int64_t)dy * dy;
+        int64_t v = t * l->rx * l->rx / ((int64_t)l->ry * l->ry);
+        half = (int)sqrt((double)v); /* exact: v < 2^52 */
+        while ((int64_t)half * half > v)
+          half--;
+        while ((int64_t)(half + 1) * (half + 1) <= v)
+          half++;
+      }
+      int x0 = l->cx - half < 0 ? 0 : l->cx - half;
+      int x1 = l->cx + half >= w ? w - 1 : l->cx + half;
+      size_t o = (size_t)y * (size_t)w;
+      int16_t *row = ps->acc + o * 3;
+      int shade = l->sy * dy + l->sx * (x0 - l->cx);
+      for (int x = x0; x <= x1; x++, shade += l->sx) {
+        if (mask[o + (size_t)x])
+          continue;
+        mask[o + (size_t)x] = 1;
+        int v = (shade + l->amp * tex[o + (size_t)x] +
+                 l->grain * fine[o + (size_t)x]) >> 8;
+        row[x * 3 + 0] = (int16_t)(l->col[0] + v);
+        row[x * 3 + 1] = (int16_t)(l->col[1] + v);
+        row[x * 3 + 2] = (int16_t)(l->col[2] + v);
+      }
+    }
+  }
+  /* The background behind them: a vertical two-colour gradient (sky to
+   * ground). */
+  for (int y = 0; y < h; y++) {
+    size_t o = (size_t)y * (size_t)w;
+    int16_t *row = ps->acc + o * 3;
+    int16_t v[3];
+    for (int c = 0; c < 3; c++)
+      v[c] = (int16_t)(c0[c] + (c1[c] - c0[c]) * y / (h > 1 ? h - 1 : 1));
+    for (int x = 0; x < w; x++)
+      if (!mask[o + (size_t)x]) {
+        row[x * 3 + 0] = v[0];
+        row[x * 3 + 1] = v[1];
+        row[x * 3 + 2] = v[2];
+      }
+  }
+
+  /* Illumination at every octave, amplitude proportional to the cell:
+   * the 1/f part of natural images' spectrum. */
+  for (size_t i = 0; i < npx; i++) {
+    int v = 0;
+    for (int k = 0; k < PHOTO_OCTAVES; k++)
+      v += ps->field[k][i] << k; /* cell 2^(k+1) */
+    v >>= 8; /* +-64 at most, mostly from the coarse octaves */
+    for (int c = 0; c < 3; c++)
+      ps->acc[i * 3 + c] = (int16_t)(ps->acc[i * 3 + c] + v);
+  }
+  soften(ps->acc, h, w);
+
+  /* Sensor noise, triangular in [-PHOTO_NOISE, PHOTO_NOISE], and the
+   * clamp to uint8. */
+  uint64_t ns = rng_key(sp->seed, id, 2), bits = 0;
+  for (size_t i = 0; i < npx * 3; i++) {
+    if ((i & 7) == 0)
+      bits = next64(&ns);
+    int d = (int)(bits & 15) % (PHOTO_NOISE + 1) -
+            (int)((bits >> 4) & 15) % (PHOTO_NOISE + 1);
+    bits >>= 8;
+    px[i] = clamp_u8(ps->acc[i] + d);
+  }
+  return label;
+}
+
 /* ---- Example wire format ---------------------------------------------- */
 
 /* Length of a length-delimited field (tag, length, body of `len`). */
@@ -375,6 +684,11 @@ static int make_dirs(const char *path) {
 typedef struct gen_state_s {
   image_spec_t sp;
   bool jpeg;
+  bool photo;    /* --content photo */
+  bool imagenet; /* --size imagenet: each record's own geometry */
+  photo_scratch_t ps;
+  uint64_t pixel_count; /* pixels of the records written */
+  uint64_t image_bytes; /* their encoded bytes (JPEG) */
   int quality;
   tjhandle tj;
   uint8_t *pixels;   /* jpeg: the image before encoding */
@@ -401,7 +715,10 @@ static int ensure(uint8_t **buf, size_t *cap, size_t need) {
 /* Builds record `id` into g->rec; sets *len. */
 static int make_record(gen_state_t *g, uint64_t id, size_t *len,
                        ferry_error_t *err) {
+  if (g->imagenet)
+    imagenet_size(g->sp.seed, id, &g->sp.h, &g->sp.w);
   size_t img_len = (size_t)g->sp.h * (size_t)g->sp.w * (size_t)g->sp.c;
+  g->pixel_count += (uint64_t)g->sp.h * (uint64_t)g->sp.w;
   if (!g->jpeg) {
     /* The layout depends on the label (its varint's size), so learn the
      * label first, then draw the image straight into the record. */
@@ -410,11 +727,15 @@ static int make_record(gen_state_t *g, uint64_t id, size_t *len,
     if (ensure(&g->rec, &g->rec_cap, n) < 0)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     size_t off = put_example(g->rec, img_len, label, id);
-    render(&g->sp, id, g->rec + off);
+    if (g->photo)
+      render_photo(&g->sp, &g->ps, id, g->rec + off);
+    else
+      render(&g->sp, id, g->rec + off);
     *len = n;
     return 0;
   }
-  uint64_t label = render(&g->sp, id, g->pixels);
+  uint64_t label = g->photo ? render_photo(&g->sp, &g->ps, id, g->pixels)
+                            : render(&g->sp, id, g->pixels);
   unsigned long jsize = g->jcap;
   unsigned char *jb = g->jbuf;
   int pf = g->sp.c == 1 ? TJPF_GRAY : TJPF_RGB;
@@ -427,6 +748,7 @@ static int make_record(gen_state_t *g, uint64_t id, size_t *len,
   size_t n = example_len(jsize, label, id);
   if (ensure(&g->rec, &g->rec_cap, n) < 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  g->image_bytes += jsize;
   size_t off = put_example(g->rec, jsize, label, id);
   memcpy(g->rec + off, jb, jsize);
   *len = n;
@@ -489,12 +811,27 @@ int ferryctl_gen(int argc, char **argv) {
     fprintf(stderr, "ferryctl gen: --out DIR is required\n\n%s", gen_usage);
     goto out;
   }
-  if (o.size == NULL || parse_size(o.size, &h, &w) < 0) {
+  g.jpeg = o.format == 1;
+  g.photo = o.content == 1;
+  g.imagenet = o.size != NULL && strcmp(o.size, "imagenet") == 0;
+  if (g.imagenet) {
+    if (!g.jpeg) {
+      fprintf(stderr, "ferryctl gen: --size imagenet needs --format jpeg "
+              "(raw records of one dataset share one size)\n");
+      goto out;
+    }
+    h = IMAGENET_MAX_H;
+    w = IMAGENET_MAX_W;
+  } else if (o.size == NULL || parse_size(o.size, &h, &w) < 0) {
     fprintf(stderr, "ferryctl gen: --size '%s': expected HxW with positive "
-            "integers, e.g. 32x32\n", o.size ? o.size : "");
+            "integers, e.g. 32x32, or imagenet\n", o.size ? o.size : "");
     goto out;
   }
-  g.jpeg = o.format == 1;
+  if (g.photo && o.channels != 3) {
+    fprintf(stderr, "ferryctl gen: --content photo needs --channels 3, not "
+            "%lld\n", (long long)o.channels);
+    goto out;
+  }
   if (g.jpeg && o.channels != 1 && o.channels != 3) {
     fprintf(stderr, "ferryctl gen: --format jpeg needs --channels 1 or 3, "
             "not %lld\n", (long long)o.channels);
@@ -532,7 +869,8 @@ int ferryctl_gen(int argc, char **argv) {
   g.sp.top = ferry__malloc(row_len * sizeof(int16_t));
   g.sp.diff = ferry__malloc(row_len * sizeof(int16_t));
   g.sp.noise = ferry__malloc(row_len + 8);
-  if (g.sp.top == NULL || g.sp.diff == NULL || g.sp.noise == NULL) {
+  if (g.sp.top == NULL || g.sp.diff == NULL || g.sp.noise == NULL ||
+      (g.photo && photo_scratch_init(&g.ps, h, w) != 0)) {
     fprintf(stderr, "ferryctl gen: out of memory\n");
     goto out;
   }
@@ -599,10 +937,18 @@ int ferryctl_gen(int argc, char **argv) {
          (unsigned long long)file_bytes,
          ferryctl_human_bytes(file_bytes, hb, sizeof(hb)), secs,
          secs > 0 ? (double)done / secs : 0.0);
+  if (g.jpeg && done > 0)
+    printf("JPEG quality %d: %.0f bytes per image, %.0f pixels per image, "
+           "%.3f bytes per pixel\n", g.quality,
+           (double)g.image_bytes / (double)done,
+           (double)g.pixel_count / (double)done,
+           g.pixel_count ? (double)g.image_bytes / (double)g.pixel_count
+                         : 0.0);
 
 out:
   if (g.tj != NULL)
     tjDestroy(g.tj);
+  photo_scratch_free(&g.ps);
   ferry__free(g.sp.top);
   ferry__free(g.sp.diff);
   ferry__free(g.sp.noise);

@@ -537,6 +537,76 @@ Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
   ferry_tfr_reader_free(rd);
 }
 
+/* --content photo --size imagenet: each record has one of ImageNet's
+ * sizes (not all the same), its JPEG decodes to that size, and the
+ * dataset lands in the bytes per pixel of ImageNet's photographs at
+ * quality 90 (the benchmark of issue 13 relies on it), as printed. */
+Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
+  char dir[512], path[600];
+  path_in(dir, sizeof(dir), "photo");
+  run_t r = run_ctl("gen", "--out", dir, "--records", "40", "--format",
+                    "jpeg", "--content", "photo", "--size", "imagenet",
+                    "--seed", "13", NULL);
+  cr_assert_eq(r.status, 0, "stderr: %s", r.err);
+  const char *bpp_at = strstr(r.out, "bytes per image, ");
+  cr_assert_not_null(bpp_at, "%s", r.out);
+  double printed_bpp = 0;
+  cr_assert(sscanf(strstr(bpp_at, "pixels per image, ") +
+                       strlen("pixels per image, "),
+                   "%lf", &printed_bpp) == 1, "%s", r.out);
+  run_free(&r);
+  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", dir);
+  ferry_tfr_options_t o;
+  ferry_tfr_options_init(&o);
+  ferry_tfr_reader_t *rd;
+  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, NULL), 0);
+  ferry_example_t ex;
+  ferry_example_init(&ex);
+  ferry_record_t rec;
+  tjhandle tj = tjInitDecompress();
+  cr_assert_not_null(tj);
+  uint64_t bytes = 0, pixels = 0;
+  int n = 0, h0 = 0, w0 = 0;
+  bool sizes_differ = false;
+  while (ferry_tfr_reader_next(rd, &rec, NULL) == 0) {
+    cr_assert_eq(ferry_example_parse(&ex, rec.data, rec.len, NULL), 0);
+    const uint8_t *d;
+    size_t len;
+    cr_assert_eq(
+        ferry_feature_bytes(ferry_example_find(&ex, "image"), 0, &d, &len),
+        0);
+    int w, h, sub, cs;
+    cr_assert_eq(tjDecompressHeader3(tj, d, (unsigned long)len, &w, &h,
+                                     &sub, &cs), 0, "record %d", n);
+    bool known = (h == 375 && w == 500) || (h == 333 && w == 500) ||
+                 (h == 500 && w == 375) || (h == 500 && w == 333) ||
+                 (h == 500 && w == 500) || (h == 400 && w == 500) ||
+                 (h == 480 && w == 640) || (h == 225 && w == 300) ||
+                 (h == 300 && w == 400) || (h == 600 && w == 800) ||
+                 (h == 768 && w == 1024);
+    cr_assert(known, "record %d is %dx%d, not one of ImageNet's sizes", n,
+              h, w);
+    if (n == 0) {
+      h0 = h;
+      w0 = w;
+    } else if (h != h0 || w != w0) {
+      sizes_differ = true;
+    }
+    bytes += len;
+    pixels += (uint64_t)h * (uint64_t)w;
+    n++;
+  }
+  cr_assert_eq(n, 40);
+  cr_assert(sizes_differ, "all 40 records are %dx%d", h0, w0);
+  double bpp = (double)bytes / (double)pixels;
+  cr_assert(bpp > 0.45 && bpp < 0.75, "%.3f bytes per pixel", bpp);
+  cr_assert(printed_bpp > bpp - 0.001 && printed_bpp < bpp + 0.001,
+            "printed %.3f, measured %.4f", printed_bpp, bpp);
+  tjDestroy(tj);
+  ferry_example_close(&ex);
+  ferry_tfr_reader_free(rd);
+}
+
 /* ---- inspect ---------------------------------------------------------- */
 
 Test(ctl, inspect_clean_text_and_json, .init = setup_tmp,
@@ -846,6 +916,10 @@ Test(ctl, usage_errors_exit_2, .init = setup_tmp, .fini = teardown_tmp) {
        "channels"},
       {{"gen", "--out", out, "--format", "png", NULL}, "format"},
       {{"gen", "--out", out, "stray", NULL}, "stray"},
+      {{"gen", "--out", out, "--size", "imagenet", NULL}, "--format jpeg"},
+      {{"gen", "--out", out, "--content", "photo", "--channels", "1", NULL},
+       "--channels 3"},
+      {{"gen", "--out", out, "--content", "cartoon", NULL}, "content"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     const char *const *a = cases[i].a;
