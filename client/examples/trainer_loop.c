@@ -1,7 +1,11 @@
 /* ferry-example-trainer: the smallest useful trainer loop over libferry.
  * It joins (or creates) a job, takes batches until the job ends, touches
  * each batch the way a training step would read it, and prints the rate,
- * the record count and the time spent waiting for data.
+ * the record count and the time spent waiting for data. Optionally it
+ * augments the batches (--augment, e.g. "flip(horizontal)": on the GPU
+ * with --gpu when a CUDA device is usable, else by the CPU twin), and
+ * spends --step-ms per batch standing in for a training step (a sleep),
+ * so that the stall fraction says whether the cluster keeps up.
  *
  *   ferry-example-trainer --dispatcher=127.0.0.1:5050 \
  *     --spec='tfrecord("/tmp/d/train-*.tfrecord") | decode(raw, 32, 32, 3) |
@@ -9,10 +13,12 @@
  *
  * Exit status: 0 when every epoch was delivered, 1 on an error (printed).
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ferry/client.h"
 #include "ferry/log.h"
@@ -30,6 +36,10 @@ typedef struct settings_s {
   int mode;
   bool skip_errors;
   bool verbose;
+  char *augment;
+  bool gpu;
+  int64_t device;
+  double step_ms;
   bool help;
   char *tls_ca, *tls_cert, *tls_key, *token_file; /* a secured cluster */
 } settings_t;
@@ -55,6 +65,18 @@ static const ferry_option_t options[] = {
      "distributed|parallel", "job mode"},
     {"skip-errors", FERRY_OPT_BOOL, offsetof(settings_t, skip_errors),
      "false", 0, 0, NULL, "error policy skip instead of fail"},
+    {"augment", FERRY_OPT_STRING, offsetof(settings_t, augment), NULL, 0, 0,
+     NULL, "augmentation of each batch, e.g. \"flip(horizontal)\" (float32 "
+     "NHWC out; ferry/augment.h)"},
+    {"gpu", FERRY_OPT_BOOL, offsetof(settings_t, gpu), "false", 0, 0, NULL,
+     "stage batches to CUDA device --device and augment there; without a "
+     "usable device, host batches augmented by the CPU (a warning, shown "
+     "with --verbose)"},
+    {"device", FERRY_OPT_INT, offsetof(settings_t, device), "0", 0, 1024,
+     NULL, "CUDA device id (with --gpu)"},
+    {"step-ms", FERRY_OPT_DOUBLE, offsetof(settings_t, step_ms), "0", 0,
+     3.6e6, NULL, "milliseconds slept per batch, standing in for a "
+     "training step"},
     {"verbose", FERRY_OPT_BOOL, offsetof(settings_t, verbose), "false", 0, 0,
      NULL, "log the library's warnings and progress"},
     {"tls-ca", FERRY_OPT_STRING, offsetof(settings_t, tls_ca), NULL, 0, 0,
@@ -101,6 +123,10 @@ int main(int argc, char **argv) {
   o.mode = s.mode == 1 ? FERRY_MODE_PARALLEL_EPOCHS
                        : FERRY_MODE_DISTRIBUTED_EPOCH;
   o.error_policy = s.skip_errors ? 1 : 0;
+  o.augment = s.augment;
+  o.gpu = s.gpu;
+  o.device = (int)s.device;
+  o.device_fallback = true;
   o.tls_ca = s.tls_ca;
   o.tls_cert = s.tls_cert;
   o.tls_key = s.tls_key;
@@ -114,6 +140,7 @@ int main(int argc, char **argv) {
          (unsigned long long)ferry_client_job_id(c),
          (unsigned long long)ferry_client_id(c));
   uint64_t checksum = 0, epoch_records = 0;
+  int out_device = -2; /* where the first batch's output was */
   for (;;) {
     const ferry_batch_t *b;
     int rc = ferry_next(c, &b, (int)s.timeout_ms, &err);
@@ -137,6 +164,21 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < b->size; i++)
       checksum += b->images[i * rec] + (uint64_t)b->labels[i];
     epoch_records += b->size;
+    if (out_device == -2) {
+      out_device = b->device;
+      printf("first batch: %u images of %ux%ux%u, %s\n", b->size, b->height,
+             b->width, b->channels,
+             b->device >= 0 ? "augmented on the GPU (device memory)"
+             : b->raw       ? "uint8 host memory, not augmented"
+                            : "augmented by the CPU (host memory)");
+    }
+    if (s.step_ms > 0) {
+      long long ns = (long long)(s.step_ms * 1e6);
+      struct timespec ts = {(time_t)(ns / 1000000000),
+                            (long)(ns % 1000000000)};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+    }
     ferry_batch_release(c, b);
   }
   ferry_client_stats_t st;
@@ -149,6 +191,10 @@ int main(int argc, char **argv) {
                               : 0,
          st.wait_seconds, st.total_seconds, st.stall_fraction * 100,
          (unsigned long long)checksum);
+  printf("images/s %.0f, stall fraction %.3f (time waiting for data / "
+         "total)\n",
+         st.total_seconds > 0 ? (double)st.records / st.total_seconds : 0,
+         st.stall_fraction);
 out:
   ferry_client_free(c);
   ferry_options_free(options, N_OPTIONS, &s);
