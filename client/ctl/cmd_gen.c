@@ -463,6 +463,8 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
       l->cy = (int)((r >> 10) % (uint64_t)h);
       l->cx = (int)((r >> 30) % (uint64_t)w);
     }
+    if (rad < 1)
+      rad = 1;
     /* Aspect in [1/2, 2]; shape: 0 ellipse, 1 box. */
     int asp = 8 + (int)((r >> 50) % 25); /* rx/ry in 16ths */
     l->ry = rad;
@@ -546,7 +548,7 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
   for (size_t i = 0; i < npx; i++) {
     int v = 0;
     for (int k = 0; k < PHOTO_OCTAVES; k++)
-      v += ps->field[k][i] << k; /* cell 2^(k+1) */
+      v += ps->field[k][i] * (1 << k); /* cell 2^(k+1) */
     v >>= 8; /* +-64 at most, mostly from the coarse octaves */
     for (int c = 0; c < 3; c++)
       ps->acc[i * 3 + c] = (int16_t)(ps->acc[i * 3 + c] + v);

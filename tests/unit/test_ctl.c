@@ -458,8 +458,9 @@ Test(ctl, gen_jpeg_gzip_and_zlib, .init = setup_tmp, .fini = teardown_tmp) {
 }
 
 Test(ctl, gen_is_deterministic, .init = setup_tmp, .fini = teardown_tmp) {
-  static const char *const formats[] = {"raw", "jpeg"};
-  for (int f = 0; f < 2; f++) {
+  static const char *const formats[] = {"raw", "jpeg", "jpeg"};
+  static const char *const contents[] = {"shapes", "shapes", "photo"};
+  for (int f = 0; f < 3; f++) {
     char a[512], b[512], c[512];
     path_in(a, sizeof(a), "a");
     path_in(b, sizeof(b), "b");
@@ -470,8 +471,8 @@ Test(ctl, gen_is_deterministic, .init = setup_tmp, .fini = teardown_tmp) {
     size_t len[3];
     for (int i = 0; i < 3; i++) {
       run_t r = run_ctl("gen", "--out", dirs[i], "--records", "20",
-                        "--format", formats[f], "--size", "16x16", "--seed",
-                        seeds[i], NULL);
+                        "--format", formats[f], "--content", contents[f],
+                        "--size", "16x16", "--seed", seeds[i], NULL);
       cr_assert_eq(r.status, 0, "stderr: %s", r.err);
       run_free(&r);
       char path[600];
@@ -605,6 +606,17 @@ Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
   tjDestroy(tj);
   ferry_example_close(&ex);
   ferry_tfr_reader_free(rd);
+
+  /* Tiny images too (leaves larger than the image, radius 0). */
+  static const char *const tiny[] = {"1x1", "2x3", "5x4", "3x40"};
+  for (size_t i = 0; i < sizeof(tiny) / sizeof(tiny[0]); i++) {
+    path_in(dir, sizeof(dir), "tiny");
+    r = run_ctl("gen", "--out", dir, "--records", "5", "--content", "photo",
+                "--size", tiny[i], NULL);
+    cr_assert_eq(r.status, 0, "%s: %s", tiny[i], r.err);
+    run_free(&r);
+    rm_rf(dir);
+  }
 }
 
 /* ---- inspect ---------------------------------------------------------- */
