@@ -11,8 +11,9 @@
 #    pixel);
 # 2. bench_jpeg_crop measures Ferry's fused decode and Ferry's full decode
 #    followed by the same resize, and a bound: TurboJPEG decoding each
-#    whole image at 1/8 scale, the entropy decoding that every path pays
-#    (not a competitor); it exports the JPEGs as files;
+#    whole image at 1/8 scale, the entropy decoding of the whole file
+#    (a crop pays it down to its last row; not a competitor); it exports
+#    the JPEGs as files;
 # 3. imagenet_baselines.py measures tf.data (in the TensorFlow venv of
 #    tests/interop/setup-venv.sh) and the seeds' PyTorch DataLoader path
 #    (Debian's python3-torch, python3-torchvision, python3-pil under

@@ -298,10 +298,11 @@ typedef struct path_s {
 
 /* One pass over every image with the crops of round `round`. Returns 0,
  * or -1 naming the image that failed or came out the wrong shape. */
-/* The entropy-decoding floor: TurboJPEG decodes the whole image at 1/8
+/* The entropy-decoding bound: TurboJPEG decodes the whole image at 1/8
  * scale (every coefficient is still Huffman-decoded; the IDCT keeps only
- * the DC term), which no crop of the same file can undercut without
- * restart markers. */
+ * the DC term). Without restart markers a crop must entropy-decode every
+ * iMCU row down to its last one, all columns: a crop reaching the
+ * image's bottom pays all of this. */
 static int pass_floor(const images_t *im, tjhandle tj, uint8_t **buf,
                       size_t *cap, volatile uint64_t *sink) {
   for (size_t i = 0; i < im->n; i++) {
@@ -422,8 +423,8 @@ int main(int argc, char **argv) {
        .label = "Ferry: full decode, crop, antialiased resize",
        .exact = 1},
       {.name = "floor-entropy",
-       .label = "(bound) TurboJPEG, whole image at 1/8 scale: the entropy "
-                "decoding every path pays",
+       .label = "(bound) TurboJPEG, whole image at 1/8 scale: entropy "
+                "decoding of the whole file",
        .floor = true},
   };
   tj = tjInitDecompress();
