@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
          st.wait_seconds, st.total_seconds, st.stall_fraction * 100,
          (unsigned long long)checksum);
   printf("images/s %.0f, stall fraction %.3f (time waiting for data / "
-         "total)\n",
+         "total, since the client started)\n",
          st.total_seconds > 0 ? (double)st.records / st.total_seconds : 0,
          st.stall_fraction);
 out:
