@@ -8,9 +8,20 @@
 # Ctrl-C, SIGTERM), every process it started is stopped before it exits,
 # and it says whether they are all gone.
 #
+#   deploy/demo.sh --imagenet   an ImageNet-like job instead (issue 13):
+#     photo-like JPEGs in ImageNet's sizes (mostly 375x500, about 0.6 bytes
+#     per pixel at quality 90); the workers decode each with
+#       decode(jpeg) | random_resized_crop(224) | batch(256)
+#     (the decode fused with the crop and the DCT scale); the trainer stages
+#     224x224 batches and flips them (on the GPU when one is usable, else
+#     on the CPU), sleeps FERRY_DEMO_STEP_MS per batch in place of a
+#     training step, and prints images/s and the stall fraction.
+#
 #   FERRY_DEMO_DIR=DIR          where the dataset and logs go (/tmp/ferry-demo)
-#   FERRY_DEMO_RECORDS=N        dataset size (100000)
+#   FERRY_DEMO_RECORDS=N        dataset size (100000; --imagenet: 5000)
 #   FERRY_DEMO_EPOCHS=N         epochs the trainer reads (2)
+#   FERRY_DEMO_STEP_MS=X        --imagenet: the simulated step per batch of
+#                               256 (100 ms: 2,560 images/s wanted)
 #   FERRY_BUILD_DIR=DIR         build tree ($root/build-release)
 #   FERRY_DEMO_NO_BUILD=1       use the binaries already in FERRY_BUILD_DIR
 #                               (no package installation, no build)
@@ -19,11 +30,23 @@
 #                               (tests check that none is left)
 set -euo pipefail
 
+imagenet=0
+case "${1:-}" in
+  "") ;;
+  --imagenet) imagenet=1 ;;
+  *) echo "usage: deploy/demo.sh [--imagenet]" >&2; exit 2 ;;
+esac
+
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build-release}
 demo=${FERRY_DEMO_DIR:-/tmp/ferry-demo}
 data=$demo/data
-records=${FERRY_DEMO_RECORDS:-100000}
+if [ "$imagenet" = 1 ]; then
+  records=${FERRY_DEMO_RECORDS:-5000}
+else
+  records=${FERRY_DEMO_RECORDS:-100000}
+fi
+step_ms=${FERRY_DEMO_STEP_MS:-100}
 epochs=${FERRY_DEMO_EPOCHS:-2}
 pidfile=${FERRY_DEMO_PIDFILE:-}
 
@@ -105,14 +128,21 @@ if [ "${FERRY_DEMO_NO_BUILD:-0}" != 1 ]; then
 fi
 ferryctl=$build/client/ctl/ferryctl
 
-echo "== generating $records 32x32x3 raw records in $data"
 rm -rf "$demo"
 mkdir -p "$demo"
-"$ferryctl" gen --out "$data" --shards 4 --records "$records" \
-  --format raw --size 32x32 --seed 7
-"$ferryctl" records inspect "$data/train-00000-of-00004.tfrecord"
+if [ "$imagenet" = 1 ]; then
+  echo "== generating $records ImageNet-like JPEGs (quality 90) in $data"
+  "$ferryctl" gen --out "$data" --shards 4 --records "$records" \
+    --format jpeg --content photo --size imagenet --quality 90 \
+    --classes 1000 --seed 7
+else
+  echo "== generating $records 32x32x3 raw records in $data"
+  "$ferryctl" gen --out "$data" --shards 4 --records "$records" \
+    --format raw --size 32x32 --seed 7
+  "$ferryctl" records inspect "$data/train-00000-of-00004.tfrecord"
+fi
 
-if [ "${FERRY_DEMO_SKIP_BENCH:-0}" != 1 ]; then
+if [ "$imagenet" = 0 ] && [ "${FERRY_DEMO_SKIP_BENCH:-0}" != 1 ]; then
   echo
   echo "== the seed pipeline in one process, stage by stage"
   "$ferryctl" bench pipeline --quick
@@ -153,17 +183,36 @@ for i in 1 2; do
   echo "worker $i at $addr"
 done
 
-spec="tfrecord(\"$data/train-*.tfrecord\") | decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8) | batch(1024)"
-echo
-echo "== trainer: $epochs epochs of $spec"
+if [ "$imagenet" = 1 ]; then
+  spec="tfrecord(\"$data/train-*.tfrecord\") | decode(jpeg) | random_resized_crop(224) | batch(256)"
+  trainer_args=(--augment "flip(horizontal)" --gpu --step-ms "$step_ms")
+  echo
+  echo "== trainer: $epochs epochs of $spec"
+  echo "   staging 224x224 batches, flip(horizontal) on the GPU if one is"
+  echo "   usable (else on the CPU), sleeping $step_ms ms per batch as a"
+  echo "   training step would take"
+else
+  spec="tfrecord(\"$data/train-*.tfrecord\") | decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8) | batch(1024)"
+  trainer_args=()
+  echo
+  echo "== trainer: $epochs epochs of $spec"
+fi
 # In the background and waited for, so that Ctrl-C or SIGTERM reach the
 # traps at once (bash runs a trap only after a foreground command ends).
 "$build/client/examples/ferry-example-trainer" --dispatcher "$dispatcher" \
-  --spec "$spec" --epochs "$epochs" --job-name demo &
+  --spec "$spec" --epochs "$epochs" --job-name demo "${trainer_args[@]}" &
 track $! trainer
 wait "${pids[-1]}"
-echo "(this trainer does no work per batch, so it spends its time waiting;"
-echo " tests/bench/trainer measures the stall with a simulated training step)"
+if [ "$imagenet" = 1 ]; then
+  want=$(awk -v s="$step_ms" 'BEGIN { if (s > 0) printf "%.0f", 256000 / s }')
+  echo "(a trainer taking 256 images per $step_ms ms step wants ${want:-unbounded}"
+  echo " images/s; the stall fraction is the share of its time spent waiting"
+  echo " for data: near 0 when the workers keep up, near 1 when they are the"
+  echo " bottleneck; images/s and stall count from the client's start)"
+else
+  echo "(this trainer does no work per batch, so it spends its time waiting;"
+  echo " tests/bench/trainer measures the stall with a simulated training step)"
+fi
 
 echo
 echo "== cluster status"

@@ -4,7 +4,10 @@
 # with SIGINT once its cluster and trainer run (to the demo alone, and to
 # its whole process group as a terminal's Ctrl-C does), and check after
 # each run that no process it started (FERRY_DEMO_PIDFILE) still exists
-# and that it said so.
+# and that it said so. Then `deploy/demo.sh --imagenet` (issue 13) on 600
+# ImageNet-like JPEGs to the end: its trainer must get 224x224x3 batches,
+# flipped (on the GPU or by the CPU), and print images/s and the stall
+# fraction.
 #
 #   demo_no_leftovers.sh BUILD_DIR
 # Every wait is bounded; whatever is left is SIGKILLed before exiting.
@@ -119,8 +122,34 @@ interrupted() {
   if [ "$fail" = 1 ]; then tail -n 30 "$tmp/out$n"; fi
 }
 
+imagenet() {
+  say "run 4: --imagenet to the end"
+  rm -f "$tmp/pids"
+  FERRY_DEMO_DIR=$tmp/demo4 FERRY_DEMO_RECORDS=600 FERRY_DEMO_EPOCHS=1 \
+    FERRY_DEMO_STEP_MS=20 FERRY_DEMO_PIDFILE=$tmp/pids \
+    timeout 300 "$root/deploy/demo.sh" --imagenet >"$tmp/out4" 2>&1
+  local rc=$? left
+  [ "$rc" = 0 ] || bad "the --imagenet demo exited $rc"
+  grep -q "JPEG quality 90: .* bytes per pixel" "$tmp/out4" ||
+    bad "the --imagenet demo did not print the dataset's bytes per pixel"
+  grep -q "decode(jpeg) | random_resized_crop(224) | batch(256)" \
+    "$tmp/out4" || bad "the --imagenet demo did not run its spec"
+  grep -Eq "first batch: 256 images of 224x224x3, augmented on the GPU|first batch: 256 images of 224x224x3, augmented by the CPU" \
+    "$tmp/out4" || bad "no flipped 224x224x3 batch of 256"
+  grep -q "end of epoch: 600 records" "$tmp/out4" ||
+    bad "the trainer did not get the 600 records"
+  grep -Eq "^images/s [0-9]+, stall fraction (0|1)\.[0-9]{3} " \
+    "$tmp/out4" || bad "no images/s and stall fraction line"
+  grep -q "all 4 processes this demo started have exited" "$tmp/out4" ||
+    bad "the --imagenet demo did not say that everything exited"
+  left=$(leftovers)
+  [ -z "$left" ] || bad "left running: $left"
+  if [ "$fail" = 1 ]; then tail -n 40 "$tmp/out4"; fi
+}
+
 run_to_the_end
 interrupted 2 shell
 interrupted 3 group
-[ "$fail" = 0 ] && say "ok: no process left behind in 3 runs"
+imagenet
+[ "$fail" = 0 ] && say "ok: no process left behind in 4 runs"
 exit "$fail"
