@@ -26,6 +26,8 @@
 #   FERRY_DEMO_NO_BUILD=1       use the binaries already in FERRY_BUILD_DIR
 #                               (no package installation, no build)
 #   FERRY_DEMO_SKIP_BENCH=1     skip the one-process pipeline measurement
+#                               (--imagenet: bench_jpeg_crop on 500 of the
+#                               JPEGs)
 #   FERRY_DEMO_PIDFILE=FILE     append "PID NAME" for every process started
 #                               (tests check that none is left)
 set -euo pipefail
@@ -124,7 +126,7 @@ if [ "${FERRY_DEMO_NO_BUILD:-0}" != 1 ]; then
   "$root/deploy/install-deps.sh"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$build" -j "$(nproc)" --target ferryctl ferry-dispatcher \
-    ferry-worker ferry-example-trainer
+    ferry-worker ferry-example-trainer bench_jpeg_crop
 fi
 ferryctl=$build/client/ctl/ferryctl
 
@@ -142,6 +144,13 @@ else
   "$ferryctl" records inspect "$data/train-00000-of-00004.tfrecord"
 fi
 
+if [ "$imagenet" = 1 ] && [ "${FERRY_DEMO_SKIP_BENCH:-0}" != 1 ]; then
+  echo
+  echo "== the fused decode against the full decode, on one core (up to 500 of"
+  echo "   the JPEGs, in memory)"
+  "$build/tests/bench/bench_jpeg_crop" --data "$data/train-*.tfrecord" \
+    --records 500 --seconds 1 | grep -v '^RESULT'
+fi
 if [ "$imagenet" = 0 ] && [ "${FERRY_DEMO_SKIP_BENCH:-0}" != 1 ]; then
   echo
   echo "== the seed pipeline in one process, stage by stage"
