@@ -53,6 +53,7 @@ static struct {
   double seconds; /* per path */
   int size;
   const char *export_dir;
+  const char *only; /* time this path alone (profiling) */
 } opt = {.seconds = 3.0, .size = 224};
 
 static void usage(FILE *f) {
@@ -63,6 +64,9 @@ static void usage(FILE *f) {
           "  --seconds S      CPU seconds per path (default 3)\n"
           "  --size N         RandomResizedCrop's output size (default 224)\n"
           "  --export DIR     also write the JPEGs as DIR/NNNNNN.jpg\n"
+          "  --only NAME      time only this path (ferry-fused,\n"
+          "                   ferry-fused-gap2, ferry-full, floor-entropy),\n"
+          "                   e.g. under perf; the sanity pass runs all\n"
           "  --quick          a smoke run: 0.3 s per path\n");
 }
 
@@ -87,6 +91,8 @@ static int parse_args(int argc, char **argv) {
       opt.data = v;
     } else if (strcmp(a, "--export") == 0) {
       opt.export_dir = v;
+    } else if (strcmp(a, "--only") == 0) {
+      opt.only = v;
     } else if (strcmp(a, "--records") == 0) {
       opt.records = strtol(v, &end, 10);
       if (*end != '\0' || opt.records < 1) {
@@ -458,13 +464,26 @@ int main(int argc, char **argv) {
 
   /* Timed rounds, the paths alternating, until each has its seconds. */
   uint64_t round = 1;
+  bool timed[NPATHS];
+  int ntimed = 0;
+  for (int p = 0; p < NPATHS; p++) {
+    timed[p] = opt.only == NULL || strcmp(opt.only, paths[p].name) == 0;
+    ntimed += timed[p];
+  }
+  if (ntimed == 0) {
+    fprintf(stderr, "bench_jpeg_crop: --only '%s': no such path\n",
+            opt.only);
+    goto done;
+  }
   for (;;) {
     bool enough = true;
     for (int p = 0; p < NPATHS; p++)
-      enough = enough && paths[p].cpu >= opt.seconds;
+      enough = enough && (!timed[p] || paths[p].cpu >= opt.seconds);
     if (enough)
       break;
     for (int p = 0; p < NPATHS; p++) {
+      if (!timed[p])
+        continue;
       double c0 = thread_cpu_s(), w0 = wall_s();
       if (paths[p].floor
               ? pass_floor(&im, tj, &fbuf, &fcap, &sink) != 0
@@ -480,17 +499,20 @@ int main(int argc, char **argv) {
   printf("\n| path | images/s per core (CPU time) | images/s (wall) | "
          "images |\n|---|---|---|---|\n");
   for (int p = 0; p < NPATHS; p++)
-    printf("| %s | %.0f | %.0f | %llu |\n", paths[p].label,
-           (double)paths[p].images / paths[p].cpu,
-           (double)paths[p].images / paths[p].wall,
-           (unsigned long long)paths[p].images);
-  double fused = (double)paths[0].images / paths[0].cpu;
-  double full = (double)paths[2].images / paths[2].cpu;
-  printf("fused / full decode: %.2fx\n", fused / full);
+    if (timed[p])
+      printf("| %s | %.0f | %.0f | %llu |\n", paths[p].label,
+             (double)paths[p].images / paths[p].cpu,
+             (double)paths[p].images / paths[p].wall,
+             (unsigned long long)paths[p].images);
+  if (timed[0] && timed[2])
+    printf("fused / full decode: %.2fx\n",
+           ((double)paths[0].images / paths[0].cpu) /
+               ((double)paths[2].images / paths[2].cpu));
   for (int p = 0; p < NPATHS; p++)
-    printf("RESULT %s %.1f %.1f %s\n", paths[p].name,
-           (double)paths[p].images / paths[p].cpu,
-           (double)paths[p].images / paths[p].wall, paths[p].label);
+    if (timed[p])
+      printf("RESULT %s %.1f %.1f %s\n", paths[p].name,
+             (double)paths[p].images / paths[p].cpu,
+             (double)paths[p].images / paths[p].wall, paths[p].label);
   printf("RESULT bytes-per-image %.1f %.4f bytes per image, bytes per "
          "pixel\n", (double)im.bytes / (double)im.n,
          (double)im.bytes / (double)im.pixels);
