@@ -321,14 +321,18 @@ typedef struct leaf_s {
 typedef struct photo_scratch_s {
   leaf_t leaves[PHOTO_LEAVES_MIN + PHOTO_LEAVES_SPAN + 1];
   uint8_t *mask;                  /* h*w: covered by a leaf already */
+  int *open;                      /* h: pixels of the row not covered */
   int16_t *acc;                   /* h*w*3 working pixels */
+  int16_t *keep;                  /* 2 rows of w*3 (soften) */
   int16_t *field[PHOTO_OCTAVES];  /* h*w value noise per octave, +-256 */
   int32_t *top, *bot;             /* a lattice row interpolated along x */
 } photo_scratch_t;
 
 static void photo_scratch_free(photo_scratch_t *ps) {
   ferry__free(ps->mask);
+  ferry__free(ps->open);
   ferry__free(ps->acc);
+  ferry__free(ps->keep);
   for (int k = 0; k < PHOTO_OCTAVES; k++)
     ferry__free(ps->field[k]);
   ferry__free(ps->top);
@@ -340,12 +344,14 @@ static int photo_scratch_init(photo_scratch_t *ps, int max_h, int max_w) {
   size_t px = (size_t)max_h * (size_t)max_w;
   memset(ps, 0, sizeof(*ps));
   ps->mask = ferry__malloc(px);
+  ps->open = ferry__malloc((size_t)max_h * sizeof(int));
   ps->acc = ferry__malloc(px * 3 * sizeof(int16_t));
+  ps->keep = ferry__malloc((size_t)max_w * 6 * sizeof(int16_t));
   for (int k = 0; k < PHOTO_OCTAVES; k++)
     ps->field[k] = ferry__malloc(px * sizeof(int16_t));
   ps->top = ferry__malloc(((size_t)max_w + 1) * sizeof(int32_t));
   ps->bot = ferry__malloc(((size_t)max_w + 1) * sizeof(int32_t));
-  bool ok = ps->mask && ps->acc && ps->top && ps->bot;
+  bool ok = ps->mask && ps->open && ps->acc && ps->keep && ps->top && ps->bot;
   for (int k = 0; k < PHOTO_OCTAVES; k++)
     ok = ok && ps->field[k] != NULL;
   if (!ok) {
@@ -391,30 +397,31 @@ static void value_noise(photo_scratch_t *ps, uint64_t key, int shift, int h,
   }
 }
 
-/* A [1 2 1] / 4 blur along both axes of one channel plane of acc (the
- * softness of a lens: edges spread over two or three pixels). */
-static void soften(int16_t *acc, int h, int w) {
+/* A [1 2 1] / 4 blur along both axes of acc (h x w x 3; the softness of
+ * a lens: edges spread over two or three pixels), edges repeated. Row by
+ * row, with the original rows kept in `keep` (2 x w*3 values). */
+static void soften(int16_t *acc, int16_t *keep, int h, int w) {
+  const size_t row = (size_t)w * 3;
+  int16_t *orig = keep, *up = keep + row;
   for (int y = 0; y < h; y++) {
-    int16_t *r = acc + (size_t)y * (size_t)w * 3;
-    for (int c = 0; c < 3; c++) {
-      int prev = r[c];
-      for (int x = 0; x < w; x++) {
-        int cur = r[x * 3 + c];
-        int next = x + 1 < w ? r[(x + 1) * 3 + c] : cur;
-        r[x * 3 + c] = (int16_t)((prev + 2 * cur + next + 2) >> 2);
-        prev = cur;
-      }
+    int16_t *r = acc + (size_t)y * row;
+    memcpy(orig, r, row * sizeof(*r));
+    for (size_t i = 0; i < row; i++) {
+      int l = i >= 3 ? orig[i - 3] : orig[i];
+      int n = i + 3 < row ? orig[i + 3] : orig[i];
+      r[i] = (int16_t)((l + 2 * orig[i] + n + 2) >> 2);
     }
   }
-  const size_t row = (size_t)w * 3;
-  for (size_t i = 0; i < row; i++) {
-    int prev = acc[i];
-    for (int y = 0; y < h; y++) {
-      int cur = acc[(size_t)y * row + i];
-      int next = y + 1 < h ? acc[(size_t)(y + 1) * row + i] : cur;
-      acc[(size_t)y * row + i] = (int16_t)((prev + 2 * cur + next + 2) >> 2);
-      prev = cur;
-    }
+  memcpy(up, acc, row * sizeof(*acc));
+  for (int y = 0; y < h; y++) {
+    int16_t *r = acc + (size_t)y * row;
+    const int16_t *next = y + 1 < h ? r + row : r;
+    memcpy(orig, r, row * sizeof(*r));
+    for (size_t i = 0; i < row; i++)
+      r[i] = (int16_t)((up[i] + 2 * orig[i] + next[i] + 2) >> 2);
+    int16_t *t = up;
+    up = orig;
+    orig = t;
   }
 }
 
@@ -493,12 +500,17 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
   }
   uint8_t *mask = ps->mask;
   memset(mask, 0, npx);
+  int *open = ps->open; /* per row: pixels no leaf covers yet */
+  for (int y = 0; y < h; y++)
+    open[y] = w;
   for (int k = n_leaves; k >= 0; k--) {
     const leaf_t *l = &lv[k];
     const int16_t *tex = ps->field[l->oct], *fine = ps->field[0];
     int y0 = l->cy - l->ry < 0 ? 0 : l->cy - l->ry;
     int y1 = l->cy + l->ry >= h ? h - 1 : l->cy + l->ry;
     for (int y = y0; y <= y1; y++) {
+      if (open[y] == 0)
+        continue;
       int dy = y - l->cy, half = l->rx;
       if (!l->box) {
         /* x extent of the ellipse at dy: rx * sqrt(1 - (dy/ry)^2). */
@@ -519,6 +531,7 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
         if (mask[o + (size_t)x])
           continue;
         mask[o + (size_t)x] = 1;
+        open[y]--;
         int v = (shade + l->amp * tex[o + (size_t)x] +
                  l->grain * fine[o + (size_t)x]) >> 8;
         row[x * 3 + 0] = (int16_t)(l->col[0] + v);
@@ -553,7 +566,7 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
     for (int c = 0; c < 3; c++)
       ps->acc[i * 3 + c] = (int16_t)(ps->acc[i * 3 + c] + v);
   }
-  soften(ps->acc, h, w);
+  soften(ps->acc, ps->keep, h, w);
 
   /* Sensor noise, triangular in [-PHOTO_NOISE, PHOTO_NOISE], and the
    * clamp to uint8. */
@@ -561,8 +574,8 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
   for (size_t i = 0; i < npx * 3; i++) {
     if ((i & 7) == 0)
       bits = next64(&ns);
-    int d = (int)(bits & 15) % (PHOTO_NOISE + 1) -
-            (int)((bits >> 4) & 15) % (PHOTO_NOISE + 1);
+    int d = (int)(((bits & 15) * (PHOTO_NOISE + 1)) >> 4) -
+            (int)((((bits >> 4) & 15) * (PHOTO_NOISE + 1)) >> 4);
     bits >>= 8;
     px[i] = clamp_u8(ps->acc[i] + d);
   }
