@@ -493,20 +493,28 @@ Test(ctl, gen_is_deterministic, .init = setup_tmp, .fini = teardown_tmp) {
   }
 }
 
+/* Opens DIR/train-00000-of-00001.tfrecord, the one shard `gen` writes
+ * without --shards. */
+static ferry_tfr_reader_t *open_only_shard(const char *dir) {
+  char path[600];
+  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", dir);
+  ferry_tfr_options_t o;
+  ferry_tfr_options_init(&o);
+  ferry_tfr_reader_t *rd = NULL;
+  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, NULL), 0, "%s", path);
+  return rd;
+}
+
 /* Records of a generated dataset are not all alike: labels vary and the
  * pixels of two records differ. */
 Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
-  char dir[512], path[600];
+  char dir[512];
   path_in(dir, sizeof(dir), "v");
   run_t r = run_ctl("gen", "--out", dir, "--records", "50", "--size",
                     "8x8", "--classes", "10", NULL);
   cr_assert_eq(r.status, 0, "stderr: %s", r.err);
   run_free(&r);
-  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", dir);
-  ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
-  ferry_tfr_reader_t *rd;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, NULL), 0);
+  ferry_tfr_reader_t *rd = open_only_shard(dir);
   ferry_example_t ex;
   ferry_example_init(&ex);
   ferry_record_t rec;
@@ -543,7 +551,7 @@ Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
  * dataset lands in the bytes per pixel of ImageNet's photographs at
  * quality 90 (the benchmark of issue 13 relies on it), as printed. */
 Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
-  char dir[512], path[600];
+  char dir[512];
   path_in(dir, sizeof(dir), "photo");
   run_t r = run_ctl("gen", "--out", dir, "--records", "40", "--format",
                     "jpeg", "--content", "photo", "--size", "imagenet",
@@ -556,11 +564,7 @@ Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
                        strlen("pixels per image, "),
                    "%lf", &printed_bpp) == 1, "%s", r.out);
   run_free(&r);
-  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", dir);
-  ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
-  ferry_tfr_reader_t *rd;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, NULL), 0);
+  ferry_tfr_reader_t *rd = open_only_shard(dir);
   ferry_example_t ex;
   ferry_example_init(&ex);
   ferry_record_t rec;
