@@ -54,6 +54,7 @@ static struct {
   int size;
   const char *export_dir;
   const char *only; /* time this path alone (profiling) */
+  bool scales;      /* also: whole-image decodes at every DCT scale */
 } opt = {.seconds = 3.0, .size = 224};
 
 static void usage(FILE *f) {
@@ -67,6 +68,8 @@ static void usage(FILE *f) {
           "  --only NAME      time only this path (ferry-fused,\n"
           "                   ferry-fused-gap2, ferry-full, floor-entropy),\n"
           "                   e.g. under perf; the sanity pass runs all\n"
+          "  --scales         also time TurboJPEG decoding the whole images\n"
+          "                   at each DCT scale s/8 (what each scale costs)\n"
           "  --quick          a smoke run: 0.3 s per path\n");
 }
 
@@ -75,6 +78,10 @@ static int parse_args(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--quick") == 0) {
       opt.seconds = 0.3;
+      continue;
+    }
+    if (strcmp(a, "--scales") == 0) {
+      opt.scales = true;
       continue;
     }
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -309,10 +316,10 @@ typedef struct path_s {
  * the DC term). Without restart markers a crop must entropy-decode every
  * iMCU row down to its last one, all columns: a crop reaching the
  * image's bottom pays all of this. */
-static int pass_floor(const images_t *im, tjhandle tj, uint8_t **buf,
-                      size_t *cap, volatile uint64_t *sink) {
+static int pass_whole(const images_t *im, tjhandle tj, int num,
+                      uint8_t **buf, size_t *cap, volatile uint64_t *sink) {
   for (size_t i = 0; i < im->n; i++) {
-    int w = (im->v[i].w + 7) / 8, h = (im->v[i].h + 7) / 8;
+    int w = (im->v[i].w * num + 7) / 8, h = (im->v[i].h * num + 7) / 8;
     size_t need = (size_t)w * (size_t)h * 3;
     if (need > *cap) {
       uint8_t *b = ferry__realloc(*buf, need);
@@ -325,8 +332,8 @@ static int pass_floor(const images_t *im, tjhandle tj, uint8_t **buf,
     }
     if (tjDecompress2(tj, im->v[i].jpeg, (unsigned long)im->v[i].len, *buf,
                       w, 0, h, TJPF_RGB, TJFLAG_FASTDCT) != 0) {
-      fprintf(stderr, "bench_jpeg_crop: entropy floor: %s: %s\n",
-              im->v[i].where, tjGetErrorStr2(tj));
+      fprintf(stderr, "bench_jpeg_crop: whole decode at %d/8: %s: %s\n",
+              num, im->v[i].where, tjGetErrorStr2(tj));
       return -1;
     }
     *sink += (*buf)[need / 2];
@@ -445,7 +452,7 @@ int main(int argc, char **argv) {
    * first (fused) pass say how it went. */
   ferry_jpeg_crop_stats_t st;
   for (int p = 0; p < NPATHS; p++) {
-    if (paths[p].floor ? pass_floor(&im, tj, &fbuf, &fcap, &sink) != 0
+    if (paths[p].floor ? pass_whole(&im, tj, 1, &fbuf, &fcap, &sink) != 0
                        : pass(&paths[p], &im, j, out, cap, 0, &sink) != 0)
       goto done;
     if (p == 0)
@@ -486,7 +493,7 @@ int main(int argc, char **argv) {
         continue;
       double c0 = thread_cpu_s(), w0 = wall_s();
       if (paths[p].floor
-              ? pass_floor(&im, tj, &fbuf, &fcap, &sink) != 0
+              ? pass_whole(&im, tj, 1, &fbuf, &fcap, &sink) != 0
               : pass(&paths[p], &im, j, out, cap, round, &sink) != 0)
         goto done;
       paths[p].cpu += thread_cpu_s() - c0;
@@ -513,6 +520,30 @@ int main(int argc, char **argv) {
       printf("RESULT %s %.1f %.1f %s\n", paths[p].name,
              (double)paths[p].images / paths[p].cpu,
              (double)paths[p].images / paths[p].wall, paths[p].label);
+  if (opt.scales) {
+    /* What each DCT scale costs on these files, whole images: the
+     * scaled inverse DCTs other than 8/8, 4/8, 2/8 and 1/8 are scalar
+     * C in libjpeg-turbo. Scales alternate in rounds, like the paths. */
+    static const int nums[] = {8, 7, 6, 5, 4, 3, 2, 1};
+    enum { NS = sizeof(nums) / sizeof(nums[0]) };
+    double scpu[NS] = {0};
+    uint64_t simg[NS] = {0};
+    for (bool enough = false; !enough;) {
+      enough = true;
+      for (int k = 0; k < NS; k++) {
+        double c0 = thread_cpu_s();
+        if (pass_whole(&im, tj, nums[k], &fbuf, &fcap, &sink) != 0)
+          goto done;
+        scpu[k] += thread_cpu_s() - c0;
+        simg[k] += im.n;
+        enough = enough && scpu[k] >= opt.seconds;
+      }
+    }
+    printf("\nTurboJPEG, whole images, by DCT scale (images/s per core):");
+    for (int k = 0; k < NS; k++)
+      printf(" %d/8: %.0f", nums[k], (double)simg[k] / scpu[k]);
+    printf("\n");
+  }
   printf("RESULT bytes-per-image %.1f %.4f bytes per image, bytes per "
          "pixel\n", (double)im.bytes / (double)im.n,
          (double)im.bytes / (double)im.pixels);
