@@ -12,7 +12,8 @@
 # 2. bench_jpeg_crop measures Ferry's fused decode and Ferry's full decode
 #    followed by the same resize, and a bound: TurboJPEG decoding each
 #    whole image at 1/8 scale, the entropy decoding of the whole file
-#    (a crop pays it down to its last row; not a competitor); it exports
+#    (a crop pays it down to its last row; not a competitor), and (not
+#    with --quick) the whole-image decode at each DCT scale; it exports
 #    the JPEGs as files;
 # 3. imagenet_baselines.py measures tf.data (in the TensorFlow venv of
 #    tests/interop/setup-venv.sh) and the seeds' PyTorch DataLoader path
@@ -42,9 +43,10 @@ venv=${FERRY_TF_VENV:-$HOME/.cache/ferry/venv-tf}
 torch_py=${FERRY_TORCH_PYTHON:-/usr/bin/python3}
 records=2000
 seconds=3
+scales=--scales
 while [ $# -gt 0 ]; do
   case $1 in
-    --quick) records=32 seconds=0.2 ;;
+    --quick) records=32 seconds=0.2 scales= ;;
     --records) records=${2:?--records needs a value}; shift ;;
     --seconds) seconds=${2:?--seconds needs a value}; shift ;;
     *) echo "imagenet.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -79,7 +81,7 @@ echo "== dataset: $records ImageNet-like JPEGs (quality 90)"
 echo
 echo "== Ferry (bench_jpeg_crop)"
 "$bench" --data "$dir/data/train-*.tfrecord" --seconds "$seconds" \
-  --export "$dir/jpeg" | tee "$dir/ferry.out"
+  --export "$dir/jpeg" $scales | tee "$dir/ferry.out"
 grep '^RESULT' "$dir/ferry.out" >>"$results"
 grep -q '^bench jpeg_crop: ok' "$dir/ferry.out"
 
