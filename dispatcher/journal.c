@@ -18,13 +18,33 @@
 
 struct ferry_journal_s {
   int fd;
-  char *path;
-  uint8_t *buf; /* framed entries not yet written */
+  char *dir, *path;
+  uint8_t *buf; /* framed entries appended, not yet in a batch */
   size_t len, cap;
-  uint64_t size; /* bytes in the file */
+  uint8_t *fbuf; /* the batch in flight (a compaction: the snapshot) */
+  size_t flen, fcap;
+  uint8_t *hdr; /* compaction: the new segment's framed header */
+  size_t hlen;
+  bool inflight, compacting;
+  int64_t batch_ns;  /* batch_write's duration, for the metric */
+  uint64_t size;     /* durable bytes in the file */
+  uint64_t appended; /* logical positions (journal.h) */
+  uint64_t durable;
+  uint64_t batch_end; /* what the batch in flight covers */
   uint64_t syncs;
-  ferry_error_t failed; /* sticky error; code 0 while healthy */
+  uint64_t snap_size; /* the last snapshot's size (0: none) */
+  bool oom;           /* an append ran out of memory */
 };
+
+static ferry_journal_io_t io_sys = {pwrite, fdatasync};
+static ferry_journal_io_t io = {pwrite, fdatasync};
+static int crash_step;
+
+void ferry__journal_set_io(const ferry_journal_io_t *o) {
+  io = o != NULL ? *o : io_sys;
+}
+
+void ferry__journal_set_crash_step(int step) { crash_step = step; }
 
 static int sys_err(ferry_error_t *err, const char *what, const char *path) {
   int e = errno;
@@ -32,31 +52,60 @@ static int sys_err(ferry_error_t *err, const char *what, const char *path) {
                        strerror(e));
 }
 
-/* Makes the journal's directory entry durable (after creating it). */
-static void sync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
+/* Makes a directory's entries durable (after creating or renaming). */
+static int sync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+  if (fd < 0)
+    return -1;
+  rc = io.fsync(fd);
+  close(fd);
+  return rc;
+}
+
+/* Writes all of `n` bytes at `off`. -1 with errno. */
+static int write_all(int fd, const uint8_t *b, size_t n, uint64_t off) {
+  while (n > 0) {
+    ssize_t w = io.pwrite(fd, b, n, (off_t)off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -1;
+    if (w == 0) {
+      errno = EIO;
+      return -1;
+    }
+    b += w;
+    n -= (size_t)w;
+    off += (uint64_t)w;
   }
+  return 0;
+}
+
+static char *path_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = ferry__malloc(n);
+  if (p != NULL)
+    snprintf(p, n, "%s/%s", dir, name);
+  return p;
 }
 
 int ferry__journal_open(const char *dir, ferry_journal_t **out,
                         ferry_error_t *err) {
   ferry_journal_t *j;
   struct stat st;
-  size_t n = strlen(dir) + sizeof("/journal");
 
   *out = NULL;
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return sys_err(err, "cannot create the work directory", dir);
   j = ferry__calloc(1, sizeof(*j));
-  if (j == NULL || (j->path = ferry__malloc(n)) == NULL) {
+  if (j == NULL || (j->path = path_join(dir, "journal")) == NULL ||
+      (j->dir = ferry__strdup(dir)) == NULL) {
+    if (j != NULL)
+      ferry__free(j->path);
     ferry__free(j);
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   }
-  snprintf(j->path, n, "%s/journal", dir);
-  j->fd = open(j->path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  j->fd = open(j->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (j->fd < 0 || fstat(j->fd, &st) != 0) {
     int rc = sys_err(err, "cannot open", j->path);
     ferry__journal_close(j);
@@ -139,15 +188,35 @@ static int64_t next_valid_record(int fd, uint64_t bad, uint64_t end) {
   return found;
 }
 
-static int cut_tail(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
-  FERRY_LOG(FERRY_LOG_WARN,
-            "journal: cut %" PRIu64 " torn bytes at offset %" PRIu64
-            " of %s (no valid entry follows them: a crash tail)",
-            j->size - at, at, j->path);
-  if (ftruncate(j->fd, (off_t)at) != 0 || fdatasync(j->fd) != 0)
-    return sys_err(err, "cannot truncate the torn tail", j->path);
+static int cut_at(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
+  if (ftruncate(j->fd, (off_t)at) != 0 || io.fsync(j->fd) != 0)
+    return sys_err(err, "cannot truncate", j->path);
   j->size = at;
   return 0;
+}
+
+/* The valid records from `from` to `end` (a corrupt region's survivors):
+ * walks complete records, searching again past each gap. */
+static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
+  uint64_t n = 0, off = from;
+  uint8_t h[12];
+  while (off + 16 <= end) {
+    uint64_t len = 0;
+    if (ferry__pread_full(fd, h, 12, off) != 12)
+      break;
+    if (valid_record_at(fd, off, end, h, 12) == 1) {
+      for (int i = 7; i >= 0; i--)
+        len = len << 8 | h[i];
+      n++;
+      off += 16 + len;
+      continue;
+    }
+    int64_t next = next_valid_record(fd, off, end);
+    if (next < 0 || (uint64_t)next >= end)
+      break;
+    off = (uint64_t)next;
+  }
+  return n;
 }
 
 /* Decides what a reader error at `at` means. A crash can leave the last
@@ -155,26 +224,74 @@ static int cut_tail(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
  * garbage up to the end of the file: nothing valid comes after the
  * damage, and the damaged bytes are a torn tail (cut them). Damage that a
  * complete valid record follows cannot come from a crash while
- * appending: corruption (fatal, naming both offsets). */
+ * appending: corruption (fatal, naming both offsets), unless `recover`. */
 static int bad_record(ferry_journal_t *j, int code, uint64_t at,
-                      const ferry_error_t *rerr, ferry_error_t *err) {
+                      uint64_t good, bool recover, const ferry_error_t *rerr,
+                      ferry_error_t *err) {
   int64_t next = next_valid_record(j->fd, at, j->size);
   if (next < 0)
     return sys_err(err, "cannot read the journal's tail", j->path);
-  if ((uint64_t)next >= j->size)
-    return cut_tail(j, at, err);
+  if ((uint64_t)next >= j->size) {
+    FERRY_LOG(FERRY_LOG_WARN,
+              "journal: cut %" PRIu64 " torn bytes at offset %" PRIu64
+              " of %s (no valid entry follows them: a crash tail)",
+              j->size - at, at, j->path);
+    return cut_at(j, at, err);
+  }
+  if (recover) {
+    uint64_t lost = count_valid(j->fd, (uint64_t)next, j->size);
+    FERRY_LOG(FERRY_LOG_ERROR,
+              "journal: --journal-recover: %s: corrupt entry at byte offset "
+              "%" PRIu64 " (%s); dropped %" PRIu64 " bytes from offset "
+              "%" PRIu64 " to the end, holding %" PRIu64 " valid entries "
+              "after the damage (from offset %" PRIu64 "); kept the %" PRIu64
+              " entries before it",
+              j->path, at, rerr->msg, j->size - at, at, lost,
+              (uint64_t)next, good);
+    return cut_at(j, at, err);
+  }
   return ferry__seterr(err, code,
                        "%s: corrupt journal entry at byte offset %" PRIu64
                        ": %s (a valid entry follows at byte offset %" PRIu64
-                       ", so this is not a torn tail; refusing to replay)",
+                       ", so this is not a torn tail; refusing to replay: "
+                       "--journal-recover truncates the journal there, "
+                       "dropping what follows)",
                        j->path, at, rerr->msg, (uint64_t)next);
 }
 
-int ferry__journal_replay(ferry_journal_t *j, ferry_journal_entry_cb cb,
-                          void *arg, uint64_t *n, ferry_error_t *err) {
+/* Reads `path` record by record through `cb`. Stores the end of the last
+ * good record in *good_end; a reader error is left in `rerr` (rc its
+ * code). */
+static int read_records(const char *path, ferry_journal_entry_cb cb,
+                        void *arg, uint64_t *count, uint64_t *good_end,
+                        ferry_error_t *rerr, ferry_error_t *err) {
   ferry_tfr_options_t opts;
   ferry_tfr_reader_t *r = NULL;
   ferry_record_t rec;
+  int rc;
+
+  ferry_tfr_options_init(&opts);
+  opts.compression = FERRY_COMPRESSION_NONE;
+  opts.on_error = FERRY_ON_ERROR_FAIL;
+  if ((rc = ferry_tfr_reader_open(path, &opts, &r, err)) != 0)
+    return rc;
+  while ((rc = ferry_tfr_reader_next(r, &rec, rerr)) == 0) {
+    if ((rc = cb(rec.data, rec.len, rec.offset, arg, err)) != 0) {
+      if (err != NULL && err->code != 0)
+        ferry__prefixerr(err, "%s: entry at byte offset %" PRIu64, path,
+                         rec.offset);
+      break;
+    }
+    *good_end = rec.offset + 16 + rec.len;
+    (*count)++;
+  }
+  ferry_tfr_reader_free(r);
+  return rc == FERRY_EOF ? 0 : rc;
+}
+
+int ferry__journal_replay(ferry_journal_t *j, ferry_journal_entry_cb cb,
+                          void *arg, bool recover, uint64_t *n,
+                          ferry_error_t *err) {
   ferry_error_t rerr = {0};
   uint64_t count = 0, good_end = 0;
   int rc;
@@ -183,51 +300,103 @@ int ferry__journal_replay(ferry_journal_t *j, ferry_journal_entry_cb cb,
     *n = 0;
   if (j->size == 0)
     return 0;
-  ferry_tfr_options_init(&opts);
-  opts.compression = FERRY_COMPRESSION_NONE;
-  opts.on_error = FERRY_ON_ERROR_FAIL;
-  if ((rc = ferry_tfr_reader_open(j->path, &opts, &r, err)) != 0)
-    return rc;
-  while ((rc = ferry_tfr_reader_next(r, &rec, &rerr)) == 0) {
-    if ((rc = cb(rec.data, rec.len, arg, err)) != 0) {
-      ferry__prefixerr(err, "%s: entry at byte offset %" PRIu64, j->path,
-                       rec.offset);
-      break;
-    }
-    good_end = rec.offset + 16 + rec.len;
-    count++;
-  }
-  ferry_tfr_reader_free(r);
-  if (rc == FERRY_EOF)
-    rc = 0;
-  else if (rerr.code != 0 && rc == rerr.code)
-    rc = bad_record(j, rc, good_end, &rerr, err);
+  rc = read_records(j->path, cb, arg, &count, &good_end, &rerr, err);
+  if (rc != 0 && rerr.code != 0 && rc == rerr.code)
+    rc = bad_record(j, rc, good_end, count, recover, &rerr, err);
   if (n != NULL)
     *n = count;
   return rc;
 }
 
+int ferry__journal_read_snapshot(const char *dir, ferry_journal_entry_cb cb,
+                                 void *arg, bool *found, uint64_t *n,
+                                 uint64_t *bytes, ferry_error_t *err) {
+  char *path = path_join(dir, "snapshot"), *tmp = path_join(dir, "snapshot.tmp");
+  ferry_error_t rerr = {0};
+  uint64_t count = 0, good_end = 0;
+  struct stat st;
+  int rc = 0;
+
+  *found = false;
+  *n = *bytes = 0;
+  if (path == NULL || tmp == NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    goto out;
+  }
+  if (unlink(tmp) == 0)
+    FERRY_LOG(FERRY_LOG_WARN, "%s: removed (a compaction stopped before "
+              "renaming it into place; %s is the snapshot)", tmp, path);
+  if (stat(path, &st) != 0) {
+    if (errno != ENOENT)
+      rc = sys_err(err, "cannot stat", path);
+    goto out;
+  }
+  *found = true;
+  *bytes = (uint64_t)st.st_size;
+  rc = read_records(path, cb, arg, &count, &good_end, &rerr, err);
+  if (rc != 0 && rerr.code != 0 && rc == rerr.code)
+    rc = ferry__seterr(err, rc,
+                       "%s: corrupt snapshot at byte offset %" PRIu64
+                       ": %s (refusing to start: a snapshot is renamed "
+                       "into place complete, so this is not a crash)",
+                       path, good_end, rerr.msg);
+out:
+  *n = count;
+  ferry__free(path);
+  ferry__free(tmp);
+  return rc;
+}
+
+int ferry__journal_frame(uint8_t **buf, size_t *len, size_t *cap,
+                         const uint8_t *entry, size_t elen) {
+  size_t need = *len + elen + 16;
+  if (need > *cap) {
+    size_t c = *cap ? *cap : 4096;
+    uint8_t *nb;
+    while (c < need)
+      c *= 2;
+    if ((nb = ferry__realloc(*buf, c)) == NULL)
+      return FERRY_ENOMEM;
+    *buf = nb;
+    *cap = c;
+  }
+  ferry_tfr_frame_header(elen, *buf + *len);
+  memcpy(*buf + *len + 12, entry, elen);
+  ferry_tfr_frame_footer(entry, elen, *buf + *len + 12 + elen);
+  *len += elen + 16;
+  return 0;
+}
+
+int ferry__journal_reset(ferry_journal_t *j, const uint8_t *header,
+                         size_t len, ferry_error_t *err) {
+  uint8_t *b = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+
+  if (ferry__journal_frame(&b, &n, &cap, header, len) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  if (ftruncate(j->fd, 0) != 0)
+    rc = sys_err(err, "cannot truncate", j->path);
+  else if (write_all(j->fd, b, n, 0) != 0 || io.fsync(j->fd) != 0)
+    rc = sys_err(err, "cannot write the segment header", j->path);
+  ferry__free(b);
+  if (rc != 0) {
+    /* Whatever made it stays: a torn header is cut at the next start. */
+    struct stat st;
+    j->size = fstat(j->fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+    return rc;
+  }
+  j->size = n;
+  return 0;
+}
+
 void ferry__journal_append(ferry_journal_t *j, const uint8_t *entry,
                            size_t len) {
-  size_t need = j->len + len + 16;
-  if (j->failed.code != 0)
+  if (ferry__journal_frame(&j->buf, &j->len, &j->cap, entry, len) != 0) {
+    j->oom = true;
     return;
-  if (need > j->cap) {
-    size_t cap = j->cap ? j->cap : 4096;
-    uint8_t *nb;
-    while (cap < need)
-      cap *= 2;
-    if ((nb = ferry__realloc(j->buf, cap)) == NULL) {
-      ferry__seterr(&j->failed, FERRY_ENOMEM, "%s: out of memory", j->path);
-      return;
-    }
-    j->buf = nb;
-    j->cap = cap;
   }
-  ferry_tfr_frame_header(len, j->buf + j->len);
-  memcpy(j->buf + j->len + 12, entry, len);
-  ferry_tfr_frame_footer(entry, len, j->buf + j->len + 12 + len);
-  j->len += len + 16;
+  j->appended += len + 16;
   ferry_metric_add(ferry__dmetrics()->appends, 1);
 }
 
@@ -235,49 +404,215 @@ void ferry__journal_sink(const uint8_t *entry, size_t len, void *arg) {
   ferry__journal_append(arg, entry, len);
 }
 
-int ferry__journal_sync(ferry_journal_t *j, ferry_error_t *err) {
-  size_t done = 0;
-
-  if (j->failed.code == 0 && j->len > 0) {
-    int64_t t0 = ferry_metrics_now_ns();
-    while (done < j->len) {
-      ssize_t w = write(j->fd, j->buf + done, j->len - done);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0) {
-        sys_err(&j->failed, "write", j->path);
-        break;
-      }
-      done += (size_t)w;
-    }
-    j->size += done;
-    if (j->failed.code == 0 && fdatasync(j->fd) != 0)
-      sys_err(&j->failed, "fdatasync", j->path);
-    ferry_metric_observe(ferry__dmetrics()->fsync,
-                         ferry_metrics_now_ns() - t0);
-    j->len = 0;
-    j->syncs++;
-  }
-  if (j->failed.code != 0) {
-    if (err != NULL)
-      *err = j->failed;
-    return j->failed.code;
-  }
-  return 0;
+bool ferry__journal_batch_begin(ferry_journal_t *j) {
+  uint8_t *t;
+  size_t c;
+  if (j->inflight || (j->len == 0 && !j->oom))
+    return false;
+  t = j->fbuf, c = j->fcap;
+  j->fbuf = j->buf, j->fcap = j->cap, j->flen = j->len;
+  j->buf = t, j->cap = c, j->len = 0;
+  j->batch_end = j->appended;
+  j->inflight = true;
+  j->compacting = false;
+  return true;
 }
 
+bool ferry__journal_compact_begin(ferry_journal_t *j, uint8_t *snapshot,
+                                  size_t snapshot_len, const uint8_t *header,
+                                  size_t header_len) {
+  size_t cap = 0;
+  if (j->inflight) {
+    ferry__free(snapshot);
+    return false;
+  }
+  j->hlen = 0;
+  if (ferry__journal_frame(&j->hdr, &j->hlen, &cap, header, header_len) !=
+      0)
+    j->oom = true;
+  /* The snapshot covers what was appended: those entries are not written. */
+  j->len = 0;
+  ferry__free(j->fbuf);
+  j->fbuf = snapshot;
+  j->flen = j->fcap = snapshot_len;
+  j->batch_end = j->appended;
+  j->inflight = true;
+  j->compacting = true;
+  return true;
+}
+
+/* Compaction: the steps of journal.h; `crash_step` stops before one. */
+static int compact_write(ferry_journal_t *j, ferry_error_t *err) {
+  char *snap = path_join(j->dir, "snapshot");
+  char *tmp = path_join(j->dir, "snapshot.tmp");
+  int fd = -1, rc = 0, step = 0;
+
+#define STEP()                                                                 \
+  do {                                                                         \
+    if (++step == crash_step) {                                                \
+      rc = ferry__seterr(err, FERRY_ECANCELED, "test: crash before step %d",  \
+                         step);                                                \
+      goto out;                                                                \
+    }                                                                          \
+  } while (0)
+
+  if (snap == NULL || tmp == NULL) {
+    rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    goto out;
+  }
+  STEP(); /* 1: nothing written yet */
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    rc = sys_err(err, "cannot create", tmp);
+    goto out;
+  }
+  if (write_all(fd, j->fbuf, j->flen / 2, 0) != 0) {
+    rc = sys_err(err, "write", tmp);
+    goto out;
+  }
+  STEP(); /* 2: half of snapshot.tmp written */
+  if (write_all(fd, j->fbuf + j->flen / 2, j->flen - j->flen / 2,
+                j->flen / 2) != 0) {
+    rc = sys_err(err, "write", tmp);
+    goto out;
+  }
+  STEP(); /* 3: written, not synced */
+  if (io.fsync(fd) != 0) {
+    rc = sys_err(err, "fsync", tmp);
+    goto out;
+  }
+  STEP(); /* 4: synced, not renamed */
+  if (rename(tmp, snap) != 0) {
+    rc = sys_err(err, "cannot rename it to snapshot", tmp);
+    goto out;
+  }
+  STEP(); /* 5: renamed, directory not synced */
+  if (sync_dir(j->dir) != 0) {
+    rc = sys_err(err, "fsync of the directory", j->dir);
+    goto out;
+  }
+  STEP(); /* 6: the snapshot is durable; the journal is the old segment */
+  if (ftruncate(j->fd, 0) != 0) {
+    rc = sys_err(err, "cannot truncate", j->path);
+    goto out;
+  }
+  STEP(); /* 7: the journal is empty */
+  if (write_all(j->fd, j->hdr, j->hlen / 2, 0) != 0) {
+    rc = sys_err(err, "write", j->path);
+    goto out;
+  }
+  STEP(); /* 8: half of the new segment's header */
+  if (write_all(j->fd, j->hdr + j->hlen / 2, j->hlen - j->hlen / 2,
+                j->hlen / 2) != 0 ||
+      io.fsync(j->fd) != 0)
+    rc = sys_err(err, "cannot write the segment header", j->path);
+out:
+#undef STEP
+  if (fd >= 0) {
+    close(fd);
+    if (rc != 0 && step < 4 && crash_step == 0)
+      unlink(tmp);
+  }
+  ferry__free(snap);
+  ferry__free(tmp);
+  return rc;
+}
+
+int ferry__journal_batch_write(ferry_journal_t *j, ferry_error_t *err) {
+  int64_t t0 = ferry_metrics_now_ns();
+  int rc = 0;
+
+  if (j->oom)
+    rc = ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory", j->path);
+  else if (j->compacting)
+    rc = compact_write(j, err);
+  else if (write_all(j->fd, j->fbuf, j->flen, j->size) != 0)
+    rc = sys_err(err, "write", j->path);
+  else if (io.fsync(j->fd) != 0)
+    rc = sys_err(err, "fdatasync", j->path);
+  j->batch_ns = ferry_metrics_now_ns() - t0;
+  return rc;
+}
+
+void ferry__journal_batch_end(ferry_journal_t *j, int rc) {
+  if (!j->inflight)
+    return;
+  j->inflight = false;
+  ferry_metric_observe(ferry__dmetrics()->fsync, j->batch_ns);
+  j->syncs++;
+  if (rc == 0) {
+    if (j->compacting) {
+      j->size = j->hlen;
+      j->snap_size = j->flen;
+    } else {
+      j->size += j->flen;
+    }
+    j->durable = j->batch_end;
+  } else {
+    struct stat st;
+    /* A compaction that failed after its rename left the new snapshot:
+     * the restore decides from what is on disk. A batch is cut back. */
+    if (!j->compacting) {
+      if (ftruncate(j->fd, (off_t)j->size) != 0)
+        FERRY_LOG(FERRY_LOG_ERROR, "%s: cannot cut the failed batch at "
+                  "offset %" PRIu64 ": %s", j->path, j->size,
+                  strerror(errno));
+    } else if (fstat(j->fd, &st) == 0) {
+      j->size = (uint64_t)st.st_size;
+    }
+    /* Everything appended is dropped: the caller rebuilds its state. */
+    j->len = 0;
+    j->oom = false;
+    j->durable = j->appended;
+  }
+  j->compacting = false;
+  if (j->fcap > (4u << 20)) { /* a snapshot or a burst: give it back */
+    ferry__free(j->fbuf);
+    j->fbuf = NULL;
+    j->fcap = 0;
+  }
+  j->flen = 0;
+}
+
+int ferry__journal_sync(ferry_journal_t *j, ferry_error_t *err) {
+  int rc;
+  if (!ferry__journal_batch_begin(j))
+    return 0;
+  rc = ferry__journal_batch_write(j, err);
+  ferry__journal_batch_end(j, rc);
+  return rc;
+}
+
+uint64_t ferry__journal_appended(const ferry_journal_t *j) {
+  return j->appended;
+}
+uint64_t ferry__journal_durable(const ferry_journal_t *j) {
+  return j->durable;
+}
+bool ferry__journal_busy(const ferry_journal_t *j) { return j->inflight; }
 uint64_t ferry__journal_size(const ferry_journal_t *j) { return j->size; }
 uint64_t ferry__journal_syncs(const ferry_journal_t *j) { return j->syncs; }
+uint64_t ferry__journal_snapshot_size(const ferry_journal_t *j) {
+  return j->snap_size;
+}
+const char *ferry__journal_dir(const ferry_journal_t *j) { return j->dir; }
+
+void ferry__journal_set_snapshot_size(ferry_journal_t *j, uint64_t n) {
+  j->snap_size = n;
+}
 
 void ferry__journal_close(ferry_journal_t *j) {
   ferry_error_t err = {0};
   if (j == NULL)
     return;
-  if (j->fd >= 0 && ferry__journal_sync(j, &err) != 0)
+  if (j->fd >= 0 && !j->inflight && ferry__journal_sync(j, &err) != 0)
     FERRY_LOG(FERRY_LOG_ERROR, "%s", err.msg);
   if (j->fd >= 0)
     close(j->fd);
   ferry__free(j->buf);
+  ferry__free(j->fbuf);
+  ferry__free(j->hdr);
   ferry__free(j->path);
+  ferry__free(j->dir);
   ferry__free(j);
 }

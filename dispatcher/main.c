@@ -19,6 +19,7 @@
 #include "ferry/metrics.h"
 #include "journal.h"
 #include "rpc_handlers.h"
+#include "snapshot.h"
 #include "state.h"
 #include "workdir.h"
 
@@ -40,6 +41,8 @@ typedef struct settings_s {
   char *metrics_host;   /* NULL: --host */
   double target_stall_fraction;
   int log_level;
+  bool journal_recover;
+  int64_t snapshot_bytes;
   bool help;
   bool version;
   /* Issue 8: TLS and bearer tokens. */
@@ -110,6 +113,15 @@ static const ferry_option_t options[] = {
         NULL, "file holding the operator's token: DrainWorker, CancelJob "
         "(ferryctl drain, job cancel) and GetStatus (none: those two are "
         "open only while no other token file is given, else refused)"),
+    OPT("journal-recover", FERRY_OPT_BOOL, journal_recover, "false", 0, 0,
+        NULL, "start from a journal with a corrupt entry by truncating it "
+        "to the last good entry before the damage (what is dropped is "
+        "logged: entries, bytes, offset); without it such a journal "
+        "refuses to start"),
+    OPT("snapshot-bytes", FERRY_OPT_INT, snapshot_bytes, "67108864", 0,
+        1125899906842624.0, NULL, "compact: write a snapshot of the state and start "
+        "a new journal once the journal exceeds max(this, 2 x the last "
+        "snapshot) bytes (0: never)"),
     OPT("log-level", FERRY_OPT_ENUM, log_level, "info", 0, 0,
         "error|warn|info|debug", "log verbosity"),
     OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
@@ -204,7 +216,7 @@ static void on_tick(uv_timer_t *t) {
     return;
   }
   ferry__disp_tick(d->state, ferry__disp_now_ms());
-  ferry__disp_rpc_sync(&d->svc);
+  ferry__disp_rpc_flush(&d->svc);
 }
 
 /* The journal failed inside a handler: stop from the timer, outside it. */
@@ -273,15 +285,11 @@ static void on_sighup(uv_signal_t *h, int signum) {
   load_tokens(d, d->settings, true, &err);
 }
 
-static int replay_entry(const uint8_t *e, size_t len, void *arg,
-                        ferry_error_t *err) {
-  return ferry__disp_apply(arg, e, len, ferry__disp_now_ms(), err);
-}
-
-/* Creates the state and rebuilds it from the journal. */
+/* Creates the state and rebuilds it from the snapshot and the journal. */
 static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   ferry_disp_config_t cfg;
-  uint64_t n = 0;
+  ferry_disp_restore_t st;
+  int64_t t0;
   int rc;
 
   ferry__disp_config_init(&cfg);
@@ -301,19 +309,25 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   if ((rc = ferry__disp_new(&cfg, ferry__disp_now_ms(), &d->state)) != 0)
     return ferry__seterr(err, rc, "out of memory");
   /* Before the replay: a second dispatcher must not touch the journal. */
+  t0 = ferry__disp_now_ms();
   if ((rc = ferry__workdir_lock(s->work_dir, &d->lock_fd, err)) != 0 ||
       (rc = ferry__journal_open(s->work_dir, &d->journal, err)) != 0 ||
-      (rc = ferry__journal_replay(d->journal, replay_entry, d->state, &n,
-                                  err)) != 0)
+      (rc = ferry__disp_restore(d->state, d->journal, s->journal_recover,
+                                ferry__disp_now_ms(), &st, err)) != 0)
     return rc;
-  ferry__disp_replayed(d->state, ferry__disp_now_ms());
   ferry__disp_set_sink(d->state, ferry__journal_sink, d->journal);
   /* The boot entry keeps this process's lease generations above every
    * earlier one's; it is synced with the first RPC's entries. */
   if ((rc = ferry__disp_boot(d->state, err)) != 0)
     return rc;
-  FERRY_LOG(FERRY_LOG_INFO, "journal %s/journal: %" PRIu64 " entries replayed",
-            s->work_dir, n);
+  FERRY_LOG(FERRY_LOG_INFO,
+            "restored %s in %" PRId64 " ms: snapshot %s (%" PRIu64
+            " entries, %" PRIu64 " bytes), journal segment %" PRIu64
+            " (%" PRIu64 " entries, %" PRIu64 " bytes)",
+            s->work_dir, ferry__disp_now_ms() - t0,
+            st.snapshot ? "loaded" : "none", st.snapshot_entries,
+            st.snapshot_bytes, st.segment, st.journal_entries,
+            st.journal_bytes);
   return 0;
 }
 
@@ -328,6 +342,7 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   d->svc.version = FERRY_VERSION_STRING;
   d->svc.fatal = on_fatal;
   d->svc.fatal_arg = d;
+  d->svc.compact_bytes = (uint64_t)s->snapshot_bytes;
   d->settings = s;
   ferry_rpc_tls_t tls = {s->tls_ca, s->tls_cert, s->tls_key,
                          s->tls_client_auth};

@@ -1,12 +1,14 @@
 /* The dispatcher's gRPC glue (see rpc_handlers.h). */
 #include "rpc_handlers.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
+#include "snapshot.h"
 
 typedef int (*op_fn)(ferry_disp_service_t *svc, const void *req, void *resp,
                      ferry_arena_t *a, int64_t now, ferry_error_t *err);
@@ -99,7 +101,7 @@ _Static_assert(sizeof(methods) / sizeof(methods[0]) ==
                    FERRY_DISP_N_METHODS,
                "one binding per method");
 
-/* Packs the response into one buffer and answers the call. */
+/* Packs the response into one buffer and answers the call now. */
 static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *msg,
                       ferry_arena_t *a) {
   size_t n = protobuf_c_message_get_packed_size(msg);
@@ -110,6 +112,104 @@ static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *msg,
   }
   protobuf_c_message_pack(msg, buf);
   ferry_rpc_reply(call, buf, n);
+}
+
+/* ---- Group commit ----------------------------------------------------------
+ * A call's changes are applied in memory and appended to the journal; its
+ * answer is held (with the journal's appended position at the time) until
+ * a batch made that position durable. Every answer goes through here, reads
+ * included: an answer computed while entries are pending may show them
+ * (a lease another call just granted), so it waits for them too. One batch
+ * is in flight at a time, on libuv's thread pool; what is appended
+ * meanwhile goes in the next one. A failed batch fails every held call
+ * and rebuilds the state from disk (rebuild()). */
+
+struct ferry_disp_held_s {
+  ferry_disp_held_t *next;
+  ferry_rpc_call_t *call;
+  uint64_t pos;
+  int status; /* 0: `buf` is the answer; else the gRPC status of `msg` */
+  uint8_t *buf;
+  size_t len;
+  char msg[];
+};
+
+static void kick(ferry_disp_service_t *svc);
+
+static bool must_hold(const ferry_disp_service_t *svc) {
+  return svc->journal != NULL && ferry__journal_appended(svc->journal) >
+                                     ferry__journal_durable(svc->journal);
+}
+
+static void hold(ferry_disp_service_t *svc, ferry_disp_held_t *h) {
+  h->pos = ferry__journal_appended(svc->journal);
+  h->next = NULL;
+  if (svc->held_tail == NULL)
+    svc->held_tail = &svc->held;
+  *svc->held_tail = h;
+  svc->held_tail = &h->next;
+  svc->n_held++;
+  kick(svc);
+}
+
+/* Answers `call` with `msg` once what the state shows is durable. */
+static void answer(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
+                   const ProtobufCMessage *msg, ferry_arena_t *a) {
+  ferry_disp_held_t *h;
+  size_t n;
+
+  if (!must_hold(svc)) {
+    reply_msg(call, msg, a);
+    return;
+  }
+  n = protobuf_c_message_get_packed_size(msg);
+  if ((h = ferry__malloc(sizeof(*h) + 1 + n)) == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    return;
+  }
+  h->call = call;
+  h->status = 0;
+  h->msg[0] = '\0';
+  h->buf = (uint8_t *)h->msg + 1;
+  h->len = protobuf_c_message_pack(msg, h->buf);
+  hold(svc, h);
+}
+
+static void answer_error(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
+                         int status, const char *text) {
+  ferry_disp_held_t *h;
+  size_t n = strlen(text);
+
+  if (!must_hold(svc) || (h = ferry__malloc(sizeof(*h) + n + 1)) == NULL) {
+    ferry_rpc_reply_error(call, status, text);
+    return;
+  }
+  h->call = call;
+  h->status = status;
+  h->buf = NULL;
+  h->len = 0;
+  memcpy(h->msg, text, n + 1);
+  hold(svc, h);
+}
+
+/* Answers the held calls up to `pos` (all: `pos` UINT64_MAX), or fails
+ * them all with UNAVAILABLE and `why` when `why` is not NULL. */
+static void release_held(ferry_disp_service_t *svc, uint64_t pos,
+                         const char *why) {
+  while (svc->held != NULL && (why != NULL || svc->held->pos <= pos)) {
+    ferry_disp_held_t *h = svc->held;
+    svc->held = h->next;
+    svc->n_held--;
+    if (why != NULL)
+      ferry_rpc_reply_error(h->call, FERRY_RPC_UNAVAILABLE, why);
+    else if (h->status != 0)
+      ferry_rpc_reply_error(h->call, h->status, h->msg);
+    else
+      ferry_rpc_reply(h->call, h->buf, h->len);
+    ferry__free(h);
+  }
+  if (svc->held == NULL)
+    svc->held_tail = &svc->held;
 }
 
 /* ---- Held-back worker heartbeats ------------------------------------------
@@ -157,10 +257,9 @@ static bool wait_answer(ferry_disp_service_t *svc, ferry_disp_wait_t *w,
   }
   wait_unlink(svc, w);
   if (err.code != 0)
-    ferry_rpc_reply_error(w->call, ferry_rpc_status_from_err(err.code),
-                          err.msg);
+    answer_error(svc, w->call, ferry_rpc_status_from_err(err.code), err.msg);
   else
-    reply_msg(w->call, &resp.base, &a);
+    answer(svc, w->call, &resp.base, &a);
   ferry__arena_free(&a);
   free_request(&w->req->base);
   ferry__free(w);
@@ -210,6 +309,20 @@ static void wait_check(ferry_disp_service_t *svc) {
     w = next;
   }
   if (any)
+    wait_arm(svc);
+}
+
+/* A failed batch: every waiting heartbeat fails (what it reported may be
+ * undone), and the workers call again. */
+static void wait_fail_all(ferry_disp_service_t *svc, const char *why) {
+  while (svc->waiting != NULL) {
+    ferry_disp_wait_t *w = svc->waiting;
+    svc->waiting = w->next;
+    ferry_rpc_reply_error(w->call, FERRY_RPC_UNAVAILABLE, why);
+    free_request(&w->req->base);
+    ferry__free(w);
+  }
+  if (svc->can_wait)
     wait_arm(svc);
 }
 
@@ -346,13 +459,10 @@ static void reg_after(uv_work_t *w, int status) {
   rc = ferry__disp_reg_finish(svc->state, p->reg, &resp, &a,
                               ferry__disp_now_ms(), &err);
   /* What the call changed is durable before anyone hears of it. */
-  if (ferry__disp_rpc_sync(svc) != 0)
-    ferry_rpc_reply_error(p->call, FERRY_RPC_UNAVAILABLE,
-                          "dispatcher: cannot write its journal");
-  else if (rc != 0)
-    ferry_rpc_reply_error(p->call, ferry_rpc_status_from_err(rc), err.msg);
+  if (rc != 0)
+    answer_error(svc, p->call, ferry_rpc_status_from_err(rc), err.msg);
   else
-    reply_msg(p->call, &resp.base, &a);
+    answer(svc, p->call, &resp.base, &a);
   p->call = NULL;
   if (rc != 0)
     FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", methods[0].name, err.msg);
@@ -430,23 +540,133 @@ void ferry__disp_rpc_stop(ferry_disp_service_t *svc) {
   uv_close((uv_handle_t *)&svc->wait_timer, timer_closed);
 }
 
-int ferry__disp_rpc_sync(ferry_disp_service_t *svc) {
+/* The batch failed: nothing held is acknowledged, and the state, ahead
+ * of the disk, is rebuilt from it (the snapshot and the journal cut back
+ * to its last durable entry). The boot entry that keeps lease generations
+ * above the ones this process issued is committed by the next mutating
+ * call (handle()), so reads keep being answered while the disk is full. */
+static void rebuild(ferry_disp_service_t *svc, const ferry_error_t *why) {
+  char msg[sizeof(why->msg) + 96];
+  ferry_disp_restore_t st;
   ferry_error_t err = {0};
-  int rc = 0;
+  int64_t t0 = ferry__disp_now_ms();
+  int rc;
 
-  if (svc->failed)
-    return FERRY_EIO;
-  if (svc->journal != NULL &&
-      (rc = ferry__journal_sync(svc->journal, &err)) != 0) {
+  snprintf(msg, sizeof(msg),
+           "dispatcher: cannot write its journal (%s); the call was not "
+           "applied",
+           why->msg);
+  FERRY_LOG(FERRY_LOG_ERROR, "journal: %s; failing %zu held calls and "
+            "rebuilding the state from disk", why->msg, svc->n_held);
+  release_held(svc, 0, msg);
+  wait_fail_all(svc, msg);
+  ferry__disp_set_sink(svc->state, NULL, NULL);
+  ferry__disp_reset(svc->state, t0);
+  rc = ferry__disp_restore(svc->state, svc->journal, false, t0, &st, &err);
+  ferry__disp_set_sink(svc->state, ferry__journal_sink, svc->journal);
+  if (rc != 0) {
     svc->failed = true;
-    FERRY_LOG(FERRY_LOG_ERROR, "journal: %s", err.msg);
+    FERRY_LOG(FERRY_LOG_ERROR, "journal: cannot rebuild the state: %s",
+              err.msg);
     if (svc->fatal != NULL)
       svc->fatal(&err, svc->fatal_arg);
-    return rc;
+    return;
   }
-  wait_check(svc);
-  return 0;
+  svc->need_boot = true;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "journal: state rebuilt from disk in %" PRId64 " ms (%" PRIu64
+            " snapshot entries, %" PRIu64 " journal entries); serving, "
+            "mutations retry the journal",
+            ferry__disp_now_ms() - t0, st.snapshot_entries,
+            st.journal_entries);
 }
+
+/* Loop: the batch in flight ended with `rc`. */
+static void synced(ferry_disp_service_t *svc, int rc,
+                   const ferry_error_t *err) {
+  ferry_journal_t *j = svc->journal;
+  bool compacted = svc->compacting;
+
+  svc->compacting = false;
+  ferry__journal_batch_end(j, rc);
+  if (rc != 0) {
+    rebuild(svc, err);
+    return;
+  }
+  if (compacted) {
+    ferry__disp_set_segment(svc->state, svc->compact_segment);
+    FERRY_LOG(FERRY_LOG_INFO,
+              "journal: snapshot of %" PRIu64 " bytes written, journal "
+              "segment %" PRIu64 " started",
+              ferry__journal_snapshot_size(j), svc->compact_segment);
+  }
+  release_held(svc, ferry__journal_durable(j), NULL);
+  /* Long polls hear only of what is durable (or wait for it, answer()). */
+  wait_check(svc);
+  kick(svc);
+}
+
+static void sync_work(uv_work_t *w) {
+  ferry_disp_service_t *svc = w->data;
+  ferry_error_clear(&svc->sync_err);
+  svc->sync_rc = ferry__journal_batch_write(svc->journal, &svc->sync_err);
+}
+
+static void sync_after(uv_work_t *w, int status) {
+  ferry_disp_service_t *svc = w->data;
+  (void)status; /* never cancelled */
+  synced(svc, svc->sync_rc, &svc->sync_err);
+}
+
+/* Starts a compaction when the journal outgrew max(--snapshot-bytes,
+ * twice the last snapshot): restart work and disk use stay bounded by the
+ * live state. False: a plain batch instead. */
+static bool compact_begin(ferry_disp_service_t *svc) {
+  ferry_journal_t *j = svc->journal;
+  uint64_t size = ferry__journal_size(j);
+  uint64_t snap = ferry__journal_snapshot_size(j);
+  uint8_t hdr[16], *buf;
+  size_t len, hlen;
+  ferry_error_t err = {0};
+
+  if (svc->compact_bytes == 0 || size < svc->compact_bytes ||
+      size < 2 * snap)
+    return false;
+  svc->compact_segment = ferry__disp_segment(svc->state) + 1;
+  if (ferry__disp_snapshot(svc->state, svc->compact_segment, &buf, &len,
+                           &err) != 0) {
+    FERRY_LOG(FERRY_LOG_WARN, "journal: no compaction: %s", err.msg);
+    return false;
+  }
+  hlen = ferry__disp_segment_header(svc->compact_segment, hdr);
+  svc->compacting = ferry__journal_compact_begin(j, buf, len, hdr, hlen);
+  return svc->compacting;
+}
+
+/* Makes what is appended durable: starts a batch unless one is in flight
+ * (its end starts the next). Without a loop (tests), synchronously. */
+static void kick(ferry_disp_service_t *svc) {
+  ferry_journal_t *j = svc->journal;
+  ferry_error_t err = {0};
+
+  if (j == NULL || svc->failed || ferry__journal_busy(j) || !must_hold(svc))
+    return;
+  if (svc->loop == NULL || !svc->can_wait) {
+    int rc = ferry__journal_batch_begin(j) ? ferry__journal_batch_write(j, &err)
+                                           : 0;
+    synced(svc, rc, &err);
+    return;
+  }
+  if (!compact_begin(svc) && !ferry__journal_batch_begin(j))
+    return;
+  svc->sync_req.data = svc;
+  if (uv_queue_work(svc->loop, &svc->sync_req, sync_work, sync_after) != 0) {
+    int rc = ferry__journal_batch_write(j, &err);
+    synced(svc, rc, &err);
+  }
+}
+
+void ferry__disp_rpc_flush(ferry_disp_service_t *svc) { kick(svc); }
 
 /* Role checks (issue 8). Returns 0 when the call may proceed, else the
  * gRPC status it was answered with. The refusal names no file and no
@@ -536,6 +756,16 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                           "malformed request message");
     return;
   }
+  /* After a failed batch, the first mutating call journals the boot
+   * entry again (rebuild()); GetStatus only reads. */
+  if (svc->need_boot && m->fn != op_status) {
+    if (ferry__disp_boot(svc->state, &err) != 0) {
+      ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, err.msg);
+      free_request(rq);
+      return;
+    }
+    svc->need_boot = false;
+  }
   if ((rs = ferry__arena_alloc(&a, m->resp->sizeof_message)) == NULL) {
     rc = ferry__seterr(&err, FERRY_ENOMEM, "out of memory");
   } else {
@@ -551,13 +781,10 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     ferry__arena_free(&a);
     return;
   }
-  /* What the call changed is durable before anyone hears of it (this
-   * also answers the waiting heartbeats it gave news to). */
-  if (ferry__disp_rpc_sync(svc) != 0) {
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "dispatcher: cannot write its journal");
-  } else if (rc != 0) {
-    ferry_rpc_reply_error(call, ferry_rpc_status_from_err(rc), err.msg);
+  /* What the call changed is durable before anyone hears of it: answer()
+   * holds the answer until then. */
+  if (rc != 0) {
+    answer_error(svc, call, ferry_rpc_status_from_err(rc), err.msg);
   } else {
     /* A worker heartbeat with nothing to hear waits for news. */
     if (m->fn == op_worker && svc->can_wait) {
@@ -567,13 +794,14 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
              wait_start(svc, call, wq, wr->heartbeat_ms);
     }
     if (!held)
-      reply_msg(call, rs, &a);
+      answer(svc, call, rs, &a);
   }
   if (!held)
     free_request(rq);
   if (rc != 0)
     FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", m->name, err.msg);
   ferry__arena_free(&a);
+  kick(svc); /* a held heartbeat's changes too */
 }
 
 int ferry__disp_rpc_register(ferry_disp_service_t *svc,

@@ -1,6 +1,8 @@
 /* The dispatcher's gRPC glue: unpacks each request, runs the state
- * machine, makes its journal entries durable and answers. Loop thread
- * only. */
+ * machine, holds its answer until its journal entries (and every entry
+ * appended before it) are durable, and answers. Group commit: one batch
+ * (write + fdatasync) in flight at a time on libuv's thread pool, taking
+ * everything appended meanwhile. Loop thread only. */
 #ifndef FERRY_DISPATCHER_RPC_HANDLERS_H
 #define FERRY_DISPATCHER_RPC_HANDLERS_H
 
@@ -17,7 +19,8 @@ typedef struct ferry_disp_service_s ferry_disp_service_t;
 /* Dispatcher methods: the five of issue 3 and DrainWorker, CancelJob. */
 #define FERRY_DISP_N_METHODS 7
 
-/* Called once when the journal cannot be written: the daemon must stop. */
+/* Called once when the state cannot be rebuilt from disk after a failed
+ * batch: the daemon must stop. */
 typedef void (*ferry_disp_fatal_cb)(const ferry_error_t *err, void *arg);
 
 typedef struct ferry_disp_binding_s {
@@ -32,6 +35,10 @@ typedef struct ferry_disp_wait_s ferry_disp_wait_t;
  * private to rpc_handlers.c. */
 typedef struct ferry_disp_regcall_s ferry_disp_regcall_t;
 
+/* An answer held until the journal is durable up to its position;
+ * private to rpc_handlers.c. */
+typedef struct ferry_disp_held_s ferry_disp_held_t;
+
 /* RegisterDataset calls in progress at once; more are refused with
  * RESOURCE_EXHAUSTED (each holds a spec and, scanned, its splits). */
 #define FERRY_DISP_MAX_REGISTERING 64
@@ -42,8 +49,21 @@ struct ferry_disp_service_s {
   const char *version;
   ferry_disp_fatal_cb fatal;
   void *fatal_arg;
-  bool failed;
+  bool failed; /* the state could not be rebuilt: the daemon stops */
   ferry_disp_binding_t bindings[FERRY_DISP_N_METHODS];
+
+  /* Group commit (rpc_handlers.c): answers held in journal order, the
+   * batch in flight, and compaction once the journal exceeds
+   * max(compact_bytes, 2 x the last snapshot) (0: never). */
+  ferry_disp_held_t *held, **held_tail;
+  size_t n_held;
+  uv_work_t sync_req;
+  int sync_rc;
+  ferry_error_t sync_err;
+  bool compacting;
+  uint64_t compact_segment;
+  uint64_t compact_bytes;
+  bool need_boot; /* a rebuild from disk needs a new boot entry */
 
   /* Held-back worker heartbeats (see ferry__disp_worker_may_wait). Calls
    * wait only between ferry__disp_rpc_start and ferry__disp_rpc_stop. */
@@ -95,11 +115,12 @@ int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop);
  * waits for every call to be answered. Idempotent. */
 void ferry__disp_rpc_stop(ferry_disp_service_t *svc);
 
-/* Syncs the journal after work done outside an RPC (the timer); calls
- * the fatal callback on failure. Once the changes are durable, answers
- * the waiting heartbeats whose answer they changed. Returns 0 or the
- * journal's error. */
-int ferry__disp_rpc_sync(ferry_disp_service_t *svc);
+/* Makes the entries appended outside an RPC (the timer) durable: starts
+ * a batch unless one is in flight. Once a batch is durable, answers the
+ * held calls it covers and the waiting heartbeats whose answer changed.
+ * A failed batch fails the held calls and rebuilds the state from disk
+ * (the fatal callback runs only when that fails). */
+void ferry__disp_rpc_flush(ferry_disp_service_t *svc);
 
 /* Milliseconds of the monotonic clock the state machine runs on. */
 int64_t ferry__disp_now_ms(void);

@@ -486,8 +486,160 @@ static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,
   return 0;
 }
 
+/* ---- Snapshots (snapshot.c writes them) ---------------------------------- */
+
+static int apply_segment(ferry_disp_t *d, const Ferry__V1__JournalSegment *m,
+                         ferry_error_t *err) {
+  if (m->segment != d->segment)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "journal segment %" PRIu64 " does not follow the "
+                         "snapshot (it is followed by segment %" PRIu64 ")",
+                         m->segment, d->segment);
+  return 0;
+}
+
+static int apply_snapshot_begin(ferry_disp_t *d,
+                                const Ferry__V1__JournalSnapshotBegin *m,
+                                ferry_error_t *err) {
+  if (d->nds != 0 || d->njobs != 0 || d->nworkers != 0 || d->snap_open ||
+      d->snap_done)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "journal entry does not fit the state: a snapshot "
+                         "begins on a state that is not empty");
+  d->segment = m->segment;
+  d->next_job = m->next_job > 0 ? m->next_job : 1;
+  d->next_client = m->next_client > 0 ? m->next_client : 1;
+  d->next_worker = m->next_worker > 0 ? m->next_worker : 1;
+  d->boot = m->boot;
+  d->snap_open = true;
+  d->snap_count = 0;
+  return 0;
+}
+
+static int apply_snapshot_end(ferry_disp_t *d,
+                              const Ferry__V1__JournalSnapshotEnd *m,
+                              ferry_error_t *err) {
+  if (!d->snap_open)
+    return ferry__seterr(err, FERRY_EINVAL, "a snapshot end without its "
+                         "beginning");
+  if (m->entries != d->snap_count)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "the snapshot's end says %" PRIu64 " entries, %"
+                         PRIu64 " came before it",
+                         m->entries, d->snap_count);
+  d->snap_open = false;
+  d->snap_done = true;
+  return 0;
+}
+
+enum { ROW_TOTAL_KNOWN = 1, ROW_DONE = 2, ROW_LOST = 4 };
+
+static int job_state_rows(ferry_disp_t *d, job_t *j,
+                          const Ferry__V1__JournalJobState *m,
+                          ferry_error_t *err) {
+  Ferry__V1__JournalEpochStart es = FERRY__V1__JOURNAL_EPOCH_START__INIT;
+  int state = j->state, rc;
+  uint32_t n;
+
+  es.job_id = j->id;
+  es.epoch = j->epoch;
+  es.n_workers = m->n_epoch_workers;
+  es.workers = m->epoch_workers;
+  j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
+  rc = apply_epoch_start(d, &es, err);
+  j->state = state;
+  if (rc != 0)
+    return rc;
+  n = j->nrows;
+  if (m->rows != n || m->n_row_client != n || m->n_row_lease != n ||
+      m->n_row_start != n || m->n_row_delivered != n || m->n_row_total != n ||
+      m->n_row_flags != n || m->n_row_skip_lease != n ||
+      m->n_row_skip_seen != n)
+    return bad_entry(err, "job state: rows of job", j->id);
+  for (uint32_t r = 0; r < n; r++) {
+    row_t *row = &j->rows[r];
+    row->client = m->row_client[r];
+    row->lease = m->row_lease[r];
+    row->start = m->row_start[r];
+    row->delivered = m->row_delivered[r];
+    row->total = m->row_total[r];
+    row->total_known = (m->row_flags[r] & ROW_TOTAL_KNOWN) != 0;
+    row->done = (m->row_flags[r] & ROW_DONE) != 0;
+    row->lost = (m->row_flags[r] & ROW_LOST) != 0;
+    if (ferry__disp_row_changed(j, r, false) != 0)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    if (ferry__disp_row_active(j, row) != NULL) {
+      ferry__disp_row_active(j, row)->skip_lease = m->row_skip_lease[r];
+      ferry__disp_row_active(j, row)->skip_seen = m->row_skip_seen[r];
+    }
+  }
+  return 0;
+}
+
+/* A whole job (snapshot.c writes it from the same fields). */
+static int apply_job_state(ferry_disp_t *d,
+                           const Ferry__V1__JournalJobState *m,
+                           ferry_error_t *err) {
+  job_t *j;
+  int rc;
+
+  if (m->job == NULL)
+    return bad_entry(err, "job state without its job", 0);
+  if ((rc = apply_create_job(d, m->job, err)) != 0)
+    return rc;
+  j = ferry__disp_find_job(d, m->job->job_id);
+  if (m->n_skipped_by_file != j->ds->nfiles)
+    return bad_entry(err, "job state: skipped counts of job", j->id);
+  j->state = m->state;
+  j->error_code = m->error_code;
+  if (m->error != NULL && m->error[0] != '\0' &&
+      (j->error = ferry__strdup(m->error)) == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  j->epoch = m->epoch;
+  j->epochs_done = m->epochs_done;
+  j->delivered_prev = m->delivered_prev;
+  j->skipped = m->skipped;
+  if (j->ds->nfiles > 0)
+    memcpy(j->skipped_by_file, m->skipped_by_file,
+           j->ds->nfiles * sizeof(uint64_t));
+  if (m->n_clients > 0) {
+    j->clients = ferry__calloc(m->n_clients, sizeof(client_t));
+    if (j->clients == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; i < m->n_clients; i++) {
+      const Ferry__V1__JournalClientState *cs = m->clients[i];
+      client_t *c = &j->clients[j->nclients++];
+      c->id = cs->client_id;
+      c->active = cs->active;
+      c->incarnation = cs->incarnation;
+      c->last_hb = d->now;
+      if (cs->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
+        memcpy(c->secret, cs->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
+        c->has_secret = true;
+      }
+      if (cs->client_id >= d->next_client)
+        d->next_client = cs->client_id + 1;
+    }
+  }
+  if (m->started && (rc = job_state_rows(d, j, m, err)) != 0)
+    return rc;
+  j->idle_since = m->idle ? d->now : -1;
+  return 0;
+}
+
 static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
+  if (d->snap_open)
+    d->snap_count++;
   switch (e->entry_case) {
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_SEGMENT:
+    return apply_segment(d, e->segment, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_SNAPSHOT_BEGIN:
+    return apply_snapshot_begin(d, e->snapshot_begin, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_SNAPSHOT_END:
+    d->snap_count--; /* counts the entries before it */
+    return apply_snapshot_end(d, e->snapshot_end, err);
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_JOB_STATE:
+    return apply_job_state(d, e->job_state, err);
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_REGISTER_DATASET:
     return apply_register(d, e->register_dataset, err);
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_CREATE_JOB:

@@ -205,6 +205,11 @@ struct ferry_disp_s {
   uint64_t boot; /* this process's boot number (JournalBoot) */
   uint64_t hb_gen;
   uint64_t changes; /* live entries committed: wakes waiting heartbeats */
+  /* Snapshots (snapshot.c): the journal segment that follows the state
+   * loaded, and while a snapshot is applied, its entries so far. */
+  uint64_t segment;
+  bool snap_open, snap_done;
+  uint64_t snap_count;
   ferry_disp_sink_cb sink;
   void *sink_arg;
   uint8_t *scratch;

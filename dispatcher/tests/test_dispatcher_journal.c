@@ -39,8 +39,9 @@ static char *journal_path(void) {
   return p;
 }
 
-static int replay_into(const uint8_t *e, size_t len, void *arg,
-                       ferry_error_t *err) {
+static int replay_into(const uint8_t *e, size_t len, uint64_t off,
+                       void *arg, ferry_error_t *err) {
+  (void)off;
   return ferry__disp_apply(arg, e, len, 50000, err);
 }
 
@@ -121,7 +122,7 @@ Test(journal, replay_reproduces_the_state) {
   cfg.records_per_split = 8;
   cr_assert_eq(ferry__disp_new(&cfg, 0, &b), 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, replay_into, b, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, replay_into, b, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_gt(n, 20);
   ferry__disp_replayed(b, 1200);
@@ -182,8 +183,9 @@ static void write_three(void) {
   ferry__journal_close(j);
 }
 
-static int count_cb(const uint8_t *e, size_t len, void *arg,
+static int count_cb(const uint8_t *e, size_t len, uint64_t off, void *arg,
                     ferry_error_t *err) {
+  (void)off;
   int *n = arg;
   cr_assert_eq(len, 100);
   cr_assert_eq(e[0], 'a' + *n);
@@ -207,7 +209,7 @@ Test(journal, torn_tail_is_cut_off) {
   write_three();
   cr_assert_eq(truncate(journal_path(), 348 - 30), 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 2);
   cr_assert_eq(seen, 2);
@@ -222,7 +224,7 @@ Test(journal, torn_tail_is_cut_off) {
   cr_assert_eq(truncate(journal_path(), 232 + 5), 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
   seen = 0;
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 2);
   cr_assert_eq(file_size(), 232);
@@ -238,7 +240,7 @@ Test(journal, zero_filled_tail_is_cut_off) {
   write_three();
   cr_assert_eq(truncate(journal_path(), 348 + 4096), 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 3);
   cr_assert_eq(file_size(), 348);
@@ -257,7 +259,7 @@ Test(journal, corrupt_middle_is_fatal) {
   cr_assert_eq(pwrite(fd, &x, 1, 116 + 12 + 50), 1);
   close(fd);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err),
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err),
                FERRY_EDATACRC);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
   cr_assert_eq(file_size(), 348, "nothing is cut");
@@ -275,7 +277,7 @@ Test(journal, bad_entry_is_fatal_with_its_offset) {
   ferry__disp_config_init(&cfg);
   cr_assert_eq(ferry__disp_new(&cfg, 0, &b), 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_neq(ferry__journal_replay(j, replay_into, b, &n, &err), 0);
+  cr_assert_neq(ferry__journal_replay(j, replay_into, b, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 0") != NULL, "%s", err.msg);
   ferry__journal_close(j);
   ferry__disp_free(b);
@@ -320,7 +322,7 @@ static void expect_cut(uint64_t entries, off_t cut, off_t was) {
   nlogged = 0;
   ferry_log_set_callback(keep_log, NULL);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   ferry_log_set_callback(NULL, NULL);
   cr_assert_eq(n, entries);
@@ -376,7 +378,7 @@ Test(journal, damage_followed_by_a_valid_entry_is_refused) {
   write_three();
   damage(116, 200, 0);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0);
+  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
   cr_assert(strstr(err.msg, "valid entry follows at byte offset 232") !=
                 NULL,
@@ -392,7 +394,7 @@ Test(journal, damage_followed_by_a_valid_entry_is_refused) {
   damage(348, 348 + 512, 0);
   seen = 0;
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0);
+  cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
   cr_assert_eq(file_size(), 348 + 512, "nothing is cut");
   ferry__journal_close(j);
@@ -410,7 +412,7 @@ Test(journal, appends_and_replays_after_a_cut) {
   expect_cut(2, 232, 348 + 4096);
   /* Append the third entry again, and a fourth, after the cut. */
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 2);
   for (int i = 2; i < 4; i++) {
@@ -422,7 +424,7 @@ Test(journal, appends_and_replays_after_a_cut) {
   ferry__journal_close(j);
   cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
   seen = 0;
-  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 4);
   cr_assert_eq(seen, 4);
