@@ -174,7 +174,8 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
 }
 
 void fx_sign(Ferry__V1__ClientHeartbeatRequest *req) {
-  for (size_t i = 0; i < n_secrets; i++)
+  /* The newest first: a test that starts a state again reuses the ids. */
+  for (size_t i = n_secrets; i-- > 0;)
     if (secrets[i].job == req->job_id && secrets[i].client == req->client_id) {
       req->client_secret.data = secrets[i].secret;
       req->client_secret.len = 16;

@@ -1,6 +1,9 @@
 /* Tests of the dispatcher's journal: replaying a scripted session gives
  * the live state back, a torn tail is cut off, corruption in the middle
- * is refused with its byte offset. */
+ * is refused with its byte offset (or cut with --journal-recover).
+ * Issue 12: a snapshot restores the live state, a crash before any step
+ * of a compaction recovers the same state, failed writes and syncs are
+ * cut back, a damaged snapshot refuses naming the file and offset. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -13,6 +16,8 @@
 #include "ferry/log.h"
 #include "fixture.h"
 #include "journal.h"
+#include "snapshot.h"
+#include <errno.h>
 
 
 static ferry_disp_t *D;
@@ -430,4 +435,387 @@ Test(journal, appends_and_replays_after_a_cut) {
   cr_assert_eq(seen, 4);
   cr_assert_eq(file_size(), 4 * 116, "nothing cut");
   ferry__journal_close(j);
+}
+
+/* ---- Issue 12: snapshots, compaction, write failures, recovery ---------- */
+
+static ferry_disp_t *new_state(void) {
+  ferry_disp_config_t cfg;
+  ferry_disp_t *b;
+  ferry__disp_config_init(&cfg);
+  cfg.worker_timeout_ms = cfg.client_timeout_ms = 1000;
+  cfg.job_gc_ms = 60000;
+  cfg.records_per_split = 8;
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &b), 0);
+  return b;
+}
+
+/* Runs script() on D, journaled, and leaves the journal open in *jp with
+ * everything durable. */
+static ferry_journal_t *scripted(void) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  D = fx_state(1000, 1000, 60000, 8);
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  ferry__disp_set_sink(D, ferry__journal_sink, j);
+  script();
+  cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+  return j;
+}
+
+/* Compacts: D's snapshot becomes the next segment's base. Returns the
+ * batch's result (crash steps: FERRY_ECANCELED, the batch left open). */
+static int compact(ferry_journal_t *j, ferry_error_t *err) {
+  uint8_t *buf, hdr[16];
+  size_t len, hl;
+  uint64_t seg = ferry__disp_segment(D) + 1;
+  int rc;
+  cr_assert_eq(ferry__disp_snapshot(D, seg, &buf, &len, err), 0);
+  hl = ferry__disp_segment_header(seg, hdr);
+  cr_assert(ferry__journal_compact_begin(j, buf, len, hdr, hl));
+  rc = ferry__journal_batch_write(j, err);
+  if (rc == FERRY_ECANCELED)
+    return rc; /* "crashed": nothing more happens to the files */
+  ferry__journal_batch_end(j, rc);
+  if (rc == 0)
+    ferry__disp_set_segment(D, seg);
+  return rc;
+}
+
+/* Restores a fresh state from the work directory; asserts success. */
+static ferry_disp_t *restored(ferry_disp_restore_t *st) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  ferry_disp_t *b = new_state();
+  ferry_disp_restore_t s;
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__disp_restore(b, j, false, 1200, st ? st : &s, &err), 0,
+               "%s", err.msg);
+  ferry__journal_close(j);
+  return b;
+}
+
+static void assert_same_status(ferry_disp_t *a, ferry_disp_t *b, int64_t t) {
+  size_t la, lb;
+  uint8_t *sa = fx_status_bytes(a, t, &la), *sb = fx_status_bytes(b, t, &lb);
+  if (la != lb || memcmp(sa, sb, la) != 0) {
+    Ferry__V1__GetStatusResponse *x = fx_status(a, t), *y = fx_status(b, t);
+    cr_assert_eq(x->n_workers, y->n_workers);
+    for (size_t i = 0; i < x->n_workers; i++)
+      cr_assert(strcmp(x->workers[i]->state, y->workers[i]->state) == 0 &&
+                    x->workers[i]->tasks == y->workers[i]->tasks &&
+                    x->workers[i]->last_heartbeat_ms_ago ==
+                        y->workers[i]->last_heartbeat_ms_ago,
+                "worker %zu: %s/%s tasks %u/%u hb %llu/%llu", i,
+                x->workers[i]->state, y->workers[i]->state,
+                x->workers[i]->tasks, y->workers[i]->tasks,
+                (unsigned long long)x->workers[i]->last_heartbeat_ms_ago,
+                (unsigned long long)y->workers[i]->last_heartbeat_ms_ago);
+    cr_assert_eq(x->n_jobs, y->n_jobs);
+    for (size_t i = 0; i < x->n_jobs; i++) {
+      cr_assert_eq(x->jobs[i]->state, y->jobs[i]->state, "job %zu", i);
+      cr_assert_eq(x->jobs[i]->clients, y->jobs[i]->clients);
+      cr_assert_eq(x->jobs[i]->delivered, y->jobs[i]->delivered);
+      cr_assert_eq(x->jobs[i]->epoch, y->jobs[i]->epoch);
+    }
+  }
+  cr_assert(la == lb && memcmp(sa, sb, la) == 0,
+            "the restored status differs from the live one");
+}
+
+static off_t path_size(const char *name) {
+  char p[256];
+  struct stat st;
+  snprintf(p, sizeof(p), "%s/%s", wd(), name);
+  return stat(p, &st) == 0 ? st.st_size : -1;
+}
+
+Test(journal, snapshot_restores_the_live_state_and_bounds_the_journal) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  ferry_disp_restore_t st;
+  uint64_t before = ferry__journal_size(j);
+  ferry_disp_t *b;
+
+  ferry__disp_replayed(D, 1200);
+  cr_assert_eq(compact(j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__disp_segment(D), 1);
+  cr_assert_lt(ferry__journal_size(j), 32, "the journal is its header");
+  cr_assert_gt(path_size("snapshot"), 0);
+  cr_assert_eq(path_size("snapshot.tmp"), -1);
+  b = restored(&st);
+  cr_assert(st.snapshot && !st.stale);
+  cr_assert_eq(st.journal_entries, 1, "the segment header only");
+  cr_assert_eq(st.segment, 1);
+  assert_same_status(D, b, 1200);
+  ferry__disp_free(b);
+
+  /* Changes after the snapshot go to segment 1 and replay on top. */
+  fx_worker(D, 1, "w1:1", NULL, 0, false, 1250);
+  fx_client(D, 1, 1, 3, NULL, 0, false, 1300);
+  cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+  b = restored(&st);
+  cr_assert_gt(st.journal_entries, 1);
+  ferry__disp_replayed(D, 1200);
+  assert_same_status(D, b, 1300);
+  /* The same next calls give the same answers (ids, bindings). */
+  {
+    Ferry__V1__GetOrCreateJobResponse *x, *y;
+    ferry_disp_t *live = D;
+    const char *ds = fx_status(D, 1300)->jobs[0]->dataset_id;
+    x = fx_job(D, ds, "", DIST, 1, FAIL, 0);
+    D = b;
+    y = fx_job(b, ds, "", DIST, 1, FAIL, 0);
+    D = live;
+    cr_assert_eq(x->job_id, y->job_id);
+    cr_assert_eq(x->client_id, y->client_id);
+  }
+  ferry__disp_free(b);
+  cr_assert_lt(ferry__journal_size(j), before);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+}
+
+/* A crash before each step of a compaction (journal.h) recovers to the
+ * same state: the old snapshot and journal, or the new snapshot. */
+Test(journal, a_crash_at_every_compaction_step_recovers_the_same_state) {
+  for (int step = 1; step <= FERRY_JOURNAL_STEPS; step++) {
+    ferry_journal_t *j;
+    ferry_error_t err = {0};
+    ferry_disp_restore_t st;
+    ferry_disp_t *b, *ref;
+    char cmd[300];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", wd());
+    cr_assert_eq(system(cmd), 0);
+    j = scripted();
+    ferry__disp_replayed(D, 1200);
+    /* A first compaction, then changes in segment 1, then the one that
+     * crashes: both an old snapshot and an old segment exist. */
+    cr_assert_eq(compact(j, &err), 0, "%s", err.msg);
+    fx_worker(D, 0, "w9:1", NULL, 0, false, 1250);
+    cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+    ref = restored(NULL); /* what the disk holds before the compaction */
+    ferry__journal_set_crash_step(step);
+    cr_assert_eq(compact(j, &err), FERRY_ECANCELED, "step %d", step);
+    ferry__journal_set_crash_step(0);
+    ferry__journal_close(j); /* the batch is in flight: no more I/O */
+    ferry__disp_set_sink(D, NULL, NULL);
+
+    b = restored(&st);
+    cr_assert_eq(st.segment, step >= 5 ? 2 : 1, "step %d: segment %llu",
+                 step, (unsigned long long)st.segment);
+    cr_assert_eq(st.stale, step >= 5 && step <= 6, "step %d", step);
+    cr_assert_eq(st.snapshot_entries > 0, true);
+    cr_assert_eq(path_size("snapshot.tmp"), -1, "step %d", step);
+    assert_same_status(ref, b, 1300);
+    ferry__disp_free(b);
+    /* And again: the restore left a consistent pair behind. */
+    b = restored(&st);
+    cr_assert(!st.stale);
+    assert_same_status(ref, b, 1300);
+    ferry__disp_free(b);
+    ferry__disp_free(ref);
+    ferry__disp_free(D);
+    D = NULL;
+  }
+}
+
+static int fail_errno, fail_after;
+static ssize_t failing_pwrite(int fd, const void *b, size_t n, off_t off) {
+  if (fail_after-- <= 0) {
+    errno = fail_errno;
+    return -1;
+  }
+  return pwrite(fd, b, n / 2 + 1 < n ? n / 2 + 1 : n, off);
+}
+static int failing_fsync(int fd) {
+  (void)fd;
+  errno = fail_errno;
+  return -1;
+}
+
+Test(journal, a_failed_write_is_cut_back_and_the_state_rebuilt_from_disk) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  ferry_journal_io_t io = {failing_pwrite, fdatasync};
+  ferry_disp_restore_t st;
+  ferry_disp_t *b;
+  uint64_t durable = ferry__journal_size(j), pos;
+  uint8_t *ref;
+  size_t reflen;
+
+  ferry__disp_replayed(D, 1200);
+  ref = fx_status_bytes(D, 1300, &reflen);
+  /* ENOSPC after a partial write: the batch fails naming the path. */
+  fx_worker(D, 0, "w3:1", NULL, 0, false, 1250);
+  pos = ferry__journal_appended(j);
+  fail_errno = ENOSPC;
+  fail_after = 1;
+  ferry__journal_set_io(&io);
+  cr_assert_eq(ferry__journal_sync(j, &err), FERRY_ENOSPC);
+  cr_assert(strstr(err.msg, journal_path()) != NULL, "%s", err.msg);
+  cr_assert(strstr(err.msg, "No space left on device") != NULL, "%s",
+            err.msg);
+  cr_assert_eq(file_size(), (off_t)durable, "cut back to the durable end");
+  cr_assert_geq(ferry__journal_durable(j), pos);
+  /* EIO from fdatasync: the same. */
+  io.pwrite = pwrite;
+  io.fsync = failing_fsync;
+  fail_errno = EIO;
+  ferry__journal_set_io(&io);
+  fx_worker(D, 0, "w4:1", NULL, 0, false, 1260);
+  cr_assert_eq(ferry__journal_sync(j, &err), FERRY_EIO);
+  cr_assert(strstr(err.msg, "fdatasync") != NULL, "%s", err.msg);
+  cr_assert_eq(file_size(), (off_t)durable);
+  ferry__journal_set_io(NULL);
+  /* What the disk holds is the state before the failed batches. */
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__disp_reset(D, 1200);
+  cr_assert_eq(ferry__disp_restore(D, j, false, 1200, &st, &err), 0, "%s",
+               err.msg);
+  {
+    size_t n;
+    uint8_t *s = fx_status_bytes(D, 1300, &n);
+    cr_assert(n == reflen && memcmp(s, ref, n) == 0,
+              "the rebuilt state is the durable one");
+  }
+  /* Space is back: the next batch succeeds and replays. */
+  ferry__disp_set_sink(D, ferry__journal_sink, j);
+  cr_assert_eq(ferry__disp_boot(D, &err), 0, "%s", err.msg);
+  fx_worker(D, 0, "w5:1", NULL, 0, false, 1270);
+  cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+  cr_assert_gt(file_size(), (off_t)durable);
+  b = restored(NULL);
+  ferry__disp_replayed(D, 1200);
+  assert_same_status(D, b, 1300);
+  ferry__disp_free(b);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+}
+
+Test(journal, a_failed_compaction_keeps_the_old_files) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  ferry_journal_io_t io = {failing_pwrite, fdatasync};
+  ferry_disp_t *b;
+  off_t size = file_size();
+
+  ferry__disp_replayed(D, 1200);
+  fail_errno = ENOSPC;
+  fail_after = 0;
+  ferry__journal_set_io(&io);
+  cr_assert_eq(compact(j, &err), FERRY_ENOSPC);
+  ferry__journal_set_io(NULL);
+  cr_assert(strstr(err.msg, "snapshot.tmp") != NULL, "%s", err.msg);
+  cr_assert_eq(path_size("snapshot.tmp"), -1, "the partial file is gone");
+  cr_assert_eq(path_size("snapshot"), -1);
+  cr_assert_eq(file_size(), size);
+  cr_assert_eq(ferry__disp_segment(D), 0);
+  b = restored(NULL);
+  assert_same_status(D, b, 1300);
+  ferry__disp_free(b);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+}
+
+/* Overwrites one byte of WORKDIR/name at `off`. */
+static void poke(const char *name, off_t off, uint8_t x) {
+  char p[256];
+  int fd;
+  snprintf(p, sizeof(p), "%s/%s", wd(), name);
+  cr_assert_geq(fd = open(p, O_WRONLY), 0);
+  cr_assert_eq(pwrite(fd, &x, 1, off), 1);
+  close(fd);
+}
+
+static int restore_error(ferry_error_t *err) {
+  ferry_journal_t *j;
+  ferry_disp_t *b = new_state();
+  ferry_disp_restore_t st;
+  int rc;
+  cr_assert_eq(ferry__journal_open(wd(), &j, err), 0, "%s", err->msg);
+  rc = ferry__disp_restore(b, j, false, 1200, &st, err);
+  ferry__journal_close(j);
+  ferry__disp_free(b);
+  return rc;
+}
+
+Test(journal, a_corrupt_or_truncated_snapshot_refuses_with_its_offset) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  char p[256];
+  off_t n;
+
+  cr_assert_eq(compact(j, &err), 0, "%s", err.msg);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+  n = path_size("snapshot");
+  poke("snapshot", n / 2, 0xff);
+  cr_assert_lt(restore_error(&err), 0);
+  cr_assert(strstr(err.msg, "/work/snapshot: corrupt snapshot at byte "
+                            "offset") != NULL,
+            "%s", err.msg);
+  /* Cut after its first record: frames fine, lacks its end. */
+  snprintf(p, sizeof(p), "%s/snapshot", wd());
+  {
+    uint8_t h[8];
+    uint64_t len = 0;
+    int fd = open(p, O_RDONLY);
+    cr_assert_eq(pread(fd, h, 8, 0), 8);
+    close(fd);
+    for (int i = 7; i >= 0; i--)
+      len = len << 8 | h[i];
+    cr_assert_eq(truncate(p, (off_t)(16 + len)), 0);
+  }
+  cr_assert_lt(restore_error(&err), 0);
+  cr_assert(strstr(err.msg, "without its end entry") != NULL, "%s",
+            err.msg);
+}
+
+static char errlog[512];
+static void keep_error(int level, const char *msg, void *arg) {
+  (void)arg;
+  if (level == FERRY_LOG_ERROR)
+    snprintf(errlog, sizeof(errlog), "%s", msg);
+}
+
+Test(journal, recover_cuts_at_the_damage_and_says_what_it_dropped) {
+  ferry_journal_t *j;
+  ferry_error_t err = {0};
+  uint64_t n = 0;
+  int seen = 0;
+
+  write_three();
+  damage(116 + 30, 116 + 60, -1); /* the second entry; the third intact */
+  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  errlog[0] = '\0';
+  ferry_log_set_callback(keep_error, NULL);
+  cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, true, &n, &err), 0,
+               "%s", err.msg);
+  ferry_log_set_callback(NULL, NULL);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(file_size(), 116, "cut at the last good entry");
+  cr_assert(strstr(errlog, "corrupt entry at byte offset 116") != NULL &&
+                strstr(errlog, "dropped 232 bytes from offset 116") !=
+                    NULL &&
+                strstr(errlog, "holding 1 valid entries") != NULL,
+            "%s", errlog);
+  ferry__journal_close(j);
+}
+
+Test(journal, a_journal_newer_than_the_snapshot_refuses) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  uint8_t hdr[16];
+  size_t hl = ferry__disp_segment_header(7, hdr);
+
+  cr_assert_eq(compact(j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_reset(j, hdr, hl, &err), 0, "%s", err.msg);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+  cr_assert_lt(restore_error(&err), 0);
+  cr_assert(strstr(err.msg, "the journal is segment 7 but the snapshot is "
+                            "followed by segment 1") != NULL,
+            "%s", err.msg);
 }
