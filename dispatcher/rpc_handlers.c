@@ -354,9 +354,13 @@ static bool wait_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   w->call = call;
   w->req = req;
   w->due = ferry__disp_now_ms() + interval_ms;
+  /* The first waiter sets the mark; a later one must not move it: changes
+   * made while a batch is pending are checked for the earlier waiters
+   * once that batch is durable (this one's answer was computed just now). */
+  if (svc->waiting == NULL)
+    svc->waiting_changes = ferry__disp_changes(svc->state);
   w->next = svc->waiting;
   svc->waiting = w;
-  svc->waiting_changes = ferry__disp_changes(svc->state);
   ferry_rpc_call_on_cancel(call, on_wait_cancel, w);
   /* on_wait_cancel may have answered it already: the timer copes. */
   wait_arm(svc);
@@ -649,7 +653,15 @@ static void kick(ferry_disp_service_t *svc) {
   ferry_journal_t *j = svc->journal;
   ferry_error_t err = {0};
 
-  if (j == NULL || svc->failed || ferry__journal_busy(j) || !must_hold(svc))
+  if (svc->failed)
+    return;
+  if (!must_hold(svc)) {
+    /* Everything is durable: a change that journaled nothing (a
+     * re-lease) may still be news to a waiting heartbeat. */
+    wait_check(svc);
+    return;
+  }
+  if (ferry__journal_busy(j))
     return;
   if (svc->loop == NULL || !svc->can_wait) {
     int rc = ferry__journal_batch_begin(j) ? ferry__journal_batch_write(j, &err)
