@@ -215,7 +215,13 @@ static void on_tick(uv_timer_t *t) {
     stop(d, 1);
     return;
   }
-  ferry__disp_tick(d->state, ferry__disp_now_ms());
+  /* After a failed batch the state was rebuilt from disk and its boot
+   * entry waits for the first mutating call (rpc_handlers.c, rebuild()):
+   * until then no lease may be issued under the old boot number, so the
+   * timer's timeouts and leasing wait too (the disk is likely still
+   * full; reads are answered meanwhile). */
+  if (!d->svc.need_boot)
+    ferry__disp_tick(d->state, ferry__disp_now_ms());
   ferry__disp_rpc_flush(&d->svc);
 }
 
