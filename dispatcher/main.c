@@ -43,6 +43,7 @@ typedef struct settings_s {
   int log_level;
   bool journal_recover;
   int64_t snapshot_bytes;
+  bool sync_per_call;
   bool help;
   bool version;
   /* Issue 8: TLS and bearer tokens. */
@@ -122,6 +123,10 @@ static const ferry_option_t options[] = {
         1125899906842624.0, NULL, "compact: write a snapshot of the state and start "
         "a new journal once the journal exceeds max(this, 2 x the last "
         "snapshot) bytes (0: never)"),
+    OPT("journal-sync-per-call", FERRY_OPT_BOOL, sync_per_call, "false", 0,
+        0, NULL, "write and fdatasync the journal on the loop thread after "
+        "each call instead of group commit (the behaviour before issue "
+        "12: a baseline for tests/bench/journal_bench; slower)"),
     OPT("log-level", FERRY_OPT_ENUM, log_level, "info", 0, 0,
         "error|warn|info|debug", "log verbosity"),
     OPT("help", FERRY_OPT_BOOL, help, "false", 0, 0, NULL,
@@ -349,6 +354,7 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   d->svc.fatal = on_fatal;
   d->svc.fatal_arg = d;
   d->svc.compact_bytes = (uint64_t)s->snapshot_bytes;
+  d->svc.sync_per_call = s->sync_per_call;
   d->settings = s;
   ferry_rpc_tls_t tls = {s->tls_ca, s->tls_cert, s->tls_key,
                          s->tls_client_auth};

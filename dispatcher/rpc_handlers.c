@@ -648,7 +648,8 @@ static bool compact_begin(ferry_disp_service_t *svc) {
 }
 
 /* Makes what is appended durable: starts a batch unless one is in flight
- * (its end starts the next). Without a loop (tests), synchronously. */
+ * (its end starts the next). Without a loop (tests, shutdown) or with
+ * --journal-sync-per-call, synchronously on this thread. */
 static void kick(ferry_disp_service_t *svc) {
   ferry_journal_t *j = svc->journal;
   ferry_error_t err = {0};
@@ -663,16 +664,11 @@ static void kick(ferry_disp_service_t *svc) {
   }
   if (ferry__journal_busy(j))
     return;
-  if (svc->loop == NULL || !svc->can_wait) {
-    int rc = ferry__journal_batch_begin(j) ? ferry__journal_batch_write(j, &err)
-                                           : 0;
-    synced(svc, rc, &err);
-    return;
-  }
   if (!compact_begin(svc) && !ferry__journal_batch_begin(j))
     return;
   svc->sync_req.data = svc;
-  if (uv_queue_work(svc->loop, &svc->sync_req, sync_work, sync_after) != 0) {
+  if (svc->loop == NULL || !svc->can_wait || svc->sync_per_call ||
+      uv_queue_work(svc->loop, &svc->sync_req, sync_work, sync_after) != 0) {
     int rc = ferry__journal_batch_write(j, &err);
     synced(svc, rc, &err);
   }

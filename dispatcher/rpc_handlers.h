@@ -64,6 +64,7 @@ struct ferry_disp_service_s {
   uint64_t compact_segment;
   uint64_t compact_bytes;
   bool need_boot; /* a rebuild from disk needs a new boot entry */
+  bool sync_per_call; /* no group commit: a batch per call, on the loop */
 
   /* Held-back worker heartbeats (see ferry__disp_worker_may_wait). Calls
    * wait only between ferry__disp_rpc_start and ferry__disp_rpc_stop. */

@@ -1,0 +1,361 @@
+/* bench_journal: the dispatcher's durable mutations per second with group
+ * commit against one fdatasync per call (--journal-sync-per-call, the
+ * behaviour before issue 12), in one run, and its restart time on a long
+ * history without and with snapshots.
+ *
+ * Throughput: for each mode and each client count T, a fresh
+ * ferry-dispatcher (work directory under hx_tmpdir(), on the real disk),
+ * one registered dataset, then T threads, each with its own channel,
+ * calling GetOrCreateJob (a new anonymous job and its client: two journal
+ * entries, durable before the answer) for --seconds. Prints ops/s per
+ * mode and the ratio group / per-call at each T.
+ *
+ * Restart: the history of --history calls (jobs whose clients leave and
+ * that GC removes at once: a long journal over a small live state) is
+ * written with --snapshot-bytes=0 (no compaction); the dispatcher is
+ * restarted on it and the time from spawn to its listening line taken
+ * (journal only). Then it runs with --snapshot-bytes=65536 until it
+ * compacted, and is restarted again (snapshot + short journal).
+ *
+ * Usage: bench_journal [--quick] [--seconds S] [--threads 1,8,32]
+ *                      [--history N]
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
+#include "ferry/spec.h"
+#include "ferry/v1/dispatcher.pb-c.h"
+#include "harness.h"
+
+#define CALL_MS 30000
+
+static hx_dataset_t ds;
+
+static void die(const char *what, const ferry_error_t *err) {
+  fprintf(stderr, "bench journal: %s: %s\n", what,
+          err != NULL ? err->msg : "");
+  hx_reap_all();
+  exit(1);
+}
+
+static ferry_rpc_channel_t *channel(const hx_proc_t *p) {
+  ferry_rpc_channel_t *ch;
+  ferry_error_t err = {0};
+  if (ferry_rpc_channel_new(p->addr, NULL, &ch, &err) != 0)
+    die("channel", &err);
+  return ch;
+}
+
+/* RegisterDataset of the bench's dataset; its id into `id`. */
+static void register_ds(ferry_rpc_channel_t *ch, char id[17]) {
+  Ferry__V1__RegisterDatasetRequest req =
+      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
+  Ferry__V1__RegisterDatasetResponse *resp;
+  ferry_spec_t spec;
+  ferry_error_t err = {0};
+  char text[1024];
+  uint8_t *sb, *buf, *reply;
+  size_t sl, n, len;
+
+  hx_spec(&ds, NULL, 8, text, sizeof(text));
+  if (ferry_spec_parse(text, &spec, &err) != 0)
+    die("spec", &err);
+  if (ferry_spec_pack(&spec, &sb, &sl) != 0)
+    die("spec pack", NULL);
+  ferry_spec_close(&spec);
+  req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
+  n = ferry__v1__register_dataset_request__get_packed_size(&req);
+  buf = malloc(n);
+  ferry__v1__register_dataset_request__pack(&req, buf);
+  if (ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, CALL_MS,
+                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0)
+    die("RegisterDataset", &err);
+  resp = ferry__v1__register_dataset_response__unpack(NULL, len, reply);
+  snprintf(id, 17, "%s", resp->dataset_id);
+  ferry__v1__register_dataset_response__free_unpacked(resp, NULL);
+  ferry_free(reply);
+  ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
+  ferry_free(sb);
+  free(buf);
+}
+
+/* GetOrCreateJob of a new anonymous job; with `leave`, its client then
+ * leaves (ClientHeartbeat leaving), so that GC drops the job. 0 or the
+ * call's code. */
+static int one_job(ferry_rpc_channel_t *ch, const char *id, bool leave) {
+  Ferry__V1__GetOrCreateJobRequest jq =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions o = FERRY__V1__JOB_OPTIONS__INIT;
+  Ferry__V1__GetOrCreateJobResponse *j;
+  Ferry__V1__ClientHeartbeatRequest cq =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  ferry_error_t err = {0};
+  uint8_t buf[256], *reply, secret[16];
+  size_t n, len;
+  int rc;
+
+  o.num_epochs = 1;
+  jq.dataset_id = (char *)id;
+  jq.options = &o;
+  n = ferry__v1__get_or_create_job_request__pack(&jq, buf);
+  if ((rc = ferry_rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, n,
+                            CALL_MS, 0, &reply, &len, &err)) != 0)
+    return rc;
+  j = ferry__v1__get_or_create_job_response__unpack(NULL, len, reply);
+  ferry_free(reply);
+  if (j == NULL)
+    return FERRY_EINVAL;
+  cq.job_id = j->job_id;
+  cq.client_id = j->client_id;
+  memcpy(secret, j->client_secret.data, 16);
+  ferry__v1__get_or_create_job_response__free_unpacked(j, NULL);
+  if (!leave)
+    return 0;
+  cq.client_secret.data = secret;
+  cq.client_secret.len = 16;
+  cq.leaving = true;
+  n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
+  rc = ferry_rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, n, CALL_MS, 0,
+                       &reply, &len, &err);
+  if (rc == 0)
+    ferry_free(reply);
+  return rc;
+}
+
+typedef struct load_s {
+  const hx_proc_t *d;
+  const char *id;
+  double until_ms;
+  uint64_t ops, errors;
+} load_t;
+
+static void *load_run(void *arg) {
+  load_t *l = arg;
+  ferry_rpc_channel_t *ch = channel(l->d);
+  while (hx_now_ms() < l->until_ms) {
+    if (one_job(ch, l->id, false) == 0)
+      l->ops++;
+    else
+      l->errors++;
+  }
+  ferry_rpc_channel_free(ch);
+  return NULL;
+}
+
+static hx_proc_t *start_at(const char *wd, const char *const *flags,
+                           double *ms) {
+  hx_daemon_opts_t o = {.heartbeat_ms = 1000,
+                        .worker_timeout_ms = 10000,
+                        .client_timeout_ms = 10000,
+                        .extra_argv = flags};
+  hx_proc_t *p;
+  char why[512];
+  double t0 = hx_now_ms();
+  if (hx_start_dispatcher_at(&p, &o, 0, wd, why, sizeof(why)) != 0) {
+    fprintf(stderr, "bench journal: dispatcher: %s\n", why);
+    hx_reap_all();
+    exit(1);
+  }
+  if (ms != NULL)
+    *ms = hx_now_ms() - t0;
+  return p;
+}
+
+static void stop(hx_proc_t *p) {
+  if (hx_stop(p, SIGTERM, 10000, NULL) != 0) {
+    fprintf(stderr, "bench journal: the dispatcher did not exit cleanly\n");
+    hx_reap_all();
+    exit(1);
+  }
+  hx_forget(p);
+}
+
+/* Ops/s of T threads for `seconds` on a fresh dispatcher. */
+static double throughput(bool per_call, int threads, double seconds,
+                         int run) {
+  static const char *const group[] = {"--snapshot-bytes=0", NULL};
+  static const char *const single[] = {"--snapshot-bytes=0",
+                                       "--journal-sync-per-call", NULL};
+  char wd[700], id[17];
+  pthread_t th[256];
+  load_t l[256];
+  uint64_t ops = 0, errors = 0;
+  double t0;
+  hx_proc_t *d;
+  ferry_rpc_channel_t *ch;
+
+  snprintf(wd, sizeof(wd), "%s/tp-%d", hx_tmpdir(), run);
+  d = start_at(wd, per_call ? single : group, NULL);
+  ch = channel(d);
+  register_ds(ch, id);
+  ferry_rpc_channel_free(ch);
+  t0 = hx_now_ms();
+  for (int i = 0; i < threads; i++) {
+    l[i] = (load_t){d, id, t0 + seconds * 1000.0, 0, 0};
+    pthread_create(&th[i], NULL, load_run, &l[i]);
+  }
+  for (int i = 0; i < threads; i++) {
+    pthread_join(th[i], NULL);
+    ops += l[i].ops;
+    errors += l[i].errors;
+  }
+  t0 = hx_now_ms() - t0;
+  stop(d);
+  if (errors > 0) {
+    fprintf(stderr, "bench journal: %llu calls failed\n",
+            (unsigned long long)errors);
+    hx_reap_all();
+    exit(1);
+  }
+  return (double)ops / (t0 / 1000.0);
+}
+
+static long long file_size(const char *wd, const char *name) {
+  char p[800];
+  struct stat st;
+  snprintf(p, sizeof(p), "%s/%s", wd, name);
+  return stat(p, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+typedef struct hist_s {
+  const hx_proc_t *d;
+  const char *id;
+  int n;
+  int failed;
+} hist_t;
+
+static void *hist_run(void *arg) {
+  hist_t *h = arg;
+  ferry_rpc_channel_t *ch = channel(h->d);
+  for (int i = 0; i < h->n; i++)
+    h->failed += one_job(ch, h->id, true) != 0;
+  ferry_rpc_channel_free(ch);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {{"quick", no_argument, NULL, 'q'},
+                                     {"seconds", required_argument, NULL, 's'},
+                                     {"threads", required_argument, NULL, 't'},
+                                     {"history", required_argument, NULL, 'h'},
+                                     {NULL, 0, NULL, 0}};
+  double seconds = 3.0;
+  int tl[16] = {1, 8, 32}, nt = 3, history = 20000, c;
+  char tlist[128] = "";
+
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == 'q') {
+      seconds = 1.0;
+      history = 2000;
+      tl[0] = 1, tl[1] = 16, nt = 2;
+    } else if (c == 's') {
+      seconds = atof(optarg);
+    } else if (c == 'h') {
+      history = atoi(optarg);
+    } else if (c == 't') {
+      char *save = NULL, *tok;
+      snprintf(tlist, sizeof(tlist), "%s", optarg);
+      nt = 0;
+      for (tok = strtok_r(tlist, ",", &save); tok != NULL && nt < 16;
+           tok = strtok_r(NULL, ",", &save))
+        tl[nt++] = atoi(tok);
+    } else {
+      fprintf(stderr, "usage: bench_journal [--quick] [--seconds S] "
+                      "[--threads 1,8,32] [--history N]\n");
+      return 2;
+    }
+  }
+  for (int i = 0; i < nt; i++)
+    if (tl[i] < 1 || tl[i] > 256) {
+      fprintf(stderr, "bench journal: --threads: 1 to 256 each\n");
+      return 2;
+    }
+  ferry_rpc_init();
+  if (hx_make_dataset(&ds, "data", 2, 64, 4, 4, 1) != 0)
+    die("dataset", NULL);
+
+  printf("durable GetOrCreateJob calls/s (2 journal entries each), %.1f s "
+         "per run, work directory under %s\n",
+         seconds, hx_tmpdir());
+  printf("%8s %16s %16s %8s\n", "clients", "fsync per call", "group commit",
+         "ratio");
+  int run = 0;
+  for (int i = 0; i < nt; i++) {
+    double a = throughput(true, tl[i], seconds, run++);
+    double b = throughput(false, tl[i], seconds, run++);
+    printf("%8d %16.0f %16.0f %8.2f\n", tl[i], a, b, b / a);
+    fflush(stdout);
+  }
+
+  /* Restart on a long history. */
+  {
+    static const char *const nosnap[] = {"--snapshot-bytes=0",
+                                         "--job-gc-ms=0", NULL};
+    static const char *const snap[] = {"--snapshot-bytes=65536",
+                                       "--job-gc-ms=0", NULL};
+    char wd[700], id[17];
+    hist_t h[16];
+    pthread_t th[16];
+    double ms_journal, ms_snap, t0;
+    long long jsize, jsize2, ssize;
+    int failed = 0;
+    hx_proc_t *d;
+    ferry_rpc_channel_t *ch;
+
+    snprintf(wd, sizeof(wd), "%s/history", hx_tmpdir());
+    d = start_at(wd, nosnap, NULL);
+    ch = channel(d);
+    register_ds(ch, id);
+    ferry_rpc_channel_free(ch);
+    t0 = hx_now_ms();
+    for (int i = 0; i < 16; i++) {
+      h[i] = (hist_t){d, id, history / 16, 0};
+      pthread_create(&th[i], NULL, hist_run, &h[i]);
+    }
+    for (int i = 0; i < 16; i++) {
+      pthread_join(th[i], NULL);
+      failed += h[i].failed;
+    }
+    if (failed > 0)
+      die("history calls failed", NULL);
+    t0 = hx_now_ms() - t0;
+    stop(d);
+    jsize = file_size(wd, "journal");
+    /* Restart on the whole history (no snapshot). */
+    d = start_at(wd, nosnap, &ms_journal);
+    stop(d);
+    /* Run with compaction on until a snapshot exists, then restart. */
+    d = start_at(wd, snap, NULL);
+    ch = channel(d);
+    for (int i = 0; i < 100 && file_size(wd, "snapshot") < 0; i++)
+      one_job(ch, id, true); /* each call's batch may compact */
+    ferry_rpc_channel_free(ch);
+    stop(d);
+    ssize = file_size(wd, "snapshot");
+    if (ssize < 0)
+      die("no snapshot was written", NULL);
+    jsize2 = file_size(wd, "journal");
+    d = start_at(wd, snap, &ms_snap);
+    stop(d);
+    printf("history: %d jobs created, left and collected in %.1f s "
+           "(%.0f/s)\n",
+           history / 16 * 16, t0 / 1000.0, history / 16 * 16 / (t0 / 1e3));
+    printf("restart (spawn to listening): journal of %lld bytes: %.0f ms; "
+           "snapshot of %lld bytes + journal of %lld bytes: %.0f ms; "
+           "ratio %.2f\n",
+           jsize, ms_journal, ssize, jsize2, ms_snap, ms_journal / ms_snap);
+  }
+  hx_dataset_free(&ds);
+  hx_reap_all();
+  ferry_rpc_shutdown();
+  printf("bench journal: ok\n");
+  return 0;
+}
