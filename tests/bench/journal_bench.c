@@ -297,10 +297,14 @@ int main(int argc, char **argv) {
 
   /* Restart on a long history. */
   {
+    /* GC at once (a long history over a small state); one job whose
+     * client stays keeps the dataset from being collected too. */
     static const char *const nosnap[] = {"--snapshot-bytes=0",
-                                         "--job-gc-ms=0", NULL};
+                                         "--job-gc-ms=0",
+                                         "--client-timeout-ms=3600000", NULL};
     static const char *const snap[] = {"--snapshot-bytes=65536",
-                                       "--job-gc-ms=0", NULL};
+                                       "--job-gc-ms=0",
+                                       "--client-timeout-ms=3600000", NULL};
     char wd[700], id[17];
     hist_t h[16];
     pthread_t th[16];
@@ -314,6 +318,8 @@ int main(int argc, char **argv) {
     d = start_at(wd, nosnap, NULL);
     ch = channel(d);
     register_ds(ch, id);
+    if (one_job(ch, id, false) != 0)
+      die("the job that keeps the dataset", NULL);
     ferry_rpc_channel_free(ch);
     t0 = hx_now_ms();
     for (int i = 0; i < 16; i++) {
