@@ -5,7 +5,9 @@
  * worker heartbeats: held back while there is no news, answered at once
  * by a lease, and answered when the daemon stops. Last, a slow scan
  * (FERRY_DISP_SCAN_DELAY_MS) runs off the loop thread: other calls are
- * answered meanwhile, and a stop answers it at once (issue 8). */
+ * answered meanwhile, and a stop answers it at once (issue 8). Issue 12:
+ * concurrent calls all durable across a compaction, a corrupt journal
+ * refused unless --journal-recover, and a real full disk. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -89,16 +91,15 @@ static double ms_since(const struct timespec *t0) {
 static char hb_arg[16] = "1000";
 static char extra_arg[64];
 
-/* Starts the daemon and waits (bounded) for its listening line. */
-static void start(daemon_t *d) {
-  char wd[128], log[128], line[256] = {0};
+/* Spawns the daemon: its stdout into d->out, its stderr appended to
+ * stderr.log. */
+static void spawn_daemon(daemon_t *d) {
+  char wd[128], log[128];
   char *argv[] = {FERRY_DISPATCHER_BIN, "--port", "0", "--host", "127.0.0.1",
                   "--work-dir", wd, "--log-level", "debug",
                   "--heartbeat-ms", hb_arg, extra_arg, NULL};
   posix_spawn_file_actions_t fa;
   int p[2];
-  size_t got = 0;
-  struct timespec t0;
 
   snprintf(wd, sizeof(wd), "%s/work", fx_dir);
   snprintf(log, sizeof(log), "%s/stderr.log", fx_dir);
@@ -115,6 +116,15 @@ static void start(daemon_t *d) {
   posix_spawn_file_actions_destroy(&fa);
   close(p[1]);
   d->out = p[0];
+}
+
+/* Starts the daemon and waits (bounded) for its listening line. */
+static void start(daemon_t *d) {
+  char line[256] = {0};
+  size_t got = 0;
+  struct timespec t0;
+
+  spawn_daemon(d);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (strchr(line, '\n') == NULL && got < sizeof(line) - 1) {
     struct pollfd pfd = {d->out, POLLIN, 0};
@@ -706,6 +716,75 @@ Test(daemon, concurrent_calls_are_all_durable_across_a_compaction) {
   cr_assert(log_has("journal: snapshot of "));
   cr_assert_eq(jobs_after_restart(&d), (size_t)THREADS * EACH);
   extra_arg[0] = '\0';
+  ferry_rpc_shutdown();
+}
+
+/* Starts the daemon expecting it to refuse: its exit status, once its
+ * stdout closed (bounded by WAIT_MS) without a listening line. */
+static int start_refused(void) {
+  daemon_t d;
+  int status = -1;
+  char buf[256];
+  struct timespec t0;
+  ssize_t n = 1;
+
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  spawn_daemon(&d);
+  while (n != 0) {
+    struct pollfd pfd = {d.out, POLLIN, 0};
+    int left = WAIT_MS - (int)ms_since(&t0);
+    cr_assert_gt(left, 0, "it did not exit within %d ms", WAIT_MS);
+    cr_assert_geq(poll(&pfd, 1, left), 0);
+    n = read(d.out, buf, sizeof(buf));
+    cr_assert_geq(n, 0);
+    cr_assert(n == 0 || memmem(buf, (size_t)n, "listening", 9) == NULL,
+              "it started");
+  }
+  cr_assert_eq(waitpid(d.pid, &status, 0), d.pid);
+  running = 0;
+  close(d.out);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A corrupt journal entry followed by valid ones refuses to start naming
+ * its offset; --journal-recover starts, cutting there and saying so. */
+Test(daemon, a_corrupt_journal_refuses_unless_recovered) {
+  daemon_t d;
+  ferry_rpc_channel_t *ch;
+  ferry_error_t err = {0};
+  Ferry__V1__GetStatusResponse *s;
+  char id[17] = {0}, path[160];
+  uint8_t x;
+  int fd;
+
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  start(&d);
+  ch = channel(&d);
+  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
+  cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+  /* The first entry (the boot) gets a flipped byte in its data. */
+  snprintf(path, sizeof(path), "%s/work/journal", fx_dir);
+  cr_assert_geq(fd = open(path, O_RDWR), 0);
+  cr_assert_eq(pread(fd, &x, 1, 12), 1);
+  x ^= 0x40;
+  cr_assert_eq(pwrite(fd, &x, 1, 12), 1);
+  close(fd);
+  cr_assert_eq(start_refused(), 1);
+  cr_assert(log_has("corrupt journal entry at byte offset 0"));
+  snprintf(extra_arg, sizeof(extra_arg), "--journal-recover");
+  start(&d);
+  extra_arg[0] = '\0';
+  cr_assert(log_has("--journal-recover"));
+  cr_assert(log_has("dropped"));
+  ch = channel(&d);
+  s = status(ch);
+  cr_assert_eq(s->datasets, 0, "everything after offset 0 was dropped");
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
   ferry_rpc_shutdown();
 }
 
