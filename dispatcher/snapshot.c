@@ -227,22 +227,7 @@ void ferry__disp_set_segment(ferry_disp_t *d, uint64_t segment) {
 }
 
 void ferry__disp_reset(ferry_disp_t *d, int64_t now_ms) {
-  for (size_t i = 0; i < d->nds; i++)
-    ferry__disp_free_dataset(d->ds[i]);
-  for (size_t i = 0; i < d->njobs; i++)
-    ferry__disp_free_job(d->jobs[i]);
-  for (size_t i = 0; i < d->nworkers; i++) {
-    ferry__free(d->workers[i]->address);
-    ferry__free(d->workers[i]->ucx_address);
-    ferry__free(d->workers[i]);
-  }
-  ferry__free(d->ds);
-  ferry__free(d->jobs);
-  ferry__free(d->workers);
-  d->ds = NULL;
-  d->jobs = NULL;
-  d->workers = NULL;
-  d->nds = d->njobs = d->nworkers = 0;
+  ferry__disp_free_contents(d);
   d->next_job = d->next_client = d->next_worker = 1;
   d->boot = 0;
   d->segment = 0;

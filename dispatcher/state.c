@@ -108,9 +108,7 @@ int ferry__disp_new(const ferry_disp_config_t *cfg, int64_t now_ms,
   return 0;
 }
 
-void ferry__disp_free(ferry_disp_t *d) {
-  if (d == NULL)
-    return;
+void ferry__disp_free_contents(ferry_disp_t *d) {
   for (size_t i = 0; i < d->nds; i++)
     ferry__disp_free_dataset(d->ds[i]);
   for (size_t i = 0; i < d->njobs; i++)
@@ -123,6 +121,19 @@ void ferry__disp_free(ferry_disp_t *d) {
   ferry__free(d->ds);
   ferry__free(d->jobs);
   ferry__free(d->workers);
+  d->ds = NULL;
+  d->jobs = NULL;
+  d->workers = NULL;
+  d->nds = d->njobs = d->nworkers = 0;
+  /* The heap points at the workers: empty, rebuilt by the next pick. */
+  d->nheap = 0;
+  d->heap_fresh = false;
+}
+
+void ferry__disp_free(ferry_disp_t *d) {
+  if (d == NULL)
+    return;
+  ferry__disp_free_contents(d);
   ferry__free(d->heap);
   ferry__free(d->scratch);
   ferry__free(d);

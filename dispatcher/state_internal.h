@@ -260,6 +260,9 @@ int ferry__disp_push_ptr(void ***arr, size_t *n, void *p);
 void ferry__disp_free_dataset(dataset_t *ds);
 void ferry__disp_free_rows(job_t *j);
 void ferry__disp_free_job(job_t *j);
+/* Frees every dataset, job and worker (the state is then empty; its
+ * configuration, sink and scratch stay). */
+void ferry__disp_free_contents(ferry_disp_t *d);
 
 /* Lookups by id: NULL when unknown (live_worker: or lost). */
 dataset_t *ferry__disp_find_dataset(ferry_disp_t *d, const char *id);

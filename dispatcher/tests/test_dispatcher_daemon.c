@@ -719,6 +719,20 @@ Test(daemon, concurrent_calls_are_all_durable_across_a_compaction) {
   ferry_rpc_shutdown();
 }
 
+/* Writes d.tfrecord, starts the daemon, registers it and creates one job:
+ * the channel, the dataset id in `id`. */
+static ferry_rpc_channel_t *start_with_a_job(daemon_t *d, char id[17]) {
+  ferry_rpc_channel_t *ch;
+  ferry_error_t err = {0};
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  start(d);
+  ch = channel(d);
+  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
+  cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
+  return ch;
+}
+
 /* Starts the daemon expecting it to refuse: its exit status, once its
  * stdout closed (bounded by WAIT_MS) without a listening line. */
 static int start_refused(void) {
@@ -751,18 +765,12 @@ static int start_refused(void) {
 Test(daemon, a_corrupt_journal_refuses_unless_recovered) {
   daemon_t d;
   ferry_rpc_channel_t *ch;
-  ferry_error_t err = {0};
   Ferry__V1__GetStatusResponse *s;
   char id[17] = {0}, path[160];
   uint8_t x;
   int fd;
 
-  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
-  start(&d);
-  ch = channel(&d);
-  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
-  cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
+  ch = start_with_a_job(&d, id);
   ferry_rpc_channel_free(ch);
   stop(&d);
   /* The first entry (the boot) gets a flipped byte in its data. */
@@ -809,12 +817,7 @@ Test(daemon, a_full_disk_fails_mutations_and_recovers) {
   if (mount("tmpfs", wd, "tmpfs", 0, "size=256k") != 0)
     cr_skip_test("mount -t tmpfs failed (%s): skipped", strerror(errno));
   snprintf(mounted, sizeof(mounted), "%s", wd);
-  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
-  start(&d);
-  ch = channel(&d);
-  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
-  cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
+  ch = start_with_a_job(&d, id);
   acked++;
 
   /* Fill the file system. */
