@@ -33,7 +33,8 @@ struct ferry_journal_s {
   uint64_t batch_end; /* what the batch in flight covers */
   uint64_t syncs;
   uint64_t snap_size; /* the last snapshot's size (0: none) */
-  bool oom;           /* an append ran out of memory */
+  bool oom;           /* an append ran out of memory (loop) */
+  bool batch_oom;     /* ... before the batch in flight (its thread) */
 };
 
 static ferry_journal_io_t io_sys = {pwrite, fdatasync};
@@ -415,6 +416,8 @@ bool ferry__journal_batch_begin(ferry_journal_t *j) {
   j->batch_end = j->appended;
   j->inflight = true;
   j->compacting = false;
+  j->batch_oom = j->oom;
+  j->oom = false;
   return true;
 }
 
@@ -438,6 +441,8 @@ bool ferry__journal_compact_begin(ferry_journal_t *j, uint8_t *snapshot,
   j->batch_end = j->appended;
   j->inflight = true;
   j->compacting = true;
+  j->batch_oom = j->oom;
+  j->oom = false;
   return true;
 }
 
@@ -522,7 +527,7 @@ int ferry__journal_batch_write(ferry_journal_t *j, ferry_error_t *err) {
   int64_t t0 = ferry_metrics_now_ns();
   int rc = 0;
 
-  if (j->oom)
+  if (j->batch_oom)
     rc = ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory", j->path);
   else if (j->compacting)
     rc = compact_write(j, err);
