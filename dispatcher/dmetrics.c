@@ -20,7 +20,7 @@
 
 static ferry__dmetrics_t dm;
 static ferry_metric_family_t *f_workers, *f_jobs, *f_splits, *f_jbytes,
-    *f_stall, *f_bps, *f_wanted, *f_delivered;
+    *f_sbytes, *f_stall, *f_bps, *f_wanted, *f_delivered;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static ferry_metric_t *counter(ferry_metrics_t *r, const char *name,
@@ -38,6 +38,8 @@ static const struct {
 } families[] = {
     {&f_jbytes, FERRY_METRIC_GAUGE, "ferry_dispatcher_journal_bytes",
      "Size of the journal file.", NULL, 1},
+    {&f_sbytes, FERRY_METRIC_GAUGE, "ferry_dispatcher_snapshot_bytes",
+     "Size of the last snapshot written or loaded (0: none).", NULL, 1},
     {&f_workers, FERRY_METRIC_GAUGE, "ferry_dispatcher_workers",
      "Workers known to the dispatcher, by state (as ferryctl workers "
      "shows it).",
@@ -85,8 +87,16 @@ static void init(void) {
                        "Entries appended to the journal.");
   dm.fsync = ferry_metric_get(ferry_metrics_family(
       r, FERRY_METRIC_HISTOGRAM, "ferry_dispatcher_journal_fsync_seconds",
-      "Seconds one journal write + fdatasync took.", NULL, 1e-9,
+      "Seconds one journal batch (the entries of every call since the "
+      "last: group commit) or compaction took to write and fdatasync.",
+      NULL, 1e-9,
       fsync_bounds, sizeof(fsync_bounds) / sizeof(fsync_bounds[0])));
+  dm.write_failures = counter(
+      r, "ferry_dispatcher_journal_write_failures_total",
+      "Journal batches whose write or fdatasync failed (ENOSPC, EIO): their "
+      "calls failed and the state was rebuilt from disk.");
+  dm.snapshots = counter(r, "ferry_dispatcher_snapshots_total",
+                         "Snapshots written (compactions).");
   for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
     *families[i].f = ferry_metrics_family(
         r, families[i].type, families[i].name, families[i].help,
@@ -139,6 +149,8 @@ static void compute(ferry__dmetrics_gauges_t *g) {
   int64_t now = (int64_t)(uv_hrtime() / 1000000); /* ferry__disp_now_ms */
   ferry_metric_set(ferry_metric_get(f_jbytes),
                    (int64_t)ferry__journal_size(g->j));
+  ferry_metric_set(ferry_metric_get(f_sbytes),
+                   (int64_t)ferry__journal_snapshot_size(g->j));
   uint64_t splits[3];
   static const char *const split_states[3] = {"waiting", "leased", "done"};
   ferry__disp_split_counts(g->d, splits);

@@ -19,6 +19,8 @@ typedef struct ferry__dmetrics_s {
   ferry_metric_t *clients_lost;  /* ..._clients_lost_total */
   ferry_metric_t *appends;       /* ..._journal_appends_total */
   ferry_metric_t *fsync;         /* ..._journal_fsync_seconds (ns) */
+  ferry_metric_t *write_failures; /* ..._journal_write_failures_total */
+  ferry_metric_t *snapshots;      /* ..._snapshots_total */
 } ferry__dmetrics_t;
 
 const ferry__dmetrics_t *ferry__dmetrics(void);

@@ -8,6 +8,7 @@
 #include "ferry/log.h"
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
+#include "dmetrics.h"
 #include "snapshot.h"
 
 typedef int (*op_fn)(ferry_disp_service_t *svc, const void *req, void *resp,
@@ -562,6 +563,7 @@ static void rebuild(ferry_disp_service_t *svc, const ferry_error_t *why) {
            why->msg);
   FERRY_LOG(FERRY_LOG_ERROR, "journal: %s; failing %zu held calls and "
             "rebuilding the state from disk", why->msg, svc->n_held);
+  ferry_metric_add(ferry__dmetrics()->write_failures, 1);
   release_held(svc, 0, msg);
   wait_fail_all(svc, msg);
   ferry__disp_set_sink(svc->state, NULL, NULL);
@@ -598,6 +600,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
     return;
   }
   if (compacted) {
+    ferry_metric_add(ferry__dmetrics()->snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
               "journal: snapshot of %" PRIu64 " bytes written, journal "
