@@ -603,9 +603,11 @@ static void synced(ferry_disp_service_t *svc, int rc,
     ferry_metric_add(ferry__dmetrics()->snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
-              "journal: snapshot of %" PRIu64 " bytes written, journal "
-              "segment %" PRIu64 " started",
-              ferry__journal_snapshot_size(j), svc->compact_segment);
+              "journal: snapshot of %" PRIu64 " bytes written (serialized "
+              "in %" PRId64 " ms on the loop), journal segment %" PRIu64
+              " started",
+              ferry__journal_snapshot_size(j), svc->compact_ms,
+              svc->compact_segment);
   }
   release_held(svc, ferry__journal_durable(j), NULL);
   /* Long polls hear only of what is durable (or wait for it, answer()). */
@@ -635,13 +637,17 @@ static bool compact_begin(ferry_disp_service_t *svc) {
   uint8_t hdr[16], *buf;
   size_t len, hlen;
   ferry_error_t err = {0};
+  int rc;
 
   if (svc->compact_bytes == 0 || size < svc->compact_bytes ||
       size < 2 * snap)
     return false;
   svc->compact_segment = ferry__disp_segment(svc->state) + 1;
-  if (ferry__disp_snapshot(svc->state, svc->compact_segment, &buf, &len,
-                           &err) != 0) {
+  svc->compact_ms = ferry__disp_now_ms();
+  rc = ferry__disp_snapshot(svc->state, svc->compact_segment, &buf, &len,
+                            &err);
+  svc->compact_ms = ferry__disp_now_ms() - svc->compact_ms;
+  if (rc != 0) {
     FERRY_LOG(FERRY_LOG_WARN, "journal: no compaction: %s", err.msg);
     return false;
   }
