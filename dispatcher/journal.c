@@ -26,6 +26,8 @@ struct ferry_journal_s {
   uint8_t *hdr; /* compaction: the new segment's framed header */
   size_t hlen;
   bool inflight, compacting;
+  ferry_journal_pack_cb pack; /* compaction: packs the snapshot */
+  void *pack_arg;
   int64_t batch_ns;  /* batch_write's duration, for the metric */
   uint64_t size;     /* durable bytes in the file */
   uint64_t appended; /* logical positions (journal.h) */
@@ -421,23 +423,22 @@ bool ferry__journal_batch_begin(ferry_journal_t *j) {
   return true;
 }
 
-bool ferry__journal_compact_begin(ferry_journal_t *j, uint8_t *snapshot,
-                                  size_t snapshot_len, const uint8_t *header,
-                                  size_t header_len) {
+bool ferry__journal_compact_begin(ferry_journal_t *j,
+                                  ferry_journal_pack_cb pack, void *arg,
+                                  const uint8_t *header, size_t header_len) {
   size_t cap = 0;
-  if (j->inflight) {
-    ferry__free(snapshot);
+  if (j->inflight)
     return false;
-  }
   j->hlen = 0;
+  ferry__free(j->hdr);
+  j->hdr = NULL;
   if (ferry__journal_frame(&j->hdr, &j->hlen, &cap, header, header_len) !=
       0)
     j->oom = true;
   /* The snapshot covers what was appended: those entries are not written. */
   j->len = 0;
-  ferry__free(j->fbuf);
-  j->fbuf = snapshot;
-  j->flen = j->fcap = snapshot_len;
+  j->pack = pack;
+  j->pack_arg = arg;
   j->batch_end = j->appended;
   j->inflight = true;
   j->compacting = true;
@@ -465,6 +466,12 @@ static int compact_write(ferry_journal_t *j, ferry_error_t *err) {
     rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     goto out;
   }
+  ferry__free(j->fbuf);
+  j->fbuf = NULL;
+  j->flen = j->fcap = 0;
+  if ((rc = j->pack(j->pack_arg, &j->fbuf, &j->flen, err)) != 0)
+    goto out;
+  j->fcap = j->flen;
   STEP(); /* 1: nothing written yet */
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

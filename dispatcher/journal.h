@@ -24,8 +24,9 @@
  * the next batch tries again.
  *
  * Compaction (ferry__journal_compact_begin): the batch is a snapshot of
- * the state, which covers every entry appended so far. Its steps, each of
- * which a crash may follow:
+ * the state, which covers every entry appended so far; it is packed on
+ * the batch's thread (a callback). Its steps, each of which a crash may
+ * follow:
  *   1. write WORKDIR/snapshot.tmp, fsync it;
  *   2. rename it over WORKDIR/snapshot, fsync the directory;
  *   3. cut the journal to 0 bytes and write the new segment's header
@@ -105,14 +106,20 @@ void ferry__journal_append(ferry_journal_t *j, const uint8_t *entry,
  * nothing taken) when nothing is appended or a batch is in flight. */
 bool ferry__journal_batch_begin(ferry_journal_t *j);
 
-/* Loop: takes a compaction as the next batch instead. `snapshot` (framed
- * records, ferry__journal_frame; taken over, freed by batch_end) holds
- * the state with every entry appended so far; `header` (one serialized
+/* Packs a snapshot on the batch's thread: framed records (see
+ * ferry__journal_frame) in *out (ferry heap, taken over). 0 or an error
+ * (the compaction then fails like a write). */
+typedef int (*ferry_journal_pack_cb)(void *arg, uint8_t **out, size_t *len,
+                                     ferry_error_t *err);
+
+/* Loop: takes a compaction as the next batch instead: batch_write first
+ * calls `pack` (on its thread) for the snapshot, which must hold the
+ * state with every entry appended so far; `header` (one serialized
  * entry, copied) becomes the new journal segment's first entry. False
- * (nothing taken, `snapshot` freed) when a batch is in flight. */
-bool ferry__journal_compact_begin(ferry_journal_t *j, uint8_t *snapshot,
-                                  size_t snapshot_len, const uint8_t *header,
-                                  size_t header_len);
+ * (nothing taken) when a batch is in flight. */
+bool ferry__journal_compact_begin(ferry_journal_t *j,
+                                  ferry_journal_pack_cb pack, void *arg,
+                                  const uint8_t *header, size_t header_len);
 
 /* Any one thread, between begin and end: writes the batch and makes it
  * durable. Returns 0 or the error naming the path, the step and errno.

@@ -595,6 +595,8 @@ static void synced(ferry_disp_service_t *svc, int rc,
 
   svc->compacting = false;
   ferry__journal_batch_end(j, rc);
+  ferry__disp_snapshot_release(svc->state, svc->snap); /* before a rebuild */
+  svc->snap = NULL;
   if (rc != 0) {
     rebuild(svc, err);
     return;
@@ -603,7 +605,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
     ferry_metric_add(ferry__dmetrics()->snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
-              "journal: snapshot of %" PRIu64 " bytes written (serialized "
+              "journal: snapshot of %" PRIu64 " bytes written (captured "
               "in %" PRId64 " ms on the loop), journal segment %" PRIu64
               " started",
               ferry__journal_snapshot_size(j), svc->compact_ms,
@@ -627,32 +629,41 @@ static void sync_after(uv_work_t *w, int status) {
   synced(svc, svc->sync_rc, &svc->sync_err);
 }
 
+static int pack_snapshot(void *arg, uint8_t **out, size_t *len,
+                         ferry_error_t *err) {
+  return ferry__disp_snapshot_pack(arg, out, len, err);
+}
+
 /* Starts a compaction when the journal outgrew max(--snapshot-bytes,
  * twice the last snapshot): restart work and disk use stay bounded by the
- * live state. False: a plain batch instead. */
+ * live state. The loop only captures the state (a copy of the jobs' rows
+ * and the workers; datasets pinned); the batch's thread packs it. False:
+ * a plain batch instead. */
 static bool compact_begin(ferry_disp_service_t *svc) {
   ferry_journal_t *j = svc->journal;
   uint64_t size = ferry__journal_size(j);
   uint64_t snap = ferry__journal_snapshot_size(j);
-  uint8_t hdr[16], *buf;
-  size_t len, hlen;
-  ferry_error_t err = {0};
-  int rc;
+  uint8_t hdr[16];
+  size_t hlen;
 
   if (svc->compact_bytes == 0 || size < svc->compact_bytes ||
       size < 2 * snap)
     return false;
   svc->compact_segment = ferry__disp_segment(svc->state) + 1;
   svc->compact_ms = ferry__disp_now_ms();
-  rc = ferry__disp_snapshot(svc->state, svc->compact_segment, &buf, &len,
-                            &err);
+  svc->snap = ferry__disp_snapshot_take(svc->state, svc->compact_segment);
   svc->compact_ms = ferry__disp_now_ms() - svc->compact_ms;
-  if (rc != 0) {
-    FERRY_LOG(FERRY_LOG_WARN, "journal: no compaction: %s", err.msg);
+  if (svc->snap == NULL) {
+    FERRY_LOG(FERRY_LOG_WARN, "journal: no compaction: out of memory");
     return false;
   }
   hlen = ferry__disp_segment_header(svc->compact_segment, hdr);
-  svc->compacting = ferry__journal_compact_begin(j, buf, len, hdr, hlen);
+  svc->compacting =
+      ferry__journal_compact_begin(j, pack_snapshot, svc->snap, hdr, hlen);
+  if (!svc->compacting) {
+    ferry__disp_snapshot_release(svc->state, svc->snap);
+    svc->snap = NULL;
+  }
   return svc->compacting;
 }
 

@@ -62,7 +62,8 @@ struct ferry_disp_service_s {
   ferry_error_t sync_err;
   bool compacting;
   uint64_t compact_segment;
-  int64_t compact_ms; /* the last snapshot's serialization, on the loop */
+  int64_t compact_ms; /* the last snapshot's capture, on the loop */
+  struct ferry_disp_snap_s *snap; /* the compaction's capture */
   uint64_t compact_bytes;
   bool need_boot; /* a rebuild from disk needs a new boot entry */
   bool sync_per_call; /* no group commit: a batch per call, on the loop */

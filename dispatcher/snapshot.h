@@ -15,11 +15,28 @@
 #include "journal.h"
 #include "state.h"
 
-/* Serializes the state as a snapshot followed by journal segment
- * `segment`: framed records in *out (ferry heap, *len bytes). Returns 0
- * or FERRY_ENOMEM. */
-int ferry__disp_snapshot(const ferry_disp_t *d, uint64_t segment,
-                         uint8_t **out, size_t *len, ferry_error_t *err);
+/* A capture of the state for a snapshot (snapshot.c). */
+typedef struct ferry_disp_snap_s ferry_disp_snap_t;
+
+/* Loop: captures the state for a snapshot followed by journal segment
+ * `segment`: the workers' and jobs' journaled fields are copied (the rows
+ * into the arrays the snapshot stores, one pass); the datasets, immutable
+ * once registered, are pinned (one collected meanwhile is freed by the
+ * release). NULL when out of memory. */
+ferry_disp_snap_t *ferry__disp_snapshot_take(ferry_disp_t *d,
+                                             uint64_t segment);
+
+/* Any one thread, between take and release: packs the capture as framed
+ * records into *out (ferry heap, *len bytes). 0 or FERRY_ENOMEM. */
+int ferry__disp_snapshot_pack(const ferry_disp_snap_t *s, uint8_t **out,
+                              size_t *len, ferry_error_t *err);
+
+/* Loop: frees the capture and unpins. NULL-safe. */
+void ferry__disp_snapshot_release(ferry_disp_t *d, ferry_disp_snap_t *s);
+
+/* take + pack + release on the calling thread (tests, benchmarks). */
+int ferry__disp_snapshot(ferry_disp_t *d, uint64_t segment, uint8_t **out,
+                         size_t *len, ferry_error_t *err);
 
 /* The serialized JournalSegment entry of `segment` in `buf`; its length. */
 size_t ferry__disp_segment_header(uint64_t segment, uint8_t buf[16]);

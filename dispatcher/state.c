@@ -128,6 +128,7 @@ void ferry__disp_free_contents(ferry_disp_t *d) {
   /* The heap points at the workers: empty, rebuilt by the next pick. */
   d->nheap = 0;
   d->heap_fresh = false;
+  ferry__disp_free_collected(d);
 }
 
 void ferry__disp_free(ferry_disp_t *d) {

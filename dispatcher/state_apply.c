@@ -27,10 +27,20 @@ static int apply_register(ferry_disp_t *d,
                           ferry_error_t *err) {
   dataset_t *ds;
   int rc;
+  /* A snapshot gives the splits as parallel arrays (journal.proto). */
+  bool arrays = m->n_splits == 0 && m->n_split_file > 0;
+  size_t n = arrays ? m->n_split_file : m->n_splits;
 
   if (ferry__disp_find_dataset(d, m->dataset_id) != NULL)
     return ferry__seterr(err, FERRY_EINVAL, "dataset %s registered twice",
                          m->dataset_id);
+  if (arrays && (m->n_split_offset != n || m->n_split_end != n ||
+                 m->n_split_first != n || m->n_split_count != n))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "dataset %s: split arrays of different lengths",
+                         m->dataset_id);
+  if (n > UINT32_MAX)
+    return bad_entry(err, "split count", n);
   ds = ferry__calloc(1, sizeof(*ds));
   if (ds == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
@@ -43,7 +53,7 @@ static int apply_register(ferry_disp_t *d,
   ds->id = ferry__strdup(m->dataset_id);
   ds->spec_bytes = ferry__malloc(m->spec.len ? m->spec.len : 1);
   ds->files = ferry__calloc(m->n_files ? m->n_files : 1, sizeof(char *));
-  ds->splits = ferry__calloc(m->n_splits ? m->n_splits : 1, sizeof(split_t));
+  ds->splits = ferry__calloc(n ? n : 1, sizeof(split_t));
   if (ds->id == NULL || ds->spec_bytes == NULL || ds->files == NULL ||
       ds->splits == NULL)
     goto nomem;
@@ -52,24 +62,38 @@ static int apply_register(ferry_disp_t *d,
   for (size_t i = 0; i < m->n_files; i++, ds->nfiles++)
     if ((ds->files[i] = ferry__strdup(m->files[i])) == NULL)
       goto nomem;
-  for (size_t i = 0; i < m->n_splits; i++) {
-    const Ferry__V1__Split *s = m->splits[i];
-    if (s->file_index >= ds->nfiles) {
-      ferry__disp_free_dataset(ds);
-      return bad_entry(err, "split file index", s->file_index);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t file, count, offset, end, first;
+    if (arrays) {
+      file = m->split_file[i];
+      count = m->split_count[i];
+      offset = m->split_offset[i];
+      end = m->split_end[i];
+      first = m->split_first[i];
+    } else {
+      const Ferry__V1__Split *s = m->splits[i];
+      file = s->file_index;
+      count = s->num_records;
+      offset = s->byte_offset;
+      end = s->byte_end;
+      first = s->first_record;
     }
-    if (s->num_records > UINT32_MAX) {
+    if (file >= ds->nfiles) {
       ferry__disp_free_dataset(ds);
-      return bad_entry(err, "split record count", s->num_records);
+      return bad_entry(err, "split file index", file);
     }
-    ds->splits[i] = (split_t){.file = s->file_index,
-                              .count = (uint32_t)s->num_records,
-                              .offset = s->byte_offset,
-                              .end = s->byte_end,
-                              .first = s->first_record};
-    ds->known_records += s->num_records;
+    if (count > UINT32_MAX) {
+      ferry__disp_free_dataset(ds);
+      return bad_entry(err, "split record count", count);
+    }
+    ds->splits[i] = (split_t){.file = (uint32_t)file,
+                              .count = (uint32_t)count,
+                              .offset = offset,
+                              .end = end,
+                              .first = first};
+    ds->known_records += count;
   }
-  ds->nsplits = (uint32_t)m->n_splits;
+  ds->nsplits = (uint32_t)n;
   ds->idle_since = d->now;
   if (ferry__disp_push_ptr((void ***)&d->ds, &d->nds, ds) != 0)
     goto nomem;
@@ -467,7 +491,11 @@ static int apply_dataset_gc(ferry_disp_t *d,
       continue;
     if (ferry__disp_dataset_used(d, d->ds[i]))
       break;
-    ferry__disp_free_dataset(d->ds[i]);
+    if (d->snap_pins == 0)
+      ferry__disp_free_dataset(d->ds[i]);
+    else if (ferry__disp_push_ptr((void ***)&d->collected, &d->ncollected,
+                                  d->ds[i]) != 0)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     memmove(&d->ds[i], &d->ds[i + 1], (d->nds - i - 1) * sizeof(dataset_t *));
     d->nds--;
     return 0;
@@ -476,6 +504,14 @@ static int apply_dataset_gc(ferry_disp_t *d,
                        "journal entry does not fit the state: dataset %s "
                        "collected while unknown or in use",
                        m->dataset_id);
+}
+
+void ferry__disp_free_collected(ferry_disp_t *d) {
+  for (size_t i = 0; i < d->ncollected; i++)
+    ferry__disp_free_dataset(d->collected[i]);
+  ferry__free(d->collected);
+  d->collected = NULL;
+  d->ncollected = 0;
 }
 
 static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,

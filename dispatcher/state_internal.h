@@ -210,6 +210,11 @@ struct ferry_disp_s {
   uint64_t segment;
   bool snap_open, snap_done;
   uint64_t snap_count;
+  /* Snapshots being packed off the loop pin the datasets: one collected
+   * meanwhile waits in `collected` until the last pin goes. */
+  uint32_t snap_pins;
+  dataset_t **collected;
+  size_t ncollected;
   ferry_disp_sink_cb sink;
   void *sink_arg;
   uint8_t *scratch;
@@ -314,6 +319,9 @@ size_t ferry__disp_active_clients(const job_t *j);
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j);
 
 /* state_apply.c */
+
+/* Frees the datasets collected while snapshots pinned them. */
+void ferry__disp_free_collected(ferry_disp_t *d);
 
 /* True when a job still reads the dataset. */
 bool ferry__disp_dataset_used(const ferry_disp_t *d, const dataset_t *ds);

@@ -465,15 +465,22 @@ static ferry_journal_t *scripted(void) {
 
 /* Compacts: D's snapshot becomes the next segment's base. Returns the
  * batch's result (crash steps: FERRY_ECANCELED, the batch left open). */
+static int pack_cb(void *arg, uint8_t **out, size_t *len,
+                   ferry_error_t *err) {
+  return ferry__disp_snapshot_pack(arg, out, len, err);
+}
+
 static int compact(ferry_journal_t *j, ferry_error_t *err) {
-  uint8_t *buf, hdr[16];
-  size_t len, hl;
+  uint8_t hdr[16];
+  size_t hl;
   uint64_t seg = ferry__disp_segment(D) + 1;
+  ferry_disp_snap_t *s = ferry__disp_snapshot_take(D, seg);
   int rc;
-  cr_assert_eq(ferry__disp_snapshot(D, seg, &buf, &len, err), 0);
+  cr_assert_not_null(s);
   hl = ferry__disp_segment_header(seg, hdr);
-  cr_assert(ferry__journal_compact_begin(j, buf, len, hdr, hl));
+  cr_assert(ferry__journal_compact_begin(j, pack_cb, s, hdr, hl));
   rc = ferry__journal_batch_write(j, err);
+  ferry__disp_snapshot_release(D, s);
   if (rc == FERRY_ECANCELED)
     return rc; /* "crashed": nothing more happens to the files */
   ferry__journal_batch_end(j, rc);

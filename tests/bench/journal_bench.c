@@ -20,8 +20,14 @@
  * (journal only). Then it runs with --snapshot-bytes=1 until it
  * compacted, and is restarted again (snapshot + short journal).
  *
+ * Snapshot of a large state (in-process, the dispatcher's core library):
+ * a dataset of --splits splits (default 1,000,000) and a job whose epoch
+ * has as many rows, half delivered; the time to capture it (on the
+ * dispatcher's loop: what a compaction stalls it for), to pack it (on the
+ * journal's thread), its size, and the time to restore a state from it.
+ *
  * Usage: bench_journal [--quick] [--seconds S] [--threads 1,8,32]
- *                      [--history N]
+ *                      [--history N] [--splits N]
  */
 #include <getopt.h>
 #include <pthread.h>
@@ -36,7 +42,10 @@
 #include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "ferry/v1/journal.pb-c.h"
 #include "harness.h"
+#include "journal.h"
+#include "snapshot.h"
 
 #define CALL_MS 30000
 
@@ -261,25 +270,157 @@ static void *hist_run(void *arg) {
   return NULL;
 }
 
+/* Applies one entry built by the caller (the same path as a replay). */
+static void apply_entry(ferry_disp_t *d, Ferry__V1__JournalEntry *e) {
+  size_t n = ferry__v1__journal_entry__get_packed_size(e);
+  uint8_t *b = malloc(n ? n : 1);
+  ferry_error_t err = {0};
+  ferry__v1__journal_entry__pack(e, b);
+  if (ferry__disp_apply(d, b, n, 0, &err) != 0)
+    die("apply", &err);
+  free(b);
+}
+
+static void snapshot_scale(uint32_t n) {
+  ferry_disp_config_t cfg;
+  ferry_disp_t *d, *r;
+  ferry_spec_t spec;
+  ferry_error_t err = {0};
+  Ferry__V1__JournalEntry e = FERRY__V1__JOURNAL_ENTRY__INIT;
+  Ferry__V1__JournalRegisterDataset rd =
+      FERRY__V1__JOURNAL_REGISTER_DATASET__INIT;
+  Ferry__V1__JournalCreateJob cj = FERRY__V1__JOURNAL_CREATE_JOB__INIT;
+  Ferry__V1__JournalClientJoined cl = FERRY__V1__JOURNAL_CLIENT_JOINED__INIT;
+  Ferry__V1__JournalEpochStart es = FERRY__V1__JOURNAL_EPOCH_START__INIT;
+  Ferry__V1__JournalProgress pr = FERRY__V1__JOURNAL_PROGRESS__INIT;
+  Ferry__V1__Split *sp = calloc(n, sizeof(*sp)), **spp = calloc(n, sizeof(*spp));
+  Ferry__V1__JournalRowDelivered *rw = calloc(n, sizeof(*rw)),
+                                 **rwp = calloc(n, sizeof(*rwp));
+  char *files[1] = {(char *)"/data/a.tfrecord"}, wd[700], path[800];
+  uint8_t *snap, *sb;
+  size_t len, sl;
+  double t0, take_ms, pack_ms, restore_ms;
+  ferry_disp_snap_t *cap;
+  ferry_journal_t *j;
+  ferry_disp_restore_t st;
+  FILE *f;
+
+  if (sp == NULL || spp == NULL || rw == NULL || rwp == NULL)
+    die("out of memory", NULL);
+  ferry__disp_config_init(&cfg);
+  if (ferry__disp_new(&cfg, 0, &d) != 0 || ferry__disp_new(&cfg, 0, &r) != 0)
+    die("out of memory", NULL);
+  if (ferry_spec_parse("tfrecord(\"/data/*.tfrecord\") | decode(raw, 4, 4, "
+                       "1)",
+                       &spec, &err) != 0 ||
+      ferry_spec_pack(&spec, &sb, &sl) != 0)
+    die("spec", &err);
+  ferry_spec_close(&spec);
+  for (uint32_t i = 0; i < n; i++) {
+    ferry__v1__split__init(&sp[i]);
+    sp[i].index = i;
+    sp[i].byte_offset = (uint64_t)i * 50000;
+    sp[i].byte_end = (uint64_t)(i + 1) * 50000;
+    sp[i].first_record = (uint64_t)i * 1024;
+    sp[i].num_records = 1024;
+    spp[i] = &sp[i];
+    ferry__v1__journal_row_delivered__init(&rw[i]);
+    rw[i].row = i;
+    rw[i].delivered = 512;
+    rwp[i] = &rw[i];
+  }
+  rd.dataset_id = (char *)"big";
+  rd.spec.data = sb;
+  rd.spec.len = sl;
+  rd.files = files;
+  rd.n_files = 1;
+  rd.splits = spp;
+  rd.n_splits = n;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_REGISTER_DATASET;
+  e.register_dataset = &rd;
+  apply_entry(d, &e);
+  cj.job_id = 1;
+  cj.dataset_id = (char *)"big";
+  cj.name = (char *)"";
+  cj.num_epochs = 1;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_CREATE_JOB;
+  e.create_job = &cj;
+  apply_entry(d, &e);
+  cl.job_id = 1;
+  cl.client_id = 1;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_JOINED;
+  e.client_joined = &cl;
+  apply_entry(d, &e);
+  es.job_id = 1;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_EPOCH_START;
+  e.epoch_start = &es;
+  apply_entry(d, &e);
+  pr.job_id = 1;
+  pr.rows = rwp;
+  pr.n_rows = n;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_PROGRESS;
+  e.progress = &pr;
+  apply_entry(d, &e);
+
+  t0 = hx_now_ms();
+  if ((cap = ferry__disp_snapshot_take(d, 1)) == NULL)
+    die("snapshot: out of memory", NULL);
+  take_ms = hx_now_ms() - t0;
+  t0 = hx_now_ms();
+  if (ferry__disp_snapshot_pack(cap, &snap, &len, &err) != 0)
+    die("snapshot", &err);
+  pack_ms = hx_now_ms() - t0;
+  ferry__disp_snapshot_release(d, cap);
+  snprintf(wd, sizeof(wd), "%s/snapshot-scale", hx_tmpdir());
+  mkdir(wd, 0755);
+  snprintf(path, sizeof(path), "%s/snapshot", wd);
+  if ((f = fopen(path, "wb")) == NULL || fwrite(snap, 1, len, f) != len ||
+      fclose(f) != 0)
+    die("cannot write the snapshot", NULL);
+  t0 = hx_now_ms();
+  if (ferry__journal_open(wd, &j, &err) != 0 ||
+      ferry__disp_restore(r, j, false, 0, &st, &err) != 0)
+    die("restore", &err);
+  restore_ms = hx_now_ms() - t0;
+  printf("snapshot of %u splits and %u rows: %zu bytes (%.1f per split); "
+         "captured on the loop in %.0f ms, packed on the journal's thread "
+         "in %.0f ms; restored in %.0f ms\n",
+         n, n, len, (double)len / n, take_ms, pack_ms, restore_ms);
+  ferry__journal_close(j);
+  ferry__free(snap);
+  ferry_free(sb);
+  ferry__disp_free(d);
+  ferry__disp_free(r);
+  free(sp);
+  free(spp);
+  free(rw);
+  free(rwp);
+}
+
 int main(int argc, char **argv) {
   static const struct option lo[] = {{"quick", no_argument, NULL, 'q'},
                                      {"seconds", required_argument, NULL, 's'},
                                      {"threads", required_argument, NULL, 't'},
                                      {"history", required_argument, NULL, 'h'},
+                                     {"splits", required_argument, NULL, 'p'},
                                      {NULL, 0, NULL, 0}};
   double seconds = 3.0;
   int tl[16] = {1, 8, 32}, nt = 3, history = 20000, c;
+  long splits = 1000000;
   char tlist[128] = "";
 
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     if (c == 'q') {
       seconds = 1.0;
       history = 2000;
+      splits = 100000;
       tl[0] = 1, tl[1] = 16, nt = 2;
     } else if (c == 's') {
       seconds = atof(optarg);
     } else if (c == 'h') {
       history = atoi(optarg);
+    } else if (c == 'p') {
+      splits = atol(optarg);
     } else if (c == 't') {
       char *save = NULL, *tok;
       snprintf(tlist, sizeof(tlist), "%s", optarg);
@@ -289,7 +430,7 @@ int main(int argc, char **argv) {
         tl[nt++] = atoi(tok);
     } else {
       fprintf(stderr, "usage: bench_journal [--quick] [--seconds S] "
-                      "[--threads 1,8,32] [--history N]\n");
+                      "[--threads 1,8,32] [--history N] [--splits N]\n");
       return 2;
     }
   }
@@ -376,6 +517,9 @@ int main(int argc, char **argv) {
            "ratio %.2f\n",
            jsize, ms_journal, ssize, jsize2, ms_snap, ms_journal / ms_snap);
   }
+  if (splits < 1 || splits > 100000000)
+    die("--splits: 1 to 100000000", NULL);
+  snapshot_scale((uint32_t)splits);
   hx_dataset_free(&ds);
   hx_reap_all();
   ferry_rpc_shutdown();
