@@ -826,3 +826,45 @@ Test(journal, a_journal_newer_than_the_snapshot_refuses) {
                             "followed by segment 1") != NULL,
             "%s", err.msg);
 }
+
+/* A dataset collected while a capture is being packed (on the journal's
+ * thread in the daemon) stays readable until the capture is released,
+ * and the snapshot still holds it (it is the state at the capture). */
+Test(journal, a_dataset_collected_during_a_capture_stays_until_released) {
+  ferry_error_t err = {0};
+  Ferry__V1__RegisterDatasetResponse *r;
+  Ferry__V1__JournalDatasetGC gc = FERRY__V1__JOURNAL_DATASET_GC__INIT;
+  Ferry__V1__JournalEntry e = FERRY__V1__JOURNAL_ENTRY__INIT;
+  ferry_disp_snap_t *cap;
+  ferry_disp_t *b;
+  uint8_t *buf, gcb[64];
+  size_t len, gl;
+  char spec[512], p[256];
+  FILE *f;
+
+  D = fx_state(1000, 1000, 60000, 8);
+  fx_write("a.tfrecord", 40, FERRY_COMPRESSION_NONE);
+  snprintf(spec, sizeof(spec),
+           "tfrecord(\"%s/a.tfrecord\") | decode(raw, 1, 1, 1)", fx_dir);
+  cr_assert_eq(fx_register(D, spec, 0, &r, 0, &err), 0, "%s", err.msg);
+  cap = ferry__disp_snapshot_take(D, 1);
+  cr_assert_not_null(cap);
+  gc.dataset_id = r->dataset_id;
+  e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_DATASET_GC;
+  e.dataset_gc = &gc;
+  gl = ferry__v1__journal_entry__pack(&e, gcb);
+  cr_assert_eq(ferry__disp_apply(D, gcb, gl, 100, &err), 0, "%s", err.msg);
+  cr_assert_eq(fx_status(D, 100)->datasets, 0);
+  cr_assert_eq(ferry__disp_snapshot_pack(cap, &buf, &len, &err), 0);
+  ferry__disp_snapshot_release(D, cap);
+  /* The snapshot restores the dataset. */
+  mkdir(wd(), 0755);
+  snprintf(p, sizeof(p), "%s/snapshot", wd());
+  cr_assert_not_null(f = fopen(p, "wb"));
+  cr_assert_eq(fwrite(buf, 1, len, f), len);
+  fclose(f);
+  ferry__free(buf);
+  b = restored(NULL);
+  cr_assert_eq(fx_status(b, 100)->datasets, 1);
+  ferry__disp_free(b);
+}
