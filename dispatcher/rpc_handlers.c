@@ -257,6 +257,9 @@ static bool wait_answer(ferry_disp_service_t *svc, ferry_disp_wait_t *w,
     return false;
   }
   wait_unlink(svc, w);
+  /* The answer may be held (group commit) and `w` is freed below: a
+   * cancel of the call from here on must not reach it. */
+  ferry_rpc_call_on_cancel(w->call, NULL, NULL);
   if (err.code != 0)
     answer_error(svc, w->call, ferry_rpc_status_from_err(err.code), err.msg);
   else
@@ -319,6 +322,7 @@ static void wait_fail_all(ferry_disp_service_t *svc, const char *why) {
   while (svc->waiting != NULL) {
     ferry_disp_wait_t *w = svc->waiting;
     svc->waiting = w->next;
+    ferry_rpc_call_on_cancel(w->call, NULL, NULL);
     ferry_rpc_reply_error(w->call, FERRY_RPC_UNAVAILABLE, why);
     free_request(&w->req->base);
     ferry__free(w);
