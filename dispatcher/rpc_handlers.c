@@ -467,6 +467,9 @@ static void reg_after(uv_work_t *w, int status) {
   }
   rc = ferry__disp_reg_finish(svc->state, p->reg, &resp, &a,
                               ferry__disp_now_ms(), &err);
+  /* `p` is freed below while the answer may be held (group commit): a
+   * cancel from here on must not reach it. */
+  ferry_rpc_call_on_cancel(p->call, NULL, NULL);
   /* What the call changed is durable before anyone hears of it. */
   if (rc != 0)
     answer_error(svc, p->call, ferry_rpc_status_from_err(rc), err.msg);
