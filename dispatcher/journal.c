@@ -8,7 +8,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/alloc.h"
@@ -42,9 +44,31 @@ struct ferry_journal_s {
 static ferry_journal_io_t io_sys = {pwrite, fdatasync};
 static ferry_journal_io_t io = {pwrite, fdatasync};
 static int crash_step;
+static int64_t sync_delay_ms;
 
 void ferry__journal_set_io(const ferry_journal_io_t *o) {
   io = o != NULL ? *o : io_sys;
+}
+
+/* Test-only: fdatasync, then FERRY_JOURNAL_SYNC_DELAY_MS more. */
+static int delayed_fsync(int fd) {
+  struct timespec t = {(time_t)(sync_delay_ms / 1000),
+                       (long)(sync_delay_ms % 1000) * 1000000L};
+  int rc = fdatasync(fd);
+  while (nanosleep(&t, &t) != 0 && errno == EINTR)
+    ;
+  return rc;
+}
+
+void ferry__journal_test_env(void) {
+  const char *e = getenv("FERRY_JOURNAL_SYNC_DELAY_MS");
+  long v = e != NULL ? strtol(e, NULL, 10) : 0;
+  if (v <= 0 || v > 60000)
+    return;
+  sync_delay_ms = v;
+  io.fsync = delayed_fsync;
+  FERRY_LOG(FERRY_LOG_WARN, "FERRY_JOURNAL_SYNC_DELAY_MS=%ld: every journal "
+            "sync takes %ld ms more (test-only)", v, v);
 }
 
 void ferry__journal_set_crash_step(int step) { crash_step = step; }

@@ -176,4 +176,9 @@ void ferry__journal_set_io(const ferry_journal_io_t *io);
 #define FERRY_JOURNAL_STEPS 8
 void ferry__journal_set_crash_step(int step);
 
+/* Test-only, for the daemon's tests: FERRY_JOURNAL_SYNC_DELAY_MS (1 to
+ * 60000) makes every sync take that much longer, so that a test can see
+ * answers held for a pending batch. Called once by main(). */
+void ferry__journal_test_env(void);
+
 #endif /* FERRY_DISPATCHER_JOURNAL_H */

@@ -463,6 +463,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   ferry_log_set_level(s.log_level);
+  ferry__journal_test_env();
   ferry_rpc_tune_malloc();
   ferry_rpc_init();
   uv_loop_init(&d.loop);

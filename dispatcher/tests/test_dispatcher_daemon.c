@@ -860,3 +860,91 @@ Test(daemon, a_full_disk_fails_mutations_and_recovers) {
   cr_assert_eq(jobs_after_restart(&d), acked);
   ferry_rpc_shutdown();
 }
+
+typedef struct timed_job_s {
+  ferry_rpc_channel_t *ch;
+  const char *id;
+  struct timespec t0;
+  double start_ms, end_ms; /* since t0 */
+  int rc;
+} timed_job_t;
+
+static void *timed_job_run(void *arg) {
+  timed_job_t *t = arg;
+  ferry_error_t err = {0};
+  t->start_ms = ms_since(&t->t0);
+  t->rc = create_job(t->ch, t->id, NULL, &err);
+  t->end_ms = ms_since(&t->t0);
+  return NULL;
+}
+
+/* Every journal sync takes 400 ms more (FERRY_JOURNAL_SYNC_DELAY_MS): a
+ * mutating call is answered only after its batch (>= 400 ms); 8 calls at
+ * once share batches instead of taking 8 x 400 ms; a GetStatus that shows
+ * a job another call just created is answered only once that job is
+ * durable (never before the creating call's batch ended), and one with
+ * nothing pending is answered at once. */
+Test(daemon, answers_wait_for_the_batch_that_covers_them) {
+  enum { N = 8, DELAY = 400 };
+  daemon_t d;
+  ferry_rpc_channel_t *ch;
+  Ferry__V1__GetStatusResponse *s;
+  timed_job_t t[N];
+  pthread_t th[N];
+  char id[17] = {0};
+  struct timespec t0;
+  size_t jobs;
+  double wall, ms;
+
+  cr_assert_eq(setenv("FERRY_JOURNAL_SYNC_DELAY_MS", "400", 1), 0);
+  ch = start_with_a_job(&d, id);
+  unsetenv("FERRY_JOURNAL_SYNC_DELAY_MS");
+  cr_assert(log_has("FERRY_JOURNAL_SYNC_DELAY_MS=400"));
+  /* Nothing pending: a read is answered at once. */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  s = status(ch);
+  jobs = s->n_jobs;
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  ms = ms_since(&t0);
+  cr_assert_lt(ms, DELAY / 2.0, "GetStatus took %.0f ms", ms);
+  /* N calls at once. */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < N; i++) {
+    t[i] = (timed_job_t){ch, id, t0, 0, 0, -1};
+    cr_assert_eq(pthread_create(&th[i], NULL, timed_job_run, &t[i]), 0);
+  }
+  for (int i = 0; i < N; i++)
+    pthread_join(th[i], NULL);
+  wall = ms_since(&t0);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(t[i].rc, 0);
+    cr_assert_geq(t[i].end_ms - t[i].start_ms, DELAY,
+                  "answered after %.0f ms: before its batch was durable",
+                  t[i].end_ms - t[i].start_ms);
+  }
+  cr_assert_lt(wall, N * DELAY / 2.0,
+               "%d calls took %.0f ms: they did not share syncs", N, wall);
+  jobs += N;
+  /* A read racing a creation: if it shows the job, it was answered no
+   * earlier than one delay after the creation started. */
+  for (int round = 0; round < 3; round++) {
+    timed_job_t a = {ch, id, {0}, 0, 0, -1};
+    pthread_t ta;
+    double st_end;
+    clock_gettime(CLOCK_MONOTONIC, &a.t0);
+    cr_assert_eq(pthread_create(&ta, NULL, timed_job_run, &a), 0);
+    s = status(ch);
+    st_end = ms_since(&a.t0);
+    if (s->n_jobs > jobs)
+      cr_assert_geq(st_end, DELAY,
+                    "GetStatus showed a job %.0f ms after its creation "
+                    "started, before it was durable", st_end);
+    ferry__v1__get_status_response__free_unpacked(s, NULL);
+    pthread_join(ta, NULL);
+    cr_assert_eq(a.rc, 0);
+    jobs++;
+  }
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+  ferry_rpc_shutdown();
+}
