@@ -7,7 +7,8 @@
  * (FERRY_DISP_SCAN_DELAY_MS) runs off the loop thread: other calls are
  * answered meanwhile, and a stop answers it at once (issue 8). Issue 12:
  * concurrent calls all durable across a compaction, a corrupt journal
- * refused unless --journal-recover, and a real full disk. */
+ * refused unless --journal-recover, a real full disk, and answers held
+ * for the batch that makes them durable (FERRY_JOURNAL_SYNC_DELAY_MS). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
