@@ -594,6 +594,7 @@ static int job_state_rows(ferry_disp_t *d, job_t *j,
     return bad_entry(err, "job state: rows of job", j->id);
   for (uint32_t r = 0; r < n; r++) {
     row_t *row = &j->rows[r];
+    active_t *a;
     row->client = m->row_client[r];
     row->lease = m->row_lease[r];
     row->start = m->row_start[r];
@@ -602,11 +603,13 @@ static int job_state_rows(ferry_disp_t *d, job_t *j,
     row->total_known = (m->row_flags[r] & ROW_TOTAL_KNOWN) != 0;
     row->done = (m->row_flags[r] & ROW_DONE) != 0;
     row->lost = (m->row_flags[r] & ROW_LOST) != 0;
+    /* The job's indexes (active list, done count, first free rank). */
     if (ferry__disp_row_changed(j, r, false) != 0)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-    if (ferry__disp_row_active(j, row) != NULL) {
-      ferry__disp_row_active(j, row)->skip_lease = m->row_skip_lease[r];
-      ferry__disp_row_active(j, row)->skip_seen = m->row_skip_seen[r];
+    /* Only an active row keeps a skipped-count dedupe. */
+    if ((a = ferry__disp_row_active(j, row)) != NULL) {
+      a->skip_lease = m->row_skip_lease[r];
+      a->skip_seen = m->row_skip_seen[r];
     }
   }
   return 0;

@@ -499,6 +499,10 @@ static ferry_disp_t *restored(ferry_disp_restore_t *st) {
   cr_assert_eq(ferry__disp_restore(b, j, false, 1200, st ? st : &s, &err), 0,
                "%s", err.msg);
   ferry__journal_close(j);
+  {
+    char why[256];
+    cr_assert(ferry__disp_check_indexes(b, why, sizeof(why)), "%s", why);
+  }
   return b;
 }
 
