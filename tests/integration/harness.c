@@ -1,6 +1,7 @@
 /* The integration tests' harness (see harness.h). */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -507,6 +508,45 @@ void hx_forget(hx_proc_t *p) {
 
 /* ---- Status over gRPC ---------------------------------------------------- */
 
+/* One GetStatus on `ch`: 0 and *out filled, or -1. */
+static int status_once(ferry_rpc_channel_t *ch, hx_status_counts_t *out) {
+  ferry_error_t err = {0};
+  Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
+  uint8_t buf[8];
+  size_t len = ferry__v1__get_status_request__pack(&req, buf);
+  uint8_t *reply = NULL;
+  size_t rlen = 0;
+  if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, len, 2000,
+                      FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) != 0)
+    return -1;
+  Ferry__V1__GetStatusResponse *st =
+      ferry__v1__get_status_response__unpack(NULL, rlen, reply);
+  ferry_free(reply);
+  if (st == NULL)
+    return -1;
+  memset(out, 0, sizeof(*out));
+  out->workers = (int)st->n_workers;
+  for (size_t i = 0; i < st->n_workers; i++)
+    if (st->workers[i]->state && strcmp(st->workers[i]->state, "alive") == 0)
+      out->alive = out->alive + 1;
+  out->jobs = (int)st->n_jobs;
+  out->datasets = (int)st->datasets;
+  ferry__v1__get_status_response__free_unpacked(st, NULL);
+  return 0;
+}
+
+int hx_status_counts(const char *dispatcher, hx_status_counts_t *out) {
+  ferry_rpc_channel_t *ch = NULL;
+  ferry_error_t err = {0};
+  ferry_rpc_init();
+  int rc = ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) == 0
+               ? status_once(ch, out)
+               : -1;
+  ferry_rpc_channel_free(ch);
+  ferry_rpc_shutdown();
+  return rc;
+}
+
 int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
   ferry_rpc_channel_t *ch = NULL;
   ferry_error_t err = {0};
@@ -518,25 +558,9 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
   }
   double deadline = hx_now_ms() + wait_ms;
   do {
-    Ferry__V1__GetStatusRequest req = FERRY__V1__GET_STATUS_REQUEST__INIT;
-    uint8_t buf[8];
-    size_t len = ferry__v1__get_status_request__pack(&req, buf);
-    uint8_t *reply = NULL;
-    size_t rlen = 0;
-    if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, len, 2000,
-                        FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) == 0) {
-      Ferry__V1__GetStatusResponse *st =
-          ferry__v1__get_status_response__unpack(NULL, rlen, reply);
-      ferry_free(reply);
-      if (st != NULL) {
-        seen = 0;
-        for (size_t i = 0; i < st->n_workers; i++)
-          if (st->workers[i]->state &&
-              strcmp(st->workers[i]->state, "alive") == 0)
-            seen++;
-        ferry__v1__get_status_response__free_unpacked(st, NULL);
-      }
-    }
+    hx_status_counts_t c;
+    if (status_once(ch, &c) == 0)
+      seen = c.alive;
     if (seen >= n)
       break;
     /* The workers register on their next heartbeat (100 ms): ask again
@@ -1069,4 +1093,126 @@ int hx_compress_dataset(hx_dataset_t *ds, int c) {
       return -1;
   }
   return 0;
+}
+
+/* ---- it_client's output ------------------------------------------------- */
+
+/* The header it_client writes before each batch's ids (it_client.c). */
+typedef struct hx_batch_head_s {
+  uint32_t epoch, n;
+  double t_ms;
+  uint64_t acked;
+} hx_batch_head_t;
+
+int hx_read_client_log(const char *path, hx_client_log_t *out, char *why,
+                       size_t why_len) {
+  memset(out, 0, sizeof(*out));
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return errno == ENOENT ? 0 : (snprintf(why, why_len, "%s: %s", path,
+                                           strerror(errno)), -1);
+  hx_batch_head_t h;
+  long off = 0;
+  int rc = 0;
+  while (fread(&h, sizeof(h), 1, f) == 1) {
+    hx_taken_t *v = realloc(out->v, (out->n + h.n + 1) * sizeof(hx_taken_t));
+    if (v == NULL) {
+      snprintf(why, why_len, "%s: out of memory", path);
+      rc = -1;
+      break;
+    }
+    out->v = v;
+    for (uint32_t i = 0; i < h.n && rc == 0; i++) {
+      uint64_t id;
+      if (fread(&id, sizeof(id), 1, f) != 1) {
+        snprintf(why, why_len, "%s: torn batch at byte offset %ld (%u ids "
+                 "announced)", path, off, h.n);
+        rc = -1;
+      } else {
+        out->v[out->n++] = (hx_taken_t){h.epoch, h.t_ms, id, h.acked};
+      }
+    }
+    if (rc != 0)
+      break;
+    off += (long)(sizeof(h) + h.n * sizeof(uint64_t));
+  }
+  fclose(f);
+  return rc;
+}
+
+void hx_client_log_free(hx_client_log_t *l) {
+  free(l->v);
+  memset(l, 0, sizeof(*l));
+}
+
+long hx_client_log_batches(const char *path) {
+  FILE *f = fopen(path, "rb");
+  hx_batch_head_t h;
+  long k = 0;
+  if (f == NULL)
+    return 0;
+  while (fread(&h, sizeof(h), 1, f) == 1 &&
+         fseek(f, (long)h.n * 8, SEEK_CUR) == 0)
+    k++;
+  fclose(f);
+  return k;
+}
+
+uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms) {
+  uint64_t acked = 0;
+  for (size_t i = 0; i < l->n && l->v[i].t_ms <= t_ms; i++)
+    acked = l->v[i].acked;
+  return acked;
+}
+
+bool hx_in_unacked_tail(const hx_client_log_t *l, uint32_t epoch, uint64_t id,
+                        double since_ms, double fault_ms, double resume_ms) {
+  uint64_t acked = hx_acked_at(l, fault_ms);
+  double first_after = -1;
+  for (size_t i = 0; resume_ms > 0 && i < l->n; i++)
+    if (l->v[i].t_ms >= resume_ms) {
+      first_after = l->v[i].t_ms;
+      break;
+    }
+  for (size_t i = acked; i < l->n; i++) {
+    const hx_taken_t *t = &l->v[i];
+    if (t->epoch != epoch || t->id != id || t->t_ms < since_ms)
+      continue;
+    if (t->t_ms <= fault_ms || (first_after >= 0 && t->t_ms == first_after))
+      return true;
+  }
+  return false;
+}
+
+/* ---- Resources of a process --------------------------------------------- */
+
+long hx_status_kib(pid_t pid, const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long v = -1;
+  if (f == NULL)
+    return -1;
+  size_t len = strlen(field);
+  while (fgets(line, sizeof(line), f) != NULL)
+    if (strncmp(line, field, len) == 0 && line[len] == ':') {
+      v = strtol(line + len + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+int hx_count_fds(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
 }

@@ -174,6 +174,17 @@ void hx_dump_logs(void);
  * at most `wait_ms`. Returns the number seen last. */
 int hx_wait_workers(const char *dispatcher, int n, int wait_ms);
 
+/* What one GetStatus of the dispatcher lists. */
+typedef struct hx_status_counts_s {
+  int workers;  /* every worker listed (lost ones too) */
+  int alive;    /* those "alive" */
+  int jobs;     /* jobs listed (garbage-collected ones are not) */
+  int datasets; /* datasets registered */
+} hx_status_counts_t;
+
+/* One GetStatus (2 s deadline): 0 and *out filled, or -1. */
+int hx_status_counts(const char *dispatcher, hx_status_counts_t *out);
+
 /* Writes a dataset into a fresh directory under hx_tmpdir(), any number
  * of files. Free it with hx_dataset_free. */
 int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
@@ -239,6 +250,57 @@ bool hx_json_int_after(const char *text, const char *anchor, const char *key,
 /* CPU seconds (user + system) process `pid` has used so far, from
  * /proc/PID/stat; -1 when it cannot be read. */
 double hx_proc_cpu_s(pid_t pid);
+
+/* ---- it_client's output (the format is it_client.c's) ------------------- */
+
+/* One record an it_client process handed its trainer: its epoch, the
+ * time of its batch (CLOCK_MONOTONIC ms, as hx_now_ms), its id, and the
+ * client's records_acked noted with its batch. */
+typedef struct hx_taken_s {
+  uint32_t epoch;
+  double t_ms;
+  uint64_t id;
+  uint64_t acked;
+} hx_taken_t;
+
+/* Every record of one it_client output file, in the order handed out. */
+typedef struct hx_client_log_s {
+  hx_taken_t *v;
+  size_t n;
+} hx_client_log_t;
+
+/* Reads an it_client output file (absent: an empty log). Returns 0, or -1
+ * with `why` naming the file and the byte offset of a torn batch. */
+int hx_read_client_log(const char *path, hx_client_log_t *out, char *why,
+                       size_t why_len);
+void hx_client_log_free(hx_client_log_t *l);
+
+/* Batches in an it_client output file so far. */
+long hx_client_log_batches(const char *path);
+
+/* records_acked noted with the last batch logged at or before `t_ms` (a
+ * lower bound of what the dispatcher had acknowledged then). */
+uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms);
+
+/* True when the client of `l` handed out record `id` of `epoch` in its
+ * unacknowledged tail at a fault (docs/ARCHITECTURE.md, "Exactly once"):
+ * past its acknowledged count at `fault_ms`, not before `since_ms` (the
+ * bound the client's lease sets; 0: none), and before the fault or, when
+ * it was stopped and resumed at `resume_ms` (> 0), in the one batch
+ * ferry_next may have been returning when the stop hit (its first batch
+ * after resuming). */
+bool hx_in_unacked_tail(const hx_client_log_t *l, uint32_t epoch, uint64_t id,
+                        double since_ms, double fault_ms, double resume_ms);
+
+/* ---- Resources of a process --------------------------------------------- */
+
+/* A "Field:   N kB" line of /proc/PID/status (VmRSS, VmHWM, ...) in KiB;
+ * -1 when absent. */
+long hx_status_kib(pid_t pid, const char *field);
+
+/* Open file descriptors of a process (entries of /proc/PID/fd); -1 when
+ * it cannot be read. */
+int hx_count_fds(pid_t pid);
 
 /* Paths of the binaries the tests run. */
 const char *hx_dispatcher_bin(void);

@@ -88,48 +88,12 @@ static void cluster(void) {
 
 /* ---- A client process and what it took --------------------------------- */
 
-typedef struct taken_s {
-  uint32_t epoch;
-  double t_ms;
-  uint64_t id;
-  uint64_t acked; /* records_acked noted with its batch */
-} taken_t;
-
-typedef struct log_s {
-  taken_t *v;
-  size_t n;
-} log_t;
-
-/* Reads it_client's output file. `killed`: the client died by SIGKILL,
- * which can cut its last write() short (the kernel stops a write at a
- * page boundary when a fatal signal is pending): that batch was not
- * released, so its records are delivered again elsewhere, and its torn
- * record is left out. Anywhere else a torn record fails the test. */
-static log_t read_log(const char *path, bool killed) {
-  log_t l = {0};
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  struct {
-    uint32_t epoch, n;
-    double t_ms;
-    uint64_t acked;
-  } h;
-  while (fread(&h, sizeof(h), 1, f) == 1) {
-    l.v = realloc(l.v, (l.n + h.n) * sizeof(taken_t));
-    size_t at = l.n;
-    for (uint32_t i = 0; i < h.n; i++) {
-      uint64_t id;
-      if (fread(&id, sizeof(id), 1, f) != 1) {
-        cr_assert(killed, "%s: torn record", path);
-        printf("%s: the killed client's last record is torn (%u of %u "
-               "ids): left out\n", path, i, h.n);
-        l.n = at;
-        break;
-      }
-      l.v[l.n++] = (taken_t){h.epoch, h.t_ms, id, h.acked};
-    }
-  }
-  fclose(f);
+/* Reads it_client's output file (`killed`: the client died by SIGKILL). */
+static hx_client_log_t read_log(const char *path, bool killed) {
+  hx_client_log_t l;
+  char why[700];
+  (void)killed;
+  cr_assert_eq(hx_read_client_log(path, &l, why, sizeof(why)), 0, "%s", why);
   return l;
 }
 
@@ -168,35 +132,17 @@ static bool wait_log(const char *path, const char *needle, int wait_ms) {
   return false;
 }
 
-/* Batches in an it_client output file so far. */
-static long batches_in(const char *path) {
-  FILE *f = fopen(path, "rb");
-  struct {
-    uint32_t epoch, n;
-    double t_ms;
-    uint64_t acked;
-  } h;
-  long k = 0;
-  if (f == NULL)
-    return 0;
-  while (fread(&h, sizeof(h), 1, f) == 1 &&
-         fseek(f, (long)h.n * 8, SEEK_CUR) == 0)
-    k++;
-  fclose(f);
-  return k;
-}
-
 /* Waits until the client took `k` batches (true), or exited or wait_ms
  * passed (false). */
 static bool wait_batches(hx_proc_t *p, const char *path, long k,
                          int wait_ms) {
   double end = hx_now_ms() + wait_ms;
-  while (batches_in(path) < k) {
+  while (hx_client_log_batches(path) < k) {
     siginfo_t si = {0};
     bool exited = waitid(P_PID, (id_t)p->pid, &si,
                          WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid != 0;
     if (hx_now_ms() > end || exited)
-      return batches_in(path) >= k;
+      return hx_client_log_batches(path) >= k;
     usleep(2000); /* polling a file: bounded by wait_ms */
   }
   return true;
@@ -210,41 +156,9 @@ static int cmp_u64(const void *a, const void *b) {
 typedef enum { FAULT_LEAVE, FAULT_KILL, FAULT_STOP } fault_t;
 static const char *const fault_name[] = {"leave", "kill -9", "SIGSTOP"};
 
-/* The victim's unacknowledged tail at the fault: records_acked noted
- * with its last batch before the fault (a lower bound of what the
- * dispatcher had acknowledged then). */
-static uint64_t acked_at_fault(const log_t *victim, double fault_ms) {
-  uint64_t acked = 0;
-  for (size_t i = 0; i < victim->n && victim->v[i].t_ms <= fault_ms; i++)
-    acked = victim->v[i].acked;
-  return acked;
-}
-
-/* True when the victim's record `id` of `epoch` lies in the tolerated
- * tail: taken after its acknowledged count at the fault, and before the
- * fault or (a stop) in the first batch it logged after resuming. */
-static bool in_tail(const log_t *victim, uint32_t epoch, uint64_t id,
-                    double fault_ms, double resume_ms) {
-  uint64_t acked = acked_at_fault(victim, fault_ms);
-  double first_after = -1;
-  for (size_t i = 0; i < victim->n; i++)
-    if (victim->v[i].t_ms >= resume_ms && resume_ms > 0) {
-      first_after = victim->v[i].t_ms;
-      break;
-    }
-  for (size_t i = 0; i < victim->n; i++) {
-    const taken_t *t = &victim->v[i];
-    if (t->epoch != epoch || t->id != id || i < acked)
-      continue;
-    if (t->t_ms <= fault_ms || (first_after >= 0 && t->t_ms == first_after))
-      return true;
-  }
-  return false;
-}
-
 /* Counts every id per epoch over all clients' logs; returns the number of
  * duplicates (each checked against the tolerated tail). */
-static size_t check_epochs(log_t *logs, int victim, fault_t fault,
+static size_t check_epochs(hx_client_log_t *logs, int victim, fault_t fault,
                            double fault_ms, double resume_ms) {
   size_t n_expected, dups = 0;
   uint64_t *expected = hx_expected_ids(&DS, false, &n_expected);
@@ -268,7 +182,8 @@ static size_t check_epochs(log_t *logs, int victim, fault_t fault,
         cr_assert_neq(fault, FAULT_LEAVE,
                       "epoch %u: record %#" PRIx64 " delivered twice after "
                       "a clean leave", e, expected[x]);
-        cr_assert(in_tail(&logs[victim], e, expected[x], fault_ms,
+        cr_assert(hx_in_unacked_tail(&logs[victim], e, expected[x], 0,
+                                     fault_ms,
                           resume_ms),
                   "epoch %u: record %#" PRIx64 " delivered twice, not from "
                   "the faulted client's unreported tail (%s)", e,
@@ -356,14 +271,14 @@ static void run(fault_t fault, unsigned *seed, int r) {
               "finish the job (status %#x)", r, fault_name[fault],
               fault_after, victim, k, exits[k]);
   }
-  log_t logs[CLIENTS];
+  hx_client_log_t logs[CLIENTS];
   for (int k = 0; k < CLIENTS; k++)
     logs[k] = read_log(out[k], fault == FAULT_KILL && k == victim);
   size_t dups = check_epochs(logs, victim, fault, fault_ms, resume_ms);
   size_t before = 0;
   for (size_t i = 0; i < logs[victim].n; i++)
     before += fault == FAULT_LEAVE || logs[victim].v[i].t_ms <= fault_ms;
-  uint64_t tail = before - acked_at_fault(&logs[victim], fault_ms);
+  uint64_t tail = before - hx_acked_at(&logs[victim], fault_ms);
   char when[64];
   if (fault == FAULT_LEAVE)
     snprintf(when, sizeof(when), "after %ld batches", leave_after);
@@ -381,7 +296,7 @@ static void run(fault_t fault, unsigned *seed, int r) {
           "them unacknowledged at the fault)\n", r, fault_name[fault],
           victim, when, EPOCHS, dups, before, (unsigned long long)tail);
   for (int k = 0; k < CLIENTS; k++) {
-    free(logs[k].v);
+    hx_client_log_free(&logs[k]);
     hx_forget(c[k]);
   }
 }
@@ -464,12 +379,12 @@ static off_t whole_job(const char *job, hx_proc_t *kill_worker,
   cr_assert_eq(sscanf(c[0]->addr, "job %llu", &jid), 1);
   snprintf(needle, sizeof(needle), "job %llu: epoch %d done; job finished",
            jid, EPOCHS - 1);
-  log_t logs[CLIENTS];
+  hx_client_log_t logs[CLIENTS];
   for (int k = 0; k < CLIENTS; k++)
     logs[k] = read_log(out[k], false);
   cr_assert_eq(check_epochs(logs, 0, FAULT_LEAVE, 0, 0), 0);
   for (int k = 0; k < CLIENTS; k++) {
-    free(logs[k].v);
+    hx_client_log_free(&logs[k]);
     hx_forget(c[k]);
   }
   /* The journal is synced before answers and on the dispatcher's tick. */

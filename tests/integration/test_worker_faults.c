@@ -187,23 +187,6 @@ Test(worker_faults, stalled_client_slows_only_itself) {
   hx_dataset_free(&bds);
 }
 
-static long status_kib(pid_t pid, const char *field) {
-  char path[64], line[256];
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  long v = -1;
-  if (f == NULL)
-    return -1;
-  while (fgets(line, sizeof(line), f) != NULL)
-    if (strncmp(line, field, strlen(field)) == 0 &&
-        line[strlen(field)] == ':') {
-      v = strtol(line + strlen(field) + 1, NULL, 10);
-      break;
-    }
-  fclose(f);
-  return v;
-}
-
 /* (c) A shuffled GZIP shard of 98 MB (inflated) under --buffer-bytes 4 MiB:
  * the worker's peak resident memory grows by at most the buffer plus 32
  * MiB (reader and spill buffers, one record, the record table, gRPC's
@@ -215,7 +198,7 @@ Test(worker_faults, shuffled_gzip_within_buffer_bytes) {
   cr_assert_eq(hx_compress_dataset(&ds, FERRY_COMPRESSION_GZIP), 0);
   hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 4u << 20};
   cluster(1, &wo);
-  long rss0 = status_kib(W[0]->pid, "VmRSS");
+  long rss0 = hx_status_kib(W[0]->pid, "VmRSS");
   cr_assert_gt(rss0, 0);
   char spec[1024];
   snprintf(spec, sizeof(spec),
@@ -223,8 +206,8 @@ Test(worker_faults, shuffled_gzip_within_buffer_bytes) {
            "batch(32)",
            ds.glob, ds.h, ds.w, ds.c);
   one_epoch(spec, &ds, 1, true);
-  long hwm = status_kib(W[0]->pid, "VmHWM");
-  long rss1 = status_kib(W[0]->pid, "VmRSS");
+  long hwm = hx_status_kib(W[0]->pid, "VmHWM");
+  long rss1 = hx_status_kib(W[0]->pid, "VmRSS");
   long bound = rss0 + (long)(4u << 10) + MEM_CONSTANT_KIB;
   fprintf(stderr,
           "worker memory: VmRSS %ld KiB before, VmHWM %ld KiB and VmRSS %ld "
