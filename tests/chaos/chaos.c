@@ -66,9 +66,9 @@
 #define CLIENT_TIMEOUT_MS 1500
 #define JOB_GC_MS 3000
 /* A client hands out nothing past its lease, 3/4 of the client timeout
- * after the send of its last answered heartbeat: no duplicate may come
- * from a batch taken longer than that before the fault (slack: the
- * heartbeat's own round trip and the log's clock read). */
+ * after the send of its last answered heartbeat, which precedes its
+ * first unacknowledged record: no duplicate may come from a batch taken
+ * longer than that after it (slack: the log's clock reads). */
 #define LEASE_MS (CLIENT_TIMEOUT_MS * 3 / 4)
 #define LEASE_SLACK_MS 150
 /* Faults start within this window after the clients start. */
@@ -489,11 +489,35 @@ static size_t tails_holding(const run_t *r, int job,
     if (c->job != job)
       continue;
     for (int f = 0; f < c->nfaults; f++)
-      n += hx_in_unacked_tail(&logs[i], epoch, id,
-                              c->faults[f].fault_ms - LEASE_MS - LEASE_SLACK_MS,
+      n += hx_in_unacked_tail(&logs[i], epoch, id, LEASE_MS + LEASE_SLACK_MS,
                               c->faults[f].fault_ms, c->faults[f].resume_ms);
   }
   return n;
+}
+
+/* Where each copy of (epoch, id) came from, for a failure's report. */
+static void describe_copies(const run_t *r, int job,
+                            const hx_client_log_t *logs, uint32_t epoch,
+                            uint64_t id) {
+  for (int i = 0; i < r->nc; i++) {
+    const cproc_t *c = &r->c[i];
+    if (c->job != job)
+      continue;
+    for (size_t k = 0; k < logs[i].n; k++)
+      if (logs[i].v[k].epoch == epoch && logs[i].v[k].id == id)
+        fprintf(stderr, "  copy: client process %d (client %llu), record "
+                "%zu of its log, taken at %.0f ms, records_acked %llu then\n",
+                i, c->client_id, k, logs[i].v[k].t_ms - r->t0,
+                (unsigned long long)logs[i].v[k].acked);
+    for (int f = 0; f < c->nfaults; f++)
+      fprintf(stderr, "  client process %d: fault at %.0f ms (resumed at "
+              "%.0f ms), records_acked %llu then, %zu records taken in all\n",
+              i, c->faults[f].fault_ms - r->t0,
+              c->faults[f].resume_ms > 0 ? c->faults[f].resume_ms - r->t0
+                                         : -1.0,
+              (unsigned long long)hx_acked_at(&logs[i], c->faults[f].fault_ms),
+              logs[i].n);
+  }
 }
 
 static void fmt_id(char *out, size_t cap, uint64_t id) {
@@ -552,6 +576,7 @@ static int check_job(run_t *r, int job, hx_client_log_t *logs) {
       }
       size_t allowed = tails_holding(r, job, logs, e, ids[i]);
       if (copies - 1 > allowed) {
+        describe_copies(r, job, logs, e, ids[i]);
         snprintf(r->why, sizeof(r->why), "job %d epoch %u: %s delivered %zu "
                  "times; %zu copies lie in a faulted client's unacknowledged "
                  "tail", job, e, a, copies, allowed);

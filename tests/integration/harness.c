@@ -1166,9 +1166,11 @@ uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms) {
 }
 
 bool hx_in_unacked_tail(const hx_client_log_t *l, uint32_t epoch, uint64_t id,
-                        double since_ms, double fault_ms, double resume_ms) {
+                        double span_ms, double fault_ms, double resume_ms) {
   uint64_t acked = hx_acked_at(l, fault_ms);
-  double first_after = -1;
+  if (acked >= l->n)
+    return false;
+  double first_unacked = l->v[acked].t_ms, first_after = -1;
   for (size_t i = 0; resume_ms > 0 && i < l->n; i++)
     if (l->v[i].t_ms >= resume_ms) {
       first_after = l->v[i].t_ms;
@@ -1176,9 +1178,12 @@ bool hx_in_unacked_tail(const hx_client_log_t *l, uint32_t epoch, uint64_t id,
     }
   for (size_t i = acked; i < l->n; i++) {
     const hx_taken_t *t = &l->v[i];
-    if (t->epoch != epoch || t->id != id || t->t_ms < since_ms)
+    if (t->epoch != epoch || t->id != id)
       continue;
-    if (t->t_ms <= fault_ms || (first_after >= 0 && t->t_ms == first_after))
+    if (t->t_ms <= fault_ms &&
+        (span_ms <= 0 || t->t_ms <= first_unacked + span_ms))
+      return true;
+    if (first_after >= 0 && t->t_ms == first_after)
       return true;
   }
   return false;

@@ -284,13 +284,14 @@ uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms);
 
 /* True when the client of `l` handed out record `id` of `epoch` in its
  * unacknowledged tail at a fault (docs/ARCHITECTURE.md, "Exactly once"):
- * past its acknowledged count at `fault_ms`, not before `since_ms` (the
- * bound the client's lease sets; 0: none), and before the fault or, when
- * it was stopped and resumed at `resume_ms` (> 0), in the one batch
- * ferry_next may have been returning when the stop hit (its first batch
- * after resuming). */
+ * past its acknowledged count at `fault_ms`, and before the fault,
+ * within `span_ms` of the first record past that count (the client's
+ * lease, which starts before it, bounds how long it hands out
+ * unacknowledged records; 0: no bound) or, when it was stopped and
+ * resumed at `resume_ms` (> 0), in the one batch ferry_next may have been
+ * returning when the stop hit (its first batch after resuming). */
 bool hx_in_unacked_tail(const hx_client_log_t *l, uint32_t epoch, uint64_t id,
-                        double since_ms, double fault_ms, double resume_ms);
+                        double span_ms, double fault_ms, double resume_ms);
 
 /* ---- Resources of a process --------------------------------------------- */
 
