@@ -246,7 +246,11 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     ferry__disp_schedule(d);
   }
   resp->incarnation = c->incarnation;
-  resp->fenced = c->no_renew;
+  /* A client still lost here could not rejoin (its job no longer runs):
+   * it is not renewed, or it would hand out what it still holds, records
+   * its rows' new clients delivered (chaos seed 5037). Fenced, it drops
+   * them and sees the job's end. */
+  resp->fenced = c->no_renew || (!c->active && !req->leaving);
   resp->client_timeout_ms = d->cfg.client_timeout_ms;
   return fill_client_resp(d, j, c->id, resp, a, err);
 }

@@ -391,7 +391,8 @@ static void renew_locked(ferry_client_t *c, double t_send, uint64_t records,
     if (!c->fenced)
       ferry__client_fence_locked(c, false,
                                  "the dispatcher no longer renews our lease "
-                                 "(a stream stalled)");
+                                 "(a stream stalled, or we were declared "
+                                 "lost and the job no longer runs)");
   } else if (c->networked_lease) {
     double until = t_send + ferry__client_lease_s(c);
     if (until > c->lease_until)

@@ -1438,6 +1438,40 @@ Test(dispatcher, lost_client_rejoins_with_a_new_incarnation) {
   cr_assert_null(find_assignment(c, first[1]));
 }
 
+/* Chaos seed 5037 (tests/chaos): a client stopped past its timeout and
+ * resumed after the job's other client finished the job cannot rejoin
+ * (the job no longer runs). Its heartbeat must not renew it: answered
+ * as before (same incarnation, not fenced), it handed out the batches it
+ * still held, records the other client had delivered. The answer says
+ * `fenced`, so it drops them and ends. */
+Test(dispatcher, lost_client_of_a_finished_job_is_not_renewed) {
+  const char *id = dataset(3);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "f", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *o = fx_job(D, id, "f", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t inc;
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  cr_assert_not(c->fenced);
+  inc = c->incarnation;
+  fx_worker(D, w->worker_id, "w", NULL, 0, false, 900);
+  fx_client(D, o->job_id, o->client_id, 0, NULL, 0, false, 900);
+  ferry__disp_tick(D, 1100); /* client j: silent since 0, lost */
+  cr_assert_eq(complete_all(o->job_id, o->client_id, w->worker_id, "w",
+                            1150),
+               3, "every row went to the other client");
+  c = fx_client(D, o->job_id, o->client_id, 0, NULL, 0, false, 1160);
+  cr_assert_eq(c->state, FINISHED);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 1200);
+  cr_assert_eq(c->state, FINISHED);
+  cr_assert_eq(c->incarnation, inc, "no rejoin into a finished job");
+  cr_assert(c->fenced, "a lost client of a finished job was renewed");
+  cr_assert_eq(c->n_assignments, 0);
+}
+
 /* A split whose lease fails again and again without progress fails the
  * job with a message naming it, instead of looping for ever. */
 Test(dispatcher, restart_loop_fails_the_job_naming_the_split) {

@@ -153,8 +153,14 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-typedef enum { FAULT_LEAVE, FAULT_KILL, FAULT_STOP } fault_t;
-static const char *const fault_name[] = {"leave", "kill -9", "SIGSTOP"};
+typedef enum {
+  FAULT_LEAVE,
+  FAULT_KILL,
+  FAULT_STOP,
+  FAULT_STOP_PAST_END
+} fault_t;
+static const char *const fault_name[] = {"leave", "kill -9", "SIGSTOP",
+                                         "SIGSTOP until the job finished"};
 
 /* Counts every id per epoch over all clients' logs; returns the number of
  * duplicates (each checked against the tolerated tail). */
@@ -209,6 +215,10 @@ static void run(fault_t fault, unsigned *seed, int r) {
   long leave_after = 1 + (long)(rand_r(seed) % 150);
   long fault_after = 1 + (long)(rand_r(seed) % 150);
   snprintf(job, sizeof(job), "j%d-%d", (int)fault, r);
+  /* Past the end: the victim must still hold batches when the others
+   * finish (about 240 batches each). */
+  if (fault == FAULT_STOP_PAST_END)
+    fault_after = 1 + (long)(rand_r(seed) % 100);
   for (int k = 0; k < CLIENTS; k++)
     c[k] = start_client(job, k, fault == FAULT_LEAVE && k == victim
                                     ? leave_after : -1,
@@ -232,6 +242,14 @@ static void run(fault_t fault, unsigned *seed, int r) {
                cid);
       cr_assert(wait_log(D->log, needle, CLIENT_TIMEOUT_MS + 5000),
                 "the stopped client was not declared lost ('%s')", needle);
+      /* Chaos seed 5037: resumed once the others finished the job, the
+       * lost client was renewed (no rejoin: the job no longer ran) and
+       * handed out its whole queue, records the others had delivered. */
+      snprintf(needle, sizeof(needle), "job %llu: epoch %d done; job finished",
+               jid, EPOCHS - 1);
+      cr_assert(fault != FAULT_STOP_PAST_END || wait_log(D->log, needle,
+                                                         60000),
+                "the others did not finish the job ('%s')", needle);
       resume_ms = hx_now_ms();
       cr_assert_eq(kill(c[victim]->pid, SIGCONT), 0);
     }
@@ -326,6 +344,17 @@ Test(client_faults, client_killed_at_random_points) {
   cluster();
   for (int r = 0; r < 10; r++)
     run(FAULT_KILL, &seed, r);
+}
+
+/* Stopped past its timeout and resumed only once the other two finished
+ * the job: the dispatcher answers the lost client `fenced` (it cannot
+ * rejoin a job that no longer runs), so it drops its queue and ends;
+ * at most the batch the stop interrupted comes twice. */
+Test(client_faults, client_stopped_until_the_others_finished) {
+  unsigned seed = seed_for("stop-past-end");
+  cluster();
+  for (int r = 0; r < 3; r++)
+    run(FAULT_STOP_PAST_END, &seed, r);
 }
 
 Test(client_faults, client_stopped_past_its_timeout_and_resumed) {
