@@ -77,7 +77,7 @@
 #define END_WAIT_MS 60000
 #define MAX_EVENTS 6
 #define MAX_CPROCS 16
-#define MAX_FAULTS 8
+#define MAX_FAULTS 16
 
 static int g_epochs = 3; /* --epochs */
 
@@ -109,7 +109,9 @@ typedef struct schedule_s {
   event_t ev[MAX_EVENTS];
 } schedule_t;
 
-/* A fault a client process suffered, for the tail check. */
+/* A fault a client process suffered, for the tail check: killed or
+ * stopped by the schedule, or cut off by a dispatcher outage (fault_ms:
+ * the latest it may be declared lost after the restart). */
 typedef struct cfault_s {
   double fault_ms, resume_ms; /* resume_ms 0: killed (or never resumed) */
 } cfault_t;
@@ -403,6 +405,17 @@ static int apply(run_t *r, action_t *a, action_t *undo_of) {
       return 0;
     if (start_dispatcher(r) != 0)
       return -1;
+    /* Every trainer was cut off from the dispatcher meanwhile: one whose
+     * heartbeats reach the new process later than a client timeout after
+     * its start is declared lost, as if partitioned (the documented
+     * exception), its unacknowledged tail then given to a new binding. */
+    for (int i = 0; i < r->nc; i++) {
+      cproc_t *c = &r->c[i];
+      poll_client(c);
+      if (!c->killed && !c->exited && c->nfaults < MAX_FAULTS)
+        c->faults[c->nfaults++] =
+            (cfault_t){hx_now_ms() + CLIENT_TIMEOUT_MS + 1000, 0};
+    }
     for (int k = 0; k < CLIENTS; k++)
       if (r->pending[k]) {
         r->pending[k] = false;
