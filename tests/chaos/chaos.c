@@ -681,7 +681,8 @@ static int check(run_t *r) {
   int rc = 0;
   for (int i = 0; i < r->nc && rc == 0; i++) {
     char why[700];
-    if (hx_read_client_log(r->c[i].out, &logs[i], why, sizeof(why)) != 0) {
+    if (hx_read_client_log(r->c[i].out, r->c[i].killed, &logs[i], why,
+                           sizeof(why)) != 0) {
       snprintf(r->why, sizeof(r->why), "%s", why);
       rc = -1;
     }

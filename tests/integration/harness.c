@@ -1104,13 +1104,14 @@ typedef struct hx_batch_head_s {
   uint64_t acked;
 } hx_batch_head_t;
 
-int hx_read_client_log(const char *path, hx_client_log_t *out, char *why,
-                       size_t why_len) {
+int hx_read_client_log(const char *path, bool killed, hx_client_log_t *out,
+                       char *why, size_t why_len) {
   memset(out, 0, sizeof(*out));
   FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return errno == ENOENT ? 0 : (snprintf(why, why_len, "%s: %s", path,
-                                           strerror(errno)), -1);
+  if (f == NULL) { /* it_client creates it before it says it is ready */
+    snprintf(why, why_len, "%s: %s", path, strerror(errno));
+    return -1;
+  }
   hx_batch_head_t h;
   long off = 0;
   int rc = 0;
@@ -1122,18 +1123,27 @@ int hx_read_client_log(const char *path, hx_client_log_t *out, char *why,
       break;
     }
     out->v = v;
-    for (uint32_t i = 0; i < h.n && rc == 0; i++) {
+    size_t at = out->n;
+    bool torn = false;
+    for (uint32_t i = 0; i < h.n && !torn; i++) {
       uint64_t id;
-      if (fread(&id, sizeof(id), 1, f) != 1) {
-        snprintf(why, why_len, "%s: torn batch at byte offset %ld (%u ids "
-                 "announced)", path, off, h.n);
-        rc = -1;
-      } else {
+      if (fread(&id, sizeof(id), 1, f) != 1)
+        torn = true;
+      else
         out->v[out->n++] = (hx_taken_t){h.epoch, h.t_ms, id, h.acked};
-      }
     }
-    if (rc != 0)
+    if (torn && killed) {
+      printf("%s: the killed client's last batch is torn at byte offset %ld "
+             "(%zu of %u ids): left out\n", path, off, out->n - at, h.n);
+      out->n = at;
       break;
+    }
+    if (torn) {
+      snprintf(why, why_len, "%s: torn batch at byte offset %ld (%zu of %u "
+               "ids)", path, off, out->n - at, h.n);
+      rc = -1;
+      break;
+    }
     off += (long)(sizeof(h) + h.n * sizeof(uint64_t));
   }
   fclose(f);

@@ -269,10 +269,13 @@ typedef struct hx_client_log_s {
   size_t n;
 } hx_client_log_t;
 
-/* Reads an it_client output file (absent: an empty log). Returns 0, or -1
- * with `why` naming the file and the byte offset of a torn batch. */
-int hx_read_client_log(const char *path, hx_client_log_t *out, char *why,
-                       size_t why_len);
+/* Reads an it_client output file. Returns 0, or -1 with `why` naming the
+ * file and what failed (absent, unreadable, the byte offset of a torn
+ * batch). `killed`: the client died by SIGKILL, which can cut its last
+ * write() short (the kernel stops a write at a page boundary when a fatal
+ * signal is pending): that torn batch is left out, with a printed line. */
+int hx_read_client_log(const char *path, bool killed, hx_client_log_t *out,
+                       char *why, size_t why_len);
 void hx_client_log_free(hx_client_log_t *l);
 
 /* Batches in an it_client output file so far. */

@@ -88,12 +88,12 @@ static void cluster(void) {
 
 /* ---- A client process and what it took --------------------------------- */
 
-/* Reads it_client's output file (`killed`: the client died by SIGKILL). */
+/* Reads it_client's output file (`killed`: see hx_read_client_log). */
 static hx_client_log_t read_log(const char *path, bool killed) {
   hx_client_log_t l;
   char why[700];
-  (void)killed;
-  cr_assert_eq(hx_read_client_log(path, &l, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_read_client_log(path, killed, &l, why, sizeof(why)), 0,
+               "%s", why);
   return l;
 }
 
