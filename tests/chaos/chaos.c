@@ -293,8 +293,11 @@ static int start_client(run_t *r, int slot) {
   snprintf(job, sizeof(job), "%s", r->s->named ? "chaos" : "");
   snprintf(epochs, sizeof(epochs), "%d", g_epochs);
   snprintf(step, sizeof(step), "%d", STEP_US);
-  char *argv[] = {FERRY_IT_CLIENT_BIN, (char *)daddr(r), r->spec, job,
-                  epochs, c->out, step, "-1", NULL};
+  /* FERRY_IT_CLIENT: another it_client (run.sh's soak uses a copy). */
+  const char *bin = getenv("FERRY_IT_CLIENT");
+  char *argv[] = {(char *)(bin != NULL ? bin : FERRY_IT_CLIENT_BIN),
+                  (char *)daddr(r), r->spec, job, epochs, c->out, step, "-1",
+                  NULL};
   if (hx_spawn_marked(&c->p, name, argv, "ready: ", 20000, why,
                       sizeof(why)) != 0) {
     snprintf(r->why, sizeof(r->why), "client %d start: %s", r->nc, why);

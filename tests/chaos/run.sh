@@ -12,7 +12,9 @@
 # (a schedule takes about 5 s). The harness notes the pid of every process
 # it starts in /tmp/ferry-it-pids-<its parent's pid>; after the driver
 # exits (also when killed by the bound) every one still running is killed,
-# and any found is a failure.
+# and any found is a failure. FERRY_IT_DISPATCHER, FERRY_IT_WORKER and
+# FERRY_IT_CLIENT name other binaries (a soak runs copies, so that a
+# rebuild meanwhile does not change them under it).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
