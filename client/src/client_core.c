@@ -670,8 +670,18 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
   ferry__free(pp);
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
+  /* Wait for ready (within the beat's deadline), except when leaving: a
+   * client has no thread that polls gRPC between its calls, and a call
+   * failing fast on a channel in TRANSIENT_FAILURE polls for nothing, so
+   * the reconnection to a restarted dispatcher (its SETTINGS frame) was
+   * driven only by whatever else the client happened to wait on: with
+   * no stream open, heartbeats failed for 8 to 25 s after the restart
+   * (tests/chaos seed 5061, its connection's receive queue full of
+   * unread bytes), long enough to be declared lost and have its job
+   * collected. A beat that waits for ready polls the handshake itself. */
   rc = ferry_rpc_unary(c->dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, len,
-                       deadline_ms, 0, &reply, &reply_len, err);
+                       deadline_ms, leaving ? 0 : FERRY_RPC_WAIT_FOR_READY,
+                       &reply, &reply_len, err);
   ferry__free(buf);
   if (rc != 0) {
     /* The dispatcher may not have seen the restarts: ask again. */

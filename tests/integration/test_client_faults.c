@@ -364,6 +364,58 @@ Test(client_faults, client_stopped_past_its_timeout_and_resumed) {
     run(FAULT_STOP, &seed, r);
 }
 
+/* ---- A client with no stream open, the dispatcher restarted ------------- */
+
+/* A client whose only gRPC call is its heartbeat (no worker stream open:
+ * its trainer has not asked for a batch yet) must reach a dispatcher
+ * restarted on its port within its client timeout. Its heartbeats failed
+ * fast on the broken channel, and with nothing else polling, the new
+ * connection's handshake was never read: heartbeats failed for 8 to 25 s
+ * (tests/chaos seed 5061), the client was declared lost and its private
+ * job collected. Heartbeats now wait for ready within their deadline. */
+Test(client_faults, idle_client_reaches_a_restarted_dispatcher) {
+  char why[512];
+  cluster();
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, SPEC);
+  o.num_epochs = 1;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  unsigned long long jid = ferry_client_job_id(c), cid = ferry_client_id(c);
+  int port = atoi(strrchr(D->addr, ':') + 1);
+  hx_daemon_opts_t d = {.heartbeat_ms = 100,
+                        .worker_timeout_ms = 1500,
+                        .client_timeout_ms = CLIENT_TIMEOUT_MS};
+  char needle[96];
+  snprintf(needle, sizeof(needle), "job %llu: client %llu lost", jid, cid);
+  /* Three restarts (without the fix about half of them lost it). */
+  for (int k = 0; k < 3; k++) {
+    hx_stop(D, SIGKILL, 5000, NULL);
+    cr_assert_eq(hx_start_dispatcher_at(&D, &d, port, WORKDIR, why,
+                                        sizeof(why)),
+                 0, "%s", why);
+    /* Its heartbeats (every 50 ms) must renew it before the client
+     * timeout after the restart: the log must not say it was lost. */
+    bool lost = wait_log(D->log, needle, CLIENT_TIMEOUT_MS + 1500);
+    if (lost)
+      hx_dump_logs();
+    cr_assert_not(lost, "restart %d: the idle client did not reach the "
+                  "restarted dispatcher within its client timeout ('%s')",
+                  k, needle);
+  }
+  hx_ids_t got = {0};
+  int rc = hx_collect_epoch(c, &got, &DS, true, 20000, NULL, NULL, &err);
+  cr_assert_eq(rc, FERRY_EPOCH_END, "%d %s", rc, err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(&DS, false, &n);
+  cr_assert(hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why)),
+            "after the restart: %s", why);
+  free(want);
+  hx_ids_free(&got);
+  ferry_client_free(c);
+}
+
 /* ---- A worker killed: what it costs the control plane ------------------- */
 
 static off_t file_size(const char *path) {
