@@ -15,6 +15,9 @@ packages=(
   # --system-site-packages (the registry's torch wheel is gigabytes of CUDA).
   python3-torch python3-numpy python3-pytest
   python3-dev ninja-build    # building the ferry package (client/python)
+  # unit/test_crop checks the resampler against the real torchvision, and
+  # tests/bench/imagenet.sh runs the seeds' PyTorch DataLoader path.
+  python3-torchvision python3-pil
   # tests/deploy: the container image built for real, its Debian 12 base,
   # a podman network with DNS (netavark runs iptables); runc where crun
   # refuses a hybrid cgroup layout; yamllint for deploy/k8s.
