@@ -635,14 +635,14 @@ int main(int argc, char **argv) {
       double cpu;
       const char *tr = transports[t];
       result_t *r;
-      double w0 = workers_cpu(w, k);
+      double w0 = workers_cpu(w, k), w1;
       n = service_epoch(d->addr, pass_spec, tr, &secs, &stall, &cpu);
       snprintf(name, sizeof(name), "service passthrough, %d worker%s, %s",
                k, k > 1 ? "s" : "", tr);
       r = add_result(name, n, secs, stall);
       r->cpu = cpu;
-      r->wcpu = w0 >= 0 && workers_cpu(w, k) >= 0 ? workers_cpu(w, k) - w0
-                                                   : -1;
+      w1 = workers_cpu(w, k);
+      r->wcpu = w0 >= 0 && w1 >= 0 ? w1 - w0 : -1;
       uint64_t n_pass = n;
       w0 = workers_cpu(w, k);
       n = service_epoch(d->addr, seed_spec, tr, &secs, &stall, &cpu);
@@ -650,8 +650,8 @@ int main(int argc, char **argv) {
                k > 1 ? "s" : "", tr);
       r = add_result(name, n, secs, stall);
       r->cpu = cpu;
-      r->wcpu = w0 >= 0 && workers_cpu(w, k) >= 0 ? workers_cpu(w, k) - w0
-                                                   : -1;
+      w1 = workers_cpu(w, k);
+      r->wcpu = w0 >= 0 && w1 >= 0 ? w1 - w0 : -1;
       if (n != total || n_pass != total) {
         fprintf(stderr, "bench_e2e: the service delivered %llu and %llu "
                 "of %llu records over %s\n", (unsigned long long)n_pass,

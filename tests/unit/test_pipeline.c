@@ -191,6 +191,39 @@ static void release(ferry_pipeline_t *p, ferry_pipeline_ctx_t *ctx) {
   ferry_pipeline_free(p);
 }
 
+/* A JPEG record cut after `cut` bytes fails as a bad or truncated JPEG. */
+static void expect_cut_jpeg_fails(ferry_pipeline_ctx_t *ctx,
+                                  const uint8_t *jpeg, size_t cut) {
+  uint8_t *rec;
+  const uint8_t *px;
+  int h, w, c;
+  int64_t label;
+  ferry_error_t err = {0};
+  size_t len = raw_record(jpeg, cut, 1, &rec);
+  int rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label,
+                                  &err);
+  cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "got %s: %s",
+            ferry_err_name(rc), err.msg);
+  free(rec);
+}
+
+/* The ctx still works after errors: the whole JPEG (side x side) decodes
+ * with its label. */
+static void expect_ctx_recovers(ferry_pipeline_ctx_t *ctx,
+                                const uint8_t *jpeg, size_t jlen, int side) {
+  uint8_t *rec;
+  const uint8_t *px;
+  int h, w, c;
+  int64_t label;
+  ferry_error_t err = {0};
+  size_t len = raw_record(jpeg, jlen, 9, &rec);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(h == side && w == side && label == 9);
+  free(rec);
+}
+
 /* Runs dilate(3) then blur(11, 0.8) directly on an h x w x c image. */
 static void direct_ops(const uint8_t *img, int h, int w, int c,
                        uint8_t *out) {
@@ -545,19 +578,8 @@ Test(pipeline, corrupt_jpeg) {
 
   /* A JPEG cut short after its header. */
   jlen = make_jpeg(64, 64, 1, &jpeg);
-  len = raw_record(jpeg, jlen / 3, 1, &rec);
-  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
-  cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "got %s: %s",
-            ferry_err_name(rc), err.msg);
-  free(rec);
-
-  /* The ctx still works after errors. */
-  len = raw_record(jpeg, jlen, 9, &rec);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
-  cr_assert(h == 64 && w == 64 && label == 9);
-  free(rec);
+  expect_cut_jpeg_fails(ctx, jpeg, jlen / 3);
+  expect_ctx_recovers(ctx, jpeg, jlen, 64);
   free(jpeg);
   release(p, ctx);
 }
@@ -894,18 +916,8 @@ Test(pipeline, bad_jpegs_fused) {
     free(rec);
   }
   /* Only the header. */
-  len = raw_record(jpeg, 200, 1, &rec);
-  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
-  cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "got %s: %s",
-            ferry_err_name(rc), err.msg);
-  free(rec);
-  /* The ctx still works after errors. */
-  len = raw_record(jpeg, jlen, 9, &rec);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
-  cr_assert(h == 32 && w == 32 && label == 9);
-  free(rec);
+  expect_cut_jpeg_fails(ctx, jpeg, 200);
+  expect_ctx_recovers(ctx, jpeg, jlen, 32);
   free(jpeg);
   release(p, ctx);
 }
