@@ -67,36 +67,13 @@ static ferry_rpc_channel_t *channel(const hx_proc_t *p) {
 }
 
 /* RegisterDataset of the bench's dataset; its id into `id`. */
-static void register_ds(ferry_rpc_channel_t *ch, char id[17]) {
-  Ferry__V1__RegisterDatasetRequest req =
-      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
-  Ferry__V1__RegisterDatasetResponse *resp;
-  ferry_spec_t spec;
-  ferry_error_t err = {0};
-  char text[1024];
-  uint8_t *sb, *buf, *reply;
-  size_t sl, n, len;
-
+static void register_ds(const hx_proc_t *d, char id[17]) {
+  char text[1024], why[512];
   hx_spec(&ds, NULL, 8, text, sizeof(text));
-  if (ferry_spec_parse(text, &spec, &err) != 0)
-    die("spec", &err);
-  if (ferry_spec_pack(&spec, &sb, &sl) != 0)
-    die("spec pack", NULL);
-  ferry_spec_close(&spec);
-  req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
-  n = ferry__v1__register_dataset_request__get_packed_size(&req);
-  buf = malloc(n);
-  ferry__v1__register_dataset_request__pack(&req, buf);
-  if (ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, CALL_MS,
-                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0)
-    die("RegisterDataset", &err);
-  resp = ferry__v1__register_dataset_response__unpack(NULL, len, reply);
-  snprintf(id, 17, "%s", resp->dataset_id);
-  ferry__v1__register_dataset_response__free_unpacked(resp, NULL);
-  ferry_free(reply);
-  ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
-  ferry_free(sb);
-  free(buf);
+  if (hx_register_dataset(d->addr, text, id, why, sizeof(why)) != 0) {
+    fprintf(stderr, "bench_journal: %s\n", why);
+    exit(1);
+  }
 }
 
 /* GetOrCreateJob of a new anonymous job; with `leave`, its client then
@@ -151,7 +128,7 @@ static void register_and_keep(const hx_proc_t *d, char id[17]) {
   ferry_rpc_channel_t *ch = channel(d);
   int i;
   for (i = 0; i < 20; i++) {
-    register_ds(ch, id);
+    register_ds(d, id);
     if (one_job(ch, id, false) == 0)
       break;
   }

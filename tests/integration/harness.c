@@ -21,6 +21,7 @@
 #include "ferry/log.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
+#include "ferry/spec.h"
 #include "ferry/tfrecord.h"
 #include "ferry/transport.h"
 #include "ferry/varint.h"
@@ -1230,4 +1231,57 @@ int hx_count_fds(pid_t pid) {
     n += e->d_name[0] != '.';
   closedir(d);
   return n;
+}
+
+int hx_register_dataset(const char *dispatcher, const char *spec_text,
+                        char id[17], char *why, size_t why_cap) {
+  ferry_spec_t spec;
+  ferry_error_t err = {0};
+  ferry_rpc_channel_t *ch = NULL;
+  uint8_t *sb = NULL, *buf = NULL, *reply = NULL;
+  size_t sl = 0, n, len = 0;
+  int rc = -1;
+  Ferry__V1__RegisterDatasetRequest req =
+      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
+  if (ferry_spec_parse(spec_text, &spec, &err) != 0) {
+    snprintf(why, why_cap, "spec: %s", err.msg);
+    return -1;
+  }
+  int packed = ferry_spec_pack(&spec, &sb, &sl);
+  ferry_spec_close(&spec);
+  if (packed != 0 ||
+      (req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb)) == NULL) {
+    snprintf(why, why_cap, "spec: cannot pack");
+    goto out;
+  }
+  n = ferry__v1__register_dataset_request__get_packed_size(&req);
+  if ((buf = malloc(n)) == NULL) {
+    snprintf(why, why_cap, "out of memory");
+    goto out;
+  }
+  ferry__v1__register_dataset_request__pack(&req, buf);
+  if (ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) != 0 ||
+      ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, 60000,
+                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0) {
+    snprintf(why, why_cap, "RegisterDataset: %s", err.msg);
+    goto out;
+  }
+  Ferry__V1__RegisterDatasetResponse *resp =
+      ferry__v1__register_dataset_response__unpack(NULL, len, reply);
+  if (resp == NULL) {
+    snprintf(why, why_cap, "RegisterDataset: malformed answer");
+    goto out;
+  }
+  if (id != NULL)
+    snprintf(id, 17, "%s", resp->dataset_id);
+  ferry__v1__register_dataset_response__free_unpacked(resp, NULL);
+  rc = 0;
+out:
+  ferry_free(reply);
+  ferry_rpc_channel_free(ch);
+  if (req.spec != NULL)
+    ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
+  ferry_free(sb);
+  free(buf);
+  return rc;
 }

@@ -173,6 +173,12 @@ void hx_dump_logs(void);
 /* Asks the dispatcher (GetStatus) until at least `n` workers are "alive",
  * at most `wait_ms`. Returns the number seen last. */
 int hx_wait_workers(const char *dispatcher, int n, int wait_ms);
+/* RegisterDataset of `spec_text`'s source on `dispatcher` (its header
+ * scan runs now, not in the first client's ferry_client_new). Copies the
+ * dataset id into `id` (17 bytes) when not NULL. 0, or -1 with a message
+ * in `why`. */
+int hx_register_dataset(const char *dispatcher, const char *spec_text,
+                        char id[17], char *why, size_t why_cap);
 
 /* What one GetStatus of the dispatcher lists. */
 typedef struct hx_status_counts_s {
