@@ -782,6 +782,9 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
   ferry_pipeline_ctx_t *ctx;
   if (ferry_pipeline_ctx_new(pipe->pipeline, &ctx, err) != 0)
     return NULL;
+  /* A record's pixels go straight into a chunk (put_record copies them
+   * out before the next read, also when it parks). */
+  ferry_pipeline_ctx_set_borrow(ctx, 1);
   if (victim->pipe != NULL) {
     ferry_pipeline_ctx_free(victim->ctx);
     pipe_unref(victim->pipe);

@@ -223,6 +223,7 @@ static void *inproc_main(void *arg) {
     ferry__free(batch);
     return NULL;
   }
+  ferry_pipeline_ctx_set_borrow(ctx, 1); /* as the worker's */
   /* Files round-robin over the threads, like splits over workers. */
   for (int f = t->index; f < t->ds->nfiles && t->rc == 0; f += t->nthreads) {
     ferry_tfr_reader_t *r;

@@ -300,6 +300,57 @@ Test(pipeline, raw_without_ops_is_a_copy) {
   release(p, ctx);
 }
 
+/* ferry_pipeline_ctx_set_borrow: a raw record with no op (or only an
+ * identity resize) hands out its own bytes; with an op that changes the
+ * pixels the output is still the ctx's; off again, a copy. */
+Test(pipeline, borrow_hands_out_the_record_itself) {
+  enum { H = 8, W = 6, C = 3, N = H * W * C };
+  uint8_t img[N], *rec;
+  size_t len;
+  ferry_spec_t s;
+  ferry_pipeline_t *p;
+  ferry_pipeline_ctx_t *ctx;
+  ferry_error_t err = {0};
+  const uint8_t *px;
+  int h, w, c;
+  int64_t label;
+
+  spec_raw(&s, H, W, C);
+  compile(&s, &p, &ctx);
+  fill_random(img, N, 4);
+  len = raw_record(img, N, 6, &rec);
+  ferry_pipeline_ctx_set_borrow(ctx, 1);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(px >= rec && px + N <= rec + len,
+            "borrowed output must lie in the record");
+  cr_assert_arr_eq(px, img, N);
+  cr_assert(h == H && w == W && c == C && label == 6);
+  ferry_pipeline_ctx_set_borrow(ctx, 0);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(px < rec || px >= rec + len, "output must be the ctx's memory");
+  cr_assert_arr_eq(px, img, N);
+  release(p, ctx);
+
+  /* An op that changes the pixels writes the ctx's buffer, borrow or not. */
+  uint8_t want[N];
+  spec_raw(&s, H, W, C);
+  seed_ops(&s);
+  compile(&s, &p, &ctx);
+  ferry_pipeline_ctx_set_borrow(ctx, 1);
+  direct_ops(img, H, W, C, want);
+  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                      &label, &err),
+               0, "%s", err.msg);
+  cr_assert(px < rec || px >= rec + len);
+  cr_assert_arr_eq(px, want, N);
+  free(rec);
+  release(p, ctx);
+}
+
 Test(pipeline, custom_keys_and_extra_features) {
   enum { H = 7, W = 9, C = 3, N = H * W * C };
   uint8_t img[N], want[N], *rec;

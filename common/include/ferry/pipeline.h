@@ -38,6 +38,13 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
                            ferry_pipeline_ctx_t **out, ferry_error_t *err);
 void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx);
 void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on);
+/* On: when no op changes a raw record's pixels (decode(raw) alone, or
+ * identity resizes), ferry_pipeline_process hands out *pixels pointing
+ * into the record it was given, valid as long as that record is, instead
+ * of a copy in the ctx. A caller that copies the pixels before reading
+ * the next record (the worker puts them straight into a chunk) saves a
+ * copy per record. Off by default. */
+void ferry_pipeline_ctx_set_borrow(ferry_pipeline_ctx_t *ctx, int on);
 
 /* The key of the random ops (random_resized_crop) for the next records:
  * the job's seed, the epoch and the record's identity in the dataset
@@ -65,7 +72,8 @@ void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
                               double seconds[FERRY_STAGE_COUNT]);
 
 /* Runs one record. On success the image is at *pixels (h*w*c bytes owned
- * by the ctx, valid until its next call) and the label in *label (0 when
+ * by the ctx, valid until its next call; or in `record`, see
+ * ferry_pipeline_ctx_set_borrow) and the label in *label (0 when
  * the spec has none). Errors (missing feature, wrong type, bad image, too
  * small) name the feature or the op; callers prefix file and offset. */
 int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,

@@ -55,6 +55,7 @@ struct ferry_pipeline_ctx_s {
   uint8_t *buf[2];
   size_t cap[2];
   int timing;
+  int borrow; /* ferry_pipeline_ctx_set_borrow */
   double t[FERRY_STAGE_COUNT];
 };
 
@@ -364,6 +365,10 @@ static uint64_t op_key(const ferry_pipeline_ctx_t *ctx, size_t i) {
          ((uint64_t)i * 0x9E3779B97F4A7C15ull);
 }
 
+void ferry_pipeline_ctx_set_borrow(ferry_pipeline_ctx_t *ctx, int on) {
+  ctx->borrow = on;
+}
+
 void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on) {
   ctx->timing = on != 0;
 }
@@ -555,9 +560,10 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
     ih = p->height;
     iw = p->width;
     want = (size_t)ih * (size_t)iw * (size_t)ic;
-    if (p->n_ops > 0) {
-      /* The first op reads the pixels where they lie in the record: the
-       * size check is all decode_raw has to do. */
+    if (p->n_ops > 0 || ctx->borrow) {
+      /* The first op reads the pixels where they lie in the record (or,
+       * borrowing, the caller does): the size check is all decode_raw
+       * has to do. */
       if (data_len != want)
         return ferry__seterr(err, FERRY_EIMGSIZE,
                              "feature '%s': decode(raw, %d, %d, %d) expects "
@@ -659,9 +665,10 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
     which = dst_i;
   }
 
-  /* Only identity resizes ran on a raw record: the output must still be
-   * the ctx's, not the caller's record. */
-  if (cur == data) {
+  /* Only identity resizes ran on a raw record: the output is the
+   * record's own bytes, handed out as they are when the caller allows it
+   * (ferry_pipeline_ctx_set_borrow), else copied into the ctx. */
+  if (cur == data && !ctx->borrow) {
     memcpy(ctx->buf[0], data, (size_t)ih * (size_t)iw * (size_t)ic);
     cur = ctx->buf[0];
   }
