@@ -37,6 +37,9 @@
  *                  [--max-workers 1|2] (default 2: rows for 1 and 2)
  *                  [--repeat N] (service epochs per row, 1..15; the run of
  *                  median time stands, the range is printed)
+ *                  [--batch N] (default 1024: with 2 MiB chunks of 682
+ *                  records and 1024-record splits, chunks never straddle
+ *                  two batches; 1000 makes most of them straddle)
  * --heartbeat-ms sets the daemons' interval (default 100); the client's is
  * half of it. Workers learn new leases from their heartbeats, so both it
  * and --splits-in-flight (the client's; 0: its default) bound the rate.
@@ -66,7 +69,8 @@
 #define W 32
 #define C 3
 #define IMG (H * W * C)
-#define BATCH 1024
+#define MAX_BATCH 65536
+static int opt_batch = 1024; /* --batch */
 #define MSG_BYTES (2u << 20)
 #define MAX_REPEAT 15
 
@@ -214,13 +218,15 @@ static void *inproc_main(void *arg) {
   inproc_t *t = arg;
   ferry_pipeline_ctx_t *ctx = NULL;
   ferry_error_t err = {0};
-  uint8_t *batch = ferry__malloc((size_t)BATCH * IMG);
-  int64_t labels[BATCH];
+  uint8_t *batch = ferry__malloc((size_t)opt_batch * IMG);
+  int64_t *labels = ferry__malloc((size_t)opt_batch * sizeof(int64_t));
   uint32_t fill = 0;
-  if (batch == NULL || ferry_pipeline_ctx_new(t->p, &ctx, &err) != 0) {
+  if (batch == NULL || labels == NULL ||
+      ferry_pipeline_ctx_new(t->p, &ctx, &err) != 0) {
     t->rc = -1;
     snprintf(t->msg, sizeof(t->msg), "ctx: %s", err.msg);
     ferry__free(batch);
+    ferry__free(labels);
     return NULL;
   }
   ferry_pipeline_ctx_set_borrow(ctx, 1); /* as the worker's */
@@ -249,7 +255,7 @@ static void *inproc_main(void *arg) {
       /* Assembly into a batch, as the client does. */
       memcpy(batch + (size_t)fill * IMG, px, IMG);
       labels[fill] = label;
-      if (++fill == BATCH)
+      if (++fill == (uint32_t)opt_batch)
         fill = 0;
       t->records++;
     }
@@ -259,9 +265,10 @@ static void *inproc_main(void *arg) {
     }
     ferry_tfr_reader_free(r);
   }
-  (void)labels;
+
   ferry_pipeline_ctx_free(ctx);
   ferry__free(batch);
+  ferry__free(labels);
   return NULL;
 }
 
@@ -541,6 +548,7 @@ int main(int argc, char **argv) {
       {"pipelines", required_argument, NULL, 'P'},
       {"max-workers", required_argument, NULL, 'M'},
       {"repeat", required_argument, NULL, 'R'},
+      {"batch", required_argument, NULL, 'B'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
@@ -566,6 +574,7 @@ int main(int argc, char **argv) {
       break;
     case 'M': max_workers = atoi(optarg); break;
     case 'R': repeat = atoi(optarg); break;
+    case 'B': opt_batch = atoi(optarg); break;
     case 'T':
       if (strcmp(optarg, "grpc") == 0 || strcmp(optarg, "ucx") == 0) {
         transports[0] = strcmp(optarg, "grpc") == 0 ? "grpc" : "ucx";
@@ -585,7 +594,7 @@ int main(int argc, char **argv) {
               "[--worker PATH]\n"
               "                 [--transports grpc|ucx|grpc,ucx] "
               "[--pipelines passthrough,seed]\n"
-              "                 [--max-workers 1|2] [--repeat N]\n");
+              "                 [--max-workers 1|2] [--repeat N] [--batch N]\n");
       return ch == 'h' ? 0 : 2;
     }
   }
@@ -593,9 +602,11 @@ int main(int argc, char **argv) {
     records = 8192;
   if (records < 1024 || wthreads < 1 || wthreads > 16 ||
       opt_heartbeat_ms < 10 || opt_splits_in_flight < 0 || max_workers < 1 ||
-      max_workers > 2 || repeat < 1 || repeat > MAX_REPEAT) {
+      max_workers > 2 || repeat < 1 || repeat > MAX_REPEAT || opt_batch < 1 ||
+      opt_batch > MAX_BATCH) {
     fprintf(stderr, "bench_e2e: --records >= 1024, --worker-threads 1..16, "
-            "--heartbeat-ms >= 10, --max-workers 1..2, --repeat 1..15\n");
+            "--heartbeat-ms >= 10, --max-workers 1..2, --repeat 1..15, "
+            "--batch 1..65536\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -620,8 +631,8 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   char pass_spec[1024], seed_spec[1024];
-  hx_spec(&ds, NULL, BATCH, pass_spec, sizeof(pass_spec));
-  hx_spec(&ds, seed_ops, BATCH, seed_spec, sizeof(seed_spec));
+  hx_spec(&ds, NULL, opt_batch, pass_spec, sizeof(pass_spec));
+  hx_spec(&ds, seed_ops, opt_batch, seed_spec, sizeof(seed_spec));
 
   int status = 0;
   double secs = 0, stall = -1;
