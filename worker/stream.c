@@ -389,6 +389,13 @@ void ferry__winbox_purge(ferry__worker_t *w) {
   pthread_mutex_unlock(&w->inbox_lock);
 }
 
+int ferry__wstream_open_calls(const ferry__worker_t *w) {
+  int n = 0;
+  for (const ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
+    n += q->call != NULL;
+  return n;
+}
+
 void ferry__wstream_close_all(ferry__worker_t *w) {
   for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next) {
     queue_purge(q, true);

@@ -457,6 +457,8 @@ void ferry__winbox_purge(ferry__worker_t *w);
 void ferry__winbox_on_async(uv_async_t *a);
 /* Finishes every open call and drops every queued chunk. */
 void ferry__wstream_close_all(ferry__worker_t *w);
+/* How many chunk queues have a client's stream open (tests). */
+int ferry__wstream_open_calls(const ferry__worker_t *w);
 
 /* heartbeat.c */
 /* Starts the heartbeat thread: the first heartbeat registers (worker_id

@@ -16,7 +16,44 @@ typedef struct {
   ferry__worker_t w;
   pthread_t thread;
   ferry_rpc_channel_t *ch;
+  /* open_calls(): asks the loop thread, which owns the queues. */
+  uv_async_t probe;
+  pthread_mutex_t probe_mu;
+  pthread_cond_t probe_cv;
+  int probe_answer; /* -1 while asked */
 } srv_t;
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void on_probe(uv_async_t *a) {
+  srv_t *s = a->data;
+  pthread_mutex_lock(&s->probe_mu);
+  s->probe_answer = ferry__wstream_open_calls(&s->w);
+  pthread_cond_broadcast(&s->probe_cv);
+  pthread_mutex_unlock(&s->probe_mu);
+}
+
+/* The number of queues with a client's stream open, as the loop sees it
+ * now (every event queued before the question was handled). */
+static int open_calls(srv_t *s) {
+  pthread_mutex_lock(&s->probe_mu);
+  s->probe_answer = -1;
+  uv_async_send(&s->probe);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += WAIT_MS / 1000;
+  while (s->probe_answer < 0 &&
+         pthread_cond_timedwait(&s->probe_cv, &s->probe_mu, &ts) == 0)
+    ;
+  int n = s->probe_answer;
+  pthread_mutex_unlock(&s->probe_mu);
+  cr_assert_geq(n, 0, "the loop did not answer in %d ms", WAIT_MS);
+  return n;
+}
 
 static void *loop_main(void *arg) {
   srv_t *s = arg;
@@ -39,6 +76,11 @@ static void srv_start(srv_t *s, uint64_t buffer_bytes, uint64_t chunk_bytes) {
   cr_assert_eq(ferry__worker_start(&s->w, &cfg, &s->loop, false, &err), 0,
                "%s", err.msg);
   cr_assert_gt(s->w.port, 0);
+  pthread_mutex_init(&s->probe_mu, NULL);
+  pthread_cond_init(&s->probe_cv, NULL);
+  cr_assert_eq(uv_async_init(&s->loop, &s->probe, on_probe), 0);
+  s->probe.data = s;
+  uv_unref((uv_handle_t *)&s->probe); /* the loop may run out around it */
   cr_assert_eq(pthread_create(&s->thread, NULL, loop_main, s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s->w.port);
   cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s->ch, &err), 0);
@@ -48,6 +90,10 @@ static void srv_stop(srv_t *s) {
   ferry_rpc_channel_free(s->ch);
   ferry__worker_request_stop(&s->w);
   pthread_join(s->thread, NULL);
+  uv_close((uv_handle_t *)&s->probe, NULL);
+  uv_run(&s->loop, UV_RUN_NOWAIT);
+  pthread_mutex_destroy(&s->probe_mu);
+  pthread_cond_destroy(&s->probe_cv);
   cr_assert(ferry__worker_close(&s->w, 1000));
   cr_assert_eq(uv_loop_close(&s->loop), 0);
   ferry_rpc_shutdown();
@@ -171,6 +217,13 @@ Test(stream, reconnect_finds_queued_chunks, .timeout = 120) {
   ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
   ferry_rpc_stream_cancel(st);
   ferry_rpc_stream_free(st);
+  /* The worker must have seen the stream end before the chunks come:
+   * chunks sent into a stream that is being cancelled are lost with it
+   * (the client asks for a restart), which is not what this tests. */
+  int64_t until = mono_ms() + WAIT_MS;
+  while (open_calls(&s) > 0 && mono_ms() < until)
+    sched_yield();
+  cr_assert_eq(open_calls(&s), 0, "the cancelled stream is still open");
   wt_task_t t;
   wt_task(&t, &f, 0, 40, false);
   cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
