@@ -79,8 +79,13 @@ static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     if ((r = ferry__disp_row_index(j, p->split, p->worker_id)) < 0)
       continue;
     row = &j->rows[r];
+    /* A restart names the lease whose chunks were lost; an older one is
+     * stale (a gap left by a superseded lease's straggler), except for a
+     * restart of whatever is current (the client dropped what it held,
+     * or its stream to the row's worker broke). */
     if (row->client != client || row->done || row->worker == 0 ||
-        row->lease != p->lease)
+        p->lease > row->lease ||
+        (row->lease != p->lease && !p->restart_current))
       continue;
     if (ferry__disp_restart_row(d, j, (uint32_t)r) != 0)
       return;

@@ -258,18 +258,29 @@ static bool room_for_splits_locked(const ferry_client_t *c) {
 /* Asks for a restart of split `s` at `lease` unless one was already asked
  * for that lease or a newer one (once per lease generation), or the lease
  * is older than one the client already knows (a superseded lease's loss
- * does not matter). */
+ * does not matter). `current` (a fence, a broken stream) asks for the
+ * restart of whatever lease the row has now: what was lost may be of a
+ * lease newer than any the client heard of. */
 static void mark_restart_locked(ferry_client_t *c, ferry__split_t *s,
-                                uint64_t lease) {
-  if (lease < s->lease || lease <= s->restart_lease)
+                                uint64_t lease, bool current) {
+  if (current) {
+    if (s->restart == FERRY__RESTART_PENDING && s->restart_current)
+      return; /* already going out */
+    if (lease < s->lease)
+      lease = s->lease;
+  } else if (lease < s->lease || lease <= s->restart_lease) {
     return;
+  }
   s->lease = lease;
-  s->restart_lease = lease;
+  if (lease > s->restart_lease)
+    s->restart_lease = lease;
   s->restart = FERRY__RESTART_PENDING;
+  s->restart_current = current;
   FERRY_LOG(FERRY_LOG_WARN,
-            "client: epoch %u split %u: records of lease %llu lost in "
+            "client: epoch %u split %u: records of lease %llu%s lost in "
             "transit; asking for a restart from %llu", s->epoch, s->split,
-            (unsigned long long)lease, (unsigned long long)s->delivered);
+            (unsigned long long)lease, current ? " (or newer)" : "",
+            (unsigned long long)s->delivered);
   kick_locked(c);
 }
 
@@ -278,7 +289,7 @@ void ferry__client_restart_worker_locked(ferry_client_t *c,
   for (size_t i = 0; i < c->n_splits; i++) {
     ferry__split_t *s = &c->splits[i];
     if (s->assigned && s->worker_id == worker_id && !fully_received(s))
-      mark_restart_locked(c, s, s->lease);
+      mark_restart_locked(c, s, s->lease, true);
   }
 }
 
@@ -295,6 +306,7 @@ size_t ferry__client_progress_locked(ferry_client_t *c,
     if (s->restart == FERRY__RESTART_PENDING) {
       prog[i].restart = true;
       prog[i].lease = s->restart_lease;
+      prog[i].restart_current = s->restart_current;
       s->restart = FERRY__RESTART_SENT;
     }
     pp[i] = &prog[i];
@@ -351,7 +363,7 @@ void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
     s->received = s->delivered;
     if (!drop_splits && s->assigned &&
         !(s->has_total && s->delivered >= s->total))
-      mark_restart_locked(c, s, s->lease);
+      mark_restart_locked(c, s, s->lease, true);
   }
   if (drop_splits)
     c->n_splits = 0;
@@ -531,7 +543,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
   if (lease_lapsed_locked(c)) {
     s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
     if (s != NULL && s->assigned && ch->count > 0)
-      mark_restart_locked(c, s, ch->lease);
+      mark_restart_locked(c, s, ch->lease, false);
     /* The chunk may be of a lease the answer that lifts the fence brings
      * (after a rejoin the split table is new). */
     note_dropped_locked(c, ch, kw);
@@ -555,7 +567,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
               "expected; dropped", ch->epoch, ch->split,
               (unsigned long long)ch->first,
               (unsigned long long)s->received);
-    mark_restart_locked(c, s, ch->lease);
+    mark_restart_locked(c, s, ch->lease, false);
     goto out;
   }
   if (ch->lease > s->lease)
@@ -711,16 +723,22 @@ static void apply_locked(ferry_client_t *c,
         continue;
       d->used = false;
       if (d->lease >= a->lease && !fully_received(s))
-        mark_restart_locked(c, s, d->lease);
+        mark_restart_locked(c, s, d->lease, false);
     }
     s->assigned = true;
     s->worker_id = a->worker_id;
     if (a->lease > s->lease)
       s->lease = a->lease;
     /* The restart asked for came: the new lease replays from delivered
-     * and the received count drops what was already taken. */
-    if (s->restart != FERRY__RESTART_NONE && a->lease > s->restart_lease)
+     * and the received count drops what was already taken. Only the
+     * answer to the heartbeat that carried it says so (heartbeats go one
+     * at a time): a lease newer than the one a restart names may predate
+     * the loss, its chunks lost in the same broken stream (chaos seed
+     * 20266: a stopped client, a dispatcher restarted meanwhile). */
+    if (s->restart == FERRY__RESTART_SENT && a->lease > s->restart_lease) {
       s->restart = FERRY__RESTART_NONE;
+      s->restart_current = false;
+    }
     /* A total from the split's last chunk wins: under policy skip it is
      * below the scan's count. */
     if (a->num_records > 0 && !s->has_total) {

@@ -48,10 +48,13 @@ typedef struct ferry__split_s {
   /* Restart (records lost in transit: the lease cannot complete): asked
    * for lease `restart_lease`, once per lease generation. PENDING goes
    * out with the next heartbeat, which makes it SENT (back to PENDING if
-   * that heartbeat failed); an answer with a newer lease ends it. */
+   * that heartbeat failed); an answer to it with a newer lease ends it. */
   uint64_t restart_lease;
   enum { FERRY__RESTART_NONE = 0, FERRY__RESTART_PENDING,
          FERRY__RESTART_SENT } restart;
+  /* The restart is of whatever lease is current (SplitProgress
+   * .restart_current): a fence or a broken stream, not a gap. */
+  bool restart_current;
 } ferry__split_t;
 
 /* A chunk dropped because the client was fenced or its split was not

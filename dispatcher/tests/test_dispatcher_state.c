@@ -597,13 +597,11 @@ Test(dispatcher, lost_worker_rows_are_released_from_delivered) {
 
 /* A client heartbeat restarting one split at `lease` after acknowledging
  * `delivered` of it. */
-static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
-                                                  uint64_t job,
-                                                  uint64_t client,
-                                                  uint32_t split,
-                                                  uint64_t delivered,
-                                                  uint64_t lease,
-                                                  int64_t now) {
+/* A ClientHeartbeat asking for a restart of `split` at `lease` (of
+ * whatever lease is current with `current`). */
+static Ferry__V1__ClientHeartbeatResponse *
+restart_as(ferry_disp_t *d, uint64_t job, uint64_t client, uint32_t split,
+           uint64_t delivered, uint64_t lease, bool current, int64_t now) {
   Ferry__V1__ClientHeartbeatRequest req =
       FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
   Ferry__V1__SplitProgress p = FERRY__V1__SPLIT_PROGRESS__INIT, *pp = &p;
@@ -613,6 +611,7 @@ static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
   p.delivered = delivered;
   p.restart = true;
   p.lease = lease;
+  p.restart_current = current;
   req.job_id = job;
   req.client_id = client;
   req.progress = &pp;
@@ -624,6 +623,16 @@ static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
                                             &err),
                0, "%s", err.msg);
   return resp;
+}
+
+static Ferry__V1__ClientHeartbeatResponse *restart(ferry_disp_t *d,
+                                                  uint64_t job,
+                                                  uint64_t client,
+                                                  uint32_t split,
+                                                  uint64_t delivered,
+                                                  uint64_t lease,
+                                                  int64_t now) {
+  return restart_as(d, job, client, split, delivered, lease, false, now);
 }
 
 /* The assignment of `split` in `c`, or NULL. */
@@ -756,6 +765,43 @@ Test(dispatcher, restart_releases_from_delivered) {
     }
     ferry__disp_free(r);
   }
+}
+
+/* SplitProgress.restart_current: a restart naming an older lease is stale
+ * and ignored, unless it asks for whatever lease is current (the client
+ * was fenced, or its stream to the row's worker broke: it may never have
+ * heard of the newer lease whose chunks were lost with that stream, chaos
+ * seed 20266); a lease the client cannot know of is never restarted. */
+Test(dispatcher, restart_of_the_current_lease) {
+  two_t ab = two_workers(2, DIST);
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t wa = ab.a->worker_id, wb = ab.b->worker_id;
+  size_t before;
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  uint32_t split = c->assignments[0]->split;
+  cr_assert_eq(assignment_of(c, split)->lease, 1);
+  c = restart(D, j->job_id, j->client_id, split, 4, 1, 10);
+  uint64_t l2 = assignment_of(c, split)->lease;
+  cr_assert_gt(l2, 1, "the named lease is restarted");
+  /* Both workers beat again: neither is suspected any more. */
+  fx_worker(D, wa, "a", NULL, 0, false, 5000);
+  fx_worker(D, wb, "b", NULL, 0, false, 5000);
+  before = fx_entries.n;
+  c = restart(D, j->job_id, j->client_id, split, 4, 1, 5010);
+  cr_assert_eq(assignment_of(c, split)->lease, l2, "stale: ignored");
+  cr_assert_eq(fx_entries.n, before, "nor journaled");
+  c = restart_as(D, j->job_id, j->client_id, split, 6, 1, true, 5020);
+  uint64_t l3 = assignment_of(c, split)->lease;
+  cr_assert_gt(l3, l2, "whatever lease is current is restarted");
+  cr_assert_eq(assignment_of(c, split)->start, 6, "from delivered");
+  fx_worker(D, wa, "a", NULL, 0, false, 10000);
+  fx_worker(D, wb, "b", NULL, 0, false, 10000);
+  c = restart_as(D, j->job_id, j->client_id, split, 6, l3 + 5, true, 10010);
+  cr_assert_eq(assignment_of(c, split)->lease, l3,
+               "a lease the client cannot know of: ignored");
 }
 
 Test(dispatcher, lost_client_rows_return_to_the_pool) {
