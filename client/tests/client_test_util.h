@@ -176,4 +176,26 @@ static inline int tu_feed(ferry_client_t *c, const tu_chunk_opts_t *o,
   return rc;
 }
 
+/* Applies a heartbeat answer of `epoch` listing its `split` (`records`
+ * records) on worker 1 at `lease`. */
+static inline void tu_answer(ferry_client_t *c, uint32_t epoch,
+                             uint32_t split, uint64_t records, uint64_t lease,
+                             bool exhausted, uint32_t client_timeout_ms) {
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__Assignment a = FERRY__V1__ASSIGNMENT__INIT, *pa = &a;
+  a.epoch = epoch;
+  a.split = split;
+  a.num_records = records;
+  a.worker_id = 1;
+  a.lease = lease;
+  r.epoch = epoch;
+  r.epoch_exhausted = exhausted;
+  r.n_assignments = 1;
+  r.assignments = &pa;
+  r.error = (char *)"";
+  r.client_timeout_ms = client_timeout_ms;
+  ferry__client_apply_heartbeat(c, &r);
+}
+
 #endif /* FERRY_CLIENT_TEST_UTIL_H */

@@ -127,18 +127,7 @@ Test(client_fencing, a_dropped_chunk_of_a_split_listed_later_restarts_it) {
   beat(c, 0, NULL, NULL, 0);
   cr_assert_eq(feed(c, 4, 0, 2, true), 0); /* at lease 3 (tu_chunk) */
   cr_assert_null(entry(c, 4));
-  Ferry__V1__ClientHeartbeatResponse r =
-      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
-  Ferry__V1__Assignment a = FERRY__V1__ASSIGNMENT__INIT, *pa = &a;
-  a.split = split;
-  a.num_records = 2;
-  a.worker_id = 1;
-  a.lease = 3;
-  r.n_assignments = 1;
-  r.assignments = &pa;
-  r.error = (char *)"";
-  r.client_timeout_ms = TIMEOUT_MS;
-  ferry__client_apply_heartbeat(c, &r);
+  tu_answer(c, 0, split, 2, 3, false, TIMEOUT_MS);
   cr_assert_not_null(entry(c, 4));
   cr_assert_eq(entry(c, 4)->restart, FERRY__RESTART_PENDING);
   ferry_client_free(c);
@@ -146,18 +135,7 @@ Test(client_fencing, a_dropped_chunk_of_a_split_listed_later_restarts_it) {
 
 /* An answer listing split `split` of epoch 0 on worker 1 at `lease`. */
 static void beat_lease(ferry_client_t *c, uint32_t split, uint64_t lease) {
-  Ferry__V1__ClientHeartbeatResponse r =
-      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
-  Ferry__V1__Assignment a = FERRY__V1__ASSIGNMENT__INIT, *pa = &a;
-  a.split = split;
-  a.num_records = 100;
-  a.worker_id = 1;
-  a.lease = lease;
-  r.n_assignments = 1;
-  r.assignments = &pa;
-  r.error = (char *)"";
-  r.client_timeout_ms = TIMEOUT_MS;
-  ferry__client_apply_heartbeat(c, &r);
+  tu_answer(c, 0, split, 100, lease, false, TIMEOUT_MS);
 }
 
 /* The restarts the next heartbeat would carry (PENDING becomes SENT). */

@@ -50,20 +50,7 @@ static void feed(ferry_client_t *c, uint32_t epoch, uint32_t split,
  * epoch exhausted (so a partial batch is flushed). */
 static void beat(ferry_client_t *c, uint32_t epoch, uint32_t split,
                  uint64_t total) {
-  Ferry__V1__ClientHeartbeatResponse r =
-      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
-  Ferry__V1__Assignment a, *pa = &a;
-  ferry__v1__assignment__init(&a);
-  a.epoch = epoch;
-  a.split = split;
-  a.num_records = total;
-  a.worker_id = 1;
-  r.epoch = epoch;
-  r.epoch_exhausted = true;
-  r.n_assignments = 1;
-  r.assignments = &pa;
-  r.error = (char *)"";
-  ferry__client_apply_heartbeat(c, &r);
+  tu_answer(c, epoch, split, total, 0, true, 0);
 }
 
 static size_t dtype_bytes(ferry_dtype_t d) {
