@@ -266,8 +266,6 @@ static void mark_restart_locked(ferry_client_t *c, ferry__split_t *s,
   if (current) {
     if (s->restart == FERRY__RESTART_PENDING && s->restart_current)
       return; /* already going out */
-    if (lease < s->lease)
-      lease = s->lease;
   } else if (lease < s->lease || lease <= s->restart_lease) {
     return;
   }

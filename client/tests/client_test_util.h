@@ -6,6 +6,8 @@
 #ifndef FERRY_CLIENT_TEST_UTIL_H
 #define FERRY_CLIENT_TEST_UTIL_H
 
+#include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -196,6 +198,18 @@ static inline void tu_answer(ferry_client_t *c, uint32_t epoch,
   r.error = (char *)"";
   r.client_timeout_ms = client_timeout_ms;
   ferry__client_apply_heartbeat(c, &r);
+}
+
+/* The progress a heartbeat would send now for the client's one split
+ * entry (a PENDING restart in it becomes SENT). */
+static inline Ferry__V1__SplitProgress tu_progress1(ferry_client_t *c) {
+  Ferry__V1__SplitProgress prog[1], *pp[1];
+  pthread_mutex_lock(&c->mu);
+  cr_assert_eq(c->n_splits, 1);
+  cr_assert_eq(ferry__client_progress_locked(c, prog, pp), 1);
+  cr_assert_eq(pp[0], &prog[0]);
+  pthread_mutex_unlock(&c->mu);
+  return prog[0];
 }
 
 #endif /* FERRY_CLIENT_TEST_UTIL_H */

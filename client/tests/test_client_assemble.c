@@ -517,24 +517,13 @@ static void beat_lease(ferry_client_t *c, uint32_t split, uint64_t lease,
   tu_answer(c, 0, split, 10, lease, exhausted, 0);
 }
 
-/* The progress a heartbeat would send now for the one split entry. */
-static Ferry__V1__SplitProgress progress1(ferry_client_t *c) {
-  Ferry__V1__SplitProgress prog[1], *pp[1];
-  pthread_mutex_lock(&c->mu);
-  cr_assert_eq(c->n_splits, 1);
-  cr_assert_eq(ferry__client_progress_locked(c, prog, pp), 1);
-  cr_assert_eq(pp[0], &prog[0]);
-  pthread_mutex_unlock(&c->mu);
-  return prog[0];
-}
-
 Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
   ferry_client_t *c = local(4, 4, false);
   Ferry__V1__SplitProgress p;
   beat_lease(c, 2, 3, false);
   feed_lease(c, 2, 3, 0, 4, false);
   ferry_batch_release(c, take(c, 4, 0));
-  p = progress1(c);
+  p = tu_progress1(c);
   cr_assert_not(p.restart, "no gap yet");
   cr_assert_eq(p.delivered, 4);
 
@@ -543,14 +532,14 @@ Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
   feed_lease(c, 2, 3, 6, 2, false);
   cr_assert_eq(ferry__client_split(c, 0, 2)->received, 4, "gap dropped");
   cr_assert(c->hb_kick, "a restart wakes the heartbeat thread");
-  p = progress1(c);
+  p = tu_progress1(c);
   cr_assert(p.restart);
   cr_assert_eq(p.lease, 3);
   cr_assert_eq(p.delivered, 4);
   cr_assert_eq(p.split, 2);
   /* Once per lease generation: more of the gap asks nothing more. */
   feed_lease(c, 2, 3, 8, 2, true);
-  p = progress1(c);
+  p = tu_progress1(c);
   cr_assert_not(p.restart, "restart sent once");
 
   /* The heartbeat failed: the dispatcher may not have it, so it goes out
@@ -558,7 +547,7 @@ Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
   pthread_mutex_lock(&c->mu);
   ferry__client_restart_unsent_locked(c);
   pthread_mutex_unlock(&c->mu);
-  p = progress1(c);
+  p = tu_progress1(c);
   cr_assert(p.restart);
   cr_assert_eq(p.lease, 3);
 
@@ -569,10 +558,10 @@ Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
   pthread_mutex_lock(&c->mu);
   ferry__client_restart_unsent_locked(c);
   pthread_mutex_unlock(&c->mu);
-  cr_assert_not(progress1(c).restart);
+  cr_assert_not(tu_progress1(c).restart);
   /* A late chunk of the old lease past the gap asks for nothing. */
   feed_lease(c, 2, 3, 9, 1, true);
-  cr_assert_not(progress1(c).restart);
+  cr_assert_not(tu_progress1(c).restart);
   cr_assert_eq(ferry__client_split(c, 0, 2)->received, 4);
 
   /* The new lease replays from 2: 2 and 3 are dropped, 4..9 taken once. */
@@ -589,7 +578,7 @@ Test(client_assemble, a_gap_restarts_the_split_once_then_completes_it) {
   ferry__split_t *s = ferry__client_split(c, 0, 2);
   cr_assert_eq(s->received, 10);
   cr_assert_eq(s->delivered, 10);
-  cr_assert_not(progress1(c).restart);
+  cr_assert_not(tu_progress1(c).restart);
   ferry_client_free(c);
 }
 
