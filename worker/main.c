@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/hostport.h"
 #include "ferry/log.h"
 #include "ferry/notify.h"
 #include "ferry/options.h"
@@ -125,6 +126,34 @@ static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
   return rc;
 }
 
+/* Refuses a malformed --dispatcher or --advertise at start (usage, exit
+ * 2) instead of dialing port 0 or advertising an address no client can
+ * dial. A bare IPv6 --advertise (no brackets, no port) stays accepted:
+ * the worker brackets it itself. */
+static int check_addresses(const ferry__wconfig_t *cfg) {
+  ferry_error_t err = {0};
+  char v6[FERRY_HOST_MAX + 3];
+  if (ferry_hostport_parse(cfg->dispatcher, 0, NULL, 0, NULL, &err) != 0) {
+    fprintf(stderr, "ferry-worker: --dispatcher: %s\n", err.msg);
+    return -1;
+  }
+  const char *adv = cfg->advertise;
+  if (adv == NULL || adv[0] == '\0')
+    return 0;
+  const char *colon = strchr(adv, ':');
+  if (adv[0] != '[' && colon != NULL && strchr(colon + 1, ':') != NULL &&
+      strlen(adv) <= FERRY_HOST_MAX) {
+    snprintf(v6, sizeof(v6), "[%s]", adv);
+    adv = v6;
+  }
+  if (ferry_hostport_parse(adv, FERRY_HOSTPORT_PORT_OPTIONAL, NULL, 0, NULL,
+                           &err) != 0) {
+    fprintf(stderr, "ferry-worker: --advertise: %s\n", err.msg);
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   ferry__wconfig_t cfg;
   ferry_error_t err;
@@ -151,6 +180,10 @@ int main(int argc, char **argv) {
   }
   if (cfg.dispatcher == NULL || cfg.dispatcher[0] == '\0') {
     fprintf(stderr, "ferry-worker: --dispatcher HOST:PORT is required\n");
+    ferry_options_free(table, N_OPTS, &cfg);
+    return 2;
+  }
+  if (check_addresses(&cfg) != 0) {
     ferry_options_free(table, N_OPTS, &cfg);
     return 2;
   }

@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "ferry/alloc.h"
+#include "ferry/hostport.h"
 #include "ferry/log.h"
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
@@ -795,7 +796,14 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     return rc;
   const ferry_client_options_t *opts = &full_opts;
   if (opts->dispatcher == NULL || opts->dispatcher[0] == 0)
-    return ferry__seterr(err, FERRY_EINVAL, "client: no dispatcher address");
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: no dispatcher address: set the "
+                         "'dispatcher' option to HOST:PORT");
+  /* A malformed address is the caller's mistake, told now: gRPC would
+   * dial port 0 or a wrapped-around port and time out much later. */
+  if ((rc = ferry_hostport_parse(opts->dispatcher, 0, NULL, 0, NULL, err)) !=
+      0)
+    return ferry__prefixerr(err, "client: option 'dispatcher'");
   bool has_spec = opts->spec != NULL && opts->spec[0] != '\0';
   bool has_id = opts->dataset_id != NULL && opts->dataset_id[0] != '\0';
   if (has_spec == has_id)

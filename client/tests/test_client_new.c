@@ -51,6 +51,27 @@ Test(client_new, options_are_checked) {
   cr_assert_eq(o.heartbeat_ms, 250);
   cr_assert_eq(o.shuffle, -1);
   cr_assert_eq(ferry_client_new(&o, &c, &err), FERRY_EINVAL);
+  cr_assert_not_null(strstr(err.msg, "set the 'dispatcher' option to "
+                                     "HOST:PORT"), "%s", err.msg);
+  /* A malformed address is refused before anything is dialed (gRPC took
+   * a missing port as 0 and wrapped 99999 around to 34463). */
+  o.spec = spec_ok;
+  const struct {
+    const char *addr, *says;
+  } bad[] = {
+      {"127.0.0.2", "has no port: give HOST:PORT"},
+      {"127.0.0.1:99999", "give a port from 1 to 65535"},
+      {"::1:5050", "[::1]:5050"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    o.dispatcher = bad[i].addr;
+    cr_assert_eq(ferry_client_new(&o, &c, &err), FERRY_EINVAL, "%s",
+                 bad[i].addr);
+    cr_assert_not_null(strstr(err.msg, "client: option 'dispatcher'"), "%s",
+                       err.msg);
+    cr_assert_not_null(strstr(err.msg, bad[i].says), "%s", err.msg);
+  }
+  o.spec = NULL;
   o.dispatcher = "127.0.0.1:1";
   cr_assert_eq(ferry_client_new(&o, &c, &err), FERRY_EINVAL);
   o.spec = spec_ok;

@@ -1,4 +1,5 @@
-/* Tests of the options table: defaults, flags, config files, bounds. */
+/* Tests of the options table (defaults, flags, config files, bounds) and
+ * of the HOST:PORT parser the options that take addresses use. */
 #include <criterion/criterion.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -6,6 +7,7 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
+#include "ferry/hostport.h"
 #include "ferry/options.h"
 
 struct settings {
@@ -179,4 +181,57 @@ Test(options, list_option_keeps_every_value) {
   cr_assert_str_eq(s.roots, "/a\n/b c");
   ferry_options_free(lt, 1, &s);
   cr_assert_null(s.roots);
+}
+
+/* ---- HOST:PORT (ferry/hostport.h) ---------------------------------------- */
+
+static void addr_ok(const char *s, unsigned flags, const char *host,
+                    int port) {
+  char h[FERRY_HOST_MAX + 1];
+  int p = -1;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_hostport_parse(s, flags, h, sizeof(h), &p, &err), 0,
+               "%s: %s", s, err.msg);
+  cr_assert_str_eq(h, host, "%s", s);
+  cr_assert_eq(p, port, "%s", s);
+}
+
+static void addr_bad(const char *s, unsigned flags, const char *says) {
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_hostport_parse(s, flags, NULL, 0, NULL, &err),
+               FERRY_EINVAL, "'%s' was accepted", s ? s : "(null)");
+  cr_assert(strstr(err.msg, says) != NULL, "'%s': %s", s ? s : "(null)",
+            err.msg);
+}
+
+Test(hostport, accepts_host_port_and_bracketed_v6) {
+  addr_ok("127.0.0.1:5050", 0, "127.0.0.1", 5050);
+  addr_ok("dispatcher.example.com:1", 0, "dispatcher.example.com", 1);
+  addr_ok("[::1]:65535", 0, "::1", 65535);
+  addr_ok("[fe80::1%eth0]:80", 0, "fe80::1%eth0", 80);
+  addr_ok("worker-3", FERRY_HOSTPORT_PORT_OPTIONAL, "worker-3", 0);
+  addr_ok("[::1]", FERRY_HOSTPORT_PORT_OPTIONAL, "::1", 0);
+  addr_ok("10.0.0.2:5051", FERRY_HOSTPORT_PORT_OPTIONAL, "10.0.0.2", 5051);
+}
+
+/* The report's cases: no port dialed port 0, :99999 dialed 34463, ''
+ * printed gRPC internals. */
+Test(hostport, refuses_what_grpc_would_misread) {
+  addr_bad("127.0.0.2", 0, "has no port: give HOST:PORT, e.g. "
+                           "127.0.0.2:5050");
+  addr_bad("127.0.0.1:99999", 0, "port 99999 is out of range: give a port "
+                                 "from 1 to 65535");
+  addr_bad("127.0.0.1:0", 0, "out of range");
+  addr_bad("", 0, "empty address");
+  addr_bad(NULL, 0, "empty address");
+  addr_bad(":5050", 0, "has no host");
+  addr_bad("127.0.0.1:", 0, "empty port");
+  addr_bad("127.0.0.1:50x", 0, "not a number");
+  addr_bad("::1:5050", 0, "in brackets, e.g. [::1]:5050");
+  addr_bad("[::1:5050", 0, "no closing ']'");
+  addr_bad("[::1]5050", 0, "expected ':PORT'");
+  addr_bad("http://h:5050", 0, "without a scheme");
+  addr_bad("h st:5050", 0, "not a host name");
+  addr_bad("[::1]", 0, "has no port");
+  addr_bad("", FERRY_HOSTPORT_PORT_OPTIONAL, "give HOST or HOST:PORT");
 }
