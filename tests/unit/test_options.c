@@ -183,6 +183,44 @@ Test(options, list_option_keeps_every_value) {
   cr_assert_null(s.roots);
 }
 
+/* --help printed --snapshot-bytes' range as [0..1.12589990684262e+15]:
+ * integer bounds print as integers, byte sizes with an exact binary unit,
+ * in --help and in the out-of-range error alike. */
+Test(options, bounds_print_as_integers_and_sizes) {
+  struct bsettings {
+    int64_t big;
+    uint64_t bytes, odd;
+  } s = {0};
+  static const ferry_option_t bt[] = {
+      {"big", FERRY_OPT_INT, offsetof(struct bsettings, big), "0", 0,
+       4294967296.0, NULL, "an integer"},
+      {"snapshot-bytes", FERRY_OPT_SIZE, offsetof(struct bsettings, bytes),
+       "0", 0, (double)(1ull << 50), NULL, "a size"},
+      {"odd", FERRY_OPT_SIZE, offsetof(struct bsettings, odd), "1000", 1000,
+       (double)(3ull << 20), NULL, "a size"},
+  };
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ferry_options_help(bt, 3, f);
+  fclose(f);
+  cr_assert(strstr(buf, "[0..4294967296]") != NULL, "%s", buf);
+  cr_assert(strstr(buf, "[0..1 PiB]") != NULL, "%s", buf);
+  cr_assert(strstr(buf, "[1000..3 MiB]") != NULL, "%s", buf);
+  cr_assert(strstr(buf, "e+") == NULL, "%s", buf);
+  free(buf);
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_options_defaults(bt, 3, &s, &err), 0);
+  cr_assert_eq(ferry_options_set(bt, 3, &s, "snapshot-bytes", "2048T", &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "2 PiB is outside 0..1 PiB") != NULL, "%s",
+            err.msg);
+  cr_assert_eq(ferry_options_set(bt, 3, &s, "big", "5000000000", &err),
+               FERRY_EOPTION);
+  cr_assert(strstr(err.msg, "5000000000 is outside 0..4294967296") != NULL,
+            "%s", err.msg);
+}
+
 /* ---- HOST:PORT (ferry/hostport.h) ---------------------------------------- */
 
 static void addr_ok(const char *s, unsigned flags, const char *host,

@@ -72,13 +72,46 @@ static int choice_index(const char *choices, const char *value) {
   return -1;
 }
 
+/* Formats bound or value `v` of option `o` the way users write it:
+ * integers as integers, sizes as bytes with a binary unit when exact
+ * ("1 PiB", "256 MiB"; %g printed 2^50 as 1.12589990684262e+15). */
+static const char *fmt_bound(const ferry_option_t *o, double v, char *buf,
+                             size_t cap) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
+                                      "EiB"};
+  bool integral = o->type == FERRY_OPT_INT || o->type == FERRY_OPT_SIZE;
+  if (!integral || v != floor(v) || fabs(v) >= 9.2e18) {
+    snprintf(buf, cap, "%.15g", v);
+    return buf;
+  }
+  long long x = (long long)v;
+  if (o->type == FERRY_OPT_SIZE && x >= 1024) {
+    int u = -1;
+    while (x % 1024 == 0 && x >= 1024 && u + 1 < 6) {
+      x /= 1024;
+      u++;
+    }
+    if (u >= 0) {
+      snprintf(buf, cap, "%lld %s", x, units[u]);
+      return buf;
+    }
+  }
+  snprintf(buf, cap, "%lld", (long long)v);
+  return buf;
+}
+
 static int out_of_bounds(const ferry_option_t *o, double v,
                          ferry_error_t *err) {
-  if (has_bounds(o) && (v < o->min || v > o->max))
-    return ferry__seterr(err, FERRY_EOPTION,
-                         "option '%s': %.17g is outside %.17g..%.17g",
-                         o->name, v, o->min, o->max);
-  return 0;
+  char a[48], b[48], c[48];
+  if (!has_bounds(o) || (v >= o->min && v <= o->max))
+    return 0;
+  if (o->type == FERRY_OPT_DOUBLE)
+    snprintf(a, sizeof(a), "%.17g", v);
+  else
+    fmt_bound(o, v, a, sizeof(a));
+  return ferry__seterr(err, FERRY_EOPTION, "option '%s': %s is outside %s..%s",
+                       o->name, a, fmt_bound(o, o->min, b, sizeof(b)),
+                       fmt_bound(o, o->max, c, sizeof(c)));
 }
 
 static int set_one(const ferry_option_t *o, void *base, const char *value,
@@ -329,8 +362,11 @@ void ferry_options_help(const ferry_option_t *t, size_t n, FILE *out) {
     fprintf(out, "  %-26s %s", flag, o->help != NULL ? o->help : "");
     if (o->type == FERRY_OPT_ENUM)
       fprintf(out, " (%s)", o->choices);
-    if (has_bounds(o))
-      fprintf(out, " [%.15g..%.15g]", o->min, o->max);
+    if (has_bounds(o)) {
+      char lo[48], hi[48];
+      fprintf(out, " [%s..%s]", fmt_bound(o, o->min, lo, sizeof(lo)),
+              fmt_bound(o, o->max, hi, sizeof(hi)));
+    }
     if (o->def != NULL && o->def[0] != '\0')
       fprintf(out, " (default %s)", o->def);
     fputc('\n', out);
