@@ -23,7 +23,8 @@ typedef struct ferry_jpeg_s ferry_jpeg_t;
 int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err);
 void ferry_jpeg_free(ferry_jpeg_t *j);
 
-/* Reads the image size without decoding. FERRY_EJPEG when not a JPEG. */
+/* Reads the image size without decoding. FERRY_EJPEG when not a JPEG;
+ * on any failure *h and *w are 0. */
 int ferry_jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                       int *h, int *w, ferry_error_t *err);
 

@@ -166,6 +166,10 @@ static int walk(const uint8_t *d, size_t n, int *adobe) {
 static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                        int *h, int *w, int *cs, ferry_error_t *err) {
   int ww = 0, hh = 0, sub = 0, adobe;
+  /* The sizes are defined on every path (0 on failure): callers' error
+   * paths then never read an unset size, and GCC 12 can prove it. */
+  *h = 0;
+  *w = 0;
   *cs = -1;
   if (len == 0 || src == NULL)
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
