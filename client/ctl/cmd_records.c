@@ -23,6 +23,7 @@
 #define SHOW_BYTES 3        /* bytes values shown per feature */
 #define TEXT_PREFIX 40      /* printable prefix of a bytes value */
 #define HEX_PREFIX 16       /* hex prefix of a binary bytes value */
+#define JSON_SCHEMA 1       /* "schema" of the --json documents */
 
 static const char records_usage[] =
     "usage: ferryctl records inspect FILE... [options]\n"
@@ -43,7 +44,8 @@ typedef struct inspect_opts_s {
 
 static const ferry_option_t inspect_table[] = {
     {"json", FERRY_OPT_BOOL, offsetof(inspect_opts_t, json), "false", 0, 0,
-     NULL, "print one JSON document ({\"files\": [...]}) instead of text"},
+     NULL, "print JSON instead of text: one document per file, one per "
+     "line, each with \"schema\": 1"},
     {"compression", FERRY_OPT_ENUM, offsetof(inspect_opts_t, compression),
      "auto", 0, 0, "auto|none|gzip|zlib",
      "the files' compression; auto detects it from the first bytes"},
@@ -468,30 +470,33 @@ static void json_problems(FILE *out, const problems_t *p) {
     const problem_t *e = &p->v[i];
     fprintf(out,
             "%s{\"offset\": %llu, \"record\": %llu, \"error\": \"%s\"",
-            i ? ",\n      " : "\n      ", (unsigned long long)e->offset,
+            i ? ", " : "", (unsigned long long)e->offset,
             (unsigned long long)e->index, ferry_err_name(e->code));
     fputs(", \"message\": ", out);
     ferryctl_json_string(out, e->msg, strlen(e->msg));
     putc('}', out);
   }
-  fputs(p->n ? "\n    ]" : "]", out);
+  putc(']', out);
 }
 
+/* One file's report: one JSON document on one line (JSON Lines, as every
+ * ferryctl --json prints), so that a reader can take the files one by
+ * one (`jq -c`, json.loads per line). */
 static void json_report(FILE *out, const file_report_t *f,
-                        ferry_example_t *ex, bool first) {
-  fputs(first ? "\n  {" : ",\n  {", out);
-  fputs("\"path\": ", out);
+                        ferry_example_t *ex) {
+  fprintf(out, "{\"schema\": %d, \"kind\": \"records_inspect\", "
+          "\"path\": ", JSON_SCHEMA);
   ferryctl_json_string(out, f->path, strlen(f->path));
   fprintf(out, ", \"clean\": %s", report_clean(f) ? "true" : "false");
   if (f->open_code < 0) {
     fprintf(out, ", \"error\": \"%s\", \"message\": ",
             ferry_err_name(f->open_code));
     ferryctl_json_string(out, f->open_err.msg, strlen(f->open_err.msg));
-    fputs("}", out);
+    fputs("}\n", out);
     return;
   }
   fprintf(out,
-          ",\n    \"compression\": \"%s\", \"records\": %llu, "
+          ", \"compression\": \"%s\", \"records\": %llu, "
           "\"data_bytes\": %llu, \"bad_records\": %llu, "
           "\"examples\": %llu, \"malformed_examples\": %llu",
           ferry_compression_name(f->compression),
@@ -499,18 +504,18 @@ static void json_report(FILE *out, const file_report_t *f,
           (unsigned long long)f->skipped, (unsigned long long)f->examples_ok,
           (unsigned long long)(f->malformed.n + f->malformed.dropped));
   if (f->fatal_code < 0) {
-    fprintf(out, ",\n    \"error\": \"%s\", \"message\": ",
+    fprintf(out, ", \"error\": \"%s\", \"message\": ",
             ferry_err_name(f->fatal_code));
     ferryctl_json_string(out, f->fatal_err.msg, strlen(f->fatal_err.msg));
   }
-  fputs(",\n    \"bad\": ", out);
+  fputs(", \"bad\": ", out);
   json_problems(out, &f->bad);
-  fputs(",\n    \"malformed\": ", out);
+  fputs(", \"malformed\": ", out);
   json_problems(out, &f->malformed);
-  fputs(",\n    \"features\": [", out);
+  fputs(", \"features\": [", out);
   for (size_t i = 0; i < f->n_keys; i++) {
     const keystat_t *k = &f->keys[i];
-    fputs(i ? ",\n      {\"key\": " : "\n      {\"key\": ", out);
+    fputs(i ? ", {\"key\": " : "{\"key\": ", out);
     ferryctl_json_string(out, k->key, k->key_len);
     fprintf(out,
             ", \"type\": \"%s\", \"records\": %llu, \"values_min\": %llu, "
@@ -520,18 +525,17 @@ static void json_report(FILE *out, const file_report_t *f,
             (unsigned long long)k->values_max,
             (unsigned long long)k->values_total);
   }
-  fputs(f->n_keys ? "\n    ]" : "]", out);
-  fputs(",\n    \"first_records\": [", out);
+  fputs("], \"first_records\": [", out);
   for (size_t i = 0; i < f->n_shown; i++) {
     const saved_record_t *s = &f->shown[i];
-    fprintf(out, "%s\n      {\"record\": %llu, \"offset\": %llu, "
+    fprintf(out, "%s{\"record\": %llu, \"offset\": %llu, "
             "\"bytes\": %zu, \"features\": [",
-            i ? "," : "", (unsigned long long)s->index,
+            i ? ", " : "", (unsigned long long)s->index,
             (unsigned long long)s->offset, s->len);
     if (ferry_example_parse(ex, s->data, s->len, NULL) == 0) {
       for (size_t j = 0; j < ex->n; j++) {
         const ferry_feature_t *ft = &ex->features[j];
-        fputs(j ? ",\n        {\"key\": " : "\n        {\"key\": ", out);
+        fputs(j ? ", {\"key\": " : "{\"key\": ", out);
         ferryctl_json_string(out, ft->key, ft->key_len);
         fprintf(out, ", \"type\": \"%s\", \"count\": %zu, \"values\": ",
                 ferry_feature_kind_name(ft->kind), ft->count);
@@ -541,8 +545,7 @@ static void json_report(FILE *out, const file_report_t *f,
     }
     fputs("]}", out);
   }
-  fputs(f->n_shown ? "\n    ]" : "]", out);
-  fputs("}", out);
+  fputs("]}\n", out);
 }
 
 static void text_report(FILE *out, const file_report_t *f,
@@ -656,8 +659,6 @@ static int cmd_inspect(int argc, char **argv) {
   int status = FERRYCTL_EXIT_OK;
   ferry_example_t ex;
   ferry_example_init(&ex);
-  if (o.json)
-    fputs("{\"files\": [", stdout);
   for (int i = 0; i < npos; i++) {
     file_report_t f;
     memset(&f, 0, sizeof(f));
@@ -674,7 +675,7 @@ static int cmd_inspect(int argc, char **argv) {
       break;
     }
     if (o.json)
-      json_report(stdout, &f, &ex, i == 0);
+      json_report(stdout, &f, &ex);
     else
       text_report(stdout, &f, &ex);
     if (f.open_code < 0) {
@@ -685,8 +686,6 @@ static int cmd_inspect(int argc, char **argv) {
     }
     report_free(&f);
   }
-  if (o.json)
-    fputs("\n]}\n", stdout);
   ferry_example_close(&ex);
   ferry_options_free(inspect_table, INSPECT_N, &o);
   return status;

@@ -316,6 +316,26 @@ static bool json_valid(const char *s) {
   return *j.p == '\0';
 }
 
+/* `ferryctl ... --json` output: JSON Lines, every line one document with
+ * "schema": 1 (README, --help). Returns the number of documents. */
+static int json_lines(const char *s) {
+  int n = 0;
+  while (*s != '\0') {
+    const char *nl = strchr(s, '\n');
+    cr_assert_not_null(nl, "the last document has no newline:\n%s", s);
+    char *line = strndup(s, (size_t)(nl - s));
+    cr_assert_not_null(line);
+    cr_assert(json_valid(line), "line %d is not one JSON document:\n%s",
+              n + 1, line);
+    cr_assert(strncmp(line, "{\"schema\": 1, ", 14) == 0,
+              "line %d does not start with \"schema\": 1:\n%s", n + 1, line);
+    free(line);
+    n++;
+    s = nl + 1;
+  }
+  return n;
+}
+
 Test(ctl, json_checker_rejects_bad_json) {
   cr_assert(json_valid("{\"a\": [1, -2.5e3, \"x\\u00e9\", null, true]}"));
   cr_assert_not(json_valid("{\"a\": [1,]}"));
@@ -649,8 +669,26 @@ Test(ctl, inspect_clean_text_and_json, .init = setup_tmp,
   r = run_ctl("records", "inspect", "--json", "--show", "2", path, path,
               NULL);
   cr_assert_eq(r.status, 0, "stderr: %s", r.err);
-  cr_assert(json_valid(r.out), "not valid JSON:\n%s", r.out);
-  cr_assert(strncmp(r.out, "{\"files\": [", 11) == 0);
+  /* One document per file, one per line (it printed one pretty-printed
+   * {"files": [...]} without "schema"). */
+  cr_assert_eq(json_lines(r.out), 2, "%s", r.out);
+  static const char head[] =
+      "{\"schema\": 1, \"kind\": \"records_inspect\", \"path\": ";
+  cr_assert(strncmp(r.out, head, sizeof(head) - 1) == 0, "%s", r.out);
+  /* And as a JSON Lines reader takes it, when python3 is here. */
+  if (system("python3 -c '' >/dev/null 2>&1") == 0) {
+    char out[600], cmd[1600];
+    path_in(out, sizeof(out), "inspect.jsonl");
+    write_file(out, r.out, strlen(r.out));
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c 'import json, sys\n"
+             "docs = [json.loads(l) for l in open(sys.argv[1])]\n"
+             "assert len(docs) == 2, docs\n"
+             "assert all(d[\"schema\"] == 1 and d[\"records\"] == 5 "
+             "for d in docs), docs' %s", out);
+    cr_assert_eq(system(cmd), 0, "python3 json.loads per line failed:\n%s",
+                 r.out);
+  }
   cr_assert(strstr(r.out, "\"records\": 5,") != NULL, "%s", r.out);
   cr_assert(strstr(r.out, "\"clean\": true") != NULL);
   cr_assert(strstr(r.out, "{\"key\": \"image\", \"type\": \"bytes\", "
@@ -677,7 +715,7 @@ Test(ctl, inspect_gzip_detected, .init = setup_tmp, .fini = teardown_tmp) {
   snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord.gz", dir);
   r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 0, "%s", r.err);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   cr_assert(strstr(r.out, "\"compression\": \"gzip\", \"records\": 7,") !=
             NULL, "%s", r.out);
   run_free(&r);
@@ -724,7 +762,7 @@ Test(ctl, inspect_reports_bad_crc_offsets, .init = setup_tmp,
 
   r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 1);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   snprintf(want, sizeof(want), "{\"offset\": %llu, \"record\": 3, "
            "\"error\": \"EDATACRC\"",
            (unsigned long long)off3);
@@ -745,7 +783,7 @@ Test(ctl, inspect_reports_consecutive_bad_records, .init = setup_tmp,
   uint64_t off3 = corrupt_record(path, 3);
   run_t r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 1);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   char want[128];
   snprintf(want, sizeof(want), "{\"offset\": %llu, \"record\": 2, "
            "\"error\": \"EDATACRC\"",
@@ -793,10 +831,10 @@ Test(ctl, inspect_reports_malformed_examples, .init = setup_tmp,
   write_file(path, rec, sizeof(rec));
   run_t r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 1, "%s", r.out);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   cr_assert(strstr(r.out, "\"records\": 1,") != NULL, "%s", r.out);
   cr_assert(strstr(r.out, "\"malformed_examples\": 1") != NULL, "%s", r.out);
-  cr_assert(strstr(r.out, "\"malformed\": [\n      {\"offset\": 0, "
+  cr_assert(strstr(r.out, "\"malformed\": [{\"offset\": 0, "
                           "\"record\": 0,") != NULL, "%s", r.out);
   run_free(&r);
 }
@@ -817,7 +855,7 @@ Test(ctl, inspect_json_escapes_keys_and_values, .init = setup_tmp,
   cr_assert_eq(ferry_tfr_writer_close(w, NULL), 0);
   run_t r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   cr_assert(strstr(r.out, "\"key\": \"\\u00ff\\u0001k\"") != NULL, "%s",
             r.out);
   cr_assert(strstr(r.out, "\"text\": \"a\\\"b\"") != NULL, "%s", r.out);
@@ -1022,7 +1060,7 @@ Test(ctl, testdata_inspect_nitishkiitk, .init = setup_tmp,
                     FERRY_TESTDATA_DIR "/tfrecord/nitishkiitk_test.tfrecord",
                     NULL);
   cr_assert_eq(r.status, 0, "%s", r.err);
-  cr_assert(json_valid(r.out), "%s", r.out);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
   cr_assert(strstr(r.out, "\"records\": 10,") != NULL);
   static const char *const keys[7] = {
       "image/encoded", "image/class/label", "image/width", "image/height",
@@ -1056,3 +1094,4 @@ Test(ctl, testdata_inspect_nitishkiitk, .init = setup_tmp,
   cr_assert(strstr(r.out, "offset 18446: ELENCRC") != NULL, "%s", r.out);
   run_free(&r);
 }
+
