@@ -1095,3 +1095,51 @@ Test(ctl, testdata_inspect_nitishkiitk, .init = setup_tmp,
   run_free(&r);
 }
 
+/* ---- files that are not TFRecord files --------------------------------- */
+
+/* A JPEG, a text file and a gzip file read as plain TFRecords failed with
+ * a bare "record length CRC mismatch": the first record's failure asks
+ * whether it is a TFRecord file and names the kind its first bytes look
+ * like, never the bytes. */
+Test(ctl, inspect_hints_at_files_that_are_not_tfrecords, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  static const uint8_t jpeg[] = {0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10, 'J',
+                                 'F',  'I',  'F',  0x00, 0x01, 0x01, 0x00};
+  static const char text[] = "label,path\n1,secret-name.jpg\n";
+  static const uint8_t gz[] = {0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00,
+                               0x00, 0x00, 0x03, 0x03, 0x00, 0x00, 0x00,
+                               0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  struct {
+    const char *name;
+    const void *data;
+    size_t len;
+    const char *kind;
+    const char *args[3];
+  } cases[] = {
+      {"photo.jpg", jpeg, sizeof(jpeg), "look like a JPEG image", {NULL}},
+      {"labels.csv", text, sizeof(text) - 1, "look like text", {NULL}},
+      {"data.gz", gz, sizeof(gz), "look like gzip data",
+       {"--compression", "none", NULL}},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char path[600];
+    path_in(path, sizeof(path), cases[i].name);
+    write_file(path, cases[i].data, cases[i].len);
+    run_t r = cases[i].args[0] != NULL
+                  ? run_ctl("records", "inspect", cases[i].args[0],
+                            cases[i].args[1], path, NULL)
+                  : run_ctl("records", "inspect", path, NULL);
+    cr_assert_eq(r.status, 1, "%s: exit %d: %s%s", cases[i].name, r.status,
+                 r.out, r.err);
+    cr_assert(strstr(r.out, "is this a TFRecord file?") != NULL &&
+                  strstr(r.out, cases[i].kind) != NULL &&
+                  strstr(r.out, path) != NULL,
+              "%s: no hint naming the file and '%s':\n%s", cases[i].name,
+              cases[i].kind, r.out);
+    cr_assert(strstr(r.out, "JFIF") == NULL &&
+                  strstr(r.out, "secret-name") == NULL &&
+                  strstr(r.out, "label,") == NULL,
+              "%s: file bytes quoted:\n%s", cases[i].name, r.out);
+    run_free(&r);
+  }
+}

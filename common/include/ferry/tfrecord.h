@@ -159,6 +159,13 @@ bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
  * otherwise. Never AUTO. */
 ferry_compression_t ferry_tfr_sniff(const uint8_t *head, size_t n);
 
+/* What a stream whose first record header is bad looks like, judged from
+ * its first n bytes: "gzip data", "zlib data", "a JPEG image", "a PNG
+ * image", "a ZIP archive", "bzip2 data", "xz data", "zstd data", "text",
+ * or NULL (unknown binary). A static string naming the kind, never the
+ * bytes themselves (errors do not quote file contents). */
+const char *ferry_tfr_describe_head(const uint8_t *head, size_t n);
+
 /* ferry_tfr_sniff on the first bytes of the file at `path`. Returns the
  * compression (>= 0), or a negative code with err naming the file. */
 int ferry_tfr_sniff_file(const char *path, ferry_error_t *err);

@@ -174,6 +174,38 @@ ferry_compression_t ferry_tfr_sniff(const uint8_t *b, size_t n) {
   return FERRY_COMPRESSION_NONE;
 }
 
+const char *ferry_tfr_describe_head(const uint8_t *b, size_t n) {
+  static const struct {
+    const char *magic;
+    size_t len;
+    const char *kind;
+  } kinds[] = {
+      {"\xff\xd8\xff", 3, "a JPEG image"},
+      {"\x89PNG\r\n", 6, "a PNG image"},
+      {"PK\x03\x04", 4, "a ZIP archive"},
+      {"BZh", 3, "bzip2 data"},
+      {"\xfd" "7zXZ", 5, "xz data"},
+      {"\x28\xb5\x2f\xfd", 4, "zstd data"},
+  };
+  if (n >= 2 && b[0] == 0x1f && b[1] == 0x8b)
+    return "gzip data";
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+    if (n >= kinds[i].len && memcmp(b, kinds[i].magic, kinds[i].len) == 0)
+      return kinds[i].kind;
+  /* Text before zlib: a zlib header is two bytes that text can form. */
+  size_t printable = 0;
+  for (size_t i = 0; i < n; i++)
+    if ((b[i] >= 0x20 && b[i] < 0x7f) || b[i] == '\n' || b[i] == '\r' ||
+        b[i] == '\t')
+      printable++;
+  if (n > 0 && printable == n)
+    return "text";
+  if (!(n >= HEADER_LEN && ferry_tfr_header_check(b, NULL)) &&
+      ferry_tfr_sniff(b, n) == FERRY_COMPRESSION_ZLIB)
+    return "zlib data";
+  return NULL;
+}
+
 int ferry_tfr_sniff_file(const char *path, ferry_error_t *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -656,6 +688,25 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
   /* The length CRC is checked even when verify_crc is off: a length that
    * is not checked must never be used to allocate or to seek. */
   computed = ferry_crc32c_mask(ferry_crc32c(0, b, 8));
+  /* A bad first header usually means the file is not a TFRecord file at
+   * all (or is compressed and was read as plain): say so, naming only
+   * the kind its first bytes look like. */
+  if (stored != computed && r->pos == 0 && r->next_index == 0) {
+    const char *kind = ferry_tfr_describe_head(b, HEADER_LEN);
+    bool packed = kind != NULL && (strcmp(kind, "gzip data") == 0 ||
+                                   strcmp(kind, "zlib data") == 0);
+    return ferry__seterr(err, FERRY_ELENCRC,
+                         AT "record length CRC mismatch in the first record: "
+                            "is this a TFRecord file? %s%s%s",
+                         r->name, r->next_index, r->pos,
+                         kind == NULL ? "Its first bytes are not a TFRecord "
+                                        "header"
+                                      : "Its first bytes look like ",
+                         kind == NULL ? "" : kind,
+                         packed ? " (read it with compression auto or the "
+                                  "matching compression)"
+                                : "");
+  }
   if (stored != computed && !r->opts.file_bytes_in_errors)
     return ferry__seterr(err, FERRY_ELENCRC,
                          AT "record length CRC mismatch",
