@@ -4,6 +4,9 @@
 #   - `kubectl kustomize` renders the base and every overlay;
 #   - kubernetes-validate (PyPI, pinned in venv.sh) accepts every rendered
 #     object, --strict (no unknown field), for Kubernetes $K8S_VERSION;
+#   - check_images.py: every container's and init container's image is
+#     the project's (REGISTRY/ferry:VERSION, the trainer's ferry-trainer),
+#     never a bare name pulled from docker.io;
 #   - check_commands.py runs every container's command line, preStop
 #     hook and --config file against the programs of this build (every
 #     flag exists and parses), and checks paths, probes and ports.
@@ -13,6 +16,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 K8S_VERSION=1.37.0
+version=$(sed -n 's/^project(ferry VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
 # shellcheck source=tests/deploy/venv.sh
 . "$root/tests/deploy/venv.sh"
 
@@ -56,6 +60,12 @@ for d in "${dirs[@]}"; do
     echo "ok: kubernetes-validate --strict -k $K8S_VERSION $name"
   else
     echo "FAIL: kubernetes-validate $name"
+    fail=1
+  fi
+  base=("$d/kustomization.yaml")
+  [ "$name" != base ] || base=(--base)
+  if ! "$DEPLOY_VENV/bin/python" "$root/tests/deploy/check_images.py" "$out" \
+      "$version" "${base[@]}"; then
     fail=1
   fi
   if ! "$DEPLOY_VENV/bin/python" "$root/tests/deploy/check_commands.py" "$out"; then
