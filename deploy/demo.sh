@@ -17,7 +17,11 @@
 #     on the CPU), sleeps FERRY_DEMO_STEP_MS per batch in place of a
 #     training step, and prints images/s and the stall fraction.
 #
-#   FERRY_DEMO_DIR=DIR          where the dataset and logs go (/tmp/ferry-demo)
+#   FERRY_DEMO_DIR=DIR          where the dataset and logs go (/tmp/ferry-demo);
+#                               emptied at the start, and locked while the
+#                               demo runs (DIR.lock): a second demo on
+#                               the same directory refuses to start,
+#                               naming the first's pid
 #   FERRY_DEMO_RECORDS=N        dataset size (100000; --imagenet: 5000)
 #   FERRY_DEMO_EPOCHS=N         epochs the trainer reads (2)
 #   FERRY_DEMO_STEP_MS=X        --imagenet: the simulated step per batch of
@@ -30,6 +34,11 @@
 #                               JPEGs)
 #   FERRY_DEMO_PIDFILE=FILE     append "PID NAME" for every process started
 #                               (tests check that none is left)
+#
+# It installs only what building needs (install-deps.sh --build-only: no
+# torch, podman or Prometheus) and builds what `cmake --install` of the
+# build tree installs (the daemons, ferryctl, libferry) besides the
+# demo's trainer and benchmark.
 set -euo pipefail
 
 imagenet=0
@@ -42,6 +51,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build-release}
 demo=${FERRY_DEMO_DIR:-/tmp/ferry-demo}
+demo=${demo%/}
 data=$demo/data
 if [ "$imagenet" = 1 ]; then
   records=${FERRY_DEMO_RECORDS:-5000}
@@ -122,11 +132,27 @@ track() {
   if [ -n "$pidfile" ]; then echo "$1 $2" >>"$pidfile"; fi
 }
 
+# One demo at a time per work directory: a second one would rm -rf the
+# first's dataset and logs under it, and rebuild its build tree. The lock
+# (on DIR.lock, beside it) is held until this shell and every process it
+# started have exited.
+mkdir -p "$(dirname "$demo")"
+exec 7>>"$demo.lock"
+if ! flock -n 7; then
+  echo "deploy/demo.sh: another demo (pid $(cat "$demo.lock" 2>/dev/null || echo '?'))" \
+    "is using $demo; wait for it to end, or give this one its own" \
+    "FERRY_DEMO_DIR (and FERRY_BUILD_DIR)" >&2
+  exit 1
+fi
+echo $$ >"$demo.lock"
+
 if [ "${FERRY_DEMO_NO_BUILD:-0}" != 1 ]; then
-  "$root/deploy/install-deps.sh"
+  "$root/deploy/install-deps.sh" --build-only
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  # The install set (ferry-dispatcher ferry-worker ferryctl ferry) too, so
+  # that `cmake --install` of this tree works (README, "Running a cluster").
   cmake --build "$build" -j "$(nproc)" --target ferryctl ferry-dispatcher \
-    ferry-worker ferry-example-trainer bench_jpeg_crop
+    ferry-worker ferry ferry-example-trainer bench_jpeg_crop
 fi
 ferryctl=$build/client/ctl/ferryctl
 

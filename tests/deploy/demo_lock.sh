@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Two deploy/demo.sh on one work directory: the second must refuse with a
+# message naming the first's pid and leave the first's files alone (it
+# used to rm -rf them). The first demo is stood in for by a process
+# holding DIR.lock, as a running demo does. No build needed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+holder=
+cleanup() {
+  if [ -n "$holder" ]; then kill "$holder" 2>/dev/null || true; wait "$holder" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+demo=$work/demo
+mkdir -p "$demo/data"
+echo first >"$demo/data/marker"
+# The first demo: holds the lock (and wrote its pid into it).
+flock "$demo.lock" bash -c "echo \$\$ >'$demo.lock'; exec sleep 60" &
+holder=$!
+for _ in $(seq 100); do [ -s "$demo.lock" ] && break; sleep 0.1; done
+rc=0
+FERRY_DEMO_DIR=$demo/ FERRY_DEMO_NO_BUILD=1 FERRY_BUILD_DIR=$work/no-build \
+  timeout 30 "$root/deploy/demo.sh" >"$work/out" 2>&1 || rc=$?
+fail=0
+if [ "$rc" = 1 ] && grep -q "another demo (pid $(cat "$demo.lock")) is using $demo" "$work/out"; then
+  echo "ok: the second demo refused: $(head -n 1 "$work/out")"
+else
+  echo "FAIL: the second demo exited $rc (want 1 and a message naming the first); its output:"
+  sed 's/^/  | /' "$work/out"
+  fail=1
+fi
+if [ "$(cat "$demo/data/marker" 2>/dev/null)" = first ]; then
+  echo "ok: the first demo's files are intact"
+else
+  echo "FAIL: the second demo removed the first demo's files"
+  fail=1
+fi
+exit "$fail"
