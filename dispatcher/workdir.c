@@ -25,16 +25,55 @@ static long read_pid(int fd) {
   return end != b && pid > 0 ? pid : 0;
 }
 
+/* mkdir -p: creates `dir` and its missing parents (0755, as the work
+ * directory always was). A first start on a fresh machine names a
+ * directory such as /var/lib/ferry/cluster-a whose parents do not exist
+ * yet. The error names the directory that could not be made, which may
+ * be a parent of `dir`, and why. */
+static int make_dirs(const char *dir, ferry_error_t *err) {
+  char path[4096];
+  struct stat st;
+  size_t len = strlen(dir);
+  if (len == 0 || len >= sizeof(path))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "--work-dir: the path is empty or too long");
+  memcpy(path, dir, len + 1);
+  /* Each prefix that ends before a '/', then the whole path. */
+  for (size_t i = 1; i <= len; i++) {
+    if (i < len && path[i] != '/')
+      continue;
+    if (i < len && path[i - 1] == '/')
+      continue; /* "a//b" */
+    char saved = path[i];
+    path[i] = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+      int e = errno;
+      return ferry__seterr(err, ferry_err_from_errno(e),
+                           "--work-dir %s: cannot create %s: %s%s", dir, path,
+                           strerror(e),
+                           e == EACCES || e == EPERM
+                               ? " (create it as a user who may, and give "
+                                 "the dispatcher's user ownership of it)"
+                               : "");
+    }
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "--work-dir %s: %s exists and is not a directory",
+                           dir, path);
+    }
+    path[i] = saved;
+  }
+  return 0;
+}
+
 int ferry__workdir_lock(const char *dir, int *fd, ferry_error_t *err) {
   char path[4096], text[32];
-  int f, e, n;
+  int f, e, n, rc;
   long prev;
 
   *fd = -1;
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-    return ferry__seterr(err, ferry_err_from_errno(errno),
-                         "%s: cannot create the work directory: %s", dir,
-                         strerror(errno));
+  if ((rc = make_dirs(dir, err)) != 0)
+    return rc;
   snprintf(path, sizeof(path), "%s/lock", dir);
   f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (f < 0)

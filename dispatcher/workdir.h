@@ -13,9 +13,11 @@
 
 #include "ferry/error.h"
 
-/* Creates `dir` if needed and takes DIR/lock (flock LOCK_EX | LOCK_NB),
- * writing this process's pid into it. On success *fd is the open,
- * locked file (close-on-exec), kept open until ferry__workdir_unlock.
+/* Creates `dir` and its missing parents if needed (mkdir -p; a failure
+ * names the directory that could not be made) and takes DIR/lock (flock
+ * LOCK_EX | LOCK_NB), writing this process's pid into it. On success *fd
+ * is the open, locked file (close-on-exec), kept open until
+ * ferry__workdir_unlock.
  * When a live process holds the lock, fails with FERRY_EIO and a message
  * naming the lock file and the holder's pid. A previous owner that is
  * gone is logged (warning) with its pid. Other failures name the path. */
