@@ -746,17 +746,36 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
       (role == ROLE_STATUS && (st || w || c || adm)) ||
       (role == ROLE_ADMIN && adm))
     return 0;
+  /* Issue 10 left everyone refused, without a word why, when tokens are
+   * on but no admin token is: say so, since no credential can succeed
+   * until the operator restarts the dispatcher with one. Which role a
+   * method needs is documented, so naming it tells a stranger nothing. */
+  if (role == ROLE_ADMIN && svc->admin_token == NULL) {
+    FERRY_LOG(FERRY_LOG_WARN, "%s: refused: no --admin-token-file is "
+              "configured", methods[method].name);
+    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                          "this method needs the admin token: the "
+                          "dispatcher was started without "
+                          "--admin-token-file");
+    return FERRY_RPC_PERMISSION_DENIED;
+  }
   if (w || c || st || adm) {
     FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller holding another role's "
               "token", methods[method].name);
     ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
-                          "this credential does not allow this method");
+                          role == ROLE_ADMIN
+                              ? "this credential does not allow this "
+                                "method: it needs the admin token"
+                              : "this credential does not allow this method");
     return FERRY_RPC_PERMISSION_DENIED;
   }
   FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller with %s bearer token",
             methods[method].name, tok == NULL ? "no" : "a wrong");
   ferry_rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
-                        "missing or invalid bearer token");
+                        role == ROLE_ADMIN
+                            ? "missing or invalid bearer token: this method "
+                              "needs the admin token"
+                            : "missing or invalid bearer token");
   return FERRY_RPC_UNAUTHENTICATED;
 }
 

@@ -135,6 +135,7 @@ typedef struct session_s {
   const char *cmd;
   cl_opts_t o;
   ferry_rpc_channel_t *ch;
+  const char *method; /* of the last call, for call_failed */
 } session_t;
 
 /* Parses the options and opens the channel. Returns FERRYCTL_CONTINUE, or
@@ -160,6 +161,11 @@ static int session_open(session_t *s, const char *cmd, const char *usage,
     return FERRYCTL_EXIT_USAGE;
   }
   ro.bearer_token = token;
+  if ((rc = ferryctl_check_dispatcher(cmd, s->o.dispatcher)) !=
+      FERRYCTL_CONTINUE) {
+    ferry_free(token);
+    return rc;
+  }
   ferry_rpc_init();
   rc = ferry_rpc_channel_new(s->o.dispatcher, &ro, &s->ch, &err);
   ferry_free(token); /* the channel keeps a copy */
@@ -198,6 +204,7 @@ static int call(session_t *s, const char *method, const ProtobufCMessage *req,
   uint8_t *reply = NULL;
   size_t reply_len = 0;
   *out = NULL;
+  s->method = method;
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   protobuf_c_message_pack(req, buf);
@@ -218,13 +225,9 @@ static int call(session_t *s, const char *method, const ProtobufCMessage *req,
 
 /* Prints why a call failed and returns the exit status for it. */
 static int call_failed(const session_t *s, int rc, const ferry_error_t *err) {
-  if (unreachable(rc)) {
-    fprintf(stderr, "ferryctl %s: the dispatcher at %s did not answer: %s\n",
-            s->cmd, s->o.dispatcher, err->msg);
-    return FERRYCTL_EXIT_UNREACHABLE;
-  }
-  fprintf(stderr, "ferryctl %s: %s\n", s->cmd, err->msg);
-  return FERRYCTL_EXIT_BAD;
+  return ferryctl_call_failed(s->cmd, s->o.dispatcher,
+                              s->o.tls_ca != NULL || s->o.tls_cert != NULL,
+                              s->method, rc, err);
 }
 
 static int fetch_status(session_t *s, Ferry__V1__GetStatusResponse **st,

@@ -48,6 +48,19 @@ int ferryctl_parse_options(const char *cmd, const char *usage,
                            size_t n, void *base, size_t help_offset,
                            int argc, char **argv, int *n_positional);
 
+/* Prints why a call of `method` to the dispatcher at `dispatcher` failed
+ * with `rc` and `err`, with what to do next (ctl_rpc.c: a host that does
+ * not resolve, nothing listening, a TLS mismatch, a worker's port, a
+ * missing token), and returns the exit status: 3 when no dispatcher
+ * answered there, else 1. `tls`: the command was given TLS flags. */
+int ferryctl_call_failed(const char *cmd, const char *dispatcher, bool tls,
+                         const char *method, int rc,
+                         const ferry_error_t *err);
+
+/* Checks a --dispatcher value (HOST:PORT, ferry/hostport.h). Returns
+ * FERRYCTL_CONTINUE, or prints the usage error and returns 2. */
+int ferryctl_check_dispatcher(const char *cmd, const char *dispatcher);
+
 /* Writes `len` bytes at `s` as a JSON string literal, quotes included.
  * Control characters and invalid UTF-8 bytes are escaped (an invalid byte
  * b becomes \u00bb), so the output is always valid JSON. */

@@ -1095,6 +1095,66 @@ Test(ctl, testdata_inspect_nitishkiitk, .init = setup_tmp,
   run_free(&r);
 }
 
+/* ---- the cluster commands' address and reachability errors ------------- */
+
+/* --dispatcher 127.0.0.2 dialed port 0, :99999 dialed 34463 and '' printed
+ * gRPC internals: each is a usage error (exit 2) that says what to write,
+ * before anything is dialed. */
+Test(ctl, bad_dispatcher_addresses_are_usage_errors, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  struct {
+    const char *cmd, *addr, *says;
+  } cases[] = {
+      {"status", "127.0.0.2", "has no port: give HOST:PORT, e.g. "
+                              "127.0.0.2:5050"},
+      {"status", "127.0.0.1:99999", "port 99999 is out of range: give a "
+                                    "port from 1 to 65535"},
+      {"workers", "", "empty address: give HOST:PORT"},
+      {"jobs", "::1:5050", "[::1]:5050"},
+      {"watch", "http://127.0.0.1:5050", "without a scheme"},
+      {"drain", "127.0.0.1:", "empty port"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    run_t r = strcmp(cases[i].cmd, "drain") == 0
+                  ? run_ctl("drain", "1", "--dispatcher", cases[i].addr,
+                            NULL)
+                  : run_ctl(cases[i].cmd, "--dispatcher", cases[i].addr,
+                            NULL);
+    cr_assert_eq(r.status, 2, "%s --dispatcher '%s': exit %d: %s",
+                 cases[i].cmd, cases[i].addr, r.status, r.err);
+    cr_assert(strstr(r.err, "--dispatcher") != NULL &&
+                  strstr(r.err, cases[i].says) != NULL,
+              "%s --dispatcher '%s': no '%s' in: %s", cases[i].cmd,
+              cases[i].addr, cases[i].says, r.err);
+    cr_assert(strstr(r.err, "grpc") == NULL && strstr(r.err, "GRPC") == NULL,
+              "gRPC internals: %s", r.err);
+    run_free(&r);
+  }
+}
+
+/* An unresolvable host read "Deadline Exceeded": it names the host and
+ * says it does not resolve (exit 3). .invalid never resolves (RFC 6761). */
+Test(ctl, unresolvable_host_is_named, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  run_t r = run_ctl("status", "--dispatcher", "no-such-host.invalid:5050",
+                    NULL);
+  cr_assert_eq(r.status, 3, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, "cannot resolve host 'no-such-host.invalid'") !=
+                NULL, "%s", r.err);
+  cr_assert(strstr(r.err, "Deadline Exceeded") == NULL, "%s", r.err);
+  run_free(&r);
+}
+
+/* Nothing listening: said so, with what to check (exit 3). */
+Test(ctl, nothing_listening_is_named, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  run_t r = run_ctl("jobs", "--dispatcher", "127.0.0.1:1", NULL);
+  cr_assert_eq(r.status, 3, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, "nothing listens on 127.0.0.1:1") != NULL, "%s",
+            r.err);
+  run_free(&r);
+}
+
 /* ---- files that are not TFRecord files --------------------------------- */
 
 /* A JPEG, a text file and a gzip file read as plain TFRecords failed with

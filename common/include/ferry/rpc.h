@@ -339,6 +339,28 @@ int ferry_rpc_random(void *buf, size_t n);
  * localhost. Daemons warn loudly when they serve plaintext elsewhere. */
 bool ferry_rpc_host_is_loopback(const char *host);
 
+/* ---- Diagnosis -------------------------------------------------------- */
+
+/* What ferry_rpc_probe found at an address nobody answered a call on. */
+typedef enum {
+  FERRY_RPC_PROBE_UNKNOWN = 0, /* nothing conclusive (e.g. a slow server) */
+  FERRY_RPC_PROBE_BAD_ADDRESS, /* not HOST:PORT (ferry/hostport.h) */
+  FERRY_RPC_PROBE_UNRESOLVED,  /* the host name does not resolve */
+  FERRY_RPC_PROBE_REFUSED,     /* nothing listens there */
+  FERRY_RPC_PROBE_SILENT,      /* no connection accepted in time */
+  FERRY_RPC_PROBE_TLS,         /* a TLS server (it hung up on plaintext) */
+  FERRY_RPC_PROBE_PLAINTEXT,   /* a plaintext HTTP/2 (gRPC) server */
+  FERRY_RPC_PROBE_OTHER        /* something that does not speak HTTP/2 */
+} ferry_rpc_probe_t;
+
+/* After a call to `target` ("HOST:PORT") failed as UNAVAILABLE or
+ * DEADLINE_EXCEEDED: resolves the host (getaddrinfo), connects and sends
+ * the plaintext HTTP/2 preface, within about `timeout_ms` in all, and
+ * says what answered. `why` gets one clause naming the address (and the
+ * resolver's reason), never bytes the peer sent. Blocking; any thread. */
+ferry_rpc_probe_t ferry_rpc_probe(const char *target, int timeout_ms,
+                                  char *why, size_t cap);
+
 /* Forces `server` to re-read its TLS files at the next connection, even if
  * they look unchanged (SIGHUP). Any thread. No-op without TLS. */
 void ferry_rpc_server_reload_tls(ferry_rpc_server_t *server);

@@ -1,0 +1,279 @@
+/* What ferryctl and the daemons say when they are pointed at the wrong
+ * thing, with real processes on 127.0.0.1:
+ *
+ * - a TLS dispatcher dialed without TLS flags: a hint to pass --tls-ca
+ *   (gRPC says only "Socket closed"), and the reverse;
+ * - a worker's port given as --dispatcher: "is not a Ferry dispatcher"
+ *   (gRPC says "unknown method");
+ * - drain and job cancel on a dispatcher with tokens but no admin token:
+ *   the refusal says the admin token is needed and that none is
+ *   configured;
+ * - ferry-worker refuses a malformed --dispatcher or --advertise (exit 2);
+ * - ferry-dispatcher creates a --work-dir's missing parents, and names
+ *   the directory it cannot create. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern char **environ;
+
+HX_SUITE(ctl_errors, 120, NULL, NULL);
+
+typedef struct out_s {
+  int status; /* exit status; -1 when killed or not run */
+  char *out, *err;
+} out_t;
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  char *buf = calloc(1, 1 << 16);
+  if (f != NULL && buf != NULL) {
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+  }
+  if (f != NULL)
+    fclose(f);
+  return buf;
+}
+
+/* Runs argv (NULL-terminated) with stdout and stderr in files, waiting at
+ * most `wait_ms` (then SIGKILL). */
+static out_t run(int wait_ms, char *const *argv) {
+  static int seq;
+  char outp[600], errp[600];
+  out_t r = {.status = -1};
+  snprintf(outp, sizeof(outp), "%s/run-%d.out", hx_tmpdir(), seq);
+  snprintf(errp, sizeof(errp), "%s/run-%d.err", hx_tmpdir(), seq++);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  pid_t pid;
+  double t0 = hx_now_ms();
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  cr_assert_eq(rc, 0, "cannot run %s: %s", argv[0], strerror(rc));
+  int st = 0;
+  for (;;) {
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid)
+      break;
+    if (hx_now_ms() - t0 > wait_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      st = -1;
+      break;
+    }
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL); /* polling a child's exit, bounded above */
+  }
+  r.status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(outp);
+  r.err = slurp(errp);
+  return r;
+}
+
+static void out_free(out_t *r) {
+  free(r->out);
+  free(r->err);
+}
+
+static char certs[600];
+
+static const char *C(const char *name) {
+  static char buf[8][700];
+  static int i;
+  char *b = buf[i++ % 8];
+  snprintf(b, sizeof(buf[0]), "%s/%s", certs, name);
+  return b;
+}
+
+static void make_certs(void) {
+  char cmd[1400];
+  snprintf(certs, sizeof(certs), "%s/certs", hx_tmpdir());
+  snprintf(cmd, sizeof(cmd), "bash %s %s >/dev/null", FERRY_IT_CERTS_SCRIPT,
+           certs);
+  int st = system(cmd);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+    cr_skip_test("openssl is not installed: no certificates to test with");
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "make_certs.sh failed (status %d)", st);
+}
+
+/* gRPC said "did not answer ... Socket closed" (exit 3) and nothing about
+ * TLS: the hint names --tls-ca. And a plaintext dispatcher dialed with
+ * --tls-ca says it does not serve TLS. */
+Test(ctl_errors, tls_mismatch_is_named) {
+  make_certs();
+  const char *tls[] = {"--tls-cert", C("server.pem"), "--tls-key",
+                       C("server.key"), "--tls-ca", C("ca.pem"), NULL};
+  hx_daemon_opts_t o = {.extra_argv = tls};
+  hx_proc_t *d;
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  char *a[] = {(char *)hx_ferryctl_bin(), "status", "--dispatcher", d->addr,
+               NULL};
+  out_t r = run(20000, a);
+  cr_assert_eq(r.status, 3, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, "the dispatcher may require TLS: pass --tls-ca") !=
+                NULL, "no TLS hint: %s", r.err);
+  out_free(&r);
+  /* With the CA it works: the hint was right. */
+  char *ok[] = {(char *)hx_ferryctl_bin(), "status", "--dispatcher", d->addr,
+                "--tls-ca", (char *)C("ca.pem"), NULL};
+  r = run(20000, ok);
+  cr_assert_eq(r.status, 0, "with --tls-ca: exit %d: %s", r.status, r.err);
+  out_free(&r);
+
+  hx_proc_t *plain;
+  cr_assert_eq(hx_start_dispatcher(&plain, NULL, why, sizeof(why)), 0, "%s",
+               why);
+  char *b[] = {(char *)hx_ferryctl_bin(), "status", "--dispatcher",
+               plain->addr, "--tls-ca", (char *)C("ca.pem"), NULL};
+  r = run(20000, b);
+  cr_assert_eq(r.status, 3, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, "does not serve TLS: drop --tls-ca") != NULL,
+            "no plaintext hint: %s", r.err);
+  out_free(&r);
+}
+
+/* A worker's port read "unknown method /ferry.v1.Dispatcher/GetStatus". */
+Test(ctl_errors, worker_port_is_not_a_dispatcher) {
+  hx_proc_t *d, *w;
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher(&d, NULL, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_start_worker(&w, d->addr, NULL, why, sizeof(why)), 0, "%s",
+               why);
+  char *a[] = {(char *)hx_ferryctl_bin(), "status", "--dispatcher", w->addr,
+               NULL};
+  out_t r = run(20000, a);
+  char want[200];
+  snprintf(want, sizeof(want), "%s is not a Ferry dispatcher (it does not "
+           "serve ferry.v1.Dispatcher; is it a worker?)", w->addr);
+  cr_assert_eq(r.status, 3, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, want) != NULL, "no '%s' in: %s", want, r.err);
+  cr_assert(strstr(r.err, "unknown method") == NULL, "%s", r.err);
+  out_free(&r);
+}
+
+static const char *write_token(const char *name, const char *value) {
+  static char paths[4][600];
+  static int k;
+  char *p = paths[k++ % 4];
+  snprintf(p, 600, "%s/%s", hx_tmpdir(), name);
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "%s\n", value);
+  fclose(f);
+  chmod(p, 0600);
+  return p;
+}
+
+/* Tokens on, no --admin-token-file: drain and cancel are refused to every
+ * caller; the refusal now says why and what would allow it. */
+Test(ctl_errors, admin_refusal_names_the_admin_token) {
+  const char *client = write_token("client.token", "client-secret-token-1");
+  const char *dargs[] = {"--client-token-file", client, NULL};
+  hx_daemon_opts_t o = {.extra_argv = dargs};
+  hx_proc_t *d;
+  char why[512];
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  char *drain[] = {(char *)hx_ferryctl_bin(), "drain", "127.0.0.1:9",
+                   "--dispatcher", d->addr, "--token-file", (char *)client,
+                   NULL};
+  char *cancel[] = {(char *)hx_ferryctl_bin(), "job", "cancel", "1",
+                    "--dispatcher", d->addr, NULL};
+  char *const *cmds[] = {drain, cancel};
+  for (int i = 0; i < 2; i++) {
+    out_t r = run(20000, cmds[i]);
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "needs the admin token: the dispatcher was "
+                            "started without --admin-token-file") != NULL,
+              "%s", r.err);
+    out_free(&r);
+  }
+  /* With an admin token configured, a client token is told it needs it. */
+  const char *admin = write_token("admin.token", "admin-secret-token-2");
+  const char *dargs2[] = {"--client-token-file", client,
+                          "--admin-token-file", admin, NULL};
+  hx_daemon_opts_t o2 = {.extra_argv = dargs2};
+  hx_proc_t *d2;
+  cr_assert_eq(hx_start_dispatcher(&d2, &o2, why, sizeof(why)), 0, "%s",
+               why);
+  drain[4] = d2->addr;
+  out_t r = run(20000, drain);
+  cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+  cr_assert(strstr(r.err, "does not allow this method") != NULL &&
+                strstr(r.err, "needs the admin token") != NULL &&
+                strstr(r.err, "--token-file") != NULL,
+            "%s", r.err);
+  out_free(&r);
+}
+
+/* ferry-worker dialed port 0 for `--dispatcher 127.0.0.2`. */
+Test(ctl_errors, worker_refuses_malformed_addresses) {
+  struct {
+    const char *flag, *value, *says;
+  } cases[] = {
+      {"--dispatcher", "127.0.0.2", "has no port"},
+      {"--dispatcher", "127.0.0.1:99999", "from 1 to 65535"},
+      {"--advertise", "host:0", "from 1 to 65535"},
+      {"--advertise", "http://host", "without a scheme"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char *a[] = {(char *)hx_worker_bin(), "--host", "127.0.0.1", "--port",
+                 "0", "--dispatcher", "127.0.0.1:5050", (char *)cases[i].flag,
+                 (char *)cases[i].value, NULL};
+    out_t r = run(20000, a);
+    cr_assert_eq(r.status, 2, "%s %s: exit %d: %s", cases[i].flag,
+                 cases[i].value, r.status, r.err);
+    cr_assert(strstr(r.err, cases[i].flag) != NULL &&
+                  strstr(r.err, cases[i].says) != NULL,
+              "%s %s: %s", cases[i].flag, cases[i].value, r.err);
+    out_free(&r);
+  }
+}
+
+/* --work-dir made one level only: a fresh machine's
+ * /var/lib/ferry/cluster-a failed when /var/lib/ferry did not exist. */
+Test(ctl_errors, work_dir_parents_are_created) {
+  char wd[700], why[512];
+  snprintf(wd, sizeof(wd), "%s/a/b/c", hx_tmpdir());
+  hx_proc_t *d;
+  cr_assert_eq(hx_start_dispatcher_at(&d, NULL, 0, wd, why, sizeof(why)), 0,
+               "%s", why);
+  struct stat st;
+  char lock[800];
+  snprintf(lock, sizeof(lock), "%s/lock", wd);
+  cr_assert_eq(stat(lock, &st), 0, "no %s", lock);
+  /* A parent that is a file: the error names it. */
+  char file[700], bad[800];
+  snprintf(file, sizeof(file), "%s/plain", hx_tmpdir());
+  FILE *f = fopen(file, "w");
+  cr_assert_not_null(f);
+  fclose(f);
+  snprintf(bad, sizeof(bad), "%s/sub/dir", file);
+  char *a[] = {(char *)hx_dispatcher_bin(), "--host", "127.0.0.1", "--port",
+               "0", "--work-dir", bad, NULL};
+  out_t r = run(20000, a);
+  cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+  char want[1700];
+  snprintf(want, sizeof(want), "--work-dir %s: %s exists and is not a "
+           "directory", bad, file);
+  cr_assert(strstr(r.err, want) != NULL, "no '%s' in: %s", want, r.err);
+  out_free(&r);
+}
