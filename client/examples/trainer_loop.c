@@ -92,6 +92,22 @@ static const ferry_option_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
+static const char usage[] =
+    "usage: ferry-example-trainer [--dispatcher HOST:PORT] (--spec SPEC | "
+    "--dataset-id ID)\n"
+    "                             [--epochs N] [--job-name NAME] "
+    "[options]\n"
+    "\n"
+    "The smallest trainer loop over libferry: joins (or creates) a job,\n"
+    "takes batches until the job ends, touches each batch as a training\n"
+    "step would, and prints the rate, the record count and the time spent\n"
+    "waiting for data.\n"
+    "\n"
+    "Options:\n";
+static const char footer[] =
+    "\nExit status: 0 when every epoch was delivered, 1 on an error "
+    "(printed),\n2 on a usage error.\n";
+
 int main(int argc, char **argv) {
   settings_t s = {0}; /* defaults() frees the strings it replaces */
   ferry_error_t err = {0};
@@ -100,11 +116,20 @@ int main(int argc, char **argv) {
   if (ferry_options_defaults(options, N_OPTIONS, &s, &err) != 0 ||
       ferry_options_parse_argv(options, N_OPTIONS, &s, argc - 1, argv + 1,
                                &npos, &err) != 0) {
-    fprintf(stderr, "ferry-example-trainer: %s\n", err.msg);
+    fprintf(stderr, "ferry-example-trainer: %s (see "
+            "'ferry-example-trainer --help')\n", err.msg);
+    ferry_options_free(options, N_OPTIONS, &s);
     return 2;
   }
   if (s.help || npos != 0) {
-    ferry_options_help(options, N_OPTIONS, stdout);
+    /* A stray argument is a usage error: the usage goes to stderr. */
+    FILE *out = s.help ? stdout : stderr;
+    if (!s.help)
+      fprintf(stderr, "ferry-example-trainer: unexpected argument '%s'\n\n",
+              argv[1]);
+    fputs(usage, out);
+    ferry_options_help(options, N_OPTIONS, out);
+    fputs(footer, out);
     ferry_options_free(options, N_OPTIONS, &s);
     return s.help ? 0 : 2;
   }
