@@ -35,8 +35,8 @@
 #   FERRY_DEMO_PIDFILE=FILE     append "PID NAME" for every process started
 #                               (tests check that none is left)
 #
-# It installs only what building needs (install-deps.sh --build-only: no
-# torch, podman or Prometheus) and builds what `cmake --install` of the
+# It installs only what building needs (install-deps.sh --demo: the
+# build's packages and Criterion; no torch, podman or Prometheus) and builds what `cmake --install` of the
 # build tree installs (the daemons, ferryctl, libferry) besides the
 # demo's trainer and benchmark.
 set -euo pipefail
@@ -147,7 +147,7 @@ fi
 echo $$ >"$demo.lock"
 
 if [ "${FERRY_DEMO_NO_BUILD:-0}" != 1 ]; then
-  "$root/deploy/install-deps.sh" --build-only
+  "$root/deploy/install-deps.sh" --demo
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
   # The install set (ferry-dispatcher ferry-worker ferryctl ferry) too, so
   # that `cmake --install` of this tree works (README, "Running a cluster").

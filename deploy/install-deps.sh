@@ -5,8 +5,11 @@
 # one (/usr/local/cuda) and builds the CPU path alone otherwise.
 #
 #   install-deps.sh                everything the tests and benchmarks need
-#   install-deps.sh --build-only   building the programs and libferry (what
-#                                  deploy/demo.sh and the container use)
+#   install-deps.sh --build-only   building the programs and libferry (the
+#                                  container's build stage)
+#   install-deps.sh --demo         --build-only plus Criterion, which the
+#                                  configure with the tests on (deploy/demo.sh
+#                                  builds tests/bench's bench_jpeg_crop) needs
 #   install-deps.sh --python       --build-only plus what `pip install
 #                                  ./client/python` builds with (docs/PYTHON.md)
 #   FERRY_APT_LOCK_TIMEOUT=S       how long to wait for another apt or dpkg
@@ -55,8 +58,9 @@ build_only=(
 case "${1:-}" in
   "") ;;
   --build-only) packages=("${build_only[@]}") ;;
+  --demo) packages=("${build_only[@]}" libcriterion-dev) ;;
   --python) packages=("${build_only[@]}" python3 python3-venv python3-dev ninja-build) ;;
-  *) echo "usage: deploy/install-deps.sh [--build-only | --python]" >&2; exit 2 ;;
+  *) echo "usage: deploy/install-deps.sh [--build-only | --demo | --python]" >&2; exit 2 ;;
 esac
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -2,7 +2,7 @@
 # deploy/install-deps.sh against stub apt-get, dpkg-query and systemctl
 # (nothing is installed): it waits for another apt holding its lock and
 # says so, gives up after FERRY_APT_LOCK_TIMEOUT with a clear message,
-# fails at once on any other apt error, and --build-only / --python ask
+# fails at once on any other apt error, and --build-only / --demo / --python ask
 # for no test toolchain (torch, podman, prometheus). Skips (77) when not
 # root (install-deps.sh would sudo).
 set -euo pipefail
@@ -62,7 +62,7 @@ echo 0 >"$work/locked-updates"
 touch "$work/broken"
 run "another apt error fails at once" 100 'FAIL: apt-get update -q exited 100'
 rm "$work/broken"
-for set in --build-only --python; do
+for set in --build-only --demo --python; do
   run "install-deps.sh $set" 0 'installing' "$set"
   if grep -qE ' (python3-torch|podman|prometheus|buildah)( |$)' "$work/apt.log"; then
     echo "FAIL: $set installs the test toolchain: $(grep install "$work/apt.log")"
