@@ -9,6 +9,8 @@
 #   FERRY_SLOW_TESTS=1           also run the tests labelled "slow" (the
 #                                trainer-gpu image recipe: ~5 min more)
 #   extra arguments go to ctest, e.g. tests/run.sh -L unit
+# At the end it lists each skipped test with the reason it printed
+# (tests/skip_report.py).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,4 +23,17 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build "$build" -j "$jobs"
 slow=(-LE slow)
 [ "${FERRY_SLOW_TESTS:-0}" != 1 ] || slow=()
-ctest --test-dir "$build" --output-on-failure -j "$jobs" "${slow[@]}" "$@"
+# The skipped tests and why (ctest says only "Skipped"): from its JUnit
+# report, whose output per test is kept whole enough to hold the reason.
+junit=$build/Testing/ferry-junit.xml
+rm -f "$junit"
+rc=0
+ctest --test-dir "$build" --output-on-failure -j "$jobs" \
+  --output-junit "$junit" --test-output-size-passed 65536 \
+  "${slow[@]}" "$@" || rc=$?
+if [ -f "$junit" ]; then
+  python3 "$root/tests/skip_report.py" "$junit"
+else
+  echo "tests/run.sh: ctest wrote no $junit: skip reasons not listed"
+fi
+exit "$rc"
