@@ -182,16 +182,39 @@ static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
   if (err == NULL)
     return code;
   err->code = code;
-  if (rc == FERRY_EGRPC_DEADLINE_EXCEEDED || rc == FERRY_EGRPC_UNAVAILABLE)
+  if (rc == FERRY_EGRPC_DEADLINE_EXCEEDED || rc == FERRY_EGRPC_UNAVAILABLE) {
+    /* gRPC reports a host that does not resolve as a deadline: ask the
+     * resolver and the port what is there (ferry_rpc_probe). */
+    char why[320];
+    bool tls = c->rpc_opts.tls != NULL;
+    const char *hint = tls ? "down, or the TLS handshake failed: does "
+                             "tls_ca sign its certificate, is that "
+                             "certificate valid, is tls_cert accepted?"
+                           : "down, or it serves TLS and this client "
+                             "plaintext (set tls_ca)";
+    switch (ferry_rpc_probe(c->dispatcher, 1000, why, sizeof(why))) {
+    case FERRY_RPC_PROBE_UNRESOLVED:
+    case FERRY_RPC_PROBE_REFUSED:
+    case FERRY_RPC_PROBE_SILENT:
+    case FERRY_RPC_PROBE_OTHER:
+      hint = why;
+      break;
+    case FERRY_RPC_PROBE_TLS:
+      if (!tls)
+        hint = "it serves TLS and this client plaintext: set tls_ca";
+      break;
+    case FERRY_RPC_PROBE_PLAINTEXT:
+      if (tls)
+        hint = "it serves plaintext, not TLS: leave tls_ca, tls_cert and "
+               "tls_key unset";
+      break;
+    default:
+      break;
+    }
     return ferry__prefixerr(err, "%s: dispatcher %s unreachable within %u ms "
                             "(%s)", what, c->dispatcher,
-                            c->opts.connect_timeout_ms,
-                            c->rpc_opts.tls != NULL
-                                ? "down, or the TLS handshake failed: does "
-                                  "tls_ca sign its certificate, is that "
-                                  "certificate valid, is tls_cert accepted?"
-                                : "down, or it serves TLS and this client "
-                                  "plaintext (set tls_ca)");
+                            c->opts.connect_timeout_ms, hint);
+  }
   return ferry__prefixerr(err, "%s at dispatcher %s", what, c->dispatcher);
 }
 

@@ -98,6 +98,16 @@ Test(client_new, unreachable_dispatcher_within_the_timeout) {
   cr_assert_lt(took, 3.0);
   cr_assert_not_null(strstr(err.msg, "127.0.0.1:1"), "%s", err.msg);
   cr_assert_not_null(strstr(err.msg, "unreachable"), "%s", err.msg);
+  cr_assert_not_null(strstr(err.msg, "nothing listens on 127.0.0.1:1"), "%s",
+                     err.msg);
+  /* A host that does not resolve read "Deadline Exceeded": it is named. */
+  o.dispatcher = "no-such-host.invalid:5050";
+  rc = ferry_client_new(&o, &c, &err);
+  cr_assert(rc == FERRY_EGRPC_DEADLINE_EXCEEDED ||
+            rc == FERRY_EGRPC_UNAVAILABLE, "%d %s", rc, err.msg);
+  cr_assert_not_null(strstr(err.msg, "cannot resolve host "
+                                     "'no-such-host.invalid'"),
+                     "%s", err.msg);
   ferry__alloc_stats(&b);
   cr_assert_eq(a.blocks, b.blocks);
 }
