@@ -421,6 +421,14 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
          s->host, port);
   fflush(stdout);
   if (d->http != NULL) {
+    /* The metrics server is plain HTTP whatever --tls-cert says, and
+     * binds --host unless told otherwise. */
+    if (!ferry_rpc_host_is_loopback(mhost))
+      FERRY_LOG(FERRY_LOG_WARN,
+                "*** PLAIN HTTP metrics on %s:%d (--metrics-host %s): "
+                "anyone who reaches it reads job names and can open "
+                "connections to it; use --metrics-host 127.0.0.1 or a "
+                "private interface's address ***", mhost, mport, mhost);
     printf(strchr(mhost, ':') != NULL
                ? "ferry-dispatcher metrics on http://[%s]:%d/metrics\n"
                : "ferry-dispatcher metrics on http://%s:%d/metrics\n",

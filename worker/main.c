@@ -239,6 +239,13 @@ int main(int argc, char **argv) {
         /* /readyz: 200 once the dispatcher registered this worker and
          * while it does not drain. */
         ferry_metrics_http_set_ready_fn(http, worker_ready, &w);
+        /* Plain HTTP whatever --tls-cert says, on --host by default. */
+        if (!ferry_rpc_host_is_loopback(mh))
+          FERRY_LOG(FERRY_LOG_WARN,
+                    "*** PLAIN HTTP metrics on %s:%d (--metrics-host %s): "
+                    "anyone who reaches it reads job names and can open "
+                    "connections to it; use --metrics-host 127.0.0.1 or a "
+                    "private interface's address ***", mh, mport, mh);
         printf(strchr(mh, ':') != NULL
                    ? "ferry-worker metrics on http://[%s]:%d/metrics\n"
                    : "ferry-worker metrics on http://%s:%d/metrics\n",

@@ -17,6 +17,11 @@
 #include "ferry/metrics.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+/* Scrapers keep one connection each and probes open one at a time, so an
+ * address that holds more is not one of them. */
+#define METRICS_PER_IP_CONNECTIONS 16
+#define METRICS_CONNECTIONS 1024
+#define METRICS_TIMEOUT_S 5
 
 struct ferry_metrics_http_s {
   struct MHD_Daemon *mhd;
@@ -107,7 +112,7 @@ static int listen_on(const char *host, int port, int *fd_out, bool *v6,
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 256) != 0) {
       e = errno;
       close(fd);
       fd = -1;
@@ -151,11 +156,20 @@ int ferry_metrics_http_start(ferry_metrics_t *r, const char *host, int port,
   }
   h->registry = r;
   atomic_init(&h->ready, false);
+  /* The kubelet probes /healthz and /readyz here, so a few slow clients
+   * must not take every connection: with 64 connections and a 10 s idle
+   * timeout, 300 connections dripping header bytes made 20 of 20 probes
+   * fail. Each address now gets at most METRICS_PER_IP_CONNECTIONS, the
+   * whole server METRICS_CONNECTIONS (epoll: select() would also refuse
+   * any descriptor above 1023, which a busy worker reaches), and a
+   * connection that sends nothing for METRICS_TIMEOUT_S is closed. */
   h->mhd = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
-      NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+      MHD_USE_AUTO_INTERNAL_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL, NULL,
+      on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_TIMEOUT_S,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONNECTIONS,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)METRICS_PER_IP_CONNECTIONS, MHD_OPTION_END);
   if (h->mhd == NULL) {
     close(fd);
     ferry__free(h);
