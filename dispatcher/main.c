@@ -39,6 +39,8 @@ typedef struct settings_s {
   int64_t heartbeat_ms;
   int64_t metrics_port; /* -1: no metrics server */
   char *metrics_host;   /* NULL: --host */
+  /* gRPC connection lifetimes (ferry_rpc_options_t); 0: never. */
+  int64_t idle_connection_ms, connection_age_ms, handshake_timeout_ms;
   double target_stall_fraction;
   int log_level;
   bool journal_recover;
@@ -92,6 +94,16 @@ static const ferry_option_t options[] = {
         "(docs/OPERATIONS.md, 'How many workers')"),
     OPT("heartbeat-ms", FERRY_OPT_INT, heartbeat_ms, "1000", 10, 600000, NULL,
         "heartbeat interval told to workers"),
+    OPT("idle-connection-ms", FERRY_OPT_INT, idle_connection_ms, "20000", 0,
+        86400000, NULL, "close a gRPC connection with no call in flight "
+        "for this long (0: never)"),
+    OPT("connection-age-ms", FERRY_OPT_INT, connection_age_ms, "3600000", 0,
+        2147483647, NULL, "refuse new calls on a gRPC connection this old, "
+        "so that its client reconnects; calls in flight, streams too, "
+        "run to their end (0: never)"),
+    OPT("handshake-timeout-ms", FERRY_OPT_INT, handshake_timeout_ms, "10000",
+        100, 600000, NULL, "close a connection whose TLS handshake and "
+        "HTTP/2 preface are not done in this long"),
     OPT("tls-cert", FERRY_OPT_STRING, tls_cert, NULL, 0, 0, NULL,
         "PEM certificate chain: serve TLS (re-read when it changes or on "
         "SIGHUP; without it the dispatcher serves plaintext)"),
@@ -360,6 +372,11 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
                          s->tls_client_auth};
   ferry_rpc_options_t ro = {0};
   ro.tls = s->tls_cert != NULL ? &tls : NULL;
+  ro.idle_connection_ms =
+      s->idle_connection_ms > 0 ? (int)s->idle_connection_ms : -1;
+  ro.max_connection_age_ms =
+      s->connection_age_ms > 0 ? (int)s->connection_age_ms : -1;
+  ro.handshake_timeout_ms = (int)s->handshake_timeout_ms;
   if (s->tls_cert == NULL && (s->tls_key != NULL || s->tls_client_auth))
     return ferry__seterr(err, FERRY_EOPTION,
                          "--tls-key and --tls-client-auth need --tls-cert");

@@ -77,6 +77,19 @@ static const ferry_option_t table[] = {
     {"metrics-host", FERRY_OPT_STRING,
      offsetof(ferry__wconfig_t, metrics_host), NULL, 0, 0, NULL,
      "address the metrics server binds (default: --host)"},
+    {"idle-connection-ms", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, idle_connection_ms), "20000", 0, 86400000,
+     NULL, "close a gRPC connection with no call in flight for this long "
+     "(0: never)"},
+    {"connection-age-ms", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, connection_age_ms), "3600000", 0,
+     2147483647, NULL, "refuse new calls on a gRPC connection this old, so "
+     "that its client reconnects; calls in flight, streams too, run to "
+     "their end (0: never)"},
+    {"handshake-timeout-ms", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, handshake_timeout_ms), "10000", 100, 600000,
+     NULL, "close a connection whose TLS handshake and HTTP/2 preface are "
+     "not done in this long"},
     {"version", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, version), "false",
      0, 0, NULL, "print 'ferry-worker VERSION' and exit"},
 };

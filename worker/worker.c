@@ -164,6 +164,14 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
                            cfg->tls_client_auth};
     ferry_rpc_options_t ro = {0};
     ro.tls = cfg->tls_cert != NULL ? &tls : NULL;
+    /* The flags' 0 is "never"; ferry_rpc_options_t's is the default. */
+    ro.idle_connection_ms = cfg->idle_connection_ms > 0
+                                ? (int)cfg->idle_connection_ms
+                                : -1;
+    ro.max_connection_age_ms = cfg->connection_age_ms > 0
+                                   ? (int)cfg->connection_age_ms
+                                   : -1;
+    ro.handshake_timeout_ms = (int)cfg->handshake_timeout_ms;
     if (cfg->tls_cert == NULL && (cfg->tls_key != NULL ||
                                   cfg->tls_client_auth)) {
       rc = ferry__seterr(err, FERRY_EOPTION,

@@ -82,6 +82,8 @@ typedef struct ferry__wconfig_s {
                               open; the client secret still applies) */
   int64_t metrics_port;    /* issue 10: -1: no metrics server */
   char *metrics_host;      /* NULL: host */
+  /* gRPC connection lifetimes (ferry_rpc_options_t); 0: never. */
+  int64_t idle_connection_ms, connection_age_ms, handshake_timeout_ms;
 
 } ferry__wconfig_t;
 

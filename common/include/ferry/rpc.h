@@ -83,7 +83,25 @@ typedef struct ferry_rpc_options_s {
   const char *bearer_token;   /* channel: sent on every call as
                                  "authorization: Bearer TOKEN" (copied);
                                  NULL: none */
+  /* Server: how long a connection may live without doing anything a
+   * client of ours does, so that idle or unauthenticated connections do
+   * not pile up (docs/ARCHITECTURE.md, "Connection lifetimes"). -1:
+   * never. */
+  int idle_connection_ms;    /* no call in flight this long: GOAWAY and
+                                close; 0: FERRY_RPC_DEFAULT_IDLE_MS */
+  int max_connection_age_ms; /* this old: GOAWAY, no new calls; calls in
+                                flight (streams too) run to their end,
+                                then it closes; 0:
+                                FERRY_RPC_DEFAULT_MAX_AGE_MS */
+  int handshake_timeout_ms;  /* TCP accepted but the TLS handshake or
+                                HTTP/2 preface unfinished this long:
+                                closed; 0: FERRY_RPC_DEFAULT_HANDSHAKE_MS
+                                (-1: gRPC's own 120 s) */
 } ferry_rpc_options_t;
+
+#define FERRY_RPC_DEFAULT_IDLE_MS 20000
+#define FERRY_RPC_DEFAULT_MAX_AGE_MS 3600000
+#define FERRY_RPC_DEFAULT_HANDSHAKE_MS 10000
 
 /* Reference-counted wrappers around grpc_init/grpc_shutdown. Every user of
  * this header calls ferry_rpc_init once before anything else and

@@ -1,6 +1,7 @@
 /* What the server and the client side share: library start-up, malloc
  * tuning, status-code translation and channel arguments. */
 #include <grpc/support/log.h>
+#include <limits.h>
 #include <malloc.h>
 
 #include "ferry/error.h"
@@ -82,7 +83,9 @@ int ferry__rpc_options(const ferry_rpc_options_t *opts,
   if (opts != NULL)
     o = *opts;
   if (o.max_message_bytes < -1 || o.keepalive_time_ms < 0 ||
-      o.keepalive_timeout_ms < 0 || o.request_slots < 0)
+      o.keepalive_timeout_ms < 0 || o.request_slots < 0 ||
+      o.idle_connection_ms < -1 || o.max_connection_age_ms < -1 ||
+      o.handshake_timeout_ms < -1)
     return ferry__seterr(err, FERRY_EINVAL, "rpc: negative option value");
   if (o.max_message_bytes == 0)
     o.max_message_bytes = FERRY_RPC_DEFAULT_MAX_MESSAGE;
@@ -92,6 +95,12 @@ int ferry__rpc_options(const ferry_rpc_options_t *opts,
     o.keepalive_timeout_ms = DEFAULT_KEEPALIVE_TIMEOUT_MS;
   if (o.request_slots == 0)
     o.request_slots = DEFAULT_REQUEST_SLOTS;
+  if (o.idle_connection_ms == 0)
+    o.idle_connection_ms = FERRY_RPC_DEFAULT_IDLE_MS;
+  if (o.max_connection_age_ms == 0)
+    o.max_connection_age_ms = FERRY_RPC_DEFAULT_MAX_AGE_MS;
+  if (o.handshake_timeout_ms == 0)
+    o.handshake_timeout_ms = FERRY_RPC_DEFAULT_HANDSHAKE_MS;
   *out = o;
   return 0;
 }
@@ -121,6 +130,29 @@ size_t ferry__rpc_channel_args(const ferry_rpc_options_t *o, bool server,
   if (server) {
     set_int(&args[n++], GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
             o->keepalive_time_ms / 2);
+    /* gRPC core closes nothing on its own: a socket that never finishes
+     * TLS or the HTTP/2 preface waits 120 s, one that did and never calls
+     * (or calls without a token, refused at once) lives forever, and
+     * keepalive pings it answers keep it so. 2,000 such connections all
+     * stayed open. The handshake timeout covers the first kind (plaintext
+     * too: gRPC waits for the client's SETTINGS until then); the idle
+     * timeout (no call in flight) sends GOAWAY and closes the second. A
+     * connection that keeps making refused calls is not idle: its age
+     * ends it. The age's grace stays infinite on purpose: after the
+     * GOAWAY a client opens a new connection for new calls, but calls in
+     * flight, a StreamChunks stream for a whole epoch or a long-polling
+     * heartbeat, run to their end; a finite grace would cut them. */
+    if (o->handshake_timeout_ms > 0)
+      set_int(&args[n++], GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+              o->handshake_timeout_ms);
+    if (o->idle_connection_ms > 0)
+      set_int(&args[n++], GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+              o->idle_connection_ms);
+    if (o->max_connection_age_ms > 0) {
+      set_int(&args[n++], GRPC_ARG_MAX_CONNECTION_AGE_MS,
+              o->max_connection_age_ms);
+      set_int(&args[n++], GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, INT_MAX);
+    }
   } else {
     /* gRPC waits 1 s before reconnecting and 1.6 times longer after each
      * failure, up to 2 min: tuned for the internet. Ferry's peers are a

@@ -9,7 +9,7 @@
 #include "ferry/rpc.h"
 
 /* The most channel args ferry__rpc_channel_args fills in. */
-#define FERRY__RPC_MAX_ARGS 10
+#define FERRY__RPC_MAX_ARGS 16
 
 /* Fills `args` (FERRY__RPC_MAX_ARGS entries) from the options, for a
  * server or a client channel: message size limits, keepalive settings
