@@ -695,8 +695,10 @@ static void apply_locked(ferry_client_t *c,
                               r->error && r->error[0]
                                   ? r->error
                                   : "job cancelled by the operator");
-  for (size_t i = 0; i < c->n_splits; i++)
+  for (size_t i = 0; i < c->n_splits; i++) {
+    c->splits[i].was_assigned = c->splits[i].assigned;
     c->splits[i].assigned = false;
+  }
   size_t known = c->n_splits;
   for (size_t i = 0; i < r->n_assignments; i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
@@ -744,6 +746,29 @@ static void apply_locked(ferry_client_t *c,
       s->total = a->num_records;
     }
   }
+  /* A split the dispatcher stops listing while the job runs (the
+   * incarnation is the same: a rejoin dropped the table above) is done
+   * there: it counted delivered == total, from this client's reports or,
+   * for a split whose every record was skipped (a truncated file's
+   * tail), from the worker's total of 0 alone. Nothing more of it comes:
+   * its total is what was received. Its last chunk (empty: total 0) may
+   * come after this answer and be dropped as not listed, and without
+   * this the split stayed unfinished and the epoch's partial batch was
+   * never flushed: the trainer waited for ever. */
+  if (r->state == FERRY__V1__JOB_STATE__JOB_STATE_RUNNING)
+    for (size_t i = 0; i < c->n_splits; i++) {
+      ferry__split_t *s = &c->splits[i];
+      if (s->was_assigned && !s->assigned && s->epoch <= r->epoch &&
+          !fully_received(s)) {
+        FERRY_LOG(FERRY_LOG_DEBUG,
+                  "client: epoch %u split %u is done at the dispatcher "
+                  "after %llu records (%s): counted complete",
+                  s->epoch, s->split, (unsigned long long)s->received,
+                  s->has_total ? "fewer than its count" : "count unknown");
+        s->has_total = true;
+        s->total = s->received;
+      }
+    }
   /* Granted new splits and still short of splits_in_flight (some were
    * taken away, or received meanwhile): ask again at once. Without a
    * grant the dispatcher has none to give (or no epoch yet): the interval

@@ -44,6 +44,7 @@ typedef struct ferry__split_s {
   uint64_t received;  /* next position expected (reserved in a slot) */
   uint64_t delivered; /* records handed to the trainer */
   bool assigned;      /* listed in the latest heartbeat answer */
+  bool was_assigned;  /* listed in the answer before (apply_locked) */
   uint64_t lease;     /* the newest lease generation seen (answer, chunk) */
   /* Restart (records lost in transit: the lease cannot complete): asked
    * for lease `restart_lease`, once per lease generation. PENDING goes

@@ -197,6 +197,56 @@ Test(client_assemble, epoch_flush_partial_batch_then_epoch_end_then_end) {
   ferry_client_free(c);
 }
 
+/* Policy skip over a file whose last record is truncated: the scan makes
+ * the cut record's tail a split of unknown count, the worker skips it and
+ * reports a total of 0, and the dispatcher counts that row done at once
+ * and stops listing it, maybe before its empty last chunk reaches the
+ * client (which then drops it, as it is no longer listed). The split the
+ * dispatcher no longer lists is done: the partial batch must flush and
+ * the epoch end. Before the fix the trainer waited for ever. */
+Test(client_assemble, a_split_done_at_the_dispatcher_no_longer_holds_the_flush) {
+  ferry_client_t *c = local(4, 4, false);
+  /* Split 0: 6 good records; split 1: a truncated file's tail (count
+   * unknown); split 2: 4 records by the scan, the last one skipped, whose
+   * empty last chunk was lost. */
+  beat(c, 0, 0, false, 0, (uint32_t[]){0, 1, 2}, (uint64_t[]){6, 0, 4}, 3);
+  cr_assert_eq(feed(c, 0, 2, 0, 3, false), 0);
+  cr_assert_eq(feed(c, 0, 0, 0, 6, true), 0);
+  ferry_batch_release(c, take(c, 4, 0));
+  ferry_batch_release(c, take(c, 4, 0));
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  /* Split 1 is done at the dispatcher on the worker's total of 0, split
+   * 2 on its total of 3, delivered: only split 0 is listed, and no row
+   * is left to assign. The last record must come now. */
+  beat(c, 0, 0, true, 0, (uint32_t[]){0}, (uint64_t[]){6}, 1);
+  const ferry_batch_t *b = take(c, 1, 0);
+  cr_assert_eq(b->ids[0], tu_id(0, 5));
+  ferry_batch_release(c, b);
+  /* The tail's empty last chunk, late, changes nothing. */
+  cr_assert_eq(feed(c, 0, 1, 0, 0, true), 0);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  cr_assert_eq(ferry__client_split(c, 0, 0)->delivered, 6);
+  cr_assert_eq(ferry__client_split(c, 0, 2)->delivered, 3);
+  beat(c, 1 /* FINISHED */, 1, true, 1, NULL, NULL, 0);
+  cr_assert_eq(next_rc(c), FERRY_EPOCH_END);
+  cr_assert_eq(next_rc(c), FERRY_END);
+  ferry_client_free(c);
+}
+
+/* A chunk-created entry the dispatcher never listed is not taken for a
+ * done one: in local mode chunks come before any answer. */
+Test(client_assemble, a_split_never_listed_still_holds_the_flush) {
+  ferry_client_t *c = local(8, 4, false);
+  cr_assert_eq(feed(c, 0, 3, 0, 2, false), 0);
+  beat(c, 0, 0, true, 0, (uint32_t[]){0}, (uint64_t[]){1}, 1);
+  cr_assert_eq(feed(c, 0, 0, 0, 1, true), 0);
+  beat(c, 0, 0, true, 0, (uint32_t[]){0}, (uint64_t[]){1}, 1);
+  cr_assert_eq(next_rc(c), FERRY_ETIMEDOUT);
+  cr_assert_eq(feed(c, 0, 3, 2, 1, true), 0);
+  ferry_batch_release(c, take(c, 4, 0));
+  ferry_client_free(c);
+}
+
 Test(client_assemble, drop_remainder_still_counts_delivered) {
   ferry_client_t *c = local(4, 4, true);
   beat(c, 0, 0, true, 0, (uint32_t[]){3}, (uint64_t[]){6}, 1);
