@@ -626,6 +626,68 @@ static void sync_workers(ferry_client_t *c,
 /* ---- Heartbeats -------------------------------------------------------- */
 
 /* One ClientHeartbeat; applies the answer. Returns 0 or the RPC's error. */
+/* ferry_rpc_unary for the heartbeat thread's beats: the call is kept in
+ * c->hb_call while it runs so that ferry_client_free can cancel it
+ * (`cancellable`; the goodbye is not) instead of waiting out its
+ * deadline. Notes in c->hb_failed whether the beat failed. */
+static int hb_unary(ferry_client_t *c, bool cancellable, const uint8_t *req,
+                    size_t len, int deadline_ms, unsigned flags,
+                    uint8_t **reply, size_t *reply_len, ferry_error_t *err) {
+  const char *method = FERRY_METHOD_CLIENT_HEARTBEAT;
+  ferry_rpc_stream_t *s;
+  ferry_rpc_msg_t msg;
+  *reply = NULL;
+  *reply_len = 0;
+  int rc = ferry_rpc_stream_open(c->dch, method, req, len, deadline_ms, flags,
+                                 &s, err);
+  if (rc != 0)
+    return rc;
+  if (cancellable) {
+    pthread_mutex_lock(&c->mu);
+    if (c->stopping) {
+      __atomic_store_n(&c->hb_cancelled, true, __ATOMIC_RELEASE);
+      ferry_rpc_stream_cancel(s);
+    } else {
+      c->hb_call = s;
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+  rc = ferry_rpc_stream_next(s, &msg, -1, err);
+  if (rc == 0) {
+    size_t n = msg.len;
+    uint8_t *out = ferry__malloc(n > 0 ? n : 1);
+    if (out != NULL)
+      ferry_rpc_msg_copy(&msg, 0, out, n);
+    ferry_rpc_msg_release(&msg);
+    /* The status follows the one message. */
+    rc = ferry_rpc_stream_next(s, &msg, -1, err);
+    if (rc == 0) {
+      ferry_rpc_msg_release(&msg);
+      rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: more than one reply",
+                         method);
+    } else if (rc == FERRY_EOF) {
+      rc = out != NULL ? 0
+                       : ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory",
+                                       method);
+    }
+    if (rc == 0) {
+      *reply = out;
+      *reply_len = n;
+    } else {
+      ferry__free(out);
+    }
+  } else if (rc == FERRY_EOF) {
+    rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: no reply", method);
+  }
+  pthread_mutex_lock(&c->mu);
+  if (cancellable)
+    c->hb_call = NULL;
+  c->hb_failed = rc != 0;
+  pthread_mutex_unlock(&c->mu);
+  ferry_rpc_stream_free(s);
+  return rc;
+}
+
 static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
                      Ferry__V1__ClientHeartbeatResponse **out,
                      uint64_t *records, ferry_error_t *err) {
@@ -703,9 +765,9 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
    * (tests/chaos seed 5061, its connection's receive queue full of
    * unread bytes), long enough to be declared lost and have its job
    * collected. A beat that waits for ready polls the handshake itself. */
-  rc = ferry_rpc_unary(c->dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, len,
-                       deadline_ms, leaving ? 0 : FERRY_RPC_WAIT_FOR_READY,
-                       &reply, &reply_len, err);
+  rc = hb_unary(c, !leaving, buf, len, deadline_ms,
+                leaving ? 0 : FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len,
+                err);
   ferry__free(buf);
   if (rc != 0) {
     /* The dispatcher may not have seen the restarts: ask again. */
@@ -743,6 +805,11 @@ static void *hb_main(void *arg) {
     double t_send = ferry__client_now();
     uint64_t records = 0;
     int rc = heartbeat(c, false, deadline, &r, &records, &e);
+    if (rc != 0 && __atomic_load_n(&c->hb_cancelled, __ATOMIC_ACQUIRE)) {
+      /* ferry_client_free cancelled the beat: leaving, not failing. */
+      pthread_mutex_lock(&c->mu);
+      break;
+    }
     if (rc == 0) {
       c->last_hb_ok = ferry__client_now();
       ferry__client_answer(c, t_send, records, r);
@@ -771,6 +838,9 @@ static void *hb_main(void *arg) {
 }
 
 /* ---- Life cycle -------------------------------------------------------- */
+
+/* The goodbye's deadline when the dispatcher did not answer lately. */
+#define GOODBYE_SHORT_MS 50
 
 /* The batch's shape and size from the spec and the options. */
 static int batch_shape(ferry_client_t *c, const ferry_spec_t *spec,
@@ -979,6 +1049,10 @@ void ferry_client_free(ferry_client_t *c) {
   if (c->slots != NULL) {
     pthread_mutex_lock(&c->mu);
     c->stopping = true;
+    if (c->hb_call != NULL) {
+      __atomic_store_n(&c->hb_cancelled, true, __ATOMIC_RELEASE);
+      ferry_rpc_stream_cancel(c->hb_call);
+    }
     pthread_cond_broadcast(&c->hb_cv);
     pthread_cond_broadcast(&c->space_cv);
     pthread_cond_broadcast(&c->ready_cv);
@@ -992,6 +1066,13 @@ void ferry_client_free(ferry_client_t *c) {
     int deadline = c->opts.connect_timeout_ms < 2000
                        ? (int)c->opts.connect_timeout_ms
                        : 2000;
+    /* A dispatcher that did not answer the last beat (or had not yet
+     * when it was cancelled) gets a short goodbye: waiting for it held a
+     * Ctrl-C'd trainer up to 2 s, and it times the client out anyway. */
+    pthread_mutex_lock(&c->mu);
+    if ((c->hb_failed || c->hb_cancelled) && deadline > GOODBYE_SHORT_MS)
+      deadline = GOODBYE_SHORT_MS;
+    pthread_mutex_unlock(&c->mu);
     uint64_t records;
     if (heartbeat(c, true, deadline, &r, &records, NULL) == 0)
       ferry__v1__client_heartbeat_response__free_unpacked(

@@ -242,6 +242,14 @@ struct ferry_client_s {
                   * wants another) or fully delivered (the dispatcher may
                   * end the epoch) */
   bool rpc_inited;
+  /* The heartbeat call in flight (mu), which ferry_client_free cancels:
+   * joining a thread blocked in a wait-for-ready beat to an unreachable
+   * dispatcher held a Ctrl-C'd trainer up to a beat's deadline (1 s).
+   * hb_cancelled: that happened (atomic); hb_failed: the last beat
+   * failed or was cancelled (mu), so the goodbye gets a short deadline. */
+  ferry_rpc_stream_t *hb_call;
+  bool hb_cancelled;
+  bool hb_failed;
   /* Issue 8: owned copies of the TLS paths, the token read from
    * opts.token_file, the channels' settings and the client secret from
    * GetOrCreateJob (sent in heartbeats and StreamChunks). */
