@@ -116,10 +116,39 @@ static char *path_join(const char *dir, const char *name) {
   return p;
 }
 
-int ferry__journal_open(const char *dir, ferry_journal_t **out,
+/* The compaction's files in `dir` that only exist once a journal did: a
+ * journal is created before the first compaction and never removed
+ * (compaction truncates it in place), so either beside a missing journal
+ * means the journal was lost, not a crash. NULL when there is none. */
+static const char *snapshot_without_journal(const char *dir,
+                                            ferry_error_t *err, int *rc) {
+  static const char *const names[] = {"snapshot", "snapshot.tmp"};
+  *rc = 0;
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    char *p = path_join(dir, names[i]);
+    struct stat st;
+    int e;
+    if (p == NULL) {
+      *rc = ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+      return NULL;
+    }
+    e = lstat(p, &st) == 0 ? 0 : errno;
+    if (e != 0 && e != ENOENT) {
+      errno = e;
+      *rc = sys_err(err, "cannot stat", p);
+    }
+    ferry__free(p);
+    if (e == 0 || *rc != 0)
+      return e == 0 ? names[i] : NULL;
+  }
+  return NULL;
+}
+
+int ferry__journal_open(const char *dir, bool recover, ferry_journal_t **out,
                         ferry_error_t *err) {
   ferry_journal_t *j;
   struct stat st;
+  bool created = false;
 
   *out = NULL;
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -132,15 +161,51 @@ int ferry__journal_open(const char *dir, ferry_journal_t **out,
     ferry__free(j);
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   }
-  j->fd = open(j->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  j->fd = open(j->path, O_RDWR | O_CLOEXEC);
+  if (j->fd < 0 && errno == ENOENT) {
+    /* Decided before anything is created: a refused start must leave the
+     * directory as it was, or the next start would find an empty journal
+     * and take it for the one that was lost. */
+    int rc;
+    const char *snap = snapshot_without_journal(dir, err, &rc);
+    if (rc != 0) {
+      ferry__journal_close(j);
+      return rc;
+    }
+    if (snap != NULL && !recover) {
+      rc = ferry__seterr(
+          err, FERRY_EINVAL,
+          "%s is missing but %s/%s exists: the journal holds every change "
+          "since that snapshot, and no crash removes it (compaction "
+          "truncates it in place), so it was lost or deleted; refusing to "
+          "start. --journal-recover starts from the snapshot alone, "
+          "dropping the changes the journal held",
+          j->path, dir, snap);
+      ferry__journal_close(j);
+      return rc;
+    }
+    if (snap != NULL)
+      FERRY_LOG(FERRY_LOG_WARN,
+                "journal: --journal-recover: %s is missing beside %s/%s: "
+                "starting from the snapshot alone; the changes made after "
+                "it are lost",
+                j->path, dir, snap);
+    j->fd = open(j->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    created = true;
+  }
   if (j->fd < 0 || fstat(j->fd, &st) != 0) {
     int rc = sys_err(err, "cannot open", j->path);
     ferry__journal_close(j);
     return rc;
   }
   j->size = (uint64_t)st.st_size;
-  if (j->size == 0)
-    sync_dir(dir);
+  /* The new name must be durable before any entry is: fdatasync makes the
+   * file's data durable, not its directory entry. */
+  if ((created || j->size == 0) && sync_dir(dir) != 0) {
+    int rc = sys_err(err, "cannot sync the work directory", dir);
+    ferry__journal_close(j);
+    return rc;
+  }
   *out = j;
   return 0;
 }

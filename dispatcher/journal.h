@@ -57,8 +57,13 @@ typedef int (*ferry_journal_entry_cb)(const uint8_t *entry, size_t len,
                                       ferry_error_t *err);
 
 /* Opens (creating `dir` and the file if needed) DIR/journal. Errors name
- * the path. */
-int ferry__journal_open(const char *dir, ferry_journal_t **out,
+ * the path. A missing journal beside DIR/snapshot (or snapshot.tmp) is
+ * refused (FERRY_EINVAL, naming both files and --journal-recover) and
+ * nothing is created: no crash leaves that state, since the journal is
+ * created before the first compaction and only ever truncated in place.
+ * With `recover` (--journal-recover) an empty journal is created with a
+ * warning, and the restore starts from the snapshot alone. */
+int ferry__journal_open(const char *dir, bool recover, ferry_journal_t **out,
                         ferry_error_t *err);
 
 /* Replays every entry from the start of the file through `cb`. On a bad

@@ -129,8 +129,9 @@ static const ferry_option_t options[] = {
     OPT("journal-recover", FERRY_OPT_BOOL, journal_recover, "false", 0, 0,
         NULL, "start from a journal with a corrupt entry by truncating it "
         "to the last good entry before the damage (what is dropped is "
-        "logged: entries, bytes, offset); without it such a journal "
-        "refuses to start"),
+        "logged: entries, bytes, offset), or from a snapshot whose journal "
+        "is missing, dropping the changes made after it (logged); without "
+        "it either refuses to start"),
     OPT("snapshot-bytes", FERRY_OPT_INT, snapshot_bytes, "67108864", 0,
         1125899906842624.0, NULL, "compact: write a snapshot of the state and start "
         "a new journal once the journal exceeds max(this, 2 x the last "
@@ -334,7 +335,8 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   /* Before the replay: a second dispatcher must not touch the journal. */
   t0 = ferry__disp_now_ms();
   if ((rc = ferry__workdir_lock(s->work_dir, &d->lock_fd, err)) != 0 ||
-      (rc = ferry__journal_open(s->work_dir, &d->journal, err)) != 0 ||
+      (rc = ferry__journal_open(s->work_dir, s->journal_recover,
+                                &d->journal, err)) != 0 ||
       (rc = ferry__disp_restore(d->state, d->journal, s->journal_recover,
                                 ferry__disp_now_ms(), &st, err)) != 0)
     return rc;

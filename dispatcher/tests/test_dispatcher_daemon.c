@@ -7,7 +7,8 @@
  * (FERRY_DISP_SCAN_DELAY_MS) runs off the loop thread: other calls are
  * answered meanwhile, and a stop answers it at once (issue 8). Issue 12:
  * concurrent calls all durable across a compaction, a corrupt journal
- * refused unless --journal-recover, a real full disk, and answers held
+ * or a snapshot without its journal refused unless --journal-recover, a
+ * real full disk, and answers held
  * for the batch that makes them durable (FERRY_JOURNAL_SYNC_DELAY_MS). */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -791,6 +792,57 @@ Test(daemon, a_corrupt_journal_refuses_unless_recovered) {
   ch = channel(&d);
   s = status(ch);
   cr_assert_eq(s->datasets, 0, "everything after offset 0 was dropped");
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+  ferry_rpc_shutdown();
+}
+
+/* A snapshot whose journal is missing refuses to start, naming the
+ * journal and --journal-recover, and creates nothing (a second start
+ * refuses too); with the flag it starts from the snapshot and warns. */
+Test(daemon, a_snapshot_without_its_journal_refuses_unless_recovered) {
+  daemon_t d;
+  ferry_rpc_channel_t *ch;
+  ferry_error_t err = {0};
+  Ferry__V1__GetStatusResponse *s;
+  char id[17] = {0}, path[160], snap[160];
+  int made = 0;
+
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  snprintf(extra_arg, sizeof(extra_arg), "--snapshot-bytes=4096");
+  start(&d);
+  ch = channel(&d);
+  cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
+  snprintf(snap, sizeof(snap), "%s/work/snapshot", fx_dir);
+  /* Jobs until a compaction wrote the snapshot, then a few more. */
+  for (int more = 5; more > 0 && made < 2000; made++) {
+    cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
+    if (access(snap, F_OK) == 0)
+      more--;
+  }
+  cr_assert_eq(access(snap, F_OK), 0, "no compaction after %d jobs", made);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
+  extra_arg[0] = '\0';
+  snprintf(path, sizeof(path), "%s/work/journal", fx_dir);
+  cr_assert_eq(unlink(path), 0);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(start_refused(), 1);
+    cr_assert(log_has("/work/journal is missing but"));
+    cr_assert(log_has("--journal-recover starts from the snapshot alone"));
+    cr_assert_neq(access(path, F_OK), 0, "start %d created the journal", i);
+  }
+  snprintf(extra_arg, sizeof(extra_arg), "--journal-recover");
+  start(&d);
+  extra_arg[0] = '\0';
+  cr_assert(log_has("starting from the snapshot alone"));
+  ch = channel(&d);
+  s = status(ch);
+  cr_assert_eq(s->datasets, 1, "the snapshot's dataset");
+  cr_assert_gt(s->n_jobs, 0);
+  cr_assert_leq(s->n_jobs, (size_t)made);
   ferry__v1__get_status_response__free_unpacked(s, NULL);
   ferry_rpc_channel_free(ch);
   stop(&d);

@@ -113,7 +113,7 @@ Test(journal, replay_reproduces_the_state) {
   Ferry__V1__ClientHeartbeatResponse *ca, *cb;
 
   D = fx_state(1000, 1000, 60000, 8);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   ferry__disp_set_sink(D, ferry__journal_sink, j);
   script();
   cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
@@ -126,7 +126,7 @@ Test(journal, replay_reproduces_the_state) {
   cfg.job_gc_ms = 60000;
   cfg.records_per_split = 8;
   cr_assert_eq(ferry__disp_new(&cfg, 0, &b), 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, replay_into, b, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_gt(n, 20);
@@ -177,7 +177,7 @@ static void write_three(void) {
   ferry_journal_t *j;
   ferry_error_t err = {0};
   uint8_t e[100];
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   for (int i = 0; i < 3; i++) {
     memset(e, 'a' + i, sizeof(e));
     ferry__journal_append(j, e, sizeof(e));
@@ -213,7 +213,7 @@ Test(journal, torn_tail_is_cut_off) {
 
   write_three();
   cr_assert_eq(truncate(journal_path(), 348 - 30), 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 2);
@@ -227,7 +227,7 @@ Test(journal, torn_tail_is_cut_off) {
 
   /* A torn header (fewer than 12 bytes) too. */
   cr_assert_eq(truncate(journal_path(), 232 + 5), 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   seen = 0;
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
@@ -244,7 +244,7 @@ Test(journal, zero_filled_tail_is_cut_off) {
 
   write_three();
   cr_assert_eq(truncate(journal_path(), 348 + 4096), 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 3);
@@ -263,7 +263,7 @@ Test(journal, corrupt_middle_is_fatal) {
   fd = open(journal_path(), O_WRONLY);
   cr_assert_eq(pwrite(fd, &x, 1, 116 + 12 + 50), 1);
   close(fd);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err),
                FERRY_EDATACRC);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
@@ -281,7 +281,7 @@ Test(journal, bad_entry_is_fatal_with_its_offset) {
   write_three(); /* not JournalEntry messages */
   ferry__disp_config_init(&cfg);
   cr_assert_eq(ferry__disp_new(&cfg, 0, &b), 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_neq(ferry__journal_replay(j, replay_into, b, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 0") != NULL, "%s", err.msg);
   ferry__journal_close(j);
@@ -326,7 +326,7 @@ static void expect_cut(uint64_t entries, off_t cut, off_t was) {
 
   nlogged = 0;
   ferry_log_set_callback(keep_log, NULL);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   ferry_log_set_callback(NULL, NULL);
@@ -382,7 +382,7 @@ Test(journal, damage_followed_by_a_valid_entry_is_refused) {
   /* Zeros over the second entry (header included), the third intact. */
   write_three();
   damage(116, 200, 0);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
   cr_assert(strstr(err.msg, "valid entry follows at byte offset 232") !=
@@ -398,7 +398,7 @@ Test(journal, damage_followed_by_a_valid_entry_is_refused) {
   damage(116 + 30, 116 + 60, -1);
   damage(348, 348 + 512, 0);
   seen = 0;
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_lt(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0);
   cr_assert(strstr(err.msg, "byte offset 116") != NULL, "%s", err.msg);
   cr_assert_eq(file_size(), 348 + 512, "nothing is cut");
@@ -416,7 +416,7 @@ Test(journal, appends_and_replays_after_a_cut) {
   damage(232 + 50, 348 + 4096, 0);
   expect_cut(2, 232, 348 + 4096);
   /* Append the third entry again, and a fourth, after the cut. */
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 2);
@@ -427,7 +427,7 @@ Test(journal, appends_and_replays_after_a_cut) {
   cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
   cr_assert_eq(file_size(), 4 * 116);
   ferry__journal_close(j);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   seen = 0;
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, false, &n, &err), 0, "%s",
                err.msg);
@@ -456,7 +456,7 @@ static ferry_journal_t *scripted(void) {
   ferry_journal_t *j;
   ferry_error_t err = {0};
   D = fx_state(1000, 1000, 60000, 8);
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   ferry__disp_set_sink(D, ferry__journal_sink, j);
   script();
   cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
@@ -495,7 +495,7 @@ static ferry_disp_t *restored(ferry_disp_restore_t *st) {
   ferry_error_t err = {0};
   ferry_disp_t *b = new_state();
   ferry_disp_restore_t s;
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   cr_assert_eq(ferry__disp_restore(b, j, false, 1200, st ? st : &s, &err), 0,
                "%s", err.msg);
   ferry__journal_close(j);
@@ -745,7 +745,7 @@ static int restore_error(ferry_error_t *err) {
   ferry_disp_t *b = new_state();
   ferry_disp_restore_t st;
   int rc;
-  cr_assert_eq(ferry__journal_open(wd(), &j, err), 0, "%s", err->msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, err), 0, "%s", err->msg);
   rc = ferry__disp_restore(b, j, false, 1200, &st, err);
   ferry__journal_close(j);
   ferry__disp_free(b);
@@ -799,7 +799,7 @@ Test(journal, recover_cuts_at_the_damage_and_says_what_it_dropped) {
 
   write_three();
   damage(116 + 30, 116 + 60, -1); /* the second entry; the third intact */
-  cr_assert_eq(ferry__journal_open(wd(), &j, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
   errlog[0] = '\0';
   ferry_log_set_callback(keep_error, NULL);
   cr_assert_eq(ferry__journal_replay(j, count_cb, &seen, true, &n, &err), 0,
@@ -868,7 +868,83 @@ Test(journal, a_dataset_collected_during_a_capture_stays_until_released) {
   cr_assert_eq(fwrite(buf, 1, len, f), len);
   fclose(f);
   ferry__free(buf);
+  /* An empty journal beside it: a compaction that stopped at step 7. */
+  snprintf(p, sizeof(p), "%s/journal", wd());
+  cr_assert_not_null(f = fopen(p, "wb"));
+  fclose(f);
   b = restored(NULL);
   cr_assert_eq(fx_status(b, 100)->datasets, 1);
   ferry__disp_free(b);
+}
+
+/* A journal is created before the first compaction and only truncated in
+ * place, so no crash leaves a snapshot without one: a missing journal
+ * was lost, and starting from the snapshot alone would silently undo the
+ * changes it held. Refused, naming both files and the flag, with nothing
+ * created (a second start refuses too); --journal-recover starts from the
+ * snapshot with a warning. */
+Test(journal, a_snapshot_without_its_journal_refuses_unless_recover) {
+  ferry_journal_t *j = scripted();
+  ferry_error_t err = {0};
+  ferry_disp_restore_t st;
+  ferry_disp_t *snap, *b;
+  char want[600], p[600];
+
+  cr_assert_eq(compact(j, &err), 0, "%s", err.msg);
+  snap = restored(NULL); /* the snapshot alone */
+  /* Changes after the snapshot: only the journal holds them. */
+  fx_worker(D, 0, "w9:1", NULL, 0, false, 1250);
+  cr_assert_eq(ferry__journal_sync(j, &err), 0, "%s", err.msg);
+  ferry__disp_set_sink(D, NULL, NULL);
+  ferry__journal_close(j);
+  cr_assert_eq(unlink(journal_path()), 0);
+
+  for (int i = 0; i < 2; i++) {
+    j = NULL;
+    cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), FERRY_EINVAL,
+                 "start %d: %s", i, err.msg);
+    cr_assert_null(j);
+    snprintf(want, sizeof(want), "%s is missing but %s/snapshot exists",
+             journal_path(), wd());
+    cr_assert(strstr(err.msg, want) != NULL, "%s", err.msg);
+    cr_assert(strstr(err.msg, "--journal-recover starts from the snapshot "
+                              "alone") != NULL,
+              "%s", err.msg);
+    cr_assert_eq(path_size("journal"), -1, "start %d created it", i);
+  }
+
+  nlogged = 0;
+  ferry_log_set_callback(keep_log, NULL);
+  cr_assert_eq(ferry__journal_open(wd(), true, &j, &err), 0, "%s", err.msg);
+  ferry_log_set_callback(NULL, NULL);
+  cr_assert_eq(nlogged, 1);
+  cr_assert(strstr(logged[0], "--journal-recover") != NULL &&
+                strstr(logged[0], journal_path()) != NULL,
+            "%s", logged[0]);
+  b = new_state();
+  cr_assert_eq(ferry__disp_restore(b, j, true, 1200, &st, &err), 0, "%s",
+               err.msg);
+  ferry__journal_close(j);
+  cr_assert(st.snapshot);
+  assert_same_status(snap, b, 1300);
+  ferry__disp_free(b);
+  /* The pair is consistent again: a plain start works. */
+  b = restored(NULL);
+  assert_same_status(snap, b, 1300);
+  ferry__disp_free(b);
+  ferry__disp_free(snap);
+
+  /* A partial snapshot.tmp also means a compaction ran: refused too. */
+  snprintf(p, sizeof(p), "rm -rf '%s' && mkdir '%s' && touch '%s/snapshot.tmp'",
+           wd(), wd(), wd());
+  cr_assert_eq(system(p), 0);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "/work/snapshot.tmp exists") != NULL, "%s",
+            err.msg);
+  /* An empty work directory is a first start. */
+  snprintf(p, sizeof(p), "rm -f '%s/snapshot.tmp'", wd());
+  cr_assert_eq(system(p), 0);
+  cr_assert_eq(ferry__journal_open(wd(), false, &j, &err), 0, "%s", err.msg);
+  ferry__journal_close(j);
+  cr_assert_eq(path_size("journal"), 0);
 }

@@ -355,7 +355,8 @@ static void snapshot_scale(uint32_t n) {
       fclose(f) != 0)
     die("cannot write the snapshot", NULL);
   t0 = hx_now_ms();
-  if (ferry__journal_open(wd, &j, &err) != 0 ||
+  /* A snapshot written alone, with no journal to lose: recover. */
+  if (ferry__journal_open(wd, true, &j, &err) != 0 ||
       ferry__disp_restore(r, j, false, 0, &st, &err) != 0)
     die("restore", &err);
   restore_ms = hx_now_ms() - t0;
