@@ -172,22 +172,24 @@ bool ferry__disp_same_file(const scanned_t *then, const scanned_t *now) {
 
 /* Scans one file into splits (from FILE.idx when it can be trusted, see
  * shard_index.h); *f gets its identity as scanned. */
-static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
-                     uint32_t per, uint64_t max_len, splits_t *out,
-                     scanned_t *f, ferry_error_t *err) {
+static int scan_file(const ferry_roots_t *roots, const char *path,
+                     uint32_t file, ferry_compression_t c, uint32_t per,
+                     uint64_t max_len, splits_t *out, scanned_t *f,
+                     ferry_error_t *err) {
   uint8_t h[HDR];
   struct stat st;
   ferry_tfr_index_entry_t *idx = NULL;
   size_t nidx = 0;
   ssize_t n;
-  /* O_NONBLOCK: a FIFO or device named by a spec must not block the
-   * thread in open() (a pool thread in the daemon, see
-   * ferry__disp_reg_scan); only regular files are scanned. */
-  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  /* Opened through the roots (checked again, without a race against a
+   * symlink swapped in since the expand step checked it), O_NONBLOCK: a
+   * FIFO or device named by a spec must not block the thread in open() (a
+   * pool thread in the daemon, see ferry__disp_reg_scan); only regular
+   * files are scanned. */
+  int fd, rc = ferry_roots_open_file(roots, path, &fd, err);
 
-  if (fd < 0)
-    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
-                         strerror(errno));
+  if (rc != 0)
+    return rc;
   if (fstat(fd, &st) != 0 ||
       (S_ISREG(st.st_mode) &&
        (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0)) {
@@ -202,8 +204,8 @@ static int scan_file(const char *path, uint32_t file, ferry_compression_t c,
     } else if (is_compressed(c, h, (size_t)n)) {
       split_t s = {.file = file};
       rc = ferry__disp_push_split(out, &s);
-    } else if ((rc = ferry__shard_index_load(path, fd, &st, max_len, &idx,
-                                             &nidx)) != 0) {
+    } else if ((rc = ferry__shard_index_load(roots, path, fd, &st, max_len,
+                                             &idx, &nidx)) != 0) {
       if (rc > 0)
         rc = scan_index(idx, nidx, file, per, out);
       ferry__free(idx);
@@ -332,8 +334,8 @@ void ferry__disp_reg_scan(ferry_disp_reg_t *r) {
         if ((rc = ferry__disp_push_split(sp, &r->reused[i].v[k])) != 0)
           ferry__seterr(err, rc, "%s: out of memory", r->files[i]);
     } else {
-      rc = scan_file(r->files[i], (uint32_t)i, r->spec.compression, r->per,
-                     r->max_record_len, sp, &r->scanned[i], err);
+      rc = scan_file(r->roots, r->files[i], (uint32_t)i, r->spec.compression,
+                     r->per, r->max_record_len, sp, &r->scanned[i], err);
     }
   }
   if (rc == 0 && sp->n == 0)

@@ -74,30 +74,40 @@ static const char *check(const ferry_tfr_index_entry_t *v, size_t n, int fd,
   return NULL;
 }
 
-int ferry__shard_index_load(const char *path, int fd, const struct stat *st,
-                            uint64_t max_len, ferry_tfr_index_entry_t **out,
-                            size_t *n) {
+int ferry__shard_index_load(const ferry_roots_t *roots, const char *path,
+                            int fd, const struct stat *st, uint64_t max_len,
+                            ferry_tfr_index_entry_t **out, size_t *n) {
   char idx[4200], why[200];
   const char *bad = NULL;
   ferry_tfr_index_entry_t *v = NULL;
   ferry_error_t err = {0};
   struct stat ist;
   size_t cnt = 0;
-  int rc;
+  int rc, ifd;
 
   *out = NULL;
   *n = 0;
   snprintf(idx, sizeof(idx), "%s.idx", path);
-  if (stat(idx, &ist) != 0)
+  if (access(idx, F_OK) != 0)
     return 0;
+  /* Read through the roots like the shard: an index is data too. */
+  if (ferry_roots_open_file(roots, idx, &ifd, &err) != 0) {
+    FERRY_LOG(FERRY_LOG_WARN, "%s; scanning %s instead", err.msg, path);
+    return 0;
+  }
+  if (fstat(ifd, &ist) != 0 || !S_ISREG(ist.st_mode)) {
+    close(ifd);
+    return 0;
+  }
   if (mtime_ns(st) > mtime_ns(&ist)) {
+    close(ifd);
     FERRY_LOG(FERRY_LOG_WARN,
               "%s: ignored (stale): %s was modified after its index was "
               "written; scanning its headers instead",
               idx, path);
     return 0;
   }
-  if ((rc = ferry_tfr_index_read(idx, &v, &cnt, &err)) != 0) {
+  if ((rc = ferry_tfr_index_read_fd(ifd, idx, &v, &cnt, &err)) != 0) {
     if (rc == FERRY_ENOMEM)
       return rc;
     FERRY_LOG(FERRY_LOG_WARN, "%s: ignored: %s; scanning %s instead", idx,

@@ -1146,9 +1146,12 @@ static int collect(run_t *r) {
       return rc;
     if ((ru->wbuf = ferry__malloc(SPILL_WBUF)) == NULL)
       return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-  } else if ((ru->fd = open(k->file, O_RDONLY | O_CLOEXEC)) < 0) {
+  } else if ((ru->fd = fcntl(ferry_tfr_reader_fd(ru->rd), F_DUPFD_CLOEXEC,
+                             0)) < 0) {
+    /* The reader's file, not the path again: the name may lead elsewhere
+     * by now (--data-root). */
     return ferry__seterr(&r->err, ferry_err_from_errno(errno),
-                         "%s: open: %s", k->file, strerror(errno));
+                         "%s: dup: %s", k->file, strerror(errno));
   }
   while ((rc = ferry_tfr_reader_next(ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
@@ -1341,11 +1344,12 @@ static int run_begin(run_t *r) {
   o.max_records = k->num_records;
   /* The dispatcher checked the roots at registration; check again here,
    * where the file is opened (a forged or stale task, a symlink that
-   * moved). */
-  int rc = ferry_roots_check(&r->th->t->roots, k->file, &r->err);
+   * moved), and open what was checked: every read of the task, the
+   * shuffle's included, goes through this one descriptor. */
+  int fd, rc = ferry_roots_open_file(&r->th->t->roots, k->file, &fd, &r->err);
   if (rc != 0)
     return rc;
-  return ferry_tfr_reader_open(k->file, &o, &ru->rd, &r->err);
+  return ferry_tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
 }
 
 /* Runs `k` until it ends (true) or parks (false: it is on the parked

@@ -5,7 +5,8 @@
  *
  * The dispatcher checks a spec's patterns before it expands them (so a
  * glob cannot probe for files outside the roots) and every file after;
- * workers check each file again before they open it.
+ * the dispatcher's scan and the workers open each file through
+ * ferry_roots_open_file, which checks again and opens without a race.
  */
 #ifndef FERRY_ROOTS_H
 #define FERRY_ROOTS_H
@@ -17,6 +18,7 @@
 
 typedef struct ferry_roots_s {
   char **dirs; /* real paths, without a trailing slash (except "/") */
+  int *fds;    /* each root's directory, O_PATH: files open below it */
   size_t n;
 } ferry_roots_t;
 
@@ -35,6 +37,24 @@ bool ferry_roots_open(const ferry_roots_t *r);
  * as given), or the errno of realpath (FERRY_ENOENT...). */
 int ferry_roots_check(const ferry_roots_t *r, const char *path,
                       ferry_error_t *err);
+
+/* Opens `path` for reading (O_RDONLY | O_CLOEXEC | O_NONBLOCK; the
+ * caller checks that it is a regular file) into *fd, without a race:
+ * the path's real path (symlinks and `..` resolved) must lie in a root,
+ * and that real path is then opened below the root's directory
+ * descriptor with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), or a
+ * component walk with O_NOFOLLOW where the kernel lacks openat2. So
+ * symlinks inside a root (to files in any root) work as before, while a
+ * symlink swapped into the path between the check and the open is
+ * refused (FERRY_EACCES, naming the path and the root) instead of
+ * followed. Every read goes through this descriptor. Outside every root:
+ * FERRY_EACCES as ferry_roots_check. With no root: a plain open(2). */
+int ferry_roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
+                          ferry_error_t *err);
+
+/* Test-only: false makes ferry_roots_open_file take the component walk
+ * that stands in for openat2 on kernels without it. */
+void ferry__roots_use_openat2(bool use);
 
 /* Checks a glob pattern before it is expanded: its literal directory
  * part (up to the last '/' before the first wildcard) must resolve

@@ -80,6 +80,17 @@ typedef struct ferry_tfr_reader_s ferry_tfr_reader_t;
 int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
                           ferry_tfr_reader_t **out, ferry_error_t *err);
 
+/* Like ferry_tfr_reader_open over `fd`, already open for reading (by
+ * ferry_roots_open_file: the file a data root allows). The reader owns
+ * `fd` from the call on, failure included; `path` names it in errors. */
+int ferry_tfr_reader_open_fd(int fd, const char *path,
+                             const ferry_tfr_options_t *opts,
+                             ferry_tfr_reader_t **out, ferry_error_t *err);
+
+/* The reader's file descriptor (-1 for an in-memory stream); it stays
+ * the reader's. */
+int ferry_tfr_reader_fd(const ferry_tfr_reader_t *r);
+
 /* Like ferry_tfr_reader_open over an in-memory stream (not copied: `buf`
  * must outlive the reader). `name` is used in error messages. */
 int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
@@ -136,6 +147,11 @@ int ferry_tfr_index_write(const char *path,
  * and line. */
 int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
                          size_t *n, ferry_error_t *err);
+/* Like ferry_tfr_index_read over `fd` (closed either way; opened by
+ * ferry_roots_open_file where data roots apply); `path` names it. */
+int ferry_tfr_index_read_fd(int fd, const char *path,
+                            ferry_tfr_index_entry_t **out, size_t *n,
+                            ferry_error_t *err);
 
 /* Parses "none", "gzip", "zlib", "auto"; returns the value or -1. */
 int ferry_compression_parse(const char *name);

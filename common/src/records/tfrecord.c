@@ -596,7 +596,6 @@ int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
 
 int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
                           ferry_tfr_reader_t **out, ferry_error_t *err) {
-  struct stat st;
   int fd, code;
 
   *out = NULL;
@@ -607,6 +606,16 @@ int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
     code = ferry_err_from_errno(errno);
     return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
   }
+  return ferry_tfr_reader_open_fd(fd, path, opts, out, err);
+}
+
+int ferry_tfr_reader_open_fd(int fd, const char *path,
+                             const ferry_tfr_options_t *opts,
+                             ferry_tfr_reader_t **out, ferry_error_t *err) {
+  struct stat st;
+  int code;
+
+  *out = NULL;
   if (fstat(fd, &st) != 0) {
     code = ferry_err_from_errno(errno);
     ferry__seterr(err, code, "%s: fstat: %s", path, strerror(errno));
@@ -620,6 +629,8 @@ int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
   posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return open_common(NULL, (size_t)st.st_size, fd, path, opts, out, err);
 }
+
+int ferry_tfr_reader_fd(const ferry_tfr_reader_t *r) { return r->fd; }
 
 ferry_compression_t ferry_tfr_reader_compression(const ferry_tfr_reader_t *r) {
   return r->compression;

@@ -114,17 +114,14 @@ static bool parse_u64(const char **p, const char *end, uint64_t *out) {
   return true;
 }
 
-static int read_all(const char *path, char **out, size_t *len,
+/* Reads all of `fd` (closed either way). */
+static int read_all(int fd, const char *path, char **out, size_t *len,
                     ferry_error_t *err) {
   struct stat st;
   char *buf;
   size_t got = 0;
-  int code, fd = open(path, O_RDONLY | O_CLOEXEC);
+  int code;
 
-  if (fd < 0) {
-    code = ferry_err_from_errno(errno);
-    return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
-  }
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
@@ -158,6 +155,19 @@ static int read_all(const char *path, char **out, size_t *len,
 
 int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
                          size_t *n, ferry_error_t *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  *out = NULL;
+  *n = 0;
+  if (fd < 0) {
+    int code = ferry_err_from_errno(errno);
+    return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
+  }
+  return ferry_tfr_index_read_fd(fd, path, out, n, err);
+}
+
+int ferry_tfr_index_read_fd(int fd, const char *path,
+                            ferry_tfr_index_entry_t **out, size_t *n,
+                            ferry_error_t *err) {
   ferry_tfr_index_entry_t *v = NULL;
   size_t len = 0, cap = 0, size = 0;
   char *text = NULL;
@@ -167,7 +177,7 @@ int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
 
   *out = NULL;
   *n = 0;
-  rc = read_all(path, &text, &size, err);
+  rc = read_all(fd, path, &text, &size, err);
   if (rc != 0)
     return rc;
   p = text;
