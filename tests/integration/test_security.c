@@ -256,6 +256,42 @@ Test(security, mutual_tls_and_tokens_deliver_exactly_once) {
   hx_dataset_free(&ds);
 }
 
+/* ---- TLS without client certificates --------------------------------- */
+
+/* A dispatcher with a certificate and no --tls-ca requests no client
+ * certificate: it must start and serve TLS (gRPC's reloading credentials
+ * refuse a config without roots by aborting the process). */
+Test(security, tls_without_a_ca_serves) {
+  make_certs();
+  char why[512];
+  const char *df[] = {"--tls-cert", C("server.pem"), "--tls-key",
+                      C("server.key"), NULL};
+  hx_daemon_opts_t d = {0};
+  d.extra_argv = df;
+  cr_assert_eq(hx_start_dispatcher(&D, &d, why, sizeof(why)), 0, "%s", why);
+  /* The worker needs the CA to check the dispatcher it dials. */
+  const char *wf[] = {"--tls-cert", C("server.pem"), "--tls-key",
+                      C("server.key"), "--tls-ca", C("ca.pem"), NULL};
+  hx_daemon_opts_t w = {0};
+  w.extra_argv = wf;
+  cr_assert_eq(hx_start_worker(&W[0], D->addr, &w, why, sizeof(why)), 0,
+               "%s", why);
+  ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), NULL, NULL, NULL);
+  int alive = 0;
+  double until = hx_now_ms() + 10000;
+  while (hx_now_ms() < until) {
+    if (get_status(ch, &alive, NULL, 0) == 0 && alive == 1)
+      break;
+    usleep(50000); /* polling a condition, bounded by `until` */
+  }
+  ferry_rpc_channel_free(ch);
+  if (alive != 1)
+    hx_dump_logs();
+  cr_assert_eq(alive, 1, "the TLS worker without a CA registered within "
+               "10 s (alive: %d)", alive);
+  cr_assert_eq(kill(D->pid, 0), 0, "the dispatcher is gone");
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 Test(security, strangers_are_refused) {

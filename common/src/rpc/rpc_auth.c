@@ -230,7 +230,13 @@ static grpc_ssl_server_certificate_config *
 load_config(struct ferry__rpc_tls_server *t, ferry_error_t *err) {
   char *ca = NULL, *cert = NULL, *key = NULL;
   grpc_ssl_server_certificate_config *cfg = NULL;
-  if ((t->ca_file == NULL || read_pem(t->ca_file, &ca, err) == 0) &&
+  /* gRPC 1.51's reloading server credentials assert on a config without
+   * root certificates (ssl_security_connector.cc: pem_root_certs), even
+   * when no client certificate is requested. Without --tls-ca the server
+   * requests none (ferry__rpc_tls_server_creds), so the roots are never
+   * consulted: the server's own certificate stands in for them. */
+  if (read_pem(t->ca_file != NULL ? t->ca_file : t->cert_file, &ca, err) ==
+          0 &&
       read_pem(t->cert_file, &cert, err) == 0 &&
       read_pem(t->key_file, &key, err) == 0) {
     grpc_ssl_pem_key_cert_pair pair = {key, cert};
