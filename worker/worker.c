@@ -178,6 +178,16 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
                          "--tls-key and --tls-client-auth need --tls-cert");
       goto fail;
     }
+    /* The worker dials the dispatcher with the same TLS settings: with a
+     * certificate and no CA it could not check the dispatcher, and a
+     * plaintext dial to a TLS dispatcher fails with nothing but
+     * handshake errors in its log. */
+    if (cfg->tls_cert != NULL && cfg->tls_ca == NULL) {
+      rc = ferry__seterr(err, FERRY_EOPTION,
+                         "--tls-cert needs --tls-ca: the worker checks the "
+                         "dispatcher's certificate against it");
+      goto fail;
+    }
     if ((cfg->worker_token_file != NULL &&
          (rc = ferry_rpc_read_token(cfg->worker_token_file, &w->worker_token,
                                     err)) != 0) ||

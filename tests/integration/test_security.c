@@ -269,7 +269,23 @@ Test(security, tls_without_a_ca_serves) {
   hx_daemon_opts_t d = {0};
   d.extra_argv = df;
   cr_assert_eq(hx_start_dispatcher(&D, &d, why, sizeof(why)), 0, "%s", why);
-  /* The worker needs the CA to check the dispatcher it dials. */
+  /* The worker needs the CA to check the dispatcher it dials: without it
+   * it refuses to start, saying so. */
+  char cmd[4096], out[2048] = "";
+  snprintf(cmd, sizeof(cmd),
+           "%s --dispatcher %s --host 127.0.0.1 --port 0 --tls-cert %s "
+           "--tls-key %s 2>&1", hx_worker_bin(), D->addr, C("server.pem"),
+           C("server.key"));
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, sizeof(out) - 1, p);
+  out[got] = '\0';
+  int st = pclose(p);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0,
+            "a TLS worker without --tls-ca started (status %#x)", st);
+  cr_assert(strstr(out, "--tls-cert needs --tls-ca") != NULL,
+            "the refusal does not name --tls-ca: %s", out);
+
   const char *wf[] = {"--tls-cert", C("server.pem"), "--tls-key",
                       C("server.key"), "--tls-ca", C("ca.pem"), NULL};
   hx_daemon_opts_t w = {0};
