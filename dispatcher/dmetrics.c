@@ -20,7 +20,7 @@
 
 static ferry__dmetrics_t dm;
 static ferry_metric_family_t *f_workers, *f_jobs, *f_splits, *f_jbytes,
-    *f_sbytes, *f_stall, *f_bps, *f_wanted, *f_delivered;
+    *f_sbytes, *f_stall, *f_bps, *f_wanted, *f_delivered, *f_live, *f_unreach;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static ferry_metric_t *counter(ferry_metrics_t *r, const char *name,
@@ -50,12 +50,24 @@ static const struct {
      "Splits of the jobs' current epochs by state (waiting: no lease; "
      "leased; done).",
      "state", 1},
+    {&f_unreach, FERRY_METRIC_GAUGE, "ferry_worker_unreachable_clients",
+     "Clients whose streams to the worker fail (a wrong --advertise, a TLS "
+     "certificate that does not name its address) and that still report "
+     "it; their splits avoid it. Workers not lost.",
+     "worker,address", 1},
     {&f_stall, FERRY_METRIC_GAUGE, "ferry_job_stall_fraction",
      "Fraction of time the job's trainers wait for batches (mean of its "
-     "clients over their last heartbeat interval).",
+     "live clients over their last heartbeat interval; with none, the "
+     "whole-run figure of its last report).",
      "job,name", 1e-6},
     {&f_bps, FERRY_METRIC_GAUGE, "ferry_job_batches_per_second",
-     "Batches per second the job's clients take (summed).", "job,name", 1e-3},
+     "Batches per second the job's live clients take (summed; 0 with no "
+     "live client).",
+     "job,name", 1e-3},
+    {&f_live, FERRY_METRIC_GAUGE, "ferry_job_live_clients",
+     "Clients of the job whose figures are current (a report within "
+     "max(2 s, 4 heartbeat intervals)).",
+     "job,name", 1},
     {&f_wanted, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted",
      "Workers the job needs for its trainers to stall at most "
      "--target-stall-fraction (docs/OPERATIONS.md).",
@@ -163,6 +175,17 @@ static void compute(ferry__dmetrics_gauges_t *g) {
     for (size_t i = 0; i < resp.n_workers; i++)
       ferry_metric_add(ferry_metric_get1(f_workers, resp.workers[i]->state),
                        1);
+    ferry_metric_family_clear(f_unreach);
+    for (size_t i = 0; i < resp.n_workers; i++) {
+      const Ferry__V1__WorkerStatus *ws = resp.workers[i];
+      char id[24];
+      if (strcmp(ws->state, "lost") == 0)
+        continue;
+      snprintf(id, sizeof(id), "%" PRIu64, ws->worker_id);
+      const char *v[2] = {id, ws->address != NULL ? ws->address : ""};
+      ferry_metric_set(ferry_metric_child(f_unreach, v),
+                       ws->unreachable_clients);
+    }
     /* Jobs: every state, 0 included. */
     const ProtobufCEnumDescriptor *jd = &ferry__v1__job_state__descriptor;
     for (unsigned v = 0; v < jd->n_values; v++) {
@@ -177,6 +200,7 @@ static void compute(ferry__dmetrics_gauges_t *g) {
     ferry_metric_family_clear(f_bps);
     ferry_metric_family_clear(f_wanted);
     ferry_metric_family_clear(f_delivered);
+    ferry_metric_family_clear(f_live);
     for (size_t i = 0; i < resp.n_jobs; i++) {
       const Ferry__V1__JobStatus *js = resp.jobs[i];
       char id[24];
@@ -184,8 +208,11 @@ static void compute(ferry__dmetrics_gauges_t *g) {
       const char *v[2] = {id, js->name != NULL ? js->name : ""};
       ferry_metric_set_double(ferry_metric_child(f_stall, v),
                               js->stall_fraction);
+      /* A dead client's last rate is no rate now. */
       ferry_metric_set_double(ferry_metric_child(f_bps, v),
-                              js->batches_per_second);
+                              js->live_clients > 0 ? js->batches_per_second
+                                                   : 0.0);
+      ferry_metric_set(ferry_metric_child(f_live, v), js->live_clients);
       ferry_metric_set(ferry_metric_child(f_wanted, v), js->workers_wanted);
       ferry_metric_set(ferry_metric_child(f_delivered, v),
                        (int64_t)js->delivered_all);

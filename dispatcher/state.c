@@ -116,6 +116,7 @@ void ferry__disp_free_contents(ferry_disp_t *d) {
   for (size_t i = 0; i < d->nworkers; i++) {
     ferry__free(d->workers[i]->address);
     ferry__free(d->workers[i]->ucx_address);
+    ferry__disp_free_unreachable(d->workers[i]);
     ferry__free(d->workers[i]);
   }
   ferry__free(d->ds);

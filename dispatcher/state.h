@@ -73,6 +73,9 @@ typedef struct ferry_disp_config_s {
                                            entries in one heartbeat */
 #define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */
 #define FERRY_DISP_MAX_ERROR_LEN 4096   /* a task's error text */
+#define FERRY_DISP_MAX_UNREACHABLE 64   /* unreachable workers a client
+                                           lists in one heartbeat */
+#define FERRY_DISP_MAX_REASON_LEN 1024  /* ... and each one's reason */
 
 /* Fills `cfg` with the defaults (10 s, 10 s, 60 s, 1024, 1000 ms,
  * FERRY_TFR_DEFAULT_MAX_RECORD, 30 s). */

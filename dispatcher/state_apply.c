@@ -353,10 +353,14 @@ static int apply_worker_registered(ferry_disp_t *d,
     }
     w->id = m->worker_id;
     w->heap_pos = UINT32_MAX; /* until ferry__disp_recount */
+  } else {
+    /* Registered again: what clients could not reach may be fixed. */
+    ferry__disp_prune_unreachable(d, w, true);
   }
   ferry__free(w->address);
   w->address = addr;
   w->lost = false;
+  w->left = false;
   w->suspect_since = -1;
   w->last_hb = d->now;
   if (m->worker_id >= d->next_worker)

@@ -165,6 +165,31 @@ static bool exhausted(job_t *j) {
   return ferry__disp_first_free(j) >= j->nrows;
 }
 
+/* What the client's trainer may be told when no batch comes: workers
+ * serving, draining, lost, and those this client's splits avoid. */
+static int fill_worker_counts(ferry_disp_t *d, const job_t *j,
+                              uint64_t client,
+                              Ferry__V1__ClientHeartbeatResponse *r,
+                              ferry_arena_t *a) {
+  Ferry__V1__WorkerCounts *wc = ferry__arena_alloc(a, sizeof(*wc));
+  if (wc == NULL)
+    return FERRY_ENOMEM;
+  ferry__v1__worker_counts__init(wc);
+  for (size_t i = 0; i < d->nworkers; i++) {
+    const worker_t *w = d->workers[i];
+    if (w->lost)
+      wc->lost++;
+    else if (w->draining || w->op_drained)
+      wc->draining++;
+    else if (w->beats > 0) {
+      wc->serving++;
+      wc->avoided += ferry__disp_unreachable_for(d, w, j->id, client);
+    }
+  }
+  r->worker_counts = wc;
+  return 0;
+}
+
 static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,
                             Ferry__V1__ClientHeartbeatResponse *r,
                             ferry_arena_t *a, ferry_error_t *err) {
@@ -178,6 +203,7 @@ static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,
     r->error = j->error != NULL ? j->error : "";
   }
   if (fill_workers(d, r, a) != 0 ||
+      fill_worker_counts(d, j, client, r, a) != 0 ||
       (RUNNING(j) && fill_assignments(d, j, client, r, a) != 0))
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   return 0;
@@ -199,6 +225,8 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
                          "client heartbeat: over %d progress entries or %d "
                          "splits wanted",
                          FERRY_DISP_MAX_PROGRESS, FERRY_DISP_MAX_WANT);
+  if ((rc = ferry__disp_check_unreachable(req, err)) != 0)
+    return rc;
   if (j == NULL)
     return ferry__seterr(err, FERRY_ENOENT, "job %" PRIu64 " not found",
                          req->job_id);
@@ -238,11 +266,20 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     c->has_ival = req->stats->interval_seconds > 0;
     c->ival_stall = req->stats->interval_stall_fraction;
     c->ival_bps = req->stats->interval_batches_per_second;
+    c->has_report = true;
+    c->last_report = now_ms;
+    c->ival_ms = c->has_ival && req->stats->interval_seconds < 3600
+                     ? (int64_t)(req->stats->interval_seconds * 1e3)
+                     : 0;
   }
   if (c->active)
     record_progress(d, j, c->id, req);
   if (c->active && !req->leaving && !c->no_renew)
     restart_rows(d, j, c->id, req);
+  /* After the restarts: a row the client restarted already left the
+   * worker it cannot reach (and avoids it); the rest move here. */
+  if (req->n_unreachable > 0 || c->nunreach > 0)
+    ferry__disp_record_unreachable(d, j, c, req);
   if (req->leaving && c->active)
     ferry__disp_emit_client_left(d, j, c->id, false);
   ferry__disp_schedule(d);

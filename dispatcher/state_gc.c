@@ -64,10 +64,19 @@ static void collect_datasets(ferry_disp_t *d) {
   }
 }
 
+/* Unreachable reports of clients gone, and every report on a lost
+ * worker. */
+static void prune_unreachable(ferry_disp_t *d) {
+  for (size_t i = 0; i < d->nworkers; i++)
+    if (d->workers[i]->nunreach > 0)
+      ferry__disp_prune_unreachable(d, d->workers[i], d->workers[i]->lost);
+}
+
 void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms) {
   d->now = now_ms;
   expire_workers(d);
   expire_clients(d);
+  prune_unreachable(d);
   collect_jobs(d);
   collect_datasets(d);
   ferry__disp_schedule(d);

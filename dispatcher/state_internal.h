@@ -2,8 +2,8 @@
  * types every part of it shares and the functions they call across files.
  * The parts: state.c (lifetime, lookups), state_apply.c (journal entries),
  * state_leases.c, state_datasets.c (+ scan.c, off the loop), state_jobs.c,
- * state_clients.c, state_workers.c, state_gc.c, state_status.c,
- * state_metrics.c; arena.c holds the response arena.
+ * state_clients.c, state_workers.c, state_unreach.c, state_gc.c,
+ * state_status.c, state_metrics.c; arena.c holds the response arena.
  * See state.h and docs/ARCHITECTURE.md, "The service".
  *
  * Invariants:
@@ -120,6 +120,14 @@ typedef struct client_s {
   /* Volatile: the same over the last heartbeat interval (issue 10). */
   double ival_stall, ival_bps;
   bool has_ival;
+  /* Volatile: when its last stats arrived (has_report) and the interval
+   * they covered (ms; 0: none yet), which say whether its figures are
+   * still current (ferry__disp_client_live). */
+  bool has_report;
+  int64_t last_report;
+  int64_t ival_ms;
+  /* Volatile: entries on workers' unreachable lists for this client. */
+  uint32_t nunreach;
   /* Issue 8: the secret its heartbeats and streams must carry (journaled;
    * none for clients of journals written before it). */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
@@ -163,6 +171,17 @@ typedef struct job_s {
   int64_t idle_since; /* -1: busy; else when it became GC-able */
 } job_t;
 
+/* A client that cannot reach a worker (ClientHeartbeatRequest
+ * .unreachable), on that worker's list. Volatile: clients list it again
+ * in every heartbeat while it lasts. */
+typedef struct unreach_s {
+  uint64_t job, client;
+  uint32_t failures;   /* as the client counts them; growth: a new failure */
+  uint32_t strikes;    /* new failures seen: the backoff doubles with each */
+  int64_t avoid_until; /* the client's rows avoid the worker until then */
+  uint64_t gen;        /* the heartbeat that listed it last */
+} unreach_t;
+
 typedef struct worker_s {
   uint64_t id;
   char *address;
@@ -190,6 +209,14 @@ typedef struct worker_s {
   uint32_t unfinished;
   uint32_t heap_pos; /* volatile: its slot in ferry_disp_t.heap, or
                       * UINT32_MAX when not in it */
+  /* Volatile: clients that report it unreachable, the latest reason
+   * (cleaned), when one last reported it (-1: never) and whether the
+   * once-per-worker warning was logged. */
+  unreach_t *unreach;
+  uint32_t nunreach, unreach_cap;
+  char *unreach_reason;
+  int64_t unreach_at;
+  bool unreach_warned;
 } worker_t;
 
 struct ferry_disp_s {
@@ -204,6 +231,7 @@ struct ferry_disp_s {
   uint64_t next_job, next_client, next_worker;
   uint64_t boot; /* this process's boot number (JournalBoot) */
   uint64_t hb_gen;
+  uint64_t unreach_gen; /* volatile: client heartbeats that listed any */
   uint64_t changes; /* live entries committed: wakes waiting heartbeats */
   /* Snapshots (snapshot.c): the journal segment that follows the state
    * loaded, and while a snapshot is applied, its entries so far. */
@@ -378,6 +406,52 @@ void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
  * without progress fails its job, naming it. */
 int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r);
 
+/* Re-leases every row of `client` leased to `w` and not done to another
+ * worker, from its delivered count (as a restart, without counting one or
+ * suspecting `w`): the client cannot reach `w`. distributed_epoch only
+ * (parallel_epochs rows are pinned). Returns the rows moved. */
+uint32_t ferry__disp_move_client_rows(ferry_disp_t *d, job_t *j,
+                                      uint64_t client, const worker_t *w);
+
+/* state_unreach.c */
+
+/* The reason text kept per worker (ClientHeartbeatRequest.unreachable's
+ * bounds are in state.h). */
+#define FERRY_DISP_REASON_KEPT 256
+/* The first backoff after a client reports a worker unreachable, doubled
+ * with each further failure up to the maximum. */
+#define FERRY_DISP_UNREACH_BACKOFF_MS 1000
+#define FERRY_DISP_UNREACH_BACKOFF_MAX_MS 60000
+
+/* FERRY_EINVAL naming the bound when the heartbeat's unreachable list is
+ * too long or a reason or address too long. */
+int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
+                                  ferry_error_t *err);
+
+/* Records the client's unreachable list: each worker it names (by id and
+ * address) gets or keeps an entry for the client; a new failure (a new
+ * entry or a grown count) sets the backoff, moves the client's rows off
+ * the worker, and the first one per worker is logged as a warning. Entries
+ * of the client that the list no longer names are dropped (it reached the
+ * worker again). `leaving`: every entry of the client goes. */
+void ferry__disp_record_unreachable(ferry_disp_t *d, job_t *j, client_t *c,
+                                    const Ferry__V1__ClientHeartbeatRequest *req);
+
+/* True while `client` of job `job` reported `w` unreachable and its
+ * backoff runs: that client's rows are not leased to `w`. */
+bool ferry__disp_unreachable_for(const ferry_disp_t *d, const worker_t *w,
+                                 uint64_t job, uint64_t client);
+
+/* Clients of running jobs, still active, whose entries are on `w`. */
+uint32_t ferry__disp_unreachable_count(ferry_disp_t *d, const worker_t *w);
+
+/* Drops the entries of clients no longer active (tick), or every entry
+ * (`all`: the worker registered again). */
+void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all);
+
+/* Frees a worker's lists (state.c). */
+void ferry__disp_free_unreachable(worker_t *w);
+
 /* state_status.c */
 
 /* Nothing runs on the drained worker: no lease, and a heartbeat since the
@@ -396,5 +470,10 @@ const char *ferry__disp_worker_state(const worker_t *w);
  * last interval's figures where the client sent them. */
 void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
                              Ferry__V1__JobStatus *s);
+
+/* True when the client's figures are current: it is active and reported
+ * within max(2 s, 4 of its heartbeat intervals). A killed client stays
+ * active until its timeout, but its last rate is no longer a rate. */
+bool ferry__disp_client_live(const ferry_disp_t *d, const client_t *c);
 
 #endif /* FERRY_DISPATCHER_STATE_INTERNAL_H */

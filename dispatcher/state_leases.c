@@ -92,29 +92,46 @@ static bool avoided(const ferry_disp_t *d, const row_t *row,
   return row != NULL && row->avoid == w->id && d->now < row->avoid_until;
 }
 
+/* True while rows of `client` of job `j` must not go to `w`: `row`
+ * avoids it (backoff after a restart), or the client reported it
+ * unreachable (state_unreach.c). */
+static bool shunned(const ferry_disp_t *d, const job_t *j, uint64_t client,
+                    const row_t *row, const worker_t *w) {
+  return avoided(d, row, w) ||
+         (j != NULL && ferry__disp_unreachable_for(d, w, j->id, client));
+}
+
 /* The eligible worker with the fewest tasks (lowest id on a tie) that
- * `row` (may be NULL) does not avoid, or NULL. */
-static worker_t *pick_worker(ferry_disp_t *d, const row_t *row) {
+ * `row` (may be NULL) of `client` (0: none) does not avoid, or NULL. */
+static worker_t *pick_worker(ferry_disp_t *d, const job_t *j, uint64_t client,
+                             const row_t *row) {
   worker_t *best = NULL;
   if (!d->heap_fresh) {
     heap_build(d);
     d->heap_fresh = true;
   }
   if (d->heap_ok) {
-    /* The heap's root, unless the row avoids it (one worker at most):
-     * then the lighter of the root's children, the next in order. */
-    if (d->nheap == 0 || !avoided(d, row, d->heap[0]))
+    /* The heap's root, unless the row avoids it: then the lighter of the
+     * root's children, the next in order, when neither of them is
+     * shunned too (a client may shun several workers: then the walk). */
+    if (d->nheap == 0 || !shunned(d, j, client, row, d->heap[0]))
       return d->nheap > 0 ? d->heap[0] : NULL;
-    for (size_t i = 1; i <= 2 && i < d->nheap; i++)
-      if (best == NULL || lighter(d->heap[i], best))
+    bool exact = true;
+    for (size_t i = 1; i <= 2 && i < d->nheap; i++) {
+      if (shunned(d, j, client, row, d->heap[i]))
+        exact = false;
+      else if (best == NULL || lighter(d->heap[i], best))
         best = d->heap[i];
-    return best;
+    }
+    if (exact)
+      return best;
+    best = NULL;
   }
   for (size_t i = 0; i < d->nworkers; i++) {
     worker_t *w = d->workers[i];
-    if (!ferry__disp_eligible(d, w) || avoided(d, row, w))
+    if (!ferry__disp_eligible(d, w) || shunned(d, j, client, row, w))
       continue;
-    if (best == NULL || w->ntasks < best->ntasks)
+    if (best == NULL || lighter(w, best))
       best = w;
   }
   return best;
@@ -154,16 +171,18 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
   return 0;
 }
 
-/* The worker a row should be leased to now: its pinned worker in
- * parallel_epochs (if live and not in its backoff), else the least loaded
- * eligible one it does not avoid. */
-static worker_t *worker_for(ferry_disp_t *d, job_t *j, uint32_t r) {
+/* The worker a row bound (or about to be bound) to `client` should be
+ * leased to now: its pinned worker in parallel_epochs (if live and not in
+ * its backoff), else the least loaded eligible one it does not avoid and
+ * the client can reach. */
+static worker_t *worker_for(ferry_disp_t *d, job_t *j, uint32_t r,
+                            uint64_t client) {
   const row_t *row = &j->rows[r];
   if (PAR(j)) {
     worker_t *w = ferry__disp_live_worker(d, ferry__disp_row_pinned(j, r));
     return w != NULL && !avoided(d, row, w) ? w : NULL;
   }
-  return pick_worker(d, row);
+  return pick_worker(d, j, client, row);
 }
 
 /* Leases every bound row that waits for a worker. */
@@ -176,7 +195,7 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
     worker_t *w;
     if (row->client == 0 || row->worker != 0 || row->done)
       continue;
-    if ((w = worker_for(d, j, r)) == NULL)
+    if ((w = worker_for(d, j, r, row->client)) == NULL)
       continue; /* waits: no eligible worker, or in its backoff */
     bind_row(d, j, r, row->client, w);
   }
@@ -253,7 +272,7 @@ void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     row_t *row = &j->rows[r];
     if (row->client != 0 || row->done)
       continue;
-    if (bind_row(d, j, r, client, worker_for(d, j, r)) != 0)
+    if (bind_row(d, j, r, client, worker_for(d, j, r, client)) != 0)
       return;
     want--;
   }
@@ -304,5 +323,30 @@ int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
             j->id, row->client, j->epoch, split, row->lease, row->worker,
             row->delivered, row->restarts);
   ferry__disp_recount(d);
-  return bind_row(d, j, r, row->client, worker_for(d, j, r));
+  return bind_row(d, j, r, row->client, worker_for(d, j, r, row->client));
+}
+
+uint32_t ferry__disp_move_client_rows(ferry_disp_t *d, job_t *j,
+                                      uint64_t client, const worker_t *w) {
+  uint32_t moved = 0;
+  if (!RUNNING(j) || !j->started || PAR(j))
+    return 0;
+  ferry__disp_recount(d);
+  /* bind_row keeps the row's client: the active list stays as it is. */
+  for (uint32_t k = 0; k < j->nactive; k++) {
+    uint32_t r = j->active[k].row;
+    row_t *row = &j->rows[r];
+    if (row->client != client || row->worker != w->id || row->done)
+      continue;
+    /* Waits (worker 0) when no other worker can take it. */
+    worker_t *to = worker_for(d, j, r, client);
+    if (to == NULL || to == w) {
+      row->worker = 0; /* its task on `w` is cancelled by the lease diff */
+      d->changes++;
+      moved++;
+    } else if (bind_row(d, j, r, client, to) == 0) {
+      moved++;
+    }
+  }
+  return moved;
 }

@@ -43,16 +43,27 @@ void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
   }
 }
 
+bool ferry__disp_client_live(const ferry_disp_t *d, const client_t *c) {
+  int64_t fresh = 4 * c->ival_ms > 2000 ? 4 * c->ival_ms : 2000;
+  return c->active && c->has_report && d->now - c->last_report <= fresh;
+}
+
 void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
                              Ferry__V1__JobStatus *s) {
   double stall[64], bps[64];
   size_t k = 0;
   uint32_t n = 0;
+  int64_t newest = -1;
   for (size_t i = 0; i < d->nworkers; i++)
     n += ferry__disp_eligible(d, d->workers[i]);
-  for (size_t i = 0; i < j->nclients && k < 64; i++) {
+  for (size_t i = 0; i < j->nclients; i++) {
     const client_t *c = &j->clients[i];
-    if (!c->active)
+    if (c->has_report && c->last_report > newest)
+      newest = c->last_report;
+    if (!ferry__disp_client_live(d, c))
+      continue;
+    s->live_clients++;
+    if (k == 64)
       continue;
     stall[k] = c->has_ival ? c->ival_stall : c->stall_fraction;
     bps[k] = c->has_ival ? c->ival_bps : c->batches_per_second;
@@ -60,8 +71,31 @@ void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
     s->batches_per_second += bps[k];
     k++;
   }
+  if (k > 0) {
+    s->stall_fraction /= (double)k;
+    s->figures_ms_ago = 0;
+    s->workers_wanted = ferry__disp_workers_wanted(
+        n, stall, bps, k, d->cfg.target_stall_fraction);
+    return;
+  }
+  /* No live client (the job finished, or its clients left or died): the
+   * whole-run figures of the clients that reported last, as of then
+   * (figures_ms_ago says how old), so that a finished job still shows how
+   * much its trainers waited and a dead client's rate is not taken for a
+   * current one. */
+  s->figures_ms_ago = newest >= 0 ? d->now - newest : -1;
+  for (size_t i = 0; i < j->nclients && newest >= 0; i++) {
+    const client_t *c = &j->clients[i];
+    if (!c->has_report || newest - c->last_report > 2000 || k == 64)
+      continue;
+    stall[k] = c->stall_fraction;
+    bps[k] = c->batches_per_second;
+    s->stall_fraction += stall[k];
+    s->batches_per_second += bps[k];
+    k++;
+  }
   if (k > 0)
     s->stall_fraction /= (double)k;
-  s->workers_wanted = ferry__disp_workers_wanted(n, stall, bps, k,
-                                                 d->cfg.target_stall_fraction);
+  s->workers_wanted = ferry__disp_workers_wanted(
+      n, stall, bps, k, d->cfg.target_stall_fraction);
 }

@@ -31,6 +31,10 @@ worker_status(ferry_disp_t *d, const worker_t *w, ferry_arena_t *a) {
   s->buffer_bytes = w->buffer_bytes;
   s->buffer_free_bytes = w->buffer_free_bytes;
   s->last_heartbeat_ms_ago = d->now - w->last_hb;
+  s->unreachable_clients = ferry__disp_unreachable_count(d, w);
+  s->unreachable_reason = w->unreach_reason != NULL ? w->unreach_reason : "";
+  s->unreachable_ms_ago = w->unreach_reason != NULL ? d->now - w->unreach_at
+                                                    : -1;
   return s;
 }
 

@@ -339,7 +339,20 @@ static void text_workers(FILE *out, const view_t *v) {
             w->worker_id, w->address ? w->address : "",
             w->state ? w->state : "", w->tasks, w->threads, buf,
             w->last_heartbeat_ms_ago);
+    /* Alive to the dispatcher is not reachable by trainers: say so. */
+    if (w->unreachable_clients > 0) {
+      fprintf(out, "         unreachable by %" PRIu32 " client%s: %s\n",
+              w->unreachable_clients, w->unreachable_clients == 1 ? "" : "s",
+              w->unreachable_reason ? w->unreachable_reason : "");
+    }
   }
+}
+
+/* Whether the job's stall and rate figures are current: a dispatcher that
+ * says no client is live sends those of the last report, figures_ms_ago
+ * old (-1: none ever); one that predates the field sends 0 for both. */
+static bool figures_current(const Ferry__V1__JobStatus *j) {
+  return j->live_clients > 0 || j->figures_ms_ago == 0;
 }
 
 static const char *job_name(const Ferry__V1__JobStatus *j) {
@@ -360,12 +373,25 @@ static void text_jobs_table(FILE *out, const view_t *v) {
                j->num_epochs);
     snprintf(rec, sizeof(rec), "%" PRIu64 "/%" PRIu64, j->delivered,
              j->total);
+    /* With no live client: the last report's stall, and no rate or
+     * worker count as if they were current. */
+    char stall[16], bps[24], wanted[16];
+    bool cur = figures_current(j->pb);
+    if (cur || j->pb->figures_ms_ago > 0)
+      snprintf(stall, sizeof(stall), "%5.1f%%", j->pb->stall_fraction * 100.0);
+    else
+      snprintf(stall, sizeof(stall), "-");
+    if (cur) {
+      snprintf(bps, sizeof(bps), "%.1f", j->pb->batches_per_second);
+      snprintf(wanted, sizeof(wanted), "%" PRIu32, j->pb->workers_wanted);
+    } else {
+      snprintf(bps, sizeof(bps), "-");
+      snprintf(wanted, sizeof(wanted), "-");
+    }
     fprintf(out, "  %-6" PRIu64 " %-16s %-17s %-9s %-8s %6.1f%% %-23s %7zu "
-                 "%5.1f%% %9.1f %6" PRIu32 "\n",
+                 "%6s %9s %6s\n",
             j->pb->job_id, job_name(j->pb), j->mode, j->state, ep,
-            j->fraction * 100.0, rec, j->pb->n_clients,
-            j->pb->stall_fraction * 100.0, j->pb->batches_per_second,
-            j->pb->workers_wanted);
+            j->fraction * 100.0, rec, j->pb->n_clients, stall, bps, wanted);
   }
 }
 
@@ -394,10 +420,19 @@ static void text_status(FILE *out, const view_t *v) {
     fprintf(out, "  %" PRIu64 " of %" PRIu64 " records this epoch, %" PRIu64
                  " in all\n",
             vj->delivered, vj->total, vj->delivered_all);
-    fprintf(out, "    stall %.1f%%  %.1f batches/s  workers wanted %" PRIu32
-                 "\n",
-            j->stall_fraction * 100.0, j->batches_per_second,
-            j->workers_wanted);
+    if (figures_current(j)) {
+      fprintf(out, "    stall %.1f%%  %.1f batches/s  workers wanted %" PRIu32
+                   "\n",
+              j->stall_fraction * 100.0, j->batches_per_second,
+              j->workers_wanted);
+    } else if (j->figures_ms_ago < 0) {
+      fputs("    no live client; no client reported figures yet\n", out);
+    } else {
+      fputs("    no live client; as of the last report ", out);
+      print_duration(out, j->figures_ms_ago);
+      fprintf(out, " ago: stall %.1f%%  %.1f batches/s\n",
+              j->stall_fraction * 100.0, j->batches_per_second);
+    }
     fprintf(out, "    dataset %s  skipped %" PRIu64 "\n",
             j->dataset_id ? j->dataset_id : "", j->skipped);
     for (size_t k = 0; k < j->n_skipped_by_file; k++)
@@ -455,9 +490,15 @@ static void json_workers(FILE *out, const view_t *v) {
     fprintf(out, ", \"operator_drained\": %s, \"tasks\": %" PRIu32
                  ", \"threads\": %" PRIu32 ", \"buffer_bytes\": %" PRIu64
                  ", \"buffer_used_bytes\": %" PRIu64
-                 ", \"last_heartbeat_ms_ago\": %" PRId64 "}",
+                 ", \"last_heartbeat_ms_ago\": %" PRId64
+                 ", \"unreachable_clients\": %" PRIu32
+                 ", \"unreachable_ms_ago\": %" PRId64
+                 ", \"unreachable_reason\": ",
             w->operator_drained ? "true" : "false", w->tasks, w->threads,
-            w->buffer_bytes, used_bytes(w), w->last_heartbeat_ms_ago);
+            w->buffer_bytes, used_bytes(w), w->last_heartbeat_ms_ago,
+            w->unreachable_clients, w->unreachable_ms_ago);
+    json_str(out, w->unreachable_reason);
+    putc('}', out);
   }
   putc(']', out);
 }
@@ -487,9 +528,10 @@ static void json_jobs(FILE *out, const view_t *v) {
     json_double(out, j->stall_fraction);
     fputs(", \"batches_per_second\": ", out);
     json_double(out, j->batches_per_second);
-    fprintf(out, ", \"workers_wanted\": %" PRIu32 ", \"skipped\": %" PRIu64
-                 ", \"skipped_by_file\": [",
-            j->workers_wanted, j->skipped);
+    fprintf(out, ", \"workers_wanted\": %" PRIu32 ", \"live_clients\": %"
+                 PRIu32 ", \"figures_ms_ago\": %" PRId64
+                 ", \"skipped\": %" PRIu64 ", \"skipped_by_file\": [",
+            j->workers_wanted, j->live_clients, j->figures_ms_ago, j->skipped);
     for (size_t k = 0; k < j->n_skipped_by_file; k++) {
       fputs(k ? ", {\"file\": " : "{\"file\": ", out);
       json_str(out, j->skipped_by_file[k]->file);

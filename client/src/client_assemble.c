@@ -662,6 +662,14 @@ static void apply_locked(ferry_client_t *c,
                          const Ferry__V1__ClientHeartbeatResponse *r) {
   c->hb_applied++;
   c->rejoined = c->have_incarnation && r->incarnation != c->incarnation;
+  /* What a trainer waiting in vain is told (ferry__client_why_locked). */
+  c->d_has_counts = r->worker_counts != NULL;
+  if (r->worker_counts != NULL) {
+    c->d_serving = r->worker_counts->serving;
+    c->d_draining = r->worker_counts->draining;
+    c->d_lost = r->worker_counts->lost;
+    c->d_avoided = r->worker_counts->avoided;
+  }
   /* Another incarnation: the dispatcher declared this client lost (or
    * its stream stalled) and gave every split it held to other clients,
    * from what it had acknowledged. Whatever was not handed out is not
@@ -926,8 +934,13 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
       pthread_cond_wait(&c->ready_cv, &c->mu);
     } else if (pthread_cond_timedwait(&c->ready_cv, &c->mu, &deadline) ==
                ETIMEDOUT) {
+      /* Say why when the client knows: a timeout alone sent operators
+       * to --verbose logs for a drained or unreachable worker. */
+      char why[384];
+      ferry__client_why_locked(c, why, sizeof(why));
       rc = ferry__seterr(err, FERRY_ETIMEDOUT,
-                         "client: no batch within %d ms", timeout_ms);
+                         "client: no batch within %d ms%s%s", timeout_ms,
+                         why[0] ? ": " : "", why);
       break;
     }
   }

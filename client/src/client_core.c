@@ -4,6 +4,7 @@
  * chunks and hand them to the assembler, and the orderly goodbye in
  * ferry_client_free.
  */
+#include <inttypes.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +367,76 @@ static void ucx_failed_add_locked(ferry_client_t *c, const char *address) {
   l[c->n_ucx_failed++] = a;
 }
 
+/* ---- Workers the client cannot reach ------------------------------------ */
+
+static ferry__unreach_t *unreach_find_locked(ferry_client_t *c,
+                                             const char *address) {
+  for (uint32_t i = 0; i < c->n_unreach; i++)
+    if (strcmp(c->unreach[i].address, address) == 0)
+      return &c->unreach[i];
+  return NULL;
+}
+
+void ferry__client_unreach_failed_locked(ferry_client_t *c, uint64_t worker_id,
+                                         const char *address,
+                                         const char *reason) {
+  ferry__unreach_t *u = unreach_find_locked(c, address);
+  if (u == NULL) {
+    if (c->n_unreach == FERRY__UNREACH_MAX ||
+        strlen(address) >= sizeof(u->address))
+      return; /* the first sixteen tell the story */
+    u = &c->unreach[c->n_unreach++];
+    memset(u, 0, sizeof(*u));
+    snprintf(u->address, sizeof(u->address), "%s", address);
+  }
+  u->worker_id = worker_id;
+  if (u->failures < UINT32_MAX)
+    u->failures++;
+  /* Printable ASCII only: it travels in a proto3 string and is shown. */
+  size_t n = 0;
+  for (const char *p = reason != NULL ? reason : "";
+       *p != '\0' && n + 1 < sizeof(u->reason); p++) {
+    unsigned char ch = (unsigned char)*p;
+    u->reason[n++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+  }
+  u->reason[n] = '\0';
+}
+
+void ferry__client_unreach_reached_locked(ferry_client_t *c,
+                                          const char *address) {
+  ferry__unreach_t *u = unreach_find_locked(c, address);
+  if (u == NULL)
+    return;
+  FERRY_LOG(FERRY_LOG_INFO, "client: worker %s reachable again", address);
+  *u = c->unreach[--c->n_unreach];
+}
+
+void ferry__client_why_locked(const ferry_client_t *c, char *out,
+                              size_t cap) {
+  const ferry__unreach_t *u = NULL;
+  out[0] = '\0';
+  for (uint32_t i = 0; i < c->n_unreach && u == NULL; i++)
+    u = &c->unreach[i];
+  if (c->hb_down_since > 0) {
+    snprintf(out, cap, "no answer from the dispatcher %s for %.1f s: %s",
+             c->dispatcher != NULL ? c->dispatcher : "",
+             ferry__client_now() - c->hb_down_since, c->hb_error);
+  } else if (c->d_has_counts && c->d_serving == 0) {
+    if (c->d_draining + c->d_lost == 0)
+      snprintf(out, cap, "no worker is serving this job: none has "
+               "registered with the dispatcher");
+    else
+      snprintf(out, cap, "no worker is serving this job: %" PRIu32
+               " draining, %" PRIu32 " lost", c->d_draining, c->d_lost);
+  } else if (u != NULL) {
+    int n = snprintf(out, cap, "worker %s unreachable: %s", u->address,
+                     u->reason);
+    if (c->n_unreach > 1 && n > 0 && (size_t)n < cap)
+      snprintf(out + n, cap - (size_t)n, " (and %" PRIu32 " more)",
+               c->n_unreach - 1);
+  }
+}
+
 static bool transport_is_auto(const ferry_client_t *c) {
   return c->transport == NULL || c->transport[0] == '\0' ||
          strcmp(c->transport, "auto") == 0;
@@ -403,11 +474,26 @@ static void *reader_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         ferry__client_restart_worker_locked(
             c, __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED));
+        /* Nothing ever came: the client may not reach this worker at all
+         * (a wrong --advertise, a certificate without its address); the
+         * dispatcher hears of it (ClientHeartbeatRequest.unreachable). A
+         * worker's refusal of a cancelled or replaced stream is no sign. */
+        if (chunks == 0 && w->stream->ops == &ferry_transport_grpc &&
+            (rc == FERRY_EGRPC_UNAVAILABLE ||
+             rc == FERRY_EGRPC_UNAUTHENTICATED ||
+             rc == FERRY_EGRPC_PERMISSION_DENIED))
+          ferry__client_unreach_failed_locked(
+              c, __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED),
+              w->address, e.msg);
         pthread_mutex_unlock(&c->mu);
       }
       break;
     }
-    chunks++;
+    if (chunks++ == 0) {
+      pthread_mutex_lock(&c->mu);
+      ferry__client_unreach_reached_locked(c, w->address);
+      pthread_mutex_unlock(&c->mu);
+    }
     src.len = msg.len;
     src.copy = tmsg_copy;
     src.ctx = &msg;
@@ -549,6 +635,11 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   pthread_mutex_unlock(&c->mu);
   if (rc != 0) {
     FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", address, e.msg);
+    if (rc != FERRY_ENOMEM) {
+      pthread_mutex_lock(&c->mu);
+      ferry__client_unreach_failed_locked(c, worker_id, address, e.msg);
+      pthread_mutex_unlock(&c->mu);
+    }
     worker_free(c, w);
   }
   return rc;
@@ -561,6 +652,17 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
 static void sync_workers(ferry_client_t *c,
                          const Ferry__V1__ClientHeartbeatResponse *r) {
   pthread_mutex_lock(&c->mu);
+  /* A worker gone from the live list (lost, or registered again under a
+   * new id) is no longer this client's to report. */
+  for (uint32_t i = c->n_unreach; i-- > 0;) {
+    bool live = false;
+    for (size_t k = 0; k < r->n_workers && !live; k++)
+      live = r->workers[k]->address != NULL &&
+             r->workers[k]->worker_id == c->unreach[i].worker_id &&
+             strcmp(r->workers[k]->address, c->unreach[i].address) == 0;
+    if (!live)
+      c->unreach[i] = c->unreach[--c->n_unreach];
+  }
   for (size_t i = 0; i < c->n_workers; i++)
     c->workers[i]->seen = false;
   pthread_mutex_unlock(&c->mu);
@@ -695,6 +797,11 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
       FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
   Ferry__V1__ClientStats st = FERRY__V1__CLIENT_STATS__INIT;
   Ferry__V1__SplitProgress *prog = NULL, **pp = NULL;
+  /* The unreachable workers, copied under the lock (the readers change
+   * the list). */
+  Ferry__V1__UnreachableWorker uw[FERRY__UNREACH_MAX];
+  Ferry__V1__UnreachableWorker *uwp[FERRY__UNREACH_MAX];
+  ferry__unreach_t ucopy[FERRY__UNREACH_MAX];
   uint8_t *buf = NULL, *reply = NULL;
   size_t len, reply_len;
   int rc = FERRY_ENOMEM;
@@ -748,6 +855,19 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
       req.stalled_ms =
           (uint64_t)((ferry__client_now() - c->space_wait_since) * 1e3);
     c->hb_kick = false;
+    for (uint32_t i = 0; i < c->n_unreach; i++) {
+      if (c->unreach[i].failures < FERRY__UNREACH_REPORT)
+        continue;
+      size_t k = req.n_unreachable++;
+      ucopy[k] = c->unreach[i];
+      ferry__v1__unreachable_worker__init(&uw[k]);
+      uw[k].worker_id = ucopy[k].worker_id;
+      uw[k].address = ucopy[k].address;
+      uw[k].reason = ucopy[k].reason;
+      uw[k].failures = ucopy[k].failures;
+      uwp[k] = &uw[k];
+    }
+    req.unreachable = uwp;
   }
   pthread_mutex_unlock(&c->mu);
   if (prog != NULL && pp != NULL)
@@ -812,6 +932,9 @@ static void *hb_main(void *arg) {
     }
     if (rc == 0) {
       c->last_hb_ok = ferry__client_now();
+      pthread_mutex_lock(&c->mu);
+      c->hb_down_since = 0;
+      pthread_mutex_unlock(&c->mu);
       ferry__client_answer(c, t_send, records, r);
       sync_workers(c, r);
       ferry__v1__client_heartbeat_response__free_unpacked(
@@ -819,6 +942,13 @@ static void *hb_main(void *arg) {
     } else {
       double down = ferry__client_now() - c->last_hb_ok;
       FERRY_LOG(FERRY_LOG_WARN, "client: heartbeat: %s", e.msg);
+      pthread_mutex_lock(&c->mu);
+      if (c->hb_down_since == 0)
+        c->hb_down_since = c->last_hb_ok;
+      size_t n = strnlen(e.msg, sizeof(c->hb_error) - 1);
+      memcpy(c->hb_error, e.msg, n);
+      c->hb_error[n] = '\0';
+      pthread_mutex_unlock(&c->mu);
       if (down * 1e3 > c->opts.dispatcher_timeout_ms) {
         pthread_mutex_lock(&c->mu);
         ferry__client_fail_locked(c, rc,

@@ -129,6 +129,23 @@ typedef struct ferry__worker_s {
   ferry_chunk_parser_t parser;
 } ferry__worker_t;
 
+/* A worker the client cannot reach: its streams failed before their
+ * first chunk (a wrong --advertise, a TLS certificate that does not name
+ * its address). Reported to the dispatcher in every heartbeat once
+ * `failures` reaches FERRY__UNREACH_REPORT (ClientHeartbeatRequest
+ * .unreachable) until a stream to it delivers a chunk or the dispatcher
+ * no longer lists the worker; the dispatcher then moves this client's
+ * splits off it. */
+#define FERRY__UNREACH_MAX 16
+#define FERRY__UNREACH_REASON 256 /* bytes kept of the transport's text */
+#define FERRY__UNREACH_REPORT 2   /* one failure may be a worker dying */
+typedef struct ferry__unreach_s {
+  uint64_t worker_id;
+  char address[256];
+  char reason[FERRY__UNREACH_REASON];
+  uint32_t failures; /* consecutive streams that failed before a chunk */
+} ferry__unreach_t;
+
 /* How batches are staged (staging.c). */
 typedef enum {
   FERRY__STG_RAW = 0, /* host batches of uint8 images, no augmentation */
@@ -269,6 +286,17 @@ struct ferry_client_s {
    * mode they are served over gRPC from then on (mu). */
   char **ucx_failed;
   size_t n_ucx_failed;
+  /* Workers this client cannot reach (mu). */
+  ferry__unreach_t unreach[FERRY__UNREACH_MAX];
+  uint32_t n_unreach;
+  /* The dispatcher's worker counts from the latest answer (mu;
+   * d_has_counts false: none yet, or an older dispatcher), and since when
+   * heartbeats fail (monotonic seconds, 0: they do not) with the last
+   * error: what a trainer that gets no batch is told. */
+  bool d_has_counts;
+  uint32_t d_serving, d_draining, d_lost, d_avoided;
+  double hb_down_since;
+  char hb_error[160];
 };
 
 /* Monotonic seconds. */
@@ -396,6 +424,23 @@ size_t ferry__client_progress_locked(ferry_client_t *c,
 /* The heartbeat that carried the sent restarts failed: they are pending
  * again. Lock held. */
 void ferry__client_restart_unsent_locked(ferry_client_t *c);
+
+/* Why no batch may come, for ferry_next's timeout message: the dispatcher
+ * does not answer, no worker serves the job (all draining or lost), or a
+ * worker the client's splits went to cannot be reached (with the
+ * transport's reason). Writes "" when nothing explains it. Lock held. */
+void ferry__client_why_locked(const ferry_client_t *c, char *out, size_t cap);
+
+/* A stream to the worker at `address` failed before its first chunk
+ * (`reason`: the transport's text, kept bounded): counts a consecutive
+ * failure. Lock held. */
+void ferry__client_unreach_failed_locked(ferry_client_t *c, uint64_t worker_id,
+                                         const char *address,
+                                         const char *reason);
+
+/* A stream to `address` delivered a chunk: it is reachable. Lock held. */
+void ferry__client_unreach_reached_locked(ferry_client_t *c,
+                                          const char *address);
 
 /* Fails the client (first failure wins) and wakes every waiter. Lock
  * held. */

@@ -665,3 +665,54 @@ Test(client_assemble, a_broken_stream_restarts_the_workers_open_splits) {
   ferry_batch_release(c, b);
   ferry_client_free(c);
 }
+
+/* ferry_next's timeout says why no batch comes when the client knows. */
+static const char *timeout_text(ferry_client_t *c, ferry_error_t *err) {
+  const ferry_batch_t *b;
+  cr_assert_eq(ferry_next(c, &b, 20, err), FERRY_ETIMEDOUT, "%s", err->msg);
+  cr_assert(strstr(err->msg, "client: no batch within 20 ms") == err->msg,
+            "%s", err->msg);
+  return err->msg;
+}
+
+Test(client_assemble, a_timeout_says_why_no_batch_comes) {
+  ferry_client_t *c = local(4, 4, false);
+  ferry_error_t err = {0};
+  beat(c, 0, 0, false, 0, (uint32_t[]){0}, (uint64_t[]){0}, 1);
+  cr_assert_str_eq(timeout_text(c, &err), "client: no batch within 20 ms",
+                   "nothing known: no hint");
+  /* Every worker draining (or drained by an operator), one lost. */
+  Ferry__V1__ClientHeartbeatResponse r =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__WorkerCounts wc = FERRY__V1__WORKER_COUNTS__INIT;
+  r.error = (char *)"";
+  r.worker_counts = &wc;
+  wc.draining = 2;
+  wc.lost = 1;
+  ferry__client_apply_heartbeat(c, &r);
+  cr_assert(strstr(timeout_text(c, &err),
+                   ": no worker is serving this job: 2 draining, 1 lost") !=
+                NULL,
+            "%s", err.msg);
+  /* A worker is serving, but this client cannot reach it. */
+  wc.serving = 1;
+  wc.avoided = 1;
+  ferry__client_apply_heartbeat(c, &r);
+  pthread_mutex_lock(&c->mu);
+  ferry__client_unreach_failed_locked(
+      c, 7, "127.0.0.4:5051",
+      "failed to connect to all addresses; last error: Peer name "
+      "127.0.0.4 is not in peer certificate\n");
+  pthread_mutex_unlock(&c->mu);
+  cr_assert(strstr(timeout_text(c, &err),
+                   ": worker 127.0.0.4:5051 unreachable: failed to connect "
+                   "to all addresses; last error: Peer name 127.0.0.4 is not "
+                   "in peer certificate?") != NULL,
+            "%s", err.msg);
+  /* A chunk from it: reachable after all, nothing to say. */
+  pthread_mutex_lock(&c->mu);
+  ferry__client_unreach_reached_locked(c, "127.0.0.4:5051");
+  pthread_mutex_unlock(&c->mu);
+  cr_assert_str_eq(timeout_text(c, &err), "client: no batch within 20 ms");
+  ferry_client_free(c);
+}

@@ -2094,3 +2094,264 @@ Test(dispatcher, cancel_fails_the_clients_and_cancels_the_tasks) {
   cr_assert_eq(c->error_code, FERRY_ECANCELED);
   ferry__disp_free(R);
 }
+
+/* ---- Workers clients cannot reach; figures of jobs without live clients */
+
+/* A client heartbeat of (job, client) asking for `want` splits that lists
+ * worker `w` at `addr` as unreachable after `failures` failed streams
+ * (failures 0: lists nothing). */
+static Ferry__V1__ClientHeartbeatResponse *
+unreachable_beat(uint64_t job, uint64_t client, uint32_t want, uint64_t w,
+                 const char *addr, uint32_t failures, int64_t now) {
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__UnreachableWorker u = FERRY__V1__UNREACHABLE_WORKER__INIT;
+  Ferry__V1__UnreachableWorker *up = &u;
+  Ferry__V1__ClientHeartbeatResponse *resp =
+      ferry__arena_alloc(&fx_arena, sizeof(*resp));
+  ferry_error_t err = {0};
+  ferry__v1__client_heartbeat_response__init(resp);
+  req.job_id = job;
+  req.client_id = client;
+  req.want_splits = want;
+  u.worker_id = w;
+  u.address = (char *)addr;
+  u.reason = "failed to connect to all addresses; last error: Peer name "
+             "127.0.0.4 is not in peer certificate\n";
+  u.failures = failures;
+  req.unreachable = &up;
+  req.n_unreachable = failures > 0;
+  fx_sign(&req);
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, resp, &fx_arena, now,
+                                            &err),
+               0, "%s", err.msg);
+  return resp;
+}
+
+static const Ferry__V1__WorkerStatus *
+worker_status_of(Ferry__V1__GetStatusResponse *s, uint64_t id) {
+  for (size_t i = 0; i < s->n_workers; i++)
+    if (s->workers[i]->worker_id == id)
+      return s->workers[i];
+  cr_assert_fail("worker %llu not in status", (unsigned long long)id);
+  return NULL;
+}
+
+static size_t leased_to(const Ferry__V1__ClientHeartbeatResponse *c,
+                        uint64_t worker) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->n_assignments; i++)
+    n += c->assignments[i]->worker_id == worker;
+  return n;
+}
+
+Test(dispatcher, unreachable_worker_is_avoided_by_that_client_only) {
+  const char *id = dataset(12);
+  Ferry__V1__WorkerHeartbeatResponse *a, *b;
+  a = fx_worker(D, 0, "127.0.0.4:5051", NULL, 0, false, 0);
+  b = fx_worker(D, 0, "b", NULL, 0, false, 0);
+  uint64_t wa = a->worker_id, wb = b->worker_id;
+  Ferry__V1__GetOrCreateJobResponse *j1 =
+      fx_job(D, id, "shared", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *j2 =
+      fx_job(D, id, "shared", DIST, 1, FAIL, 0);
+  uint64_t job = j1->job_id, c1 = j1->client_id, c2 = j2->client_id;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  Ferry__V1__GetStatusResponse *s;
+
+  c = fx_client(D, job, c1, 4, NULL, 0, false, 0);
+  cr_assert_eq(leased_to(c, wa), 2, "balanced before anyone knows");
+  cr_assert_eq(c->worker_counts->serving, 2);
+  cr_assert_eq(c->worker_counts->avoided, 0);
+  /* One failure is not reported by clients (a dying worker); two are. */
+  c = unreachable_beat(job, c1, 0, wa, "127.0.0.4:5051", 2, 100);
+  cr_assert_eq(c->n_assignments, 4);
+  cr_assert_eq(leased_to(c, wa), 0, "its splits moved off the worker");
+  cr_assert_eq(leased_to(c, wb), 4);
+  for (size_t i = 0; i < c->n_assignments; i++)
+    cr_assert_eq(c->assignments[i]->start, 0, "from delivered");
+  cr_assert_eq(c->worker_counts->serving, 2);
+  cr_assert_eq(c->worker_counts->avoided, 1);
+  s = fx_status(D, 150);
+  const Ferry__V1__WorkerStatus *ws = worker_status_of(s, wa);
+  cr_assert_str_eq(ws->state, "alive", "it heartbeats: alive, yet...");
+  cr_assert_eq(ws->unreachable_clients, 1);
+  cr_assert(strstr(ws->unreachable_reason,
+                   "Peer name 127.0.0.4 is not in peer certificate") != NULL,
+            "%s", ws->unreachable_reason);
+  cr_assert_null(strchr(ws->unreachable_reason, '\n'), "cleaned");
+  cr_assert_eq(ws->unreachable_ms_ago, 50);
+  cr_assert_eq(worker_status_of(s, wb)->unreachable_clients, 0);
+  cr_assert_eq(worker_status_of(s, wb)->unreachable_ms_ago, -1);
+  /* a's next heartbeat gets none of the moved leases. */
+  a = fx_worker(D, wa, "127.0.0.4:5051", NULL, 0, false, 200);
+  cr_assert_eq(a->n_new_tasks, 0, "nothing for a: c1's rows left it");
+  /* c1 keeps listing it: its new splits avoid a, though a is idle. */
+  c = unreachable_beat(job, c1, 2, wa, "127.0.0.4:5051", 2, 300);
+  cr_assert_eq(c->n_assignments, 6);
+  cr_assert_eq(leased_to(c, wa), 0);
+  /* Another client is not affected: a, idle, gets its split. */
+  c = fx_client(D, job, c2, 1, NULL, 0, false, 310);
+  cr_assert_eq(leased_to(c, wa), 1, "only c1 avoids a");
+  /* Past the backoff (1 s), a probe may go to a; a new failure moves it
+   * again and doubles the backoff. */
+  fx_worker(D, wa, "127.0.0.4:5051", NULL, 0, false, 900);
+  fx_worker(D, wb, "b", NULL, 0, false, 900);
+  c = unreachable_beat(job, c1, 1, wa, "127.0.0.4:5051", 2, 1150);
+  cr_assert_eq(leased_to(c, wa), 1, "the probe after the backoff");
+  c = unreachable_beat(job, c1, 0, wa, "127.0.0.4:5051", 3, 1200);
+  cr_assert_eq(leased_to(c, wa), 0, "a new failure: moved again");
+  c = unreachable_beat(job, c1, 1, wa, "127.0.0.4:5051", 3, 1900);
+  cr_assert_eq(leased_to(c, wa), 0, "within the doubled backoff");
+  /* The client reached it again (it lists it no more): lifted. */
+  c = fx_client(D, job, c1, 1, NULL, 0, false, 1950);
+  cr_assert_eq(c->worker_counts->avoided, 0);
+  cr_assert_eq(leased_to(c, wa), 1, "a, the lightest, serves c1 again");
+  s = fx_status(D, 1960);
+  cr_assert_eq(worker_status_of(s, wa)->unreachable_clients, 0);
+  cr_assert_geq(worker_status_of(s, wa)->unreachable_ms_ago, 0,
+                "the last reason stays for the operator");
+}
+
+Test(dispatcher, unreachable_reports_are_bounded_and_end_with_the_client) {
+  const char *id = dataset(4);
+  uint64_t wa = fx_worker(D, 0, "a", NULL, 0, false, 0)->worker_id;
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse resp =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__UnreachableWorker u = FERRY__V1__UNREACHABLE_WORKER__INIT;
+  Ferry__V1__UnreachableWorker *many[FERRY_DISP_MAX_UNREACHABLE + 1];
+  ferry_error_t err = {0};
+  char big[FERRY_DISP_MAX_REASON_LEN + 2];
+
+  for (size_t i = 0; i <= FERRY_DISP_MAX_UNREACHABLE; i++)
+    many[i] = &u;
+  u.worker_id = wa;
+  u.address = "a";
+  u.reason = "x";
+  u.failures = 2;
+  req.job_id = j->job_id;
+  req.client_id = j->client_id;
+  req.unreachable = many;
+  req.n_unreachable = FERRY_DISP_MAX_UNREACHABLE + 1;
+  fx_sign(&req);
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 10,
+                                            &err),
+               FERRY_EINVAL);
+  memset(big, 'r', sizeof(big) - 1);
+  big[sizeof(big) - 1] = '\0';
+  u.reason = big;
+  req.n_unreachable = 1;
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, 10,
+                                            &err),
+               FERRY_EINVAL);
+  cr_assert_eq(worker_status_of(fx_status(D, 10), wa)->unreachable_clients,
+               0, "refused before any change");
+  unreachable_beat(j->job_id, j->client_id, 0, wa, "a", 2, 20);
+  cr_assert_eq(worker_status_of(fx_status(D, 20), wa)->unreachable_clients,
+               1);
+  /* Another address under that id: a worker registered again since. */
+  unreachable_beat(j->job_id, j->client_id, 0, wa, "elsewhere", 5, 30);
+  cr_assert_eq(worker_status_of(fx_status(D, 30), wa)->unreachable_clients,
+               0, "not listed (the stale entry names another address)");
+  unreachable_beat(j->job_id, j->client_id, 0, wa, "a", 2, 40);
+  fx_client(D, j->job_id, j->client_id, 0, NULL, 0, true, 50);
+  cr_assert_eq(worker_status_of(fx_status(D, 50), wa)->unreachable_clients,
+               0, "a client that left reports nothing");
+}
+
+/* A heartbeat with stats: whole-run stall and rate, and those of the last
+ * interval (ival_s long; 0: none). */
+static void stats_beat(uint64_t job, uint64_t client, double stall,
+                       double bps, double ival_stall, double ival_bps,
+                       double ival_s, const uint64_t *prog, size_t n,
+                       bool leaving, int64_t now) {
+  Ferry__V1__ClientHeartbeatRequest req =
+      FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__ClientHeartbeatResponse resp =
+      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
+  Ferry__V1__ClientStats st = FERRY__V1__CLIENT_STATS__INIT;
+  Ferry__V1__SplitProgress p[8], *pp[8];
+  ferry_error_t err = {0};
+  for (size_t i = 0; i < n && i < 8; i++) {
+    ferry__v1__split_progress__init(&p[i]);
+    p[i].epoch = (uint32_t)prog[4 * i];
+    p[i].split = (uint32_t)prog[4 * i + 1];
+    p[i].delivered = prog[4 * i + 2];
+    pp[i] = &p[i];
+  }
+  st.stall_fraction = stall;
+  st.batches_per_second = bps;
+  st.interval_stall_fraction = ival_stall;
+  st.interval_batches_per_second = ival_bps;
+  st.interval_seconds = ival_s;
+  req.job_id = job;
+  req.client_id = client;
+  req.stats = &st;
+  req.progress = pp;
+  req.n_progress = n;
+  req.leaving = leaving;
+  fx_sign(&req);
+  cr_assert_eq(ferry__disp_client_heartbeat(D, &req, &resp, &fx_arena, now,
+                                            &err),
+               0, "%s", err.msg);
+}
+
+Test(dispatcher, finished_job_keeps_its_last_stall_figures) {
+  const char *id = dataset(2);
+  fx_worker(D, 0, "a", NULL, 0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  Ferry__V1__GetStatusResponse *s = fx_status(D, 10);
+  cr_assert_eq(s->jobs[0]->live_clients, 0);
+  cr_assert_eq(s->jobs[0]->figures_ms_ago, -1, "nobody reported yet");
+  uint64_t prog[8] = {0, c->assignments[0]->split, 10, 0,
+                      0, c->assignments[1]->split, 10, 0};
+  stats_beat(j->job_id, j->client_id, 0.5, 80, 0.4, 90, 0.25, NULL, 0,
+             false, 100);
+  s = fx_status(D, 200);
+  cr_assert_eq(s->jobs[0]->live_clients, 1);
+  cr_assert_eq(s->jobs[0]->figures_ms_ago, 0);
+  cr_assert_float_eq(s->jobs[0]->stall_fraction, 0.4, 1e-9, "the interval");
+  /* Every record delivered; the trainer leaves with its whole-run figures
+   * (it waited 99.1% of its time). */
+  stats_beat(j->job_id, j->client_id, 0.991, 60, 1.0, 0, 0.25, prog, 2,
+             false, 300);
+  stats_beat(j->job_id, j->client_id, 0.991, 60, 1.0, 0, 0.01, NULL, 0,
+             true, 310);
+  s = fx_status(D, 1310);
+  cr_assert_eq(s->jobs[0]->state, FINISHED);
+  cr_assert_eq(s->jobs[0]->live_clients, 0);
+  cr_assert_eq(s->jobs[0]->figures_ms_ago, 1000);
+  cr_assert_float_eq(s->jobs[0]->stall_fraction, 0.991, 1e-9,
+                     "the trainer's last figure, not 0");
+  cr_assert_float_eq(s->jobs[0]->batches_per_second, 60, 1e-9);
+}
+
+Test(dispatcher, dead_clients_rate_is_not_a_current_one) {
+  const char *id = dataset(4);
+  fx_worker(D, 0, "a", NULL, 0, false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  stats_beat(j->job_id, j->client_id, 0.3, 1500, 0.2, 1571.2, 0.25, NULL, 0,
+             false, 100);
+  Ferry__V1__GetStatusResponse *s = fx_status(D, 300);
+  cr_assert_eq(s->jobs[0]->live_clients, 1);
+  cr_assert_float_eq(s->jobs[0]->batches_per_second, 1571.2, 1e-9);
+  /* Killed: no more reports, yet active until its timeout (no tick). */
+  s = fx_status(D, 2500);
+  cr_assert_eq(s->jobs[0]->n_clients, 1, "still counted as a client");
+  cr_assert_eq(s->jobs[0]->live_clients, 0, "but not live");
+  cr_assert_eq(s->jobs[0]->figures_ms_ago, 2400, "figures of back then");
+  cr_assert_float_eq(s->jobs[0]->stall_fraction, 0.3, 1e-9,
+                     "its whole-run figures as of its last report");
+  /* A heartbeat every 1 s keeps it live for 4 intervals. */
+  stats_beat(j->job_id, j->client_id, 0.3, 1500, 0.2, 1571.2, 1.0, NULL, 0,
+             false, 3000);
+  cr_assert_eq(fx_status(D, 6900)->jobs[0]->live_clients, 1);
+  cr_assert_eq(fx_status(D, 7100)->jobs[0]->live_clients, 0);
+}

@@ -1,0 +1,213 @@
+/* Workers that heartbeat to the dispatcher but that trainers cannot
+ * reach (a wrong --advertise here; a TLS certificate that does not name
+ * the address fails the same way): the clients report them, the
+ * dispatcher moves those clients' splits to other workers and shows the
+ * worker as unreachable in GetStatus, ferryctl and /metrics, and a
+ * trainer that gets no batch is told why.
+ *
+ * The wrong address is 127.0.0.1 at a port this test holds bound without
+ * listening: nothing else can take it, and every connection to it is
+ * refused at once. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "it_cluster.h"
+
+/* An epoch must finish within this, though one of its two workers
+ * cannot be reached (measured: about 1 s on the 2-core machine). */
+#define EPOCH_BOUND_MS 15000.0
+
+static hx_proc_t *D;
+static hx_proc_t *W[2];
+static int held_fd = -1;
+
+static void reset(void) {
+  D = NULL;
+  memset(W, 0, sizeof(W));
+}
+
+static void release_port(void) {
+  if (held_fd >= 0)
+    close(held_fd);
+  held_fd = -1;
+}
+
+HX_SUITE(unreachable, 90, reset, release_port);
+
+/* "127.0.0.1:PORT" of a port bound by this process and not listening:
+ * connections to it are refused while the test runs. */
+static void dead_address(char *out, size_t cap) {
+  struct sockaddr_in a = {0};
+  socklen_t len = sizeof(a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  held_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(held_fd, 0);
+  cr_assert_eq(bind(held_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  cr_assert_eq(getsockname(held_fd, (struct sockaddr *)&a, &len), 0);
+  snprintf(out, cap, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+}
+
+/* Starts a dispatcher (48 splits of 25 records over the dataset below)
+ * and `good` workers, then one worker that advertises `bad`; waits until
+ * all are alive. */
+static void cluster(int good, const char *bad) {
+  static const char *const dargs[] = {"--records-per-split", "25", NULL};
+  hx_daemon_opts_t dopts = {0};
+  dopts.extra_argv = dargs;
+  char why[512];
+  it_cluster(&D, W, good, &dopts, NULL);
+  const char *wargs[] = {"--advertise", bad, NULL};
+  hx_daemon_opts_t wopts = {0};
+  wopts.extra_argv = wargs;
+  cr_assert_eq(hx_start_worker(&W[good], D->addr, &wopts, why, sizeof(why)),
+               0, "%s", why);
+  cr_assert_eq(hx_wait_workers(D->addr, good + 1, 10000), good + 1,
+               "the workers did not all register");
+}
+
+/* Runs `ferryctl ARGS --dispatcher D` and returns its stdout (malloc'ed). */
+static char *ferryctl(const char *args) {
+  char cmd[1024];
+  snprintf(cmd, sizeof(cmd), "%s %s --dispatcher %s", hx_ferryctl_bin(), args,
+           D->addr);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  cr_assert_not_null(buf);
+  while (n + 1 < cap) {
+    size_t k = fread(buf + n, 1, cap - 1 - n, p);
+    if (k == 0)
+      break;
+    n += k;
+  }
+  buf[n] = '\0';
+  pclose(p);
+  return buf;
+}
+
+/* Polls `ferryctl ARGS` (bounded) until its output holds `want`. */
+static char *ferryctl_until(const char *args, const char *want, int ms) {
+  double until = hx_now_ms() + ms;
+  for (;;) {
+    char *out = ferryctl(args);
+    if (strstr(out, want) != NULL || hx_now_ms() > until)
+      return out;
+    free(out);
+    usleep(100 * 1000);
+  }
+}
+
+/* One epoch, exactly once, within EPOCH_BOUND_MS. */
+static void epoch_exactly_once(ferry_client_t *c, const hx_dataset_t *ds,
+                               const uint64_t *expected, size_t n,
+                               int epoch) {
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  char why[256];
+  double t0 = hx_now_ms();
+  int rc = hx_collect_epoch(c, &got, ds, true, 10000, NULL, NULL, &err);
+  double took = hx_now_ms() - t0;
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END,
+               "epoch %d: ferry_next: %d after %zu records: %s", epoch, rc,
+               got.n, err.msg);
+  cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why, sizeof(why)),
+            "epoch %d exactly once: %s", epoch, why);
+  cr_assert_lt(took, EPOCH_BOUND_MS, "epoch %d took %.0f ms", epoch, took);
+  cr_log_info("epoch %d of %zu records with one unreachable worker: %.0f ms",
+              epoch, n, took);
+  hx_ids_free(&got);
+}
+
+Test(unreachable, epochs_go_through_the_reachable_worker) {
+  hx_dataset_t ds;
+  char bad[64];
+  char spec[1024];
+  cr_assert_eq(hx_make_dataset(&ds, "data", 4, 300, 8, 8, 3), 0);
+  dead_address(bad, sizeof(bad));
+  cluster(1, bad);
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 2;
+  /* gRPC: under "auto" the good worker serves over UCX, where leases
+   * restarted onto it stall the trainer whether or not anyone reports
+   * the bad worker (a separate bug, seen with the reports turned off). */
+  o.transport = "grpc";
+  ferry_client_t *c = it_new_client(&o);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  epoch_exactly_once(c, &ds, expected, n, 0);
+
+  /* The job runs on and the client still lists the worker: the
+   * dispatcher shows it alive, yet unreachable, with the reason. */
+  char *out = ferryctl_until("workers", "unreachable by 1 client", 5000);
+  cr_assert(strstr(out, "unreachable by 1 client: ") != NULL, "%s", out);
+  cr_assert(strstr(out, "Connection refused") != NULL, "%s", out);
+  cr_assert(strstr(out, bad) != NULL, "%s", out);
+  cr_assert(strstr(out, "alive") != NULL, "%s", out);
+  free(out);
+  out = ferryctl("status");
+  cr_assert(strstr(out, "unreachable by 1 client: ") != NULL, "%s", out);
+  free(out);
+  out = ferryctl("status --json");
+  cr_assert(strstr(out, "\"unreachable_clients\": 1") != NULL, "%s", out);
+  cr_assert(hx_json_valid(out), "%s", out);
+  free(out);
+
+  /* The next epoch avoids the worker from the start. */
+  epoch_exactly_once(c, &ds, expected, n, 1);
+
+  /* The dispatcher warned once, naming the advertised address. */
+  char cmd[1200];
+  snprintf(cmd, sizeof(cmd), "grep -c 'advertises %s, which job' %s", bad,
+           D->log);
+  FILE *p = popen(cmd, "r");
+  int warnings = -1;
+  cr_assert_eq(fscanf(p, "%d", &warnings), 1);
+  pclose(p);
+  cr_assert_eq(warnings, 1, "one warning per worker, not %d", warnings);
+
+  /* Once the client is gone, nobody reports the worker unreachable. */
+  ferry_client_free(c);
+  out = ferryctl("workers");
+  cr_assert(strstr(out, "unreachable by") == NULL, "%s", out);
+  free(out);
+  free(expected);
+  hx_dataset_free(&ds);
+}
+
+Test(unreachable, a_trainer_without_a_reachable_worker_is_told_why) {
+  hx_dataset_t ds;
+  char bad[64], spec[1024];
+  cr_assert_eq(hx_make_dataset(&ds, "data", 2, 100, 8, 8, 3), 0);
+  dead_address(bad, sizeof(bad));
+  cluster(0, bad);
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  ferry_client_t *c = it_new_client(&o);
+  const ferry_batch_t *b = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_next(c, &b, 3000, &err);
+  cr_assert_eq(rc, FERRY_ETIMEDOUT, "%d: %s", rc, err.msg);
+  char want[128];
+  snprintf(want, sizeof(want), "worker %s unreachable: ", bad);
+  cr_assert(strstr(err.msg, "no batch within 3000 ms") != NULL, "%s",
+            err.msg);
+  cr_assert(strstr(err.msg, want) != NULL, "%s", err.msg);
+  cr_log_info("%s", err.msg);
+  ferry_client_free(c);
+  hx_dataset_free(&ds);
+}
