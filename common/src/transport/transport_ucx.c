@@ -322,6 +322,15 @@ static void stream_answer(ustream_t *s) {
 static void send_end(ustream_t *s);
 
 static bool stream_complete(ustream_t *s, int64_t now) {
+  /* A finished stream whose call ended (the client cancelled, died, or the
+   * gRPC server is shutting down) is answered now, whichever of the two
+   * came first: nobody listens for its status, and the server's shutdown
+   * waits for every answer. Its sends may never complete: a rendezvous
+   * payload that a dead client will never fetch stays outstanding even
+   * after the forced close of a UCP_ERR_HANDLING_MODE_NONE endpoint
+   * (UCX 1.13), so the answer must not wait for them. */
+  if (s->ended)
+    stream_answer(s);
   /* A stream ended with an error (replaced by a newer one, cancelled)
    * tells the client at once: a live client that holds our payloads
    * without reading (a stalled trainer) releases them on AM_END, which
