@@ -52,8 +52,9 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
     row_t *row = leased_row(d, w, t, &j);
     uint32_t r;
     if (row == NULL) {
-      /* Issue 8: a worker reports only on leases it holds. */
-      if (t->error_code != 0)
+      /* Issue 8: a worker reports only on leases it holds. A fault it
+       * gave back is reported until the answer cancels the task. */
+      if (t->error_code != 0 && !t->worker_fault)
         FERRY_LOG(FERRY_LOG_WARN,
                   "worker %" PRIu64 " reported an error for "
                   "job %" PRIu64 " epoch %u split %u lease %" PRIu64 ", "
@@ -66,6 +67,19 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       ferry__disp_stop_renewing_if_stalled(
           d, j, ferry__disp_find_client(j, row->client), t->stalled_ms,
           "its stream from a worker");
+    if (t->error_code != 0 && t->worker_fault) {
+      /* The worker could not run the split (out of descriptors or
+       * memory), which says nothing about the data: another worker
+       * takes it from what the client received, with the restart's
+       * backoff and its bound on restarts without progress. */
+      FERRY_LOG(FERRY_LOG_WARN,
+                "worker %" PRIu64 " cannot run job %" PRIu64 " split %u "
+                "(%s): giving it to another worker",
+                w->id, j->id, t->split,
+                t->error[0] ? t->error : ferry_strerror(t->error_code));
+      (void)ferry__disp_restart_row(d, j, r); /* may fail the job */
+      continue;
+    }
     if (t->error_code != 0) {
       ferry__disp_emit_job_failed(d, j, t->error_code,
                                   t->error[0] ? t->error

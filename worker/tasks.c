@@ -717,6 +717,7 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
     char *text = texts + i * ERROR_TEXT;
     if (k->state == WT_DONE && k->error_code != 0) {
       p->error_code = k->error_code;
+      p->worker_fault = k->worker_fault;
       memcpy(text, k->error, ERROR_TEXT);
       p->error = text;
     }
@@ -1301,6 +1302,34 @@ static void fail(run_t *r, int code) {
   pthread_mutex_unlock(&t->lock);
 }
 
+/* True when `code` is the worker's own fault rather than the data's: out
+ * of descriptors anywhere, or out of memory while opening the shard
+ * (`opening`). Another worker can run the split, so the task gives it back
+ * (give_back) instead of failing the job or skipping records. */
+static bool worker_fault(int code, bool opening) {
+  return code == FERRY_EMFILE || code == FERRY_ENFILE ||
+         (opening && code == FERRY_ENOMEM);
+}
+
+/* Ends the task on a worker fault: no error chunk reaches the client
+ * (its chunk in progress is dropped by the caller) and nothing counts as
+ * skipped; the heartbeat reports error_code with worker_fault, and the
+ * dispatcher leases the split to another worker from what the client
+ * received. */
+static void give_back(run_t *r, int code) {
+  ferry__wtask_t *k = r->task;
+  ferry__wtasks_t *t = r->th->t;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "task job %llu split %u: %s; giving the split back to the "
+            "dispatcher (a fault of this worker, not of the data)",
+            (unsigned long long)k->job_id, k->split, r->err.msg);
+  pthread_mutex_lock(&t->lock);
+  k->error_code = code;
+  k->worker_fault = true;
+  snprintf(k->error, sizeof(k->error), "%s", r->err.msg);
+  pthread_mutex_unlock(&t->lock);
+}
+
 enum { PARK_DONE, PARK_RETRY, PARK_STOP };
 
 /* Parks `k` unless a release came since the acquire failed (retry) or it
@@ -1364,13 +1393,14 @@ static bool task_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
   ferry_error_clear(&r.err);
 
   int rc = 0;
+  bool opening = false; /* the failure, if any, is run_begin's */
   if (k->pipe == NULL) {
     ferry__seterr(&r.err, k->error_code, "%s", k->error);
     rc = k->error_code;
   } else if ((r.ctx = get_ctx(th, k->pipe, &r.err)) == NULL) {
     rc = r.err.code != 0 ? r.err.code : FERRY_ENOMEM;
   } else if (k->run == NULL && (rc = run_begin(&r)) != 0) {
-    /* rc and r.err say why */
+    opening = true; /* rc and r.err say why */
   } else {
     for (;;) {
       wrun_t *ru = r.ru = k->run;
@@ -1426,9 +1456,12 @@ static bool task_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
   } else if (!r.stopped) {
     if (rc == 0)
       rc = r.err.code;
-    fail(&r, rc);
+    if (worker_fault(rc, opening))
+      give_back(&r, rc);
+    else
+      fail(&r, rc);
   }
-  if (r.cur != NULL) /* stopped mid-chunk: the task's chunks are moot */
+  if (r.cur != NULL) /* stopped mid-chunk, or given back: the chunk is moot */
     ferry__wpool_release(r.cur);
   pthread_mutex_lock(&t->lock);
   wrun_t *ru = k->run;

@@ -261,6 +261,7 @@ struct ferry__wtask_s {
   uint64_t skipped;
   bool finished;
   int error_code;
+  bool worker_fault; /* error_code is this worker's fault (tasks.c) */
   char error[512];
 };
 

@@ -28,6 +28,8 @@ extern "C" {
   XX(ENOSPC, -ENOSPC, "no space left on device")                              \
   XX(ETIMEDOUT, -ETIMEDOUT, "timed out")                                      \
   XX(ECANCELED, -ECANCELED, "operation canceled")                             \
+  XX(EMFILE, -EMFILE, "too many open files")                                  \
+  XX(ENFILE, -ENFILE, "too many open files in system")                        \
   XX(EOF, -1000, "end of file")                                               \
   XX(ETRUNCLEN, -1001, "truncated record length")                             \
   XX(ETRUNCDATA, -1002, "truncated record data")                              \

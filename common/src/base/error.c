@@ -43,6 +43,10 @@ int ferry_err_from_errno(int errnum) {
   case ENOSPC: return FERRY_ENOSPC;
   case ETIMEDOUT: return FERRY_ETIMEDOUT;
   case ECANCELED: return FERRY_ECANCELED;
+  /* Kept apart from EIO: a worker out of descriptors gives its split
+   * back instead of failing the job (worker/tasks.c). */
+  case EMFILE: return FERRY_EMFILE;
+  case ENFILE: return FERRY_ENFILE;
   default: return FERRY_EIO;
   }
 }
