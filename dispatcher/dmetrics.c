@@ -91,7 +91,12 @@ static void init(void) {
                       "restarted).");
   dm.workers_lost = counter(r, "ferry_dispatcher_workers_lost_total",
                             "Workers declared lost (no heartbeat for "
-                            "--worker-timeout-ms).");
+                            "--worker-timeout-ms) that had not said they "
+                            "were draining.");
+  dm.workers_left = counter(r, "ferry_dispatcher_workers_left_total",
+                            "Workers that left cleanly: silent for "
+                            "--worker-timeout-ms after a heartbeat that said "
+                            "draining (SIGTERM).");
   dm.clients_lost = counter(r, "ferry_dispatcher_clients_lost_total",
                             "Clients declared lost (no heartbeat for "
                             "--client-timeout-ms, or a stalled stream).");
@@ -131,7 +136,8 @@ void ferry__dmetrics_committed(const Ferry__V1__JournalEntry *e, bool relet) {
     }
     break;
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_LOST:
-    ferry_metric_add(m->workers_lost, 1);
+    ferry_metric_add(e->worker_lost->left ? m->workers_left : m->workers_lost,
+                     1);
     break;
   case FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_LEFT:
     if (e->client_left->lost)

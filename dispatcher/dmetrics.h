@@ -16,6 +16,7 @@ typedef struct ferry__dmetrics_s {
   ferry_metric_t *leases;        /* ferry_dispatcher_leases_granted_total */
   ferry_metric_t *relets;        /* ..._leases_regranted_total */
   ferry_metric_t *workers_lost;  /* ..._workers_lost_total */
+  ferry_metric_t *workers_left;  /* ..._workers_left_total */
   ferry_metric_t *clients_lost;  /* ..._clients_lost_total */
   ferry_metric_t *appends;       /* ..._journal_appends_total */
   ferry_metric_t *fsync;         /* ..._journal_fsync_seconds (ns) */

@@ -90,7 +90,7 @@ typedef struct snap_job_s {
 typedef struct snap_worker_s {
   uint64_t id;
   char *address;
-  bool lost, drained;
+  bool lost, left, drained;
 } snap_worker_t;
 
 struct ferry_disp_snap_s {
@@ -113,6 +113,7 @@ static void put_worker(out_t *o, const snap_worker_t *w) {
   if (w->lost) {
     Ferry__V1__JournalWorkerLost l = FERRY__V1__JOURNAL_WORKER_LOST__INIT;
     l.worker_id = w->id;
+    l.left = w->left;
     ENTRY(el, WORKER_LOST, worker_lost, l);
     put(o, &el);
   }
@@ -255,6 +256,7 @@ ferry_disp_snap_t *ferry__disp_snapshot_take(ferry_disp_t *d,
     snap_worker_t *c = &s->workers[s->nworkers];
     c->id = w->id;
     c->lost = w->lost;
+    c->left = w->left;
     c->drained = w->op_drained;
     if ((c->address = ferry__strdup(w->address != NULL ? w->address : "")) ==
         NULL)

@@ -398,6 +398,7 @@ static int apply_worker_lost(ferry_disp_t *d,
   if (w == NULL)
     return bad_entry(err, "worker", m->worker_id);
   w->lost = true;
+  w->left = m->left;
   release_rows(d, m->worker_id);
   return 0;
 }

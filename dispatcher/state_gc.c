@@ -8,10 +8,21 @@ static void expire_workers(ferry_disp_t *d) {
     Ferry__V1__JournalWorkerLost m = FERRY__V1__JOURNAL_WORKER_LOST__INIT;
     if (w->lost || d->now - w->last_hb < d->cfg.worker_timeout_ms)
       continue;
-    FERRY_LOG(FERRY_LOG_WARN,
-              "worker %" PRIu64 " (%s) lost: no heartbeat for %" PRId64 " ms",
-              w->id, w->address, d->now - w->last_hb);
+    /* A worker whose last heartbeat said draining sent it on its way out
+     * (SIGTERM): its silence is a clean exit, which alerts on lost
+     * workers must not count. */
+    if (w->draining)
+      FERRY_LOG(FERRY_LOG_INFO,
+                "worker %" PRIu64 " (%s) left: drained, last heartbeat %" PRId64
+                " ms ago",
+                w->id, w->address, d->now - w->last_hb);
+    else
+      FERRY_LOG(FERRY_LOG_WARN,
+                "worker %" PRIu64 " (%s) lost: no heartbeat for %" PRId64
+                " ms",
+                w->id, w->address, d->now - w->last_hb);
     m.worker_id = w->id;
+    m.left = w->draining;
     ENTRY(e, WORKER_LOST, worker_lost, m);
     ferry__disp_commit(d, &e, NULL);
   }

@@ -190,6 +190,7 @@ typedef struct worker_s {
   uint8_t *ucx_address;
   size_t ucx_address_len;
   bool lost;
+  bool left; /* lost after a heartbeat that said draining: it exited */
   bool draining;
   int64_t last_hb;
   uint32_t threads;

@@ -8,7 +8,7 @@ bool ferry__disp_drained(const worker_t *w) {
 
 const char *ferry__disp_worker_state(const worker_t *w) {
   if (w->lost)
-    return "lost";
+    return w->left ? "left" : "lost";
   if (w->op_drained)
     return ferry__disp_drained(w) ? "drained" : "draining";
   if (w->draining)

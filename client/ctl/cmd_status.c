@@ -96,7 +96,8 @@ static const char workers_usage[] =
     "usage: ferryctl workers [--dispatcher HOST:PORT] [--json]\n"
     "\n"
     "One line per worker: id, address, state (alive, draining, drained,\n"
-    "lost, unknown: not heard from since the dispatcher started), leases,\n"
+    "left: exited after draining, lost: silent without having drained,\n"
+    "unknown: not heard from since the dispatcher started), leases,\n"
     "threads, buffer, last heartbeat.\n";
 static const char jobs_usage[] =
     "usage: ferryctl jobs [--dispatcher HOST:PORT] [--json]\n"

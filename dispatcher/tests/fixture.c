@@ -280,9 +280,11 @@ uint8_t *fx_status_bytes(ferry_disp_t *d, int64_t now, size_t *len) {
     s->workers[i]->threads = 0;
     s->workers[i]->tasks = 0; /* leases are volatile too */
     s->workers[i]->buffer_bytes = s->workers[i]->buffer_free_bytes = 0;
-    /* Only "lost" is journaled; alive/unknown, draining/drained depend on
-     * heartbeats to this process (operator_drained is journaled). */
-    if (strcmp(s->workers[i]->state, "lost") != 0)
+    /* Only "lost" and "left" are journaled; alive/unknown,
+     * draining/drained depend on heartbeats to this process
+     * (operator_drained is journaled). */
+    if (strcmp(s->workers[i]->state, "lost") != 0 &&
+        strcmp(s->workers[i]->state, "left") != 0)
       s->workers[i]->state = (char *)"live";
   }
   for (size_t i = 0; i < s->n_jobs; i++)
