@@ -78,10 +78,12 @@ alive() {
 
 # stop_all: SIGTERM to everything started, up to 10 s for it to exit,
 # SIGKILL to what is left, reap, then check with kill -0 that nothing
-# remains. Returns 1 (and says which) if something does. A signal in the
-# middle runs the traps, whose EXIT trap starts it over.
+# remains. Returns 1 (and says which) if something does, and also when
+# something needed the SIGKILL: every process here must exit on SIGTERM,
+# so needing the fallback is a failure of the shutdown, said as one. A
+# signal in the middle runs the traps, whose EXIT trap starts it over.
 stop_all() {
-  local p i left=() any
+  local p i left=() killed=() any
   [ "$stopped" = 0 ] || return 0
   [ "${#pids[@]}" -gt 0 ] || return 0
   echo "stopping ${#pids[@]} processes: ${names[*]}"
@@ -94,8 +96,9 @@ stop_all() {
   done
   for i in "${!pids[@]}"; do
     if alive "${pids[$i]}"; then
-      echo "${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for 10 s:" \
-        "SIGKILL" >&2
+      echo "ERROR: ${names[$i]} (pid ${pids[$i]}) ignored SIGTERM for" \
+        "10 s: SIGKILL" >&2
+      killed+=("${names[$i]}")
       kill -KILL "${pids[$i]}" 2>/dev/null || true
     fi
   done
@@ -112,6 +115,11 @@ stop_all() {
   stopped=1
   echo "all ${#pids[@]} processes this demo started have exited" \
     "(pids ${pids[*]})"
+  if [ "${#killed[@]}" -gt 0 ]; then
+    echo "ERROR: the SIGKILL fallback was needed for ${killed[*]}: the" \
+      "clean shutdown failed (logs in $demo)" >&2
+    return 1
+  fi
 }
 
 on_exit() {

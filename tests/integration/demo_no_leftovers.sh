@@ -4,7 +4,9 @@
 # with SIGINT once its cluster and trainer run (to the demo alone, and to
 # its whole process group as a terminal's Ctrl-C does), and check after
 # each run that no process it started (FERRY_DEMO_PIDFILE) still exists
-# and that it said so. Then `deploy/demo.sh --imagenet` (issue 13) on 600
+# and that it said so, and that none of them needed the demo's SIGKILL
+# fallback (each must exit on SIGTERM: a fallback is a failed shutdown,
+# not a pass). Then `deploy/demo.sh --imagenet` (issue 13) on 600
 # ImageNet-like JPEGs to the end: its trainer must get 224x224x3 batches,
 # flipped (on the GPU or by the CPU), and print images/s and the stall
 # fraction.
@@ -45,6 +47,14 @@ leftovers() {
   echo "${left[*]}"
 }
 
+# no_sigkill OUT: fails the test when the demo whose output is OUT had to
+# SIGKILL a process that did not exit on SIGTERM.
+no_sigkill() {
+  if grep -q "ignored SIGTERM\|SIGKILL fallback was needed" "$1"; then
+    bad "a process needed SIGKILL to stop: $(grep "SIGKILL" "$1" | tr '\n' ' ')"
+  fi
+}
+
 # wait_for COUNT FILE SECONDS: until FILE has COUNT lines.
 wait_for() {
   local deadline=$((SECONDS + $3))
@@ -82,6 +92,7 @@ run_to_the_end() {
     bad "expected 4 processes in the pid file: $(cat "$tmp/pids")"
   grep -q "all 4 processes this demo started have exited" "$tmp/out1" ||
     bad "the demo did not say that everything exited"
+  no_sigkill "$tmp/out1"
   local left
   left=$(leftovers)
   [ -z "$left" ] || bad "left running: $left"
@@ -117,6 +128,7 @@ interrupted() {
   [ "$rc" = 130 ] || bad "the demo exited $rc after SIGINT, not 130"
   grep -q "all 4 processes this demo started have exited" "$tmp/out$n" ||
     bad "the demo did not say that everything exited"
+  no_sigkill "$tmp/out$n"
   left=$(leftovers)
   [ -z "$left" ] || bad "left running: $left"
   if [ "$fail" = 1 ]; then tail -n 30 "$tmp/out$n"; fi
@@ -142,6 +154,7 @@ imagenet() {
     "$tmp/out4" || bad "no images/s and stall fraction line"
   grep -q "all 4 processes this demo started have exited" "$tmp/out4" ||
     bad "the --imagenet demo did not say that everything exited"
+  no_sigkill "$tmp/out4"
   left=$(leftovers)
   [ -z "$left" ] || bad "left running: $left"
   if [ "$fail" = 1 ]; then tail -n 40 "$tmp/out4"; fi

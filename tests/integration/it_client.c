@@ -12,7 +12,8 @@
  * step of STEP_US microseconds and releases the batch. With LEAVE_AFTER
  * >= 0 it frees the client after that many batches (a clean, early
  * leave). Exits 0 at the end of the job or after leaving, 3 on an error
- * (printed to stderr).
+ * (printed to stderr). FERRY_IT_CLIENT_TRANSPORT (auto, grpc, ucx) picks
+ * the data-plane transport (default: auto).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -62,6 +63,9 @@ int main(int argc, char **argv) {
   o.num_epochs = atoll(argv[4]);
   o.heartbeat_ms = 50;
   o.splits_in_flight = 4;
+  const char *transport = getenv("FERRY_IT_CLIENT_TRANSPORT");
+  if (transport != NULL && transport[0] != '\0')
+    o.transport = transport;
   ferry_client_t *c;
   ferry_error_t err = {0};
   if (ferry_client_new(&o, &c, &err) != 0) {

@@ -2,7 +2,9 @@
  * truncated under it (the client gets the error, the worker serves the
  * next job), a stalled trainer slows only itself (per-stream shares of
  * the worker's chunk pool), and a shuffled GZIP shard stays within
- * --buffer-bytes (spill file instead of buffering the split).
+ * --buffer-bytes (spill file instead of buffering the split). A worker
+ * SIGTERMed as its only trainer dies exits, cleanly and soon, whatever
+ * the order of the two signals, and the dispatcher records it as left.
  *
  * Every wait is bounded; every record id of a completed epoch is counted
  * against the dataset's multiset. */
@@ -15,6 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ferry/tfrecord.h"
@@ -218,6 +221,157 @@ Test(worker_faults, shuffled_gzip_within_buffer_bytes) {
           (double)ds.per_file * (64 * 64 * 3 + 60) / 1e6, bound,
           MEM_CONSTANT_KIB >> 10);
   cr_assert_leq(hwm, bound, "VmHWM %ld KiB over %ld KiB", hwm, bound);
+  hx_dataset_free(&ds);
+}
+
+/* (d) SIGTERM to a worker at about the moment its only trainer dies
+ * (SIGKILL or SIGTERM to the it_client process), in either order, up to
+ * 30 ms apart (half the time within 3 ms), over gRPC or UCX: the worker exits with status 0 within
+ * 5 s every time. Before the fix, a UCX stream the worker finished (its
+ * shutdown) before it saw the client's control call end kept that call
+ * unanswered while sends to the dead client stayed outstanding, and the
+ * worker's gRPC server shutdown, waiting for every answer, never ended.
+ * The iterations run until 100 or 45 s, whichever comes first; the seed
+ * (FERRY_IT_SEED, else the time) is printed to replay a failure. Then
+ * every worker stopped is listed "left" by the dispatcher, none "lost". */
+#define SIGTERM_ITERATIONS 100
+#define SIGTERM_BUDGET_MS 45000.0
+#define SIGTERM_EXIT_MS 5000
+#define SIGTERM_SPREAD_US 30000
+
+static unsigned next_rand(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (unsigned)(*s >> 33);
+}
+
+/* Occurrences of `needle` in `text`. */
+static int count_of(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, needle)) != NULL;
+       p += strlen(needle))
+    n++;
+  return n;
+}
+
+Test(worker_faults, sigterm_while_its_trainer_dies, .timeout = 180) {
+  const char *env = getenv("FERRY_IT_SEED");
+  uint64_t seed = env != NULL && env[0] != '\0'
+                      ? strtoull(env, NULL, 10)
+                      : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+  uint64_t rng = seed;
+  fprintf(stderr, "sigterm_while_its_trainer_dies: seed %llu "
+          "(FERRY_IT_SEED=%llu replays it)\n",
+          (unsigned long long)seed, (unsigned long long)seed);
+  hx_dataset_t ds;
+  /* 3 KiB records, 64 per batch: chunks large enough for UCX rendezvous. */
+  cr_assert_eq(hx_make_dataset(&ds, "sig", 2, 400, 32, 32, 3), 0);
+  char spec[1024], why[512];
+  hx_spec(&ds, NULL, 64, spec, sizeof(spec));
+  cr_assert_eq(hx_start_dispatcher(&D, NULL, why, sizeof(why)), 0, "%s",
+               why);
+  hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = 16u << 20};
+  double t0 = hx_now_ms(), worst = 0;
+  int it = 0;
+  for (; it < SIGTERM_ITERATIONS && hx_now_ms() - t0 < SIGTERM_BUDGET_MS;
+       it++) {
+    hx_proc_t *w, *c;
+    cr_assert_eq(hx_start_worker(&w, D->addr, &wo, why, sizeof(why)), 0,
+                 "%s", why);
+    cr_assert_eq(hx_wait_workers(D->addr, 1, 10000), 1,
+                 "iteration %d: the worker did not register", it);
+    /* UCX 3 times in 4: its streams are where the hang was. */
+    const char *transport = next_rand(&rng) % 4 ? "ucx" : "grpc";
+    char name[32], job[32], out[600], step[16];
+    snprintf(name, sizeof(name), "trainer%d", it);
+    snprintf(job, sizeof(job), "sigterm-%d", it);
+    snprintf(out, sizeof(out), "%s/%s.ids", hx_tmpdir(), name);
+    snprintf(step, sizeof(step), "%u", next_rand(&rng) % 2 ? 2000u : 0u);
+    setenv("FERRY_IT_CLIENT_TRANSPORT", transport, 1);
+    char *argv[] = {FERRY_IT_CLIENT_BIN, D->addr, spec, job, "100000", out,
+                    step, "-1", NULL};
+    cr_assert_eq(hx_spawn_marked(&c, name, argv, "ready: ", 10000, why,
+                                 sizeof(why)),
+                 0, "%s", why);
+    /* Chunks flow: the trainer took two batches (polling its output file,
+     * at most 10 s). */
+    double until = hx_now_ms() + 10000;
+    while (hx_client_log_batches(out) < 2 && hx_now_ms() < until)
+      usleep(5000);
+    if (hx_client_log_batches(out) < 2)
+      hx_dump_logs();
+    cr_assert_geq(hx_client_log_batches(out), 2,
+                  "iteration %d: no batch within 10 s", it);
+    int tsig = next_rand(&rng) % 2 ? SIGKILL : SIGTERM;
+    /* Half the time within 3 ms (the trainer first) to 1 ms (the worker
+     * first), where the race is; else within 30 ms either way. */
+    long spread = next_rand(&rng) % 2
+                      ? (long)(next_rand(&rng) % 4001) - 3000
+                      : (long)(next_rand(&rng) % (2 * SIGTERM_SPREAD_US + 1)) -
+                            SIGTERM_SPREAD_US;
+    /* The offset is the fault's shape, not a synchronisation: spread < 0
+     * kills the trainer first, > 0 the worker first. */
+    struct timespec gap = {0, labs(spread) * 1000L};
+    double sent;
+    if (spread < 0) {
+      kill(c->pid, tsig);
+      nanosleep(&gap, NULL);
+      sent = hx_now_ms();
+      kill(w->pid, SIGTERM);
+    } else {
+      sent = hx_now_ms();
+      kill(w->pid, SIGTERM);
+      nanosleep(&gap, NULL);
+      kill(c->pid, tsig);
+    }
+    /* Signal 0: only waits (and SIGKILLs it past the bound). */
+    int st = hx_stop(w, 0, SIGTERM_EXIT_MS, NULL);
+    double ms = hx_now_ms() - sent;
+    if (st == -1)
+      hx_dump_logs();
+    cr_assert_neq(st, -1,
+                  "iteration %d (seed %llu): the worker did not exit within "
+                  "%d ms of SIGTERM (trainer %s, %s, step %s us, SIGTERM "
+                  "%+.1f ms after the trainer's signal): SIGKILLed",
+                  it, (unsigned long long)seed, SIGTERM_EXIT_MS,
+                  tsig == SIGKILL ? "SIGKILL" : "SIGTERM", transport, step,
+                  -spread / 1000.0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "iteration %d (seed %llu): the worker ended with wait status "
+              "%#x",
+              it, (unsigned long long)seed, st);
+    worst = ms > worst ? ms : worst;
+    hx_stop(c, SIGKILL, 5000, NULL);
+    hx_forget(w);
+    hx_forget(c);
+  }
+  unsetenv("FERRY_IT_CLIENT_TRANSPORT");
+  fprintf(stderr, "sigterm_while_its_trainer_dies: %d iterations in %.1f s, "
+          "every worker exited 0, the slowest %.0f ms after its SIGTERM "
+          "(seed %llu)\n",
+          it, (hx_now_ms() - t0) / 1000, worst, (unsigned long long)seed);
+  cr_assert_geq(it, 10, "only %d iterations in %.0f s", it,
+                SIGTERM_BUDGET_MS / 1000);
+
+  /* Each worker's last heartbeat said draining: once the worker timeout
+   * (2 s) passed, the dispatcher lists every one of them as left (at most
+   * 10 s), and none as lost. */
+  char *json = NULL;
+  int status = -1;
+  double until = hx_now_ms() + 10000;
+  for (;;) {
+    free(json);
+    json = hx_ferryctl_status_json(D->addr, &status);
+    cr_assert_not_null(json, "ferryctl status did not run");
+    if (count_of(json, "\"state\": \"left\"") >= it ||
+        hx_now_ms() > until)
+      break;
+    usleep(100000);
+  }
+  cr_assert_eq(count_of(json, "\"state\": \"lost\""), 0,
+               "a worker stopped with SIGTERM is listed lost:\n%s", json);
+  cr_assert_eq(count_of(json, "\"state\": \"left\""), it,
+               "not every stopped worker is listed left:\n%s", json);
+  free(json);
   hx_dataset_free(&ds);
 }
 
