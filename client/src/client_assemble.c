@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 #include "ferry/alloc.h"
@@ -96,6 +97,7 @@ int ferry__client_new_local(const ferry__asm_params_t *ap,
   if (c == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   ferry_client_options_init(&c->opts);
+  c->pid = getpid();
   c->ap = *ap;
   int rc = ferry__staging_check(c, false, err);
   if (rc == 0)
@@ -855,6 +857,8 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
       ferry__client_deadline(timeout_ms > 0 ? (uint32_t)timeout_ms : 0);
   int rc;
   *batch = NULL;
+  if ((rc = ferry__client_forked(c, err)) != 0)
+    return rc;
   pthread_mutex_lock(&c->mu);
   for (;;) {
     if (c->fail_code != 0) {
@@ -959,7 +963,8 @@ static ferry__slot_t *slot_of(ferry_client_t *c, const ferry_batch_t *b) {
 
 static void release(ferry_client_t *c, const ferry_batch_t *batch,
                     bool ordered, void *stream) {
-  if (c == NULL || batch == NULL)
+  /* A forked child's batches are the parent's slots: nothing to give. */
+  if (c == NULL || batch == NULL || ferry__client_forked(c, NULL) != 0)
     return;
   ferry__slot_t *s = slot_of(c, batch);
   if (s == NULL)
@@ -995,6 +1000,9 @@ int ferry_batch_wait_stream(ferry_client_t *c, const ferry_batch_t *batch,
   if (c == NULL || batch == NULL)
     return ferry__seterr(err, FERRY_EINVAL,
                          "batch_wait_stream: no client or no batch");
+  int rc = ferry__client_forked(c, err);
+  if (rc != 0)
+    return rc;
   ferry__slot_t *s = slot_of(c, batch);
   if (s == NULL)
     return ferry__seterr(err, FERRY_EINVAL,
@@ -1017,6 +1025,13 @@ void ferry_client_stats_sized(ferry_client_t *c, ferry_client_stats_t *user,
    * declared (an older caller's struct lacks the fields appended since). */
   ferry_client_stats_t st, *out = &st;
   memset(out, 0, sizeof(*out));
+  /* A forked child gets zeros: the counters sit under a lock a parent
+   * thread may have held at the fork. */
+  if (ferry__client_forked(c, NULL) != 0) {
+    if (user != NULL)
+      memset(user, 0, size);
+    return;
+  }
   pthread_mutex_lock(&c->mu);
   out->batches = c->batches;
   out->records = c->records;

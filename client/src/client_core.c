@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 #include "ferry/alloc.h"
@@ -148,6 +149,28 @@ void ferry_memory_stats(int64_t *bytes, int64_t *blocks) {
 
 uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
 uint64_t ferry_client_id(const ferry_client_t *c) { return c->client_id; }
+
+/* This process's clients with gRPC initialised, and the process that
+ * initialised it: a child forked while one was open inherits gRPC's state
+ * without its threads (ferry_client_new refuses to run there). Atomics,
+ * not a mutex, which a fork could copy locked. */
+static int g_rpc_users;
+static pid_t g_rpc_pid;
+
+int ferry__client_forked(const ferry_client_t *c, ferry_error_t *err) {
+  /* getpid() rather than a pthread_atfork flag: it is also right after a
+   * raw clone() that runs no fork handlers, and a system call per batch
+   * costs nothing next to a batch. pid 0: not created yet. */
+  if (c->pid == 0 || c->pid == getpid())
+    return 0;
+  return ferry__seterr(err, FERRY_EFORKED,
+                       "this ferry client was created in process %ld; a "
+                       "forked child cannot use it: create a new Client in "
+                       "the child (a child started with multiprocessing's "
+                       "'spawn' or 'forkserver': gRPC cannot run in a child "
+                       "forked while a client was open)",
+                       (long)c->pid);
+}
 
 static pthread_once_t tune_once = PTHREAD_ONCE_INIT;
 static void tune(void) { (void)ferry_rpc_tune_malloc(); }
@@ -1052,6 +1075,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   }
   c->opts = *opts;
   c->networked = true;
+  c->pid = getpid();
   if (c->opts.prefetch == 0)
     c->opts.prefetch = 3;
   if (c->opts.splits_in_flight == 0)
@@ -1129,8 +1153,26 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     }
     c->rpc_opts.bearer_token = c->token;
   }
+  /* gRPC 1.51 cannot run in a child forked while the parent ran it: its
+   * timer and executor threads are gone and its epoll set is the
+   * parent's, so the child's first call waited forever, past its
+   * deadline (GRPC_ENABLE_FORK_SUPPORT=1 changed nothing: its fork
+   * handlers skip a fork while threads wait in gRPC, as ours do). */
+  if (__atomic_load_n(&g_rpc_users, __ATOMIC_ACQUIRE) > 0 &&
+      __atomic_load_n(&g_rpc_pid, __ATOMIC_ACQUIRE) != getpid()) {
+    rc = ferry__seterr(err, FERRY_EFORKED,
+                       "client: this process was forked from process %ld "
+                       "while a ferry client was open there, and gRPC "
+                       "cannot run in such a child: create the Client in a "
+                       "process started with multiprocessing's 'spawn' or "
+                       "'forkserver', or fork before any Client exists",
+                       (long)__atomic_load_n(&g_rpc_pid, __ATOMIC_ACQUIRE));
+    goto fail;
+  }
   ferry_rpc_init();
   c->rpc_inited = true;
+  __atomic_store_n(&g_rpc_pid, getpid(), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&g_rpc_users, 1, __ATOMIC_ACQ_REL);
   if ((rc = ferry_rpc_channel_new(c->dispatcher, &c->rpc_opts, &c->dch,
                                   err)) != 0) {
     ferry__prefixerr(err, "client: dispatcher %s", c->dispatcher);
@@ -1175,6 +1217,16 @@ fail_early:
 
 void ferry_client_free(ferry_client_t *c) {
   if (c == NULL)
+    return;
+  /* In a forked child everything here belongs to the parent too: the
+   * heartbeat and reader threads do not exist (joining them hangs), the
+   * gRPC channel's sockets and epoll set are shared (a goodbye heartbeat
+   * from the child broke the parent's connection, and gRPC's state without
+   * its threads crashed the child), UCX and CUDA objects are the parent's,
+   * and `mu` may have been held by a parent thread at the fork. So the
+   * child leaks the client deliberately: its pages are the parent's,
+   * copy-on-write, and cost nothing until written. */
+  if (ferry__client_forked(c, NULL) != 0)
     return;
   if (c->slots != NULL) {
     pthread_mutex_lock(&c->mu);
@@ -1222,8 +1274,10 @@ void ferry_client_free(ferry_client_t *c) {
     ferry__free(c->ucx_failed[i]);
   ferry__free(c->ucx_failed);
   ferry_rpc_channel_free(c->dch);
-  if (c->rpc_inited)
+  if (c->rpc_inited) {
     ferry_rpc_shutdown();
+    __atomic_sub_fetch(&g_rpc_users, 1, __ATOMIC_ACQ_REL);
+  }
   ferry__asm_close(c);
   ferry__free(c->dispatcher);
   ferry__free(c->spec_text);

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "ferry/augment.h"
@@ -178,6 +179,11 @@ struct ferry_client_s {
   uint64_t job_id, client_id;
   int64_t num_epochs;
   bool networked; /* false for ferry__client_new_local */
+  /* The process that created the client. A forked child inherits the
+   * memory but not the threads, and shares the sockets and gRPC's epoll
+   * set with the parent: it must touch none of them (ferry__client_forked,
+   * docs/ARCHITECTURE.md "Fork"). */
+  pid_t pid;
 
   ferry__asm_params_t ap;
   size_t record_bytes;
@@ -311,6 +317,13 @@ struct timespec ferry__client_deadline(uint32_t ms);
  * and drain it with ferry_next. Free with ferry_client_free. */
 int ferry__client_new_local(const ferry__asm_params_t *ap,
                             ferry_client_t **out, ferry_error_t *err);
+
+/* 0 in the process that created the client; in a forked child
+ * FERRY_EFORKED, with `err` (may be NULL) naming the creating process.
+ * Every public entry point asks first, before it takes a lock: a parent
+ * thread may have held `mu` at the fork, and no thread of the parent
+ * exists in the child to release it. */
+int ferry__client_forked(const ferry_client_t *c, ferry_error_t *err);
 
 /* Allocates the slot ring and initialises locks (shared by both
  * constructors); frees it. */

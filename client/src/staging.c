@@ -211,6 +211,9 @@ int ferry_batch_to_dlpack(ferry_client_t *c, const ferry_batch_t *batch,
     *out = NULL;
   if (c == NULL || batch == NULL || out == NULL)
     return FERRY_EINVAL;
+  int rc = ferry__client_forked(c, NULL);
+  if (rc != 0)
+    return rc;
   for (uint32_t i = 0; i < c->ap.prefetch; i++)
     if (&c->slots[i].batch == batch)
       s = &c->slots[i];

@@ -564,3 +564,153 @@ Test(client_faults, stalled_client_loses_its_splits_and_the_others_finish) {
   free(expected);
   hx_ids_free(&got);
 }
+
+/* ---- A fork after the client was created --------------------------------- */
+
+/* What a forked child did with its parent's client, checked in the child
+ * (it reports through its exit status: 0, or the number of the check that
+ * failed) so the parent only waits. */
+typedef struct fork_arg_s {
+  ferry_client_t *c;
+  uint32_t at;      /* fork after this many batches */
+  bool new_client;  /* the child also tries a client of its own */
+  const char *dispatcher;
+  pid_t child;
+} fork_arg_t;
+
+static double now_s(void) { return hx_now_ms() / 1e3; }
+
+/* The child's side: every call on the parent's client fails at once with
+ * FERRY_EFORKED (naming the parent), stats are zeros, freeing returns at
+ * once and touches nothing of the parent; then, optionally, a client of
+ * its own is refused at once. _exit: Criterion's and the harness's exit
+ * handlers are the parent's. */
+static void fork_child(fork_arg_t *a, pid_t parent) {
+  alarm(20); /* a hang (joining the parent's threads) dies, and says so */
+  ferry_error_t err = {0};
+  const ferry_batch_t *b = (const ferry_batch_t *)1;
+  double t0 = now_s();
+  int rc = ferry_next(a->c, &b, 5000, &err);
+  if (rc != FERRY_EFORKED || b != NULL || now_s() - t0 > 1.0)
+    _exit(1);
+  char want[96];
+  snprintf(want, sizeof(want), "created in process %ld; a forked child",
+           (long)parent);
+  if (strstr(err.msg, want) == NULL ||
+      strstr(err.msg, "create a new Client in the child") == NULL)
+    _exit(2);
+  ferry_client_stats_t st;
+  memset(&st, 0xff, sizeof(st));
+  ferry_client_stats(a->c, &st);
+  if (st.batches != 0 || st.records != 0)
+    _exit(3);
+  DLManagedTensor *t = NULL;
+  if (ferry_batch_to_dlpack(a->c, (const ferry_batch_t *)8, &t) !=
+      FERRY_EFORKED)
+    _exit(4);
+  t0 = now_s();
+  ferry_client_free(a->c);
+  if (now_s() - t0 > 1.0)
+    _exit(5);
+  if (a->new_client) {
+    /* gRPC cannot run here (its threads are the parent's): a client of
+     * the child's own is refused at once, not left waiting forever. */
+    ferry_client_options_t o;
+    hx_client_options(&o, a->dispatcher, SPEC);
+    ferry_client_t *c = NULL;
+    t0 = now_s();
+    rc = ferry_client_new(&o, &c, &err);
+    if (rc != FERRY_EFORKED || c != NULL || now_s() - t0 > 1.0)
+      _exit(6);
+    if (strstr(err.msg, "'spawn'") == NULL)
+      _exit(7);
+  }
+  _exit(0);
+}
+
+static void fork_after(uint32_t batches, void *arg) {
+  fork_arg_t *a = arg;
+  if (batches != a->at || a->child != 0)
+    return;
+  pid_t parent = getpid();
+  pid_t p = fork();
+  if (p == 0)
+    fork_child(a, parent);
+  a->child = p;
+}
+
+/* The child's exit status within `wait_ms` (killed and failed past it). */
+static int wait_child(pid_t p, int wait_ms) {
+  int st = 0;
+  for (double t0 = hx_now_ms(); hx_now_ms() - t0 < wait_ms;) {
+    if (waitpid(p, &st, WNOHANG) == p)
+      return st;
+    usleep(10000);
+  }
+  kill(p, SIGKILL);
+  waitpid(p, &st, 0);
+  cr_assert(false, "the forked child did not exit within %d ms (hung)",
+            wait_ms);
+  return st;
+}
+
+static const char *const fork_check[] = {
+    "", "ferry_next did not fail at once with FERRY_EFORKED",
+    "the error does not name the parent or say what to do",
+    "ferry_client_stats did not give zeros",
+    "ferry_batch_to_dlpack did not fail with FERRY_EFORKED",
+    "ferry_client_free took over 1 s",
+    "a new client in the child was not refused at once with FERRY_EFORKED",
+    "the refusal does not say how to start a child that can have one"};
+
+/* PyTorch's DataLoader forks its workers from a trainer that may hold a
+ * client. The child used to run ferry_client_free at exit: a goodbye
+ * heartbeat on the parent's gRPC channel and joins of threads it does not
+ * have, so the child crashed or hung and the parent's connection broke
+ * (a timeout mid-epoch, or "Missing :authority header"). Now the child
+ * touches nothing of the parent's, and the parent's epoch goes on: every
+ * record exactly once. (The child's own checks: fork_child.) */
+static void fork_mid_epoch(bool new_client) {
+  char why[512];
+  cluster();
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, SPEC);
+  o.num_epochs = 1;
+  o.prefetch = 2;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  fork_arg_t a = {.c = c, .at = 20, .new_client = new_client,
+                  .dispatcher = D->addr};
+  hx_ids_t got = {0};
+  int rc = hx_collect_epoch(c, &got, &DS, true, 20000, fork_after, &a, &err);
+  cr_assert_gt(a.child, 0, "no fork happened (%u batches)", got.batches);
+  int st = wait_child(a.child, 30000);
+  cr_assert(WIFEXITED(st), "the forked child died of signal %d",
+            WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  int k = WEXITSTATUS(st);
+  cr_assert_eq(k, 0, "forked child: %s",
+               k < (int)(sizeof(fork_check) / sizeof(*fork_check))
+                   ? fork_check[k]
+                   : "unknown exit status");
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END, "parent's epoch: %d %s", rc, err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(&DS, false, &n);
+  cr_assert(hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why)),
+            "parent's epoch after the fork: %s", why);
+  free(want);
+  hx_ids_free(&got);
+  ferry_client_free(c);
+}
+
+Test(client_faults, forked_child_leaves_the_parents_client_alone) {
+  fork_mid_epoch(false);
+}
+
+/* gRPC 1.51 does not survive a fork while it runs: the child's first call
+ * waited forever, past its deadline. */
+Test(client_faults, forked_child_is_refused_a_client_of_its_own) {
+  fork_mid_epoch(true);
+}

@@ -235,7 +235,9 @@ typedef struct ferry_client_s ferry_client_t;
  *                  dispatcher refused;
  *   FERRY_ESHAPE   the images have no fixed shape (JPEG without resize);
  *   FERRY_EGRPC_*  the dispatcher was unreachable or failed
- *                  ("dispatcher HOST:PORT unreachable within N ms").
+ *                  ("dispatcher HOST:PORT unreachable within N ms");
+ *   FERRY_EFORKED  this process was forked while a client of its parent
+ *                  was open: gRPC cannot run here (start it with spawn).
  * Calls ferry_rpc_tune_malloc once per process. Strings in `opts` are
  * copied. */
 FERRY_API int ferry_client_new(const ferry_client_options_t *opts,
@@ -329,7 +331,14 @@ FERRY_API void ferry_memory_stats(int64_t *bytes, int64_t *blocks);
 /* Says goodbye to the dispatcher (a last heartbeat with leaving set: its
  * splits go back to the pool from what the trainer received), cancels the
  * streams, joins the threads and frees everything, batches included.
- * Takes at most about 2 s with an unreachable dispatcher. NULL is fine. */
+ * Takes at most about 2 s with an unreachable dispatcher. NULL is fine.
+ *
+ * Fork: in a process forked after the client was created, every call on
+ * it fails at once with FERRY_EFORKED (ferry_next, ferry_batch_to_dlpack,
+ * ferry_batch_wait_stream; releases do nothing, stats are zeros), and
+ * this frees nothing and calls nothing: the client's memory is leaked on
+ * purpose (the parent's pages, copy-on-write), the parent's threads,
+ * sockets and gRPC state are left alone. */
 FERRY_API void ferry_client_free(ferry_client_t *c);
 
 #ifdef __cplusplus

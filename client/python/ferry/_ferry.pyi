@@ -35,6 +35,10 @@ class ClosedError(Error):
 class CancelledError(Error):
     """An operator cancelled the job (ferryctl job cancel)."""
 
+class ForkedError(Error):
+    """A forked child used its parent's client (or made one while it was
+    open: gRPC cannot run there); create clients in spawned children."""
+
 class Array:
     """A view of a batch's images, labels or ids (no copy)."""
     @property

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ferry/client.h"
 #include "ferry/version.h"
@@ -57,11 +58,14 @@ static PyObject *WorkerError;
 static PyObject *FerryTimeoutError;
 static PyObject *ClosedError;
 static PyObject *CancelledError;
+static PyObject *ForkedError;
 
 /* Where an error came from, for the choice of subclass. */
 enum { CTX_CONNECT, CTX_NEXT, CTX_OTHER };
 
 static PyObject *error_class(int code, const char *msg, int ctx) {
+  if (code == FERRY_EFORKED)
+    return ForkedError;
   if (code == FERRY_ETIMEDOUT)
     return FerryTimeoutError;
   if (code <= FERRY_EOF && code >= FERRY_ESHAPE)
@@ -152,6 +156,7 @@ typedef struct {
   uint64_t job_id, client_id;
   ferry_client_stats_t last; /* the counters when the client was freed */
   int have_last;
+  pid_t pid;              /* the process that created `c` */
 } ClientObject;
 
 static PyTypeObject ClientType;
@@ -1076,6 +1081,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
     goto out;
   }
   self->c = c;
+  self->pid = getpid();
   self->job_id = ferry_client_job_id(c);
   self->client_id = ferry_client_id(c);
   rc = 0;
@@ -1095,7 +1101,26 @@ static void client_dealloc(ClientObject *self) {
 
 /* ---- Client: next ------------------------------------------------------- */
 
+/* A forked child may not use its parent's client (libferry refuses too;
+ * this names it before anything else, a stashed batch included). Freeing
+ * it in the child is safe: libferry then touches nothing. */
+static int client_check_forked(ClientObject *self) {
+  if (self->c == NULL || self->pid == getpid())
+    return 0;
+  char msg[400];
+  snprintf(msg, sizeof msg,
+           "this ferry client was created in process %ld; a forked child "
+           "cannot use it: create a new Client in the child (a child "
+           "started with multiprocessing's 'spawn' or 'forkserver': gRPC "
+           "cannot run in a child forked while a client was open)",
+           (long)self->pid);
+  raise_ferry(ForkedError, FERRY_EFORKED, msg, CTX_OTHER);
+  return -1;
+}
+
 static int client_check_open(ClientObject *self) {
+  if (client_check_forked(self) < 0)
+    return -1;
   if (self->c == NULL || self->closing) {
     raise_ferry(ClosedError, FERRY_ECANCELED,
                 self->closing || self->have_last
@@ -1113,6 +1138,8 @@ static int client_check_open(ClientObject *self) {
 static int client_fetch(ClientObject *self, double timeout_s,
                         const ferry_batch_t **out) {
   *out = NULL;
+  if (client_check_forked(self) < 0)
+    return -1;
   if (self->peeked != NULL && self->c != NULL && !self->closing) {
     *out = self->peeked;
     self->peeked = NULL;
@@ -1400,6 +1427,8 @@ static int dict_set(PyObject *d, const char *k, PyObject *v) {
 
 static PyObject *client_stats(ClientObject *self, PyObject *Py_UNUSED(a)) {
   ferry_client_stats_t st;
+  if (client_check_forked(self) < 0)
+    return NULL;
   if (self->c != NULL)
     ferry_client_stats(self->c, &st);
   else if (self->have_last)
@@ -1795,7 +1824,12 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       (CancelledError = new_error(
            m, "CancelledError", FerryError,
            "An operator cancelled the job (ferryctl job cancel); the "
-           "message names the job.")) == NULL)
+           "message names the job.")) == NULL ||
+      (ForkedError = new_error(
+           m, "ForkedError", FerryError,
+           "The client was created in another process: a forked child "
+           "cannot use its parent's client, nor (gRPC) create one while "
+           "the parent's was open.")) == NULL)
     goto fail;
   return m;
 fail:

@@ -51,6 +51,7 @@ extern "C" {
   XX(ESPEC, -1030, "invalid pipeline spec")                                   \
   XX(EOPTION, -1031, "invalid option")                                        \
   XX(ENOTSUP, -1032, "not supported")                                       \
+  XX(EFORKED, -1033, "client used in a forked child")                         \
   XX(EGRPC_CANCELLED, -1101, "gRPC: cancelled")                               \
   XX(EGRPC_UNKNOWN, -1102, "gRPC: unknown error")                             \
   XX(EGRPC_INVALID_ARGUMENT, -1103, "gRPC: invalid argument")                 \
