@@ -1181,6 +1181,15 @@ static int client_fetch(ClientObject *self, double timeout_s,
       break;
     }
     if (rc == 0) {
+      /* A Ctrl-C that came while ferry_next waited would be raised by the
+       * interpreter right after next() returns, and the batch returned
+       * would be dropped unseen (a notebook that caught the interrupt and
+       * went on silently missed those records): raise it here and keep
+       * the batch for the following call. */
+      if (PyErr_CheckSignals() < 0) {
+        self->peeked = b;
+        break;
+      }
       *out = b;
       result = 0;
       break;
