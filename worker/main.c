@@ -32,6 +32,21 @@ static const ferry_option_t table[] = {
     {"buffer-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, buffer_bytes),
      "256M", 1 << 20, 1ull << 40, NULL,
      "bound of the chunk buffers waiting to be sent (backpressure)"},
+    {"jpeg-max-pixels", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, jpeg_max_pixels), "67108864", 0,
+     4294967296.0, NULL,
+     "refuse a JPEG record whose header claims more pixels (width x "
+     "height) than this, before decoding it: a bad record under on_error "
+     "(0: no limit; TensorFlow's 2^29 samples still apply)"},
+    {"jpeg-max-scans", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, jpeg_max_scans), "100", 0, 65535, NULL,
+     "refuse a JPEG record with more scans (SOS markers) than this: each "
+     "progressive scan passes over the whole image (0: no limit)"},
+    {"decode-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, decode_bytes),
+     "0", 0, 1ull << 40, NULL,
+     "memory the pipeline threads may use to decode images, together; "
+     "each thread refuses a JPEG whose decode needs more than this / "
+     "--threads (0: --buffer-bytes)"},
     {"heartbeat-ms", FERRY_OPT_INT, offsetof(ferry__wconfig_t, heartbeat_ms),
      "1000", 10, 600000, NULL,
      "heartbeat interval until the dispatcher says otherwise"},

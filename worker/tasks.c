@@ -744,7 +744,22 @@ struct ferry__wthread_s {
   pthread_t tid;
   struct ctx_slot slots[CTX_SLOTS];
   uint64_t tick;
+  ferry_pipeline_ctx_t *last; /* the ctx of the last get_ctx */
 };
+
+/* What a ctx the thread moves away from keeps of its scratch buffers:
+ * the decode limit bounds the ctx in use, this the others. */
+#define CTX_KEEP_BYTES (8u << 20)
+
+/* Notes that the thread uses `ctx` now, trimming the one it used before
+ * (it may hold a big image's buffers, and parked tasks keep their ctx). */
+static ferry_pipeline_ctx_t *use_ctx(ferry__wthread_t *th,
+                                     ferry_pipeline_ctx_t *ctx) {
+  if (th->last != NULL && th->last != ctx)
+    ferry_pipeline_ctx_trim(th->last, CTX_KEEP_BYTES);
+  th->last = ctx;
+  return ctx;
+}
 
 ferry__wthread_t *ferry__wthread_new(ferry__wtasks_t *t) {
   ferry__wthread_t *th = ferry__calloc(1, sizeof(*th));
@@ -775,7 +790,7 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
     struct ctx_slot *s = &th->slots[i];
     if (s->pipe != NULL && s->pipe_id == pipe->id) {
       s->used = th->tick;
-      return s->ctx;
+      return use_ctx(th, s->ctx);
     }
     if (s->pipe == NULL || (victim->pipe != NULL && s->used < victim->used))
       victim = s;
@@ -786,7 +801,11 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
   /* A record's pixels go straight into a chunk (put_record copies them
    * out before the next read, also when it parks). */
   ferry_pipeline_ctx_set_borrow(ctx, 1);
+  if (th->t->jpeg_set)
+    ferry_pipeline_ctx_set_jpeg_limits(ctx, &th->t->jpeg);
   if (victim->pipe != NULL) {
+    if (th->last == victim->ctx)
+      th->last = NULL;
     ferry_pipeline_ctx_free(victim->ctx);
     pipe_unref(victim->pipe);
   }
@@ -795,7 +814,7 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
   victim->pipe_id = pipe->id;
   victim->ctx = ctx;
   victim->used = th->tick;
-  return ctx;
+  return use_ctx(th, ctx);
 }
 
 static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -1514,6 +1533,10 @@ int ferry__wtasks_start(ferry__wtasks_t *t, size_t n, ferry_error_t *err) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     n = cores > 0 ? (size_t)cores : 1;
   }
+  /* Each thread decodes one image at a time: its share of the decode
+   * budget bounds that image (ferry_jpeg_limits_t.max_bytes). */
+  if (t->jpeg_set && t->decode_bytes > 0)
+    t->jpeg.max_bytes = t->decode_bytes / n;
   t->threads = ferry__calloc(n, sizeof(*t->threads));
   ferry__wthread_t **ths = ferry__calloc(n, sizeof(*ths));
   if (t->threads == NULL || ths == NULL) {

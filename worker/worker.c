@@ -214,6 +214,11 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
   if (rc != 0)
     goto fail;
   make_address(w);
+  w->tasks.jpeg.max_pixels = (uint64_t)cfg->jpeg_max_pixels;
+  w->tasks.jpeg.max_scans = (uint32_t)cfg->jpeg_max_scans;
+  w->tasks.decode_bytes =
+      cfg->decode_bytes > 0 ? cfg->decode_bytes : cfg->buffer_bytes;
+  w->tasks.jpeg_set = true;
   rc = ferry__wtasks_start(&w->tasks, (size_t)cfg->threads, err);
   if (rc != 0)
     goto fail;

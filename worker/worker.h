@@ -48,6 +48,7 @@
 #include "ferry/chunk.h"
 #include "ferry/error.h"
 #include "ferry/pipeline.h"
+#include "ferry/imgops.h"
 #include "ferry/roots.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
@@ -63,6 +64,9 @@ typedef struct ferry__wconfig_s {
   char *advertise;       /* host the dispatcher gives to clients */
   int64_t threads;       /* pipeline threads; 0: one per core */
   uint64_t buffer_bytes; /* chunk pool bound */
+  int64_t jpeg_max_pixels; /* per image; 0: no limit */
+  int64_t jpeg_max_scans;  /* per image; 0: no limit */
+  uint64_t decode_bytes;   /* all pipeline threads' decodes; 0: buffer */
   int64_t heartbeat_ms;
   uint64_t chunk_bytes;  /* target chunk payload size */
   char *spill_dir;       /* shuffled compressed shards; NULL: $TMPDIR */
@@ -283,6 +287,11 @@ typedef struct ferry__wtasks_s {
   ferry__wtask_t *parked;  /* parked tasks (linked by qnext) */
   char *spill_dir;         /* owned copy; NULL: $TMPDIR or /tmp */
   ferry_roots_t roots;     /* files a task may open (none: any) */
+  /* The JPEG limits every ctx gets (jpeg_set; else the decoder's
+   * defaults); max_bytes is decode_bytes / threads, set by start. */
+  ferry_jpeg_limits_t jpeg;
+  uint64_t decode_bytes;
+  bool jpeg_set;
   ferry__wpipe_t *pipes;
   uint64_t next_pipe_id;
   atomic_bool stop;

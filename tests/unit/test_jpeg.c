@@ -414,3 +414,219 @@ Test(jpeg, conformance_testdata_fused) {
   ferry_jpeg_free(j);
   free(dst);
 }
+
+/* ---- Limits: scans, pixels, decode memory (ferry_jpeg_limits_t) ------- */
+
+#include <sys/resource.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static long maxrss_kb(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+/* A progressive JPEG of HxW whose last scan (an AC refinement) is
+ * repeated `copies` times in all: libjpeg only warns about the repeats
+ * ("Inconsistent progression sequence") and runs each over the whole
+ * image, which is the CPU bomb. A flat image makes each AC scan a few
+ * bytes of end-of-band runs, whatever its size. */
+static uint8_t *scan_bomb(int h, int w, int copies, int flat, size_t *len) {
+  uint8_t *img = malloc((size_t)h * w * 3), *out, *jp;
+  tjhandle t = tjInitCompress();
+  unsigned char *buf = NULL;
+  unsigned long n = 0;
+  size_t last = 0, end, pos, o = 0;
+  if (flat)
+    memset(img, 128, (size_t)h * w * 3);
+  else
+    synth(img, h, w);
+  cr_assert_eq(tjCompress2(t, img, w, 0, h, TJPF_RGB, &buf, &n, TJSAMP_420,
+                           90, TJFLAG_PROGRESSIVE),
+               0, "%s", tjGetErrorStr2(t));
+  tjDestroy(t);
+  free(img);
+  jp = buf;
+  /* The last SOS, and the EOI that ends its data. */
+  for (pos = 2; pos + 1 < n; pos++)
+    if (jp[pos] == 0xFF && jp[pos + 1] == 0xDA)
+      last = pos;
+  cr_assert_gt(last, 0);
+  end = n - 2;
+  cr_assert(jp[end] == 0xFF && jp[end + 1] == 0xD9);
+  out = malloc(last + (end - last) * (size_t)copies + 2);
+  memcpy(out, jp, last);
+  o = last;
+  for (int i = 0; i < copies; i++) {
+    memcpy(out + o, jp + last, end - last);
+    o += end - last;
+  }
+  out[o++] = 0xFF;
+  out[o++] = 0xD9;
+  tjFree(buf);
+  *len = o;
+  return out;
+}
+
+/* A small baseline JPEG whose frame header claims h x w: a few hundred
+ * bytes that would make the decoder allocate h * w * 3 and more. */
+static uint8_t *huge_header(int h, int w, size_t *len) {
+  enum { H = 16, W = 16 };
+  static uint8_t img[H * W * 3];
+  uint8_t *jp;
+  synth(img, H, W);
+  jp = encode(img, H, W, TJPF_RGB, TJSAMP_444, 90, len);
+  for (size_t p = 2; p + 9 < *len; p++)
+    if (jp[p] == 0xFF && jp[p + 1] == 0xC0) {
+      jp[p + 5] = (uint8_t)(h >> 8);
+      jp[p + 6] = (uint8_t)h;
+      jp[p + 7] = (uint8_t)(w >> 8);
+      jp[p + 8] = (uint8_t)w;
+      return jp;
+    }
+  cr_assert_fail("no SOF0 in the encoded image");
+  return NULL;
+}
+
+static ferry_crop_op_t crop224(void) {
+  ferry_crop_op_t op;
+  memset(&op, 0, sizeof(op));
+  op.out_h = op.out_w = 224;
+  op.kind = FERRY_CROP_CENTER;
+  op.gap = 1.0;
+  return op;
+}
+
+/* 10,000 copies of the last scan: refused by the scan limit on every
+ * path, naming it, before any scan is decoded. */
+Test(jpeg, a_scan_bomb_is_refused_by_the_scan_limit) {
+  size_t len;
+  uint8_t *jp = scan_bomb(1024, 1024, 10000, 1, &len);
+  static uint8_t out[1024 * 1024 * 3];
+  ferry_jpeg_t *j;
+  ferry_error_t err = {0};
+  ferry_crop_op_t op = crop224();
+  int h, w;
+  double t0;
+
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  t0 = now_s();
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+               FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "more than 100 scans") != NULL &&
+                strstr(err.msg, "--jpeg-max-scans 100") != NULL,
+            "%s", err.msg);
+  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "--jpeg-max-scans") != NULL, "%s", err.msg);
+  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                      &w, NULL, &err),
+               FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "--jpeg-max-scans 100") != NULL, "%s", err.msg);
+  op.exact = 1;
+  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                      &w, NULL, &err),
+               FERRY_EJPEG);
+  fprintf(stderr, "scan bomb: %zu bytes, refused 4 times in %.3f s\n", len,
+          now_s() - t0);
+  cr_assert_lt(now_s() - t0, 1.0);
+  free(jp);
+
+  /* The same file with 100 scans in all is within the limit and decodes
+   * (a limit, not a ban on repeated scans). */
+  {
+    size_t n2, base;
+    uint8_t *one = scan_bomb(256, 256, 1, 0, &base);
+    uint32_t scans = 0;
+    for (size_t p = 0; p + 1 < base; p++)
+      scans += one[p] == 0xFF && one[p + 1] == 0xDA;
+    free(one);
+    jp = scan_bomb(256, 256, 100 - (int)scans + 1, 0, &n2);
+    cr_assert_eq(ferry_jpeg_decode(j, jp, n2, out, sizeof(out), &h, &w,
+                                   &err),
+                 0, "%u + %d scans: %s", scans, 100 - (int)scans, err.msg);
+    free(jp);
+  }
+  ferry_jpeg_free(j);
+}
+
+/* A 16000x11000 frame header in a few hundred bytes: refused by the pixel
+ * limit from the header, with nothing allocated; with the pixel limit off
+ * a byte limit refuses it naming both sizes. */
+Test(jpeg, a_huge_frame_header_is_refused_before_allocating) {
+  size_t len;
+  uint8_t *jp = huge_header(11000, 16000, &len);
+  static uint8_t out[224 * 224 * 3];
+  ferry_jpeg_t *j;
+  ferry_error_t err = {0};
+  ferry_crop_op_t op = crop224();
+  ferry_jpeg_limits_t lim = {0, FERRY_JPEG_MAX_SCANS, 64u << 20};
+  long rss0 = maxrss_kb();
+  int h, w;
+
+  cr_assert_lt(len, 1024);
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "image 16000x11000 has 176000000 pixels") !=
+                    NULL &&
+                strstr(err.msg, "--jpeg-max-pixels 67108864") != NULL,
+            "%s", err.msg);
+  cr_assert_eq(h, 0);
+  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+               FERRY_EJPEG);
+  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                      &w, NULL, &err),
+               FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "--jpeg-max-pixels") != NULL, "%s", err.msg);
+
+  ferry_jpeg_set_limits(j, &lim);
+  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "decoding image 16000x11000 (baseline) needs "
+                            "about 672 MiB, over this thread's limit of 64 "
+                            "MiB (--decode-bytes / threads)") != NULL,
+            "%s", err.msg);
+  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                      &w, NULL, &err),
+               FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "--decode-bytes") != NULL, "%s", err.msg);
+  fprintf(stderr, "huge header: %zu bytes; max RSS grew %ld KiB\n", len,
+          maxrss_kb() - rss0);
+  cr_assert_lt(maxrss_kb() - rss0, 32 << 10, "the decode allocated");
+  ferry_jpeg_free(j);
+  free(jp);
+}
+
+/* A progressive image counts its coefficient buffer; a baseline one of the
+ * same size does not need it. */
+Test(jpeg, the_byte_limit_counts_progressive_coefficients) {
+  enum { H = 512, W = 512 };
+  size_t lp, lb;
+  uint8_t *prog = scan_bomb(H, W, 1, 0, &lp);
+  static uint8_t img[H * W * 3], out[H * W * 3];
+  uint8_t *base;
+  ferry_jpeg_t *j;
+  ferry_error_t err = {0};
+  /* Pixels: 1 MiB at 4 bytes; 4:2:0 coefficients: about 0.75 MiB more. */
+  ferry_jpeg_limits_t lim = {0, 0, (3u << 19) + (1u << 20) / 4};
+  int h, w;
+  synth(img, H, W);
+  base = encode(img, H, W, TJPF_RGB, TJSAMP_420, 90, &lb);
+  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  ferry_jpeg_set_limits(j, &lim);
+  cr_assert_eq(ferry_jpeg_decode(j, base, lb, out, sizeof(out), &h, &w,
+                                 &err),
+               0, "%s", err.msg);
+  cr_assert_eq(ferry_jpeg_decode(j, prog, lp, out, sizeof(out), &h, &w,
+                                 &err),
+               FERRY_EJPEG);
+  cr_assert(strstr(err.msg, "(progressive) needs about") != NULL, "%s",
+            err.msg);
+  ferry_jpeg_free(j);
+  free(prog);
+  free(base);
+}

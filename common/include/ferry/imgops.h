@@ -23,6 +23,31 @@ typedef struct ferry_jpeg_s ferry_jpeg_t;
 int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err);
 void ferry_jpeg_free(ferry_jpeg_t *j);
 
+/* What one image may cost, checked from its markers before anything is
+ * allocated or decoded (every decode path, ferry_jpeg_header included).
+ * An image over a limit fails with FERRY_EJPEG naming the limit, so it
+ * is a bad record like any other (on_error). 0: no limit. */
+typedef struct ferry_jpeg_limits_s {
+  uint64_t max_pixels; /* width x height (--jpeg-max-pixels) */
+  uint32_t max_scans;  /* SOS markers: each progressive scan passes over
+                          the whole image (--jpeg-max-scans) */
+  uint64_t max_bytes;  /* the decode's memory: the pixels at 4 bytes each
+                          (7 for CMYK), plus libjpeg's whole-image
+                          coefficient buffer (2 bytes a coefficient) for a
+                          progressive or multi-scan file (--decode-bytes
+                          per pipeline thread) */
+} ferry_jpeg_limits_t;
+
+/* The defaults of a new decoder: 64 Mi pixels, 100 scans, no byte
+ * limit (the worker sets one from --decode-bytes). */
+#define FERRY_JPEG_MAX_PIXELS (64u << 20)
+#define FERRY_JPEG_MAX_SCANS 100u
+void ferry_jpeg_set_limits(ferry_jpeg_t *j, const ferry_jpeg_limits_t *l);
+
+/* Frees the decoder's scratch buffers over `keep` bytes (a thread that
+ * decoded one big image does not keep its memory). */
+void ferry_jpeg_trim(ferry_jpeg_t *j, size_t keep);
+
 /* Reads the image size without decoding. FERRY_EJPEG when not a JPEG;
  * on any failure *h and *w are 0. */
 int ferry_jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,

@@ -11,6 +11,7 @@
 
 #include "ferry/crop.h"
 #include "ferry/error.h"
+#include "ferry/imgops.h"
 #include "ferry/spec.h"
 
 typedef struct ferry_pipeline_s ferry_pipeline_t;
@@ -63,6 +64,15 @@ typedef enum {
 } ferry_decode_path_t;
 ferry_decode_path_t ferry_pipeline_ctx_last_decode(
     const ferry_pipeline_ctx_t *ctx);
+
+/* Sets the limits of the ctx's JPEG decoder (ferry/imgops.h; a new ctx
+ * has the decoder's defaults). */
+void ferry_pipeline_ctx_set_jpeg_limits(ferry_pipeline_ctx_t *ctx,
+                                        const ferry_jpeg_limits_t *l);
+
+/* Frees the ctx's scratch buffers (decoded images, the decoder's) that
+ * hold more than `keep` bytes; they grow again when needed. */
+void ferry_pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep);
 
 /* The ctx's fused-decode counters (ferry/crop.h): how many JPEGs were
  * decoded partially or scaled, progressive ones, full decodes. */

@@ -15,6 +15,7 @@
  * before EOI (checked by a small marker walker below). */
 #include "ferry/imgops.h"
 
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <setjmp.h>
@@ -61,6 +62,7 @@ struct ferry_jpeg_s {
   size_t region_cap;
   ferry_resampler_t *rs;
   ferry_jpeg_crop_stats_t stats;
+  ferry_jpeg_limits_t lim;
 };
 
 int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
@@ -75,8 +77,27 @@ int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
     return ferry__seterr(err, FERRY_ENOMEM, "jpeg: tjInitDecompress: %s",
                          tjGetErrorStr2(NULL));
   }
+  j->lim.max_pixels = FERRY_JPEG_MAX_PIXELS;
+  j->lim.max_scans = FERRY_JPEG_MAX_SCANS;
   *out = j;
   return 0;
+}
+
+void ferry_jpeg_set_limits(ferry_jpeg_t *j, const ferry_jpeg_limits_t *l) {
+  j->lim = *l;
+}
+
+void ferry_jpeg_trim(ferry_jpeg_t *j, size_t keep) {
+  if (j->region_cap > keep) {
+    ferry__free(j->region);
+    j->region = NULL;
+    j->region_cap = 0;
+  }
+  if (j->cmyk_cap > keep) {
+    ferry__free(j->cmyk);
+    j->cmyk = NULL;
+    j->cmyk_cap = 0;
+  }
 }
 
 void ferry_jpeg_free(ferry_jpeg_t *j) {
@@ -163,6 +184,135 @@ static int walk(const uint8_t *d, size_t n, int *adobe) {
   }
 }
 
+/* What the markers say an image will cost (survey()). */
+typedef struct {
+  int have_sof, progressive, ncomp;
+  unsigned h, w;
+  uint8_t hs[4], vs[4]; /* sampling factors of the first 4 components */
+  uint32_t scans;       /* SOS markers seen (counting stops at limit + 1) */
+} survey_t;
+
+/* Walks the markers as walk() does, reading the frame header and counting
+ * scans, up to EOI, the end of the data or `max_scans` + 1 scans. A file
+ * libjpeg cannot follow stops the walk early: libjpeg fails on it too.
+ * Reads only inside [d, d + n). */
+static void survey(const uint8_t *d, size_t n, uint32_t max_scans,
+                   survey_t *s) {
+  size_t pos = 2;
+  memset(s, 0, sizeof(*s));
+  if (n < 2 || d[0] != 0xFF || d[1] != 0xD8)
+    return;
+  for (;;) {
+    unsigned m;
+    size_t len;
+    while (pos < n && d[pos] != 0xFF)
+      pos++;
+    while (pos < n && d[pos] == 0xFF)
+      pos++;
+    if (pos >= n)
+      return;
+    m = d[pos++];
+    if (m == 0xD9)
+      return;
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7))
+      continue;
+    if (n - pos < 2)
+      return;
+    len = (size_t)d[pos] << 8 | d[pos + 1];
+    if (len < 2 || n - pos < len)
+      return;
+    /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC). */
+    if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC &&
+        !s->have_sof && len >= 8) {
+      const uint8_t *f = d + pos + 2;
+      s->have_sof = 1;
+      s->progressive = (m & 3) == 2; /* SOF2, SOF6, SOF10, SOF14 */
+      s->h = (unsigned)f[1] << 8 | f[2];
+      s->w = (unsigned)f[3] << 8 | f[4];
+      s->ncomp = f[5];
+      for (int c = 0; c < s->ncomp && c < 4 && 8 + 3 * (size_t)c + 1 < len;
+           c++) {
+        s->hs[c] = f[6 + 3 * c + 1] >> 4;
+        s->vs[c] = f[6 + 3 * c + 1] & 15;
+      }
+    }
+    pos += len;
+    if (m != 0xDA)
+      continue;
+    if (++s->scans > max_scans && max_scans > 0)
+      return;
+    for (;;) {
+      const uint8_t *ff = memchr(d + pos, 0xFF, n - pos);
+      if (ff == NULL)
+        return;
+      pos = (size_t)(ff - d);
+      if (n - pos < 2)
+        return;
+      if (d[pos + 1] == 0x00 || (d[pos + 1] >= 0xD0 && d[pos + 1] <= 0xD7)) {
+        pos += 2;
+        continue;
+      }
+      break;
+    }
+  }
+}
+
+/* The decode's memory for `s` (see ferry_jpeg_limits_t). */
+static uint64_t decode_bytes(const survey_t *s) {
+  uint64_t px = (uint64_t)s->h * s->w, bytes, hmax = 1, vmax = 1;
+  bytes = px * (s->ncomp == 4 ? 7 : 4);
+  if (!s->progressive && s->scans <= 1)
+    return bytes; /* single scan: libjpeg decodes an iMCU row at a time */
+  for (int c = 0; c < s->ncomp && c < 4; c++) {
+    hmax = s->hs[c] > hmax ? s->hs[c] : hmax;
+    vmax = s->vs[c] > vmax ? s->vs[c] : vmax;
+  }
+  for (int c = 0; c < s->ncomp; c++) {
+    uint64_t hc = c < 4 && s->hs[c] ? s->hs[c] : 1;
+    uint64_t vc = c < 4 && s->vs[c] ? s->vs[c] : 1;
+    uint64_t bw = ((s->w * hc + hmax - 1) / hmax + 7) / 8 + 2;
+    uint64_t bh = ((s->h * vc + vmax - 1) / vmax + 7) / 8 + 2;
+    bytes += bw * bh * 64 * 2;
+  }
+  return bytes;
+}
+
+/* Refuses an image over the decoder's limits before anything is
+ * allocated for it. The errors name the limit and the option. */
+static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
+                        size_t len, ferry_error_t *err) {
+  const ferry_jpeg_limits_t *l = &j->lim;
+  survey_t s;
+  uint64_t need;
+  if (l->max_pixels == 0 && l->max_scans == 0 && l->max_bytes == 0)
+    return 0;
+  survey(src, len, l->max_scans, &s);
+  if (l->max_scans > 0 && s.scans > l->max_scans)
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: more than %" PRIu32 " scans, over the limit "
+                         "(--jpeg-max-scans %" PRIu32 ")",
+                         l->max_scans, l->max_scans);
+  if (!s.have_sof)
+    return 0; /* the decoder says what is wrong */
+  if (l->max_pixels > 0 && (uint64_t)s.h * s.w > l->max_pixels)
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: image %ux%u has %" PRIu64 " pixels, over the "
+                         "limit (--jpeg-max-pixels %" PRIu64 ")",
+                         s.w, s.h, (uint64_t)s.h * s.w, l->max_pixels);
+  need = decode_bytes(&s);
+  if (l->max_bytes > 0 && need > l->max_bytes)
+    return ferry__seterr(err, FERRY_EJPEG,
+                         "jpeg: decoding image %ux%u (%s) needs about "
+                         "%" PRIu64 " MiB, over this thread's limit of "
+                         "%" PRIu64 " MiB (--decode-bytes / threads)",
+                         s.w, s.h,
+                         s.progressive ? "progressive"
+                         : s.scans > 1 ? "multi-scan"
+                                       : "baseline",
+                         (need + (1u << 20) - 1) >> 20, l->max_bytes >> 20);
+  return 0;
+}
+
 static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                        int *h, int *w, int *cs, ferry_error_t *err) {
   int ww = 0, hh = 0, sub = 0, adobe;
@@ -176,6 +326,8 @@ static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (len > ULONG_MAX)
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
                          len);
+  if (check_limits(j, src, len, err) != 0)
+    return FERRY_EJPEG;
   if (tjDecompressHeader3(j->tj, src, (unsigned long)len, &ww, &hh, &sub,
                           cs) != 0) {
     /* The sizes are only set when the header was read: then the failure
@@ -506,6 +658,8 @@ int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (len > ULONG_MAX)
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
                          len);
+  if (check_limits(j, src, len, err) != 0)
+    return FERRY_EJPEG;
   e->warnings = 0;
   e->eof = 0;
   e->first[0] = '\0';

@@ -345,6 +345,23 @@ void ferry_pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
   ctx->record = record;
 }
 
+void ferry_pipeline_ctx_set_jpeg_limits(ferry_pipeline_ctx_t *ctx,
+                                        const ferry_jpeg_limits_t *l) {
+  if (ctx->jpeg != NULL)
+    ferry_jpeg_set_limits(ctx->jpeg, l);
+}
+
+void ferry_pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep) {
+  for (int i = 0; i < 2; i++)
+    if (ctx->cap[i] > keep) {
+      ferry__aligned_free(ctx->buf[i]);
+      ctx->buf[i] = NULL;
+      ctx->cap[i] = 0;
+    }
+  if (ctx->jpeg != NULL)
+    ferry_jpeg_trim(ctx->jpeg, keep);
+}
+
 void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
                                    ferry_jpeg_crop_stats_t *out) {
   if (ctx->jpeg != NULL)
@@ -572,6 +589,9 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       cur = data;
       which = 1;
     } else {
+      /* Grown at ctx_new, but ferry_pipeline_ctx_trim may have freed it. */
+      if ((rc = grow(ctx, 0, want, err)) < 0)
+        return rc;
       rc = ferry_decode_raw(data, data_len, ih, iw, ic, ctx->buf[0], err);
       if (rc < 0) {
         ferry__prefixerr(err, "feature '%s'", p->image_key);
@@ -669,6 +689,8 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
    * record's own bytes, handed out as they are when the caller allows it
    * (ferry_pipeline_ctx_set_borrow), else copied into the ctx. */
   if (cur == data && !ctx->borrow) {
+    if ((rc = grow(ctx, 0, (size_t)ih * (size_t)iw * (size_t)ic, err)) < 0)
+      return rc;
     memcpy(ctx->buf[0], data, (size_t)ih * (size_t)iw * (size_t)ic);
     cur = ctx->buf[0];
   }
