@@ -185,7 +185,7 @@ static void compute(ferry__dmetrics_gauges_t *g) {
     for (size_t i = 0; i < resp.n_workers; i++) {
       const Ferry__V1__WorkerStatus *ws = resp.workers[i];
       char id[24];
-      if (strcmp(ws->state, "lost") == 0)
+      if (strcmp(ws->state, "lost") == 0 || strcmp(ws->state, "left") == 0)
         continue;
       snprintf(id, sizeof(id), "%" PRIu64, ws->worker_id);
       const char *v[2] = {id, ws->address != NULL ? ws->address : ""};

@@ -166,7 +166,8 @@ static bool exhausted(job_t *j) {
 }
 
 /* What the client's trainer may be told when no batch comes: workers
- * serving, draining, lost, and those this client's splits avoid. */
+ * serving, draining, stopped (left), lost, and those this client's splits
+ * avoid. */
 static int fill_worker_counts(ferry_disp_t *d, const job_t *j,
                               uint64_t client,
                               Ferry__V1__ClientHeartbeatResponse *r,
@@ -177,7 +178,9 @@ static int fill_worker_counts(ferry_disp_t *d, const job_t *j,
   ferry__v1__worker_counts__init(wc);
   for (size_t i = 0; i < d->nworkers; i++) {
     const worker_t *w = d->workers[i];
-    if (w->lost)
+    if (w->lost && w->left)
+      wc->left++;
+    else if (w->lost)
       wc->lost++;
     else if (w->draining || w->op_drained)
       wc->draining++;

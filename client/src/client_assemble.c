@@ -670,6 +670,7 @@ static void apply_locked(ferry_client_t *c,
     c->d_serving = r->worker_counts->serving;
     c->d_draining = r->worker_counts->draining;
     c->d_lost = r->worker_counts->lost;
+    c->d_left = r->worker_counts->left;
     c->d_avoided = r->worker_counts->avoided;
   }
   /* Another incarnation: the dispatcher declared this client lost (or

@@ -445,12 +445,13 @@ void ferry__client_why_locked(const ferry_client_t *c, char *out,
              c->dispatcher != NULL ? c->dispatcher : "",
              ferry__client_now() - c->hb_down_since, c->hb_error);
   } else if (c->d_has_counts && c->d_serving == 0) {
-    if (c->d_draining + c->d_lost == 0)
+    if (c->d_draining + c->d_left + c->d_lost == 0)
       snprintf(out, cap, "no worker is serving this job: none has "
                "registered with the dispatcher");
     else
       snprintf(out, cap, "no worker is serving this job: %" PRIu32
-               " draining, %" PRIu32 " lost", c->d_draining, c->d_lost);
+               " draining, %" PRIu32 " stopped, %" PRIu32 " lost",
+               c->d_draining, c->d_left, c->d_lost);
   } else if (u != NULL) {
     int n = snprintf(out, cap, "worker %s unreachable: %s", u->address,
                      u->reason);

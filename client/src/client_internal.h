@@ -300,7 +300,7 @@ struct ferry_client_s {
    * heartbeats fail (monotonic seconds, 0: they do not) with the last
    * error: what a trainer that gets no batch is told. */
   bool d_has_counts;
-  uint32_t d_serving, d_draining, d_lost, d_avoided;
+  uint32_t d_serving, d_draining, d_lost, d_left, d_avoided;
   double hb_down_since;
   char hb_error[160];
 };

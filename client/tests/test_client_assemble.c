@@ -688,10 +688,12 @@ Test(client_assemble, a_timeout_says_why_no_batch_comes) {
   r.error = (char *)"";
   r.worker_counts = &wc;
   wc.draining = 2;
+  wc.left = 3;
   wc.lost = 1;
   ferry__client_apply_heartbeat(c, &r);
   cr_assert(strstr(timeout_text(c, &err),
-                   ": no worker is serving this job: 2 draining, 1 lost") !=
+                   ": no worker is serving this job: 2 draining, 3 stopped, "
+                   "1 lost") !=
                 NULL,
             "%s", err.msg);
   /* A worker is serving, but this client cannot reach it. */
