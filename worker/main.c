@@ -105,6 +105,10 @@ static const ferry_option_t table[] = {
      offsetof(ferry__wconfig_t, handshake_timeout_ms), "10000", 100, 600000,
      NULL, "close a connection whose TLS handshake and HTTP/2 preface are "
      "not done in this long"},
+    {"test-record-delay-ms", FERRY_OPT_INT,
+     offsetof(ferry__wconfig_t, test_record_delay_ms), "0", 0, 60000, NULL,
+     "TESTS ONLY: sleep this long before processing each record (a slow "
+     "producer, as heavy decodes make one; 0: none)"},
     {"version", FERRY_OPT_BOOL, offsetof(ferry__wconfig_t, version), "false",
      0, 0, NULL, "print 'ferry-worker VERSION' and exit"},
 };

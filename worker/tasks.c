@@ -1033,6 +1033,19 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     r->out++;
     return true;
   }
+  if (r->th->t->test_record_delay_ms > 0) {
+    /* --test-record-delay-ms: a slow producer that burns its CPU as a
+     * heavy decode does, checking for a cancel every few ms. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t spent = 0; spent < r->th->t->test_record_delay_ms;) {
+      if ((spent & 7) == 0 && should_stop(r))
+        return false;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      spent = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+              (now.tv_nsec - t0.tv_nsec) / 1000000;
+    }
+  }
   ferry_error_t perr;
   /* One record in 16 is timed per stage (two clock reads per stage). */
   uint64_t n = r->seen++;

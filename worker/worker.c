@@ -146,6 +146,7 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   if ((rc = ferry__wtasks_set_roots(&w->tasks, cfg->data_roots, err)) != 0)
     return rc;
+  w->tasks.test_record_delay_ms = cfg->test_record_delay_ms;
   if (ferry_roots_open(&w->tasks.roots))
     FERRY_LOG(FERRY_LOG_WARN, "no --data-root: tasks may read any file this "
               "worker can open");

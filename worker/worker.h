@@ -88,7 +88,9 @@ typedef struct ferry__wconfig_s {
   char *metrics_host;      /* NULL: host */
   /* gRPC connection lifetimes (ferry_rpc_options_t); 0: never. */
   int64_t idle_connection_ms, connection_age_ms, handshake_timeout_ms;
-
+  /* Tests only: each record's processing takes this much longer (a
+   * producer slower than --client-stall-ms without huge images). */
+  int64_t test_record_delay_ms;
 } ferry__wconfig_t;
 
 /* ---- Chunk pool and chunks (tasks.c, chunk.c) ---------------------------- */
@@ -298,6 +300,7 @@ typedef struct ferry__wtasks_s {
   bool draining;       /* take no new tasks */
   ferry__wpool_t *pool;
   uint64_t chunk_bytes;
+  int64_t test_record_delay_ms; /* --test-record-delay-ms (tests only) */
   ferry__wemit_cb emit;
   void *emit_arg;
   ferry__wend_cb on_end; /* may be NULL; set before the threads start */

@@ -565,6 +565,95 @@ Test(client_faults, stalled_client_loses_its_splits_and_the_others_finish) {
   hx_ids_free(&got);
 }
 
+/* ---- A slow producer is no stall ---------------------------------------- */
+
+/* Lines of the file holding both `a` and `b`. */
+static int count_log(const char *path, const char *a, const char *b) {
+  char line[1024];
+  int k = 0;
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof(line), f) != NULL)
+    k += strstr(line, a) != NULL && strstr(line, b) != NULL;
+  fclose(f);
+  return k;
+}
+
+/* Records that each take longer to produce than --client-stall-ms (heavy
+ * decodes; here the worker's test-only --test-record-delay-ms) while the
+ * client reads all the time: the client waits for the producer, which is
+ * no stall. It must never be fenced or declared lost, and the epoch ends
+ * once, every record once, on either transport (a UCX livelock of this
+ * kind was reported: a reading client fenced, lost and rejoined again and
+ * again; the seeds drawn here have not reproduced it on this tree). */
+Test(client_faults, slow_producer_is_not_a_stalled_client) {
+  unsigned seed = seed_for("slow_producer_is_not_a_stalled_client");
+  srand(seed);
+  /* Per record, over the 500 ms bound; shapes that give one chunk per
+   * split or several (512x512x3 records: two per 2 MiB chunk), batches
+   * smaller and larger than a split, fast and default heartbeats. */
+  int delay_ms = 700 + rand() % 800, files = 1 + rand() % 4;
+  int per_file = 2 + rand() % 3, batch = 1 + rand() % 4;
+  int side = rand() % 2 ? 512 : 64;
+  int dhb = rand() % 2 ? 1000 : 100;
+  uint32_t chb = rand() % 2 ? 250 : 50;
+  char delay[16], why[512];
+  snprintf(delay, sizeof(delay), "%d", delay_ms);
+  const char *wargs[] = {"--test-record-delay-ms", delay, NULL};
+  hx_daemon_opts_t d = {.heartbeat_ms = dhb,
+                        .worker_timeout_ms = 3000,
+                        .client_timeout_ms = CLIENT_TIMEOUT_MS,
+                        .client_stall_ms = 500};
+  hx_daemon_opts_t w = {.buffer_bytes = 4 << 20, .threads = 2,
+                        .extra_argv = wargs};
+  cr_assert_eq(hx_start_dispatcher(&D, &d, why, sizeof(why)), 0, "%s", why);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(hx_start_worker(&W[i], D->addr, &w, why, sizeof(why)), 0,
+                 "%s", why);
+  cr_assert_eq(hx_wait_workers(D->addr, 2, 10000), 2);
+  cr_assert_eq(hx_make_dataset(&DS, "slow", files, per_file, side, side,
+                               3), 0);
+  hx_spec(&DS, NULL, batch, SPEC, sizeof(SPEC));
+
+  ferry_client_options_t o;
+  ferry_error_t err = {0};
+  ferry_client_t *c;
+  hx_client_options(&o, D->addr, SPEC);
+  o.job_name = "slow";
+  o.num_epochs = 1;
+  o.heartbeat_ms = chb;
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  double t0 = hx_now_ms();
+  hx_ids_t got = {0};
+  int rc = hx_collect_epoch(c, &got, &DS, true, 60000, NULL, NULL, &err);
+  double took = hx_now_ms() - t0;
+  int lost = count_log(D->log, ": client ", " lost");
+  int stalled = count_log(D->log, ": client ", "has not read");
+  if (rc != FERRY_EPOCH_END || lost > 0 || stalled > 0)
+    hx_dump_logs();
+  fprintf(stderr,
+          "slow producer: %d ms per record (stall bound 500 ms), %d records "
+          "of %dx%dx3 in batches of %d, heartbeats %d/%u ms: epoch end %d "
+          "after %.0f ms, %zu records; dispatcher saw %d stalls, %d clients "
+          "lost\n",
+          delay_ms, files * per_file, side, side, batch, dhb, chb, rc, took,
+          got.n, stalled, lost);
+  cr_assert_eq(rc, FERRY_EPOCH_END, "%d %s", rc, err.msg);
+  size_t n_expected;
+  uint64_t *expected = hx_expected_ids(&DS, false, &n_expected);
+  cr_assert(hx_same_multiset(got.ids, got.n, expected, n_expected, why,
+                             sizeof(why)),
+            "with a slow producer: %s", why);
+  cr_assert_eq(stalled, 0, "a client waiting for its producer was taken "
+               "for a stalled one %d times", stalled);
+  cr_assert_eq(lost, 0, "the reading client was declared lost %d times",
+               lost);
+  ferry_client_free(c);
+  free(expected);
+  hx_ids_free(&got);
+}
+
 /* ---- A fork after the client was created --------------------------------- */
 
 /* What a forked child did with its parent's client, checked in the child
