@@ -84,6 +84,7 @@ typedef struct snap_job_s {
   uint64_t *u;       /* the seven uint64 row arrays */
   uint32_t *flags;
   uint64_t *ep_workers, *skipped;
+  uint64_t *row_end, *rank_taken; /* issue 21: ranked jobs */
   char *name, *error;
 } snap_job_t;
 
@@ -136,6 +137,8 @@ static void free_job(snap_job_t *s) {
   ferry__free(s->flags);
   ferry__free(s->ep_workers);
   ferry__free(s->skipped);
+  ferry__free(s->row_end);
+  ferry__free(s->rank_taken);
   ferry__free(s->name);
   ferry__free(s->error);
 }
@@ -162,6 +165,16 @@ static int take_job(snap_job_t *s, const job_t *j) {
   s->clients = ferry__calloc(nc + 1, sizeof(client_t));
   s->ep_workers = copy_u64(j->ep_workers, nw);
   s->skipped = copy_u64(j->skipped_by_file, j->ds->nfiles);
+  if (j->started && j->row_end != NULL) {
+    s->row_end = copy_u64(j->row_end, n);
+    s->rank_taken = copy_u64(j->rank_taken, j->world_size);
+    if (s->row_end == NULL || s->rank_taken == NULL)
+      return FERRY_ENOMEM;
+    m->n_row_end = n;
+    m->row_end = s->row_end;
+    m->n_rank_taken = j->world_size;
+    m->rank_taken = s->rank_taken;
+  }
   s->name = ferry__strdup(j->name != NULL ? j->name : "");
   s->error = ferry__strdup(j->error != NULL ? j->error : "");
   if (s->u == NULL || s->flags == NULL || s->cs == NULL || s->cp == NULL ||
@@ -176,6 +189,9 @@ static int take_job(snap_job_t *s, const job_t *j) {
   s->cj.shuffle = j->shuffle;
   s->cj.seed = j->seed;
   s->cj.error_policy = j->policy;
+  s->cj.world_size = j->world_size;
+  s->cj.batch_size = j->batch;
+  s->cj.pad_remainder = j->pad;
   m->job = &s->cj;
   m->state = j->state;
   m->error_code = j->error_code;
@@ -197,6 +213,8 @@ static int take_job(snap_job_t *s, const job_t *j) {
     s->cs[i].client_id = s->clients[i].id;
     s->cs[i].active = s->clients[i].active;
     s->cs[i].incarnation = s->clients[i].incarnation;
+    s->cs[i].ranked = s->clients[i].rank >= 0;
+    s->cs[i].rank = s->clients[i].rank >= 0 ? (uint32_t)s->clients[i].rank : 0;
     if (s->clients[i].has_secret) {
       s->cs[i].client_secret.data = s->clients[i].secret;
       s->cs[i].client_secret.len = FERRY_CLIENT_SECRET_BYTES;

@@ -70,6 +70,10 @@ void ferry__disp_free_rows(job_t *j) {
   ferry__free(j->order);
   ferry__free(j->ep_workers);
   ferry__free(j->active);
+  ferry__free(j->row_end);
+  ferry__free(j->rank_taken);
+  j->row_end = NULL;
+  j->rank_taken = NULL;
   j->rows = NULL;
   j->order = NULL;
   j->active = NULL;
@@ -311,6 +315,37 @@ size_t ferry__disp_active_clients(const job_t *j) {
   for (size_t i = 0; i < j->nclients; i++)
     n += j->clients[i].active;
   return n;
+}
+
+uint64_t ferry__disp_rank_records(const job_t *j) {
+  return j->ds->known_records;
+}
+
+uint64_t ferry__disp_rank_steps(const job_t *j) {
+  uint64_t round = (uint64_t)j->world_size * j->batch;
+  uint64_t n = ferry__disp_rank_records(j);
+  if (round == 0)
+    return 0;
+  return j->pad ? (n + round - 1) / round : n / round;
+}
+
+uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank) {
+  uint64_t n = ferry__disp_rank_records(j);
+  if (j->world_size == 0 || rank >= j->world_size)
+    return 0;
+  /* Under pad every record is delivered: an even share, so that every
+   * rank's real records fill all its batches but the last (a share is at
+   * least floor(N / W) >= (S - 1) x B records). */
+  if (j->pad)
+    return n / j->world_size + (rank < n % j->world_size ? 1 : 0);
+  return ferry__disp_rank_steps(j) * j->batch;
+}
+
+uint64_t ferry__disp_rank_dropped(const job_t *j) {
+  if (j->world_size == 0 || j->pad)
+    return 0;
+  return ferry__disp_rank_records(j) -
+         ferry__disp_rank_steps(j) * j->batch * j->world_size;
 }
 
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j) {

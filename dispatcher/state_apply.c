@@ -125,6 +125,9 @@ static int apply_create_job(ferry_disp_t *d,
   j->num_epochs = m->num_epochs;
   j->shuffle = m->shuffle;
   j->seed = m->seed;
+  j->world_size = m->world_size;
+  j->batch = m->batch_size;
+  j->pad = m->pad_remainder;
   j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
   j->idle_since = -1;
   ds->idle_since = -1;
@@ -158,6 +161,7 @@ static int apply_client_joined(ferry_disp_t *d,
     c = &j->clients[j->nclients++];
     memset(c, 0, sizeof(*c));
     c->id = m->client_id;
+    c->rank = -1;
   } else {
     c->incarnation++; /* a rejoin: it lost every split it held */
   }
@@ -165,6 +169,8 @@ static int apply_client_joined(ferry_disp_t *d,
     memcpy(c->secret, m->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
     c->has_secret = true;
   }
+  if (m->ranked)
+    c->rank = m->rank;
   c->active = true;
   c->no_renew = false;
   c->last_hb = d->now;
@@ -194,6 +200,8 @@ static int apply_client_left(ferry_disp_t *d,
     if (row->client == m->client_id && !row->done) {
       row->client = 0;
       row->worker = 0;
+      if (j->row_end != NULL)
+        j->row_end[r] = 0;
       ferry__disp_row_changed(j, r, false); /* a removal: cannot fail */
     }
   }
@@ -213,9 +221,38 @@ static int apply_assign(ferry_disp_t *d, const Ferry__V1__JournalAssign *m,
   r->worker = m->worker_id;
   r->lease = m->lease;
   r->start = m->start;
+  if (j->row_end != NULL)
+    j->row_end[m->row] = m->client_id != 0 ? m->end : 0;
   if (ferry__disp_row_changed(j, m->row, r->done) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   return 0;
+}
+
+/* Issue 21: a row's delivered count grows to `to`: the growth counts for
+ * the rank of the row's client (its binding ends at row_end, so the
+ * growth never takes the rank past its quota). */
+static void rank_progress(job_t *j, uint32_t idx, uint64_t to) {
+  const row_t *r = &j->rows[idx];
+  const client_t *c;
+  if (j->rank_taken == NULL || r->client == 0 ||
+      (c = ferry__disp_find_client(j, r->client)) == NULL || c->rank < 0 ||
+      c->rank >= (int64_t)j->world_size)
+    return;
+  j->rank_taken[c->rank] += to - r->delivered;
+}
+
+/* Issue 21: a row whose binding was cut (row_end below its total) and
+ * reached its end goes back to the pool from there, for another rank;
+ * its lease ends (the worker's task is cancelled by its lease diff). */
+static void rank_cut_reached(job_t *j, uint32_t idx) {
+  row_t *r = &j->rows[idx];
+  if (j->row_end == NULL || r->done || r->client == 0 ||
+      j->row_end[idx] == 0 || r->delivered < j->row_end[idx])
+    return;
+  r->client = 0;
+  r->worker = 0;
+  j->row_end[idx] = 0;
+  ferry__disp_row_changed(j, idx, false); /* a removal: cannot fail */
 }
 
 static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
@@ -229,10 +266,12 @@ static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
     if (r == NULL)
       return bad_entry(err, "progress: row", m->rows[i]->row);
     if (m->rows[i]->delivered > r->delivered) {
+      rank_progress(j, m->rows[i]->row, m->rows[i]->delivered);
       r->delivered = m->rows[i]->delivered;
       r->restarts = 0; /* progress: restarts no longer count in a row */
     }
     row_check_done(j, m->rows[i]->row);
+    rank_cut_reached(j, m->rows[i]->row);
   }
   return 0;
 }
@@ -286,8 +325,13 @@ static int apply_epoch_start(ferry_disp_t *d,
   j->order = ferry__calloc(n ? n : 1, sizeof(uint32_t));
   j->ep_workers = ferry__calloc(nw, sizeof(uint64_t));
   perm = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
+  if (j->world_size > 0) {
+    j->row_end = ferry__calloc(n ? n : 1, sizeof(uint64_t));
+    j->rank_taken = ferry__calloc(j->world_size, sizeof(uint64_t));
+  }
   if (j->rows == NULL || j->order == NULL || j->ep_workers == NULL ||
-      perm == NULL) {
+      perm == NULL ||
+      (j->world_size > 0 && (j->row_end == NULL || j->rank_taken == NULL))) {
     ferry__free(perm);
     ferry__disp_free_rows(j);
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
@@ -595,8 +639,12 @@ static int job_state_rows(ferry_disp_t *d, job_t *j,
   if (m->rows != n || m->n_row_client != n || m->n_row_lease != n ||
       m->n_row_start != n || m->n_row_delivered != n || m->n_row_total != n ||
       m->n_row_flags != n || m->n_row_skip_lease != n ||
-      m->n_row_skip_seen != n)
+      m->n_row_skip_seen != n ||
+      (j->row_end != NULL && m->n_row_end != n) ||
+      (j->rank_taken != NULL && m->n_rank_taken != j->world_size))
     return bad_entry(err, "job state: rows of job", j->id);
+  if (j->rank_taken != NULL)
+    memcpy(j->rank_taken, m->rank_taken, j->world_size * sizeof(uint64_t));
   for (uint32_t r = 0; r < n; r++) {
     row_t *row = &j->rows[r];
     active_t *a;
@@ -608,6 +656,8 @@ static int job_state_rows(ferry_disp_t *d, job_t *j,
     row->total_known = (m->row_flags[r] & ROW_TOTAL_KNOWN) != 0;
     row->done = (m->row_flags[r] & ROW_DONE) != 0;
     row->lost = (m->row_flags[r] & ROW_LOST) != 0;
+    if (j->row_end != NULL)
+      j->row_end[r] = m->row_end[r];
     /* The job's indexes (active list, done count, first free rank). */
     if (ferry__disp_row_changed(j, r, false) != 0)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
@@ -656,6 +706,7 @@ static int apply_job_state(ferry_disp_t *d,
       c->id = cs->client_id;
       c->active = cs->active;
       c->incarnation = cs->incarnation;
+      c->rank = cs->ranked ? (int64_t)cs->rank : -1;
       c->last_hb = d->now;
       if (cs->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
         memcpy(c->secret, cs->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
@@ -836,7 +887,7 @@ int ferry__disp_boot(ferry_disp_t *d, ferry_error_t *err) {
 
 int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
                             uint64_t client, uint64_t worker, uint64_t lease,
-                            uint64_t start) {
+                            uint64_t start, uint64_t end) {
   Ferry__V1__JournalAssign m = FERRY__V1__JOURNAL_ASSIGN__INIT;
   m.job_id = j->id;
   m.epoch = j->epoch;
@@ -845,6 +896,7 @@ int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
   m.worker_id = worker;
   m.lease = lease;
   m.start = start;
+  m.end = end;
   ENTRY(e, ASSIGN, assign, m);
   return ferry__disp_commit(d, &e, NULL);
 }
@@ -860,10 +912,13 @@ int ferry__disp_emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
 }
 
 int ferry__disp_emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
-                                   const uint8_t *secret, ferry_error_t *err) {
+                                   const uint8_t *secret, int64_t rank,
+                                   ferry_error_t *err) {
   Ferry__V1__JournalClientJoined m = FERRY__V1__JOURNAL_CLIENT_JOINED__INIT;
   m.job_id = j->id;
   m.client_id = client;
+  m.ranked = rank >= 0;
+  m.rank = rank >= 0 ? (uint32_t)rank : 0;
   if (secret != NULL) {
     m.client_secret.data = (uint8_t *)secret;
     m.client_secret.len = FERRY_CLIENT_SECRET_BYTES;

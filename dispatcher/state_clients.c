@@ -38,6 +38,10 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
                 row->total);
     v = row->total_known && p->delivered > row->total ? row->total
                                                       : p->delivered;
+    /* Issue 21: nor more than its binding's end (the rest is another
+     * rank's). */
+    if (j->row_end != NULL && j->row_end[r] != 0 && v > j->row_end[r])
+      v = j->row_end[r];
     if (v <= row->delivered)
       continue;
     ferry__v1__journal_row_delivered__init(&rows[m.n_rows]);
@@ -155,13 +159,20 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
     as->worker_address = w != NULL ? w->address : "";
     as->lease = row->lease;
     as->start = row->delivered;
+    as->end = j->row_end != NULL ? j->row_end[mine[i].row] : 0;
     r->assignments[r->n_assignments++] = as;
   }
   return 0;
 }
 
-/* True when no row of the current epoch waits for a client. */
-static bool exhausted(job_t *j) {
+/* True when no row of the current epoch waits for a client; for a client
+ * of a ranked job (issue 21), when its rank's quota is all bound or
+ * taken: nothing more of the epoch comes to it. */
+static bool exhausted(job_t *j, uint64_t client) {
+  const client_t *c;
+  if (j->world_size > 0 && (c = ferry__disp_find_client(j, client)) != NULL &&
+      c->rank >= 0)
+    return ferry__disp_rank_unbound(j, c->rank) == 0;
   return ferry__disp_first_free(j) >= j->nrows;
 }
 
@@ -199,7 +210,7 @@ static int fill_client_resp(ferry_disp_t *d, job_t *j, uint64_t client,
   r->state = j->state;
   r->epoch = j->epoch;
   r->epochs_done = j->epochs_done;
-  r->epoch_exhausted = !RUNNING(j) || (j->started && exhausted(j));
+  r->epoch_exhausted = !RUNNING(j) || (j->started && exhausted(j, client));
   if (j->state == FERRY__V1__JOB_STATE__JOB_STATE_FAILED ||
       j->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED) {
     r->error_code = j->error_code;
@@ -250,10 +261,15 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
                          "ClientHeartbeat: this caller is "
                          "not that client (wrong or missing client secret)");
   }
-  /* A client declared lost comes back without its old rows. */
+  /* A client declared lost comes back without its old rows; a ranked one
+   * only while no other client took its rank meanwhile (issue 21). */
+  if (!c->active && !req->leaving && RUNNING(j) && c->rank >= 0 &&
+      (rc = ferry__disp_check_rank(j, c->id, c->rank, err)) != 0)
+    return rc;
   if (!c->active && !req->leaving && RUNNING(j)) {
     if ((rc = ferry__disp_emit_client_joined(
-             d, j, req->client_id, c->has_secret ? c->secret : NULL, err)) != 0)
+             d, j, req->client_id, c->has_secret ? c->secret : NULL, c->rank,
+             err)) != 0)
       return rc;
     c = ferry__disp_find_client(j, req->client_id);
   }

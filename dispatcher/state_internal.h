@@ -132,6 +132,9 @@ typedef struct client_s {
    * none for clients of journals written before it). */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
+  /* Issue 21: the rank it holds in a job of world_size > 0 (journaled);
+   * -1: none. */
+  int64_t rank;
 } client_t;
 
 typedef struct job_s {
@@ -169,6 +172,17 @@ typedef struct job_s {
   uint64_t skipped;
   uint64_t *skipped_by_file;
   int64_t idle_since; /* -1: busy; else when it became GC-able */
+  /* Issue 21: ranks (docs/ARCHITECTURE.md, "Ranks"). world_size W > 0:
+   * each rank takes quota(r) records per epoch (ferry__disp_rank_quota),
+   * bound in ranges [start, row_end[r]) so that no rank takes past its
+   * quota; rank_taken[r] counts the records rank r acknowledged in the
+   * current epoch (journaled through Progress: each row's growth counts
+   * for the rank of the row's client). Both arrays live with the rows
+   * of the current epoch (row_end: nrows, rank_taken: W). */
+  uint32_t world_size, batch;
+  bool pad;
+  uint64_t *row_end;
+  uint64_t *rank_taken;
 } job_t;
 
 /* A client that cannot reach a worker (ClientHeartbeatRequest
@@ -344,6 +358,15 @@ uint64_t ferry__disp_epoch_delivered(const job_t *j);
 
 size_t ferry__disp_active_clients(const job_t *j);
 
+/* Issue 21: the job's records per epoch (every split's count), its steps
+ * per epoch, rank r's records per epoch (drop: steps x batch; pad: an
+ * even share of all records, the first N % W ranks one more), and the
+ * records no rank receives per epoch (drop). */
+uint64_t ferry__disp_rank_records(const job_t *j);
+uint64_t ferry__disp_rank_steps(const job_t *j);
+uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank);
+uint64_t ferry__disp_rank_dropped(const job_t *j);
+
 /* The job becomes GC-able from now on, unless it already is. */
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j);
 
@@ -361,13 +384,14 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err);
 /* Build one entry and commit it. */
 int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
                             uint64_t client, uint64_t worker, uint64_t lease,
-                            uint64_t start);
+                            uint64_t start, uint64_t end);
 
 int ferry__disp_emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
                                  bool lost);
 
 int ferry__disp_emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
-                                   const uint8_t *secret, ferry_error_t *err);
+                                   const uint8_t *secret, int64_t rank,
+                                   ferry_error_t *err);
 
 int ferry__disp_emit_job_failed(ferry_disp_t *d, job_t *j, int code,
                                 const char *msg);
@@ -387,7 +411,18 @@ bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w);
 /* Epoch transitions and pending leases of every running job. */
 void ferry__disp_schedule(ferry_disp_t *d);
 
-/* Binds up to `want` unassigned rows of the current epoch to the client. */
+/* Issue 21: FERRY_EINVAL naming both clients when a
+ * live client other than `client` holds `rank` in `j`; else 0. */
+int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
+                           ferry_error_t *err);
+
+/* Issue 21: records of the current epoch rank `rank` still needs beyond
+ * what it took and what is bound to its clients (0 for an unranked job,
+ * or before the epoch starts). */
+uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
+
+/* Binds up to `want` unassigned rows of the current epoch to the client
+ * (issue 21, ranked jobs: only up to its rank's quota). */
 void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
                            uint32_t want);
 

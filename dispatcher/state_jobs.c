@@ -28,6 +28,86 @@ static int check_options(const Ferry__V1__JobOptions *o, ferry_error_t *err) {
   return 0;
 }
 
+int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
+                           ferry_error_t *err) {
+  for (size_t i = 0; i < j->nclients; i++) {
+    const client_t *o = &j->clients[i];
+    if (o->id != client && o->active && o->rank == rank)
+      return ferry__seterr(
+          err, FERRY_EINVAL,
+          "job '%s': rank %" PRId64 " is held by live client %" PRIu64
+          "; client %" PRIu64 " asked for it too (a rank is taken over only "
+          "once its client left or was declared lost)",
+          j->name, rank, o->id, client);
+  }
+  return 0;
+}
+
+/* Issue 21: a ranked job needs every split's count (the quotas are cut
+ * from the epoch's size before it starts), a name (its ranks are separate
+ * processes) and at least one step per epoch. */
+static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
+                        uint32_t rank, ferry_error_t *err) {
+  uint64_t round;
+  if (o->world_size == 0)
+    return 0;
+  if (o->mode != FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "job options: world_size needs mode "
+                         "distributed_epoch");
+  if (o->job_name[0] == '\0')
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "job options: world_size needs a job_name that "
+                         "every rank joins");
+  if (o->batch_size == 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "job options: world_size needs the batch size");
+  if (rank >= o->world_size)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "rank %u out of range for world_size %u", rank,
+                         o->world_size);
+  for (uint32_t i = 0; i < ds->nsplits; i++)
+    if (ds->splits[i].count == 0)
+      return ferry__seterr(
+          err, FERRY_ENOTSUP,
+          "world_size: dataset %s has splits of unknown record count "
+          "(%s: compressed, or a tail after a corrupt header); ranks need "
+          "every count to cut equal steps",
+          ds->id, ds->files[ds->splits[i].file]);
+  round = (uint64_t)o->world_size * o->batch_size;
+  if (ds->known_records == 0 ||
+      (!o->pad_remainder && ds->known_records < round))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "world_size %u x batch %u = %" PRIu64 " records a "
+                         "round, but dataset %s holds %" PRIu64 " a epoch: "
+                         "no step under drop",
+                         o->world_size, o->batch_size, round, ds->id,
+                         ds->known_records);
+  return 0;
+}
+
+/* Issue 21: a client joining a ranked job (or an unranked one) agrees with
+ * the job's world_size, batch size and policy, and its rank is free. */
+static int check_join(const job_t *j, const Ferry__V1__JobOptions *o,
+                      uint32_t rank, uint64_t client, ferry_error_t *err) {
+  const client_t *first = j->nclients > 0 ? &j->clients[0] : NULL;
+  if (o->world_size != j->world_size ||
+      (j->world_size > 0 &&
+       (o->batch_size != j->batch || o->pad_remainder != j->pad)))
+    return ferry__seterr(
+        err, FERRY_EINVAL,
+        "job '%s': client %" PRIu64 " (rank %u) asks world_size %u, batch "
+        "%u, %s; the job was created by client %" PRIu64 " (rank %" PRId64
+        ") with world_size %u, batch %u, %s",
+        j->name, client, rank, o->world_size, o->batch_size,
+        o->pad_remainder ? "pad" : "drop", first ? first->id : 0,
+        first ? first->rank : -1, j->world_size, j->batch,
+        j->pad ? "pad" : "drop");
+  if (j->world_size > 0)
+    return ferry__disp_check_rank(j, client, rank, err);
+  return 0;
+}
+
 static int create_job(ferry_disp_t *d, dataset_t *ds,
                       const Ferry__V1__JobOptions *o, job_t **out,
                       ferry_error_t *err) {
@@ -45,6 +125,9 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.shuffle = o->shuffle || ds->spec.shuffle;
   m.seed = o->shuffle ? o->shuffle_seed : ds->spec.shuffle_seed;
   m.error_policy = o->error_policy;
+  m.world_size = o->world_size;
+  m.batch_size = o->world_size > 0 ? o->batch_size : 0;
+  m.pad_remainder = o->world_size > 0 && o->pad_remainder;
   ENTRY(e, CREATE_JOB, create_job, m);
   if ((rc = ferry__disp_commit(d, &e, err)) != 0)
     return rc;
@@ -74,26 +157,31 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   if (ds == NULL)
     return ferry__seterr(err, FERRY_ENOENT, "dataset %s is not registered",
                          req->dataset_id);
-  if ((rc = check_options(o, err)) != 0)
+  if ((rc = check_options(o, err)) != 0 ||
+      (rc = check_ranked(ds, o, req->rank, err)) != 0)
     return rc;
+  client = d->next_client;
   if (o->job_name[0] != '\0' && (j = find_named_job(d, o->job_name))) {
     if (j->ds != ds || j->mode != (int)o->mode)
       return ferry__seterr(err, FERRY_EINVAL,
                            "job '%s' already runs dataset %s in mode %s",
                            o->job_name, j->ds->id,
                            ferry__job_mode_name(j->mode));
+    if ((rc = check_join(j, o, req->rank, client, err)) != 0)
+      return rc;
   } else {
     if ((rc = create_job(d, ds, o, &j, err)) != 0)
       return rc;
     resp->created = true;
   }
-  client = d->next_client;
   uint8_t *secret = ferry__arena_alloc(a, FERRY_CLIENT_SECRET_BYTES);
   if (secret == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   if ((rc = ferry_rpc_random(secret, FERRY_CLIENT_SECRET_BYTES)) != 0)
     return ferry__seterr(err, rc, "getrandom: %s", ferry_strerror(rc));
-  if ((rc = ferry__disp_emit_client_joined(d, j, client, secret, err)) != 0)
+  if ((rc = ferry__disp_emit_client_joined(
+           d, j, client, secret,
+           j->world_size > 0 ? (int64_t)req->rank : -1, err)) != 0)
     return rc;
   resp->client_secret.data = secret;
   resp->client_secret.len = FERRY_CLIENT_SECRET_BYTES;
@@ -103,6 +191,11 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   resp->num_epochs = j->num_epochs;
   resp->records_per_epoch = ds->known_records;
   resp->client_timeout_ms = d->cfg.client_timeout_ms;
+  if (j->world_size > 0) {
+    resp->steps_per_epoch = ferry__disp_rank_steps(j);
+    resp->rank_records = ferry__disp_rank_quota(j, req->rank);
+    resp->dropped_per_epoch = ferry__disp_rank_dropped(j);
+  }
   ferry__disp_arena_allocator(a, &al);
   resp->spec =
       ferry__v1__pipeline_spec__unpack(&al, ds->spec_len, ds->spec_bytes);

@@ -149,8 +149,8 @@ static uint64_t next_lease(const ferry_disp_t *d, const row_t *row) {
  * waiting, worker 0) from its delivered count. Only a change of client is
  * journaled; a re-lease for the same client is volatile (see the
  * invariants) but still wakes waiting worker heartbeats. */
-static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
-                    worker_t *w) {
+static int bind_row_end(ferry_disp_t *d, job_t *j, uint32_t r,
+                        uint64_t client, worker_t *w, uint64_t end) {
   row_t *row = &j->rows[r];
   uint64_t worker = w != NULL ? w->id : 0;
   uint64_t lease = w != NULL ? next_lease(d, row) : row->lease;
@@ -161,7 +161,8 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
       heap_sift_down(d, w->heap_pos);
   }
   if (row->client != client)
-    return ferry__disp_emit_assign(d, j, r, client, worker, lease, start);
+    return ferry__disp_emit_assign(d, j, r, client, worker, lease, start,
+                                   end);
   if (row->worker == worker && row->lease == lease)
     return 0;
   row->worker = worker;
@@ -169,6 +170,13 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
   row->start = start;
   d->changes++;
   return 0;
+}
+
+/* bind_row_end for a binding to the split's end (or a re-lease for the
+ * same client, which keeps its end). */
+static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
+                    worker_t *w) {
+  return bind_row_end(d, j, r, client, w, 0);
 }
 
 /* The worker a row bound (or about to be bound) to `client` should be
@@ -201,7 +209,18 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
   }
 }
 
-static bool all_done(const job_t *j) { return j->ndone >= j->nrows; }
+static bool all_done(const job_t *j) {
+  if (j->world_size > 0) {
+    /* Issue 21: the epoch ends when every rank took its quota (under
+     * drop the remainder's rows stay undone: nobody receives them). */
+    for (uint32_t r = 0; r < j->world_size; r++)
+      if (j->rank_taken == NULL ||
+          j->rank_taken[r] < ferry__disp_rank_quota(j, (uint32_t)r))
+        return false;
+    return true;
+  }
+  return j->ndone >= j->nrows;
+}
 
 /* Starts the current epoch: needs a live worker in parallel_epochs. */
 static bool start_epoch(ferry_disp_t *d, job_t *j) {
@@ -237,7 +256,7 @@ static void advance(ferry_disp_t *d, job_t *j) {
     Ferry__V1__JournalEpochDone m = FERRY__V1__JOURNAL_EPOCH_DONE__INIT;
     if (!j->started && !start_epoch(d, j))
       return;
-    if (j->nrows == 0 || !all_done(j))
+    if ((j->nrows == 0 && j->world_size == 0) || !all_done(j))
       return;
     m.job_id = j->id;
     m.epoch = j->epoch;
@@ -261,10 +280,61 @@ void ferry__disp_schedule(ferry_disp_t *d) {
   }
 }
 
+uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank) {
+  uint64_t q, held;
+  if (j->world_size == 0 || rank < 0 || rank >= (int64_t)j->world_size ||
+      !j->started || j->rank_taken == NULL)
+    return 0;
+  q = ferry__disp_rank_quota(j, (uint32_t)rank);
+  held = j->rank_taken[rank];
+  /* Records bound to the rank's clients and not yet acknowledged. */
+  for (uint32_t k = 0; k < j->nactive; k++) {
+    uint32_t r = j->active[k].row;
+    const row_t *row = &j->rows[r];
+    const client_t *c = ferry__disp_find_client((job_t *)j, row->client);
+    uint64_t end;
+    if (row->done || c == NULL || c->rank != rank)
+      continue;
+    end = j->row_end[r] != 0 ? j->row_end[r] : row->total;
+    if (end > row->delivered)
+      held += end - row->delivered;
+  }
+  return held >= q ? 0 : q - held;
+}
+
+/* Issue 21: binds rows to a ranked client only up to what its rank still
+ * needs, cutting the last one at a record boundary: a fast rank never
+ * takes a record of another rank's share. */
+static void bind_rank_rows(ferry_disp_t *d, job_t *j, const client_t *c,
+                           uint32_t want) {
+  uint64_t need = ferry__disp_rank_unbound(j, c->rank);
+  for (uint32_t k = ferry__disp_first_free(j);
+       k < j->nrows && want > 0 && need > 0; k++) {
+    uint32_t r = j->order[k];
+    row_t *row = &j->rows[r];
+    uint64_t left, end;
+    if (row->client != 0 || row->done || row->total <= row->delivered)
+      continue;
+    left = row->total - row->delivered;
+    end = left > need ? row->delivered + need : 0;
+    if (bind_row_end(d, j, r, c->id, worker_for(d, j, r, c->id), end) != 0)
+      return;
+    need -= left > need ? need : left;
+    want--;
+  }
+}
+
 void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
                            uint32_t want) {
   if (!RUNNING(j) || !j->started)
     return;
+  if (j->world_size > 0) {
+    const client_t *c = ferry__disp_find_client(j, client);
+    ferry__disp_recount(d);
+    if (c != NULL)
+      bind_rank_rows(d, j, c, want);
+    return;
+  }
   ferry__disp_recount(d);
   for (uint32_t k = ferry__disp_first_free(j); k < j->nrows && want > 0;
        k++) {

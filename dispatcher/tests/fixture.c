@@ -173,6 +173,24 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
   return resp;
 }
 
+int fx_job_req(ferry_disp_t *d, const Ferry__V1__GetOrCreateJobRequest *req,
+               Ferry__V1__GetOrCreateJobResponse **out, int64_t now,
+               ferry_error_t *err) {
+  Ferry__V1__GetOrCreateJobResponse *resp =
+      ferry__arena_alloc(&fx_arena, sizeof(*resp));
+  int rc;
+  ferry__v1__get_or_create_job_response__init(resp);
+  *out = resp;
+  rc = ferry__disp_get_or_create_job(d, req, resp, &fx_arena, now, err);
+  if (rc == 0) {
+    cr_assert_lt(n_secrets, sizeof(secrets) / sizeof(secrets[0]));
+    secrets[n_secrets].job = resp->job_id;
+    secrets[n_secrets].client = resp->client_id;
+    memcpy(secrets[n_secrets++].secret, resp->client_secret.data, 16);
+  }
+  return rc;
+}
+
 void fx_sign(Ferry__V1__ClientHeartbeatRequest *req) {
   /* The newest first: a test that starts a state again reuses the ids. */
   for (size_t i = n_secrets; i-- > 0;)

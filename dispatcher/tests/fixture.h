@@ -61,6 +61,12 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
                                           int64_t epochs, int policy,
                                           int64_t now);
 
+/* GetOrCreateJob with a hand-built request (issue 21: ranks); returns the
+ * code, keeps the secret for fx_sign on success. */
+int fx_job_req(ferry_disp_t *d, const Ferry__V1__GetOrCreateJobRequest *req,
+               Ferry__V1__GetOrCreateJobResponse **out, int64_t now,
+               ferry_error_t *err);
+
 /* Issue 8: puts the secret fx_job got for (req->job_id, req->client_id)
  * into a hand-built ClientHeartbeat request. */
 void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
