@@ -217,6 +217,45 @@ static struct timespec add_ms(struct timespec t, int ms) {
   return t;
 }
 
+/* Why the dispatcher did not answer, for the log: gRPC reports a host
+ * that does not resolve as "Deadline Exceeded" and a TLS mismatch as a
+ * closed socket, the same words as a dispatcher that is down, so ask the
+ * resolver and the port what is there (ferry_rpc_probe, at most about a
+ * second; only when the state turns unreachable). Empty when the probe
+ * learns nothing the error does not already say. */
+static void unreachable_why(const ferry__worker_t *w, int rc, char *out,
+                            size_t cap) {
+  out[0] = '\0';
+  if (rc != FERRY_EGRPC_DEADLINE_EXCEEDED && rc != FERRY_EGRPC_UNAVAILABLE)
+    return;
+  char why[320];
+  bool tls = w->cfg.tls_ca != NULL;
+  switch (ferry_rpc_probe(w->cfg.dispatcher, 1000, why, sizeof(why))) {
+  case FERRY_RPC_PROBE_UNRESOLVED:
+    snprintf(out, cap, ": %s: check --dispatcher's host name, or give the "
+             "dispatcher's IP address", why);
+    break;
+  case FERRY_RPC_PROBE_REFUSED:
+  case FERRY_RPC_PROBE_SILENT:
+  case FERRY_RPC_PROBE_OTHER:
+    snprintf(out, cap, ": %s: is the dispatcher running, and is "
+             "--dispatcher its HOST:PORT?", why);
+    break;
+  case FERRY_RPC_PROBE_TLS:
+    if (!tls)
+      snprintf(out, cap, ": it serves TLS and this worker plaintext: give "
+               "--tls-ca (and --tls-cert/--tls-key)");
+    break;
+  case FERRY_RPC_PROBE_PLAINTEXT:
+    if (tls)
+      snprintf(out, cap, ": it serves plaintext, not TLS: drop --tls-ca, "
+               "--tls-cert and --tls-key, or start it with TLS");
+    break;
+  default:
+    break;
+  }
+}
+
 static void *hb_main(void *arg) {
   ferry__worker_t *w = arg;
   ferry_rpc_channel_t *ch = NULL;
@@ -265,8 +304,10 @@ static void *hb_main(void *arg) {
                 w->cfg.dispatcher);
       reachable = 1;
     } else if (rc != 0 && reachable != 0) {
-      FERRY_LOG(FERRY_LOG_WARN, "dispatcher %s unreachable (%s); retrying "
-                "every %d ms", w->cfg.dispatcher, err.msg, hb_ms);
+      char why[400];
+      unreachable_why(w, rc, why, sizeof(why));
+      FERRY_LOG(FERRY_LOG_WARN, "dispatcher %s unreachable (%s)%s; retrying "
+                "every %d ms", w->cfg.dispatcher, err.msg, why, hb_ms);
       reachable = 0;
     }
     if (final)

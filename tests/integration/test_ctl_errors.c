@@ -8,7 +8,9 @@
  * - drain and job cancel on a dispatcher with tokens but no admin token:
  *   the refusal says the admin token is needed and that none is
  *   configured;
- * - ferry-worker refuses a malformed --dispatcher or --advertise (exit 2);
+ * - ferry-worker refuses a malformed --dispatcher or --advertise (exit 2),
+ *   and says why a dispatcher does not answer (a host that does not
+ *   resolve, a port nobody listens on);
  * - ferry-dispatcher creates a --work-dir's missing parents, and names
  *   the directory it cannot create. */
 #include <criterion/criterion.h>
@@ -168,6 +170,47 @@ Test(ctl_errors, worker_port_is_not_a_dispatcher) {
   cr_assert(strstr(r.err, want) != NULL, "no '%s' in: %s", want, r.err);
   cr_assert(strstr(r.err, "unknown method") == NULL, "%s", r.err);
   out_free(&r);
+}
+
+/* A worker whose --dispatcher does not resolve logged only "dispatcher
+ * H:P unreachable (/ferry.v1.Dispatcher/WorkerHeartbeat: Deadline
+ * Exceeded)": gRPC reports a failed resolution as a deadline. The warning
+ * names the resolver's answer, and for a port nobody listens on says so. */
+Test(ctl_errors, worker_names_why_its_dispatcher_is_unreachable) {
+  struct {
+    const char *dispatcher, *says;
+  } cases[] = {
+      {"no-such-host.invalid:5050",
+       "cannot resolve host 'no-such-host.invalid'"},
+      {"127.0.0.1:1", "nothing listens on 127.0.0.1:1"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    hx_proc_t *w;
+    char why[512];
+    cr_assert_eq(hx_start_worker(&w, cases[i].dispatcher, NULL, why,
+                                 sizeof(why)),
+                 0, "%s", why);
+    /* The warning comes after the first heartbeat's deadline (about 1 s
+     * at the harness's 100 ms interval) and the probe (1 s at most). */
+    char *log = NULL;
+    bool found = false;
+    for (double until = hx_now_ms() + 15000; !found && hx_now_ms() < until;) {
+      free(log);
+      log = slurp(w->log);
+      found = log != NULL && strstr(log, "unreachable") != NULL &&
+              strstr(log, cases[i].says) != NULL;
+      if (!found) {
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL); /* polling its log, bounded above */
+      }
+    }
+    cr_assert(hx_stop(w, SIGTERM, 5000, NULL) != -1, "the worker ignored "
+              "SIGTERM");
+    cr_assert(found, "--dispatcher %s: no '%s' in its log within 15 s: %s",
+              cases[i].dispatcher, cases[i].says, log ? log : "");
+    free(log);
+    hx_forget(w);
+  }
 }
 
 static const char *write_token(const char *name, const char *value) {
