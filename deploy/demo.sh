@@ -45,7 +45,13 @@ imagenet=0
 case "${1:-}" in
   "") ;;
   --imagenet) imagenet=1 ;;
-  *) echo "usage: deploy/demo.sh [--imagenet]" >&2; exit 2 ;;
+  -h | --help)
+    # The comment at the top: what it does and its settings.
+    echo "usage: deploy/demo.sh [--imagenet]"
+    sed -n '2,/^set -euo pipefail/{/^#/{s/^# \{0,1\}//;p}}' "$0"
+    exit 0 ;;
+  *) echo "usage: deploy/demo.sh [--imagenet] (--help: what it does, its" \
+       "settings)" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -2,7 +2,8 @@
 # Two deploy/demo.sh on one work directory: the second must refuse with a
 # message naming the first's pid and leave the first's files alone (it
 # used to rm -rf them). The first demo is stood in for by a process
-# this shell holding DIR.lock, as a running demo does. No build needed.
+# this shell holding DIR.lock, as a running demo does. And --help lists
+# the demo's settings. No build needed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -30,6 +31,20 @@ if [ "$(cat "$demo/data/marker" 2>/dev/null)" = first ]; then
   echo "ok: the first demo's files are intact"
 else
   echo "FAIL: the second demo removed the first demo's files"
+  fail=1
+fi
+# deploy/demo.sh --help: a new user's first try printed one usage line and
+# exited 2; it prints the settings (the comment at its top) and exits 0,
+# starting nothing.
+rc=0
+timeout 10 "$root/deploy/demo.sh" --help >"$work/help" 2>&1 || rc=$?
+if [ "$rc" = 0 ] && grep -q "^usage: deploy/demo.sh" "$work/help" &&
+    grep -q "FERRY_DEMO_DIR=DIR" "$work/help" &&
+    grep -q "FERRY_DEMO_NO_BUILD=1" "$work/help"; then
+  echo "ok: deploy/demo.sh --help lists its settings"
+else
+  echo "FAIL: deploy/demo.sh --help exited $rc without its settings:"
+  sed 's/^/  | /' "$work/help"
   fail=1
 fi
 exit "$fail"
