@@ -764,7 +764,7 @@ int ferryctl_drain(int argc, char **argv) {
   if (!s.o.json) {
     printf("worker %" PRIu64 " (%s): draining; %" PRIu32 " lease%s moved",
            r->worker_id, r->address, moved, moved == 1 ? "" : "s");
-    if (moved > 0)
+    if (moved > 0 && r->other_workers > 0)
       printf(" to %" PRIu32 " other worker%s", r->other_workers,
              r->other_workers == 1 ? "" : "s");
     putchar('\n');
@@ -797,6 +797,9 @@ int ferryctl_drain(int argc, char **argv) {
     if (!s.o.json && !r->drained)
       printf("worker %" PRIu64 " (%s): %s; not waiting (--timeout 0)\n",
              r->worker_id, r->address, r->state);
+    else if (!s.o.json && strcmp(r->state, "drained") == 0)
+      printf("worker %" PRIu64 " (%s): drained in %.1f s\n", r->worker_id,
+             r->address, secs);
     else if (!s.o.json)
       printf("worker %" PRIu64 " (%s): drained (%s) in %.1f s\n",
              r->worker_id, r->address, r->state, secs);

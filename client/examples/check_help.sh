@@ -31,4 +31,13 @@ case $err in
   *"unexpected argument 'stray'"*"usage: ferry-example-trainer"*) ;;
   *) echo "stray argument: no usage on stderr: $err" >&2; exit 1 ;;
 esac
+set +e
+err=$("$bin" --dispatcher 127.0.0.1:1 2>&1 >/dev/null)
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "no spec: exit $rc, not 2" >&2; exit 1; }
+case $err in
+  *"--spec SPEC or --dataset-id ID"*) ;;
+  *) echo "no spec: the message names no flag: $err" >&2; exit 1 ;;
+esac
 echo "ok: usage line and $flags described flags"

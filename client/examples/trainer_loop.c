@@ -133,6 +133,13 @@ int main(int argc, char **argv) {
     ferry_options_free(options, N_OPTIONS, &s);
     return s.help ? 0 : 2;
   }
+  if ((s.spec == NULL || s.spec[0] == '\0') ==
+      (s.dataset_id == NULL || s.dataset_id[0] == '\0')) {
+    fprintf(stderr, "ferry-example-trainer: give either --spec SPEC or "
+            "--dataset-id ID (see 'ferry-example-trainer --help')\n");
+    ferry_options_free(options, N_OPTIONS, &s);
+    return 2;
+  }
   ferry_log_set_callback(ferry_log_to_stderr, NULL);
   ferry_log_set_level(s.verbose ? FERRY_LOG_INFO : FERRY_LOG_ERROR);
 

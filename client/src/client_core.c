@@ -1055,7 +1055,8 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   bool has_id = opts->dataset_id != NULL && opts->dataset_id[0] != '\0';
   if (has_spec == has_id)
     return ferry__seterr(err, FERRY_EINVAL,
-                         "client: give either a spec or a dataset id");
+                         "client: give either a spec or a dataset id "
+                         "(options 'spec' and 'dataset_id')");
   /* A bad spec fails here, before any RPC. */
   if (has_spec) {
     if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)

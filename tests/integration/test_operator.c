@@ -234,6 +234,10 @@ Test(operator, drain_mid_epoch_keeps_exactly_once) {
   cr_assert_eq(x.result.status, 0, "ferryctl drain exited %d: %s",
                x.result.status, x.result.err);
   cr_assert(strstr(x.result.out, "drained") != NULL, "%s", x.result.out);
+  /* Said once, and no "moved to 0 other workers": the other is alive. */
+  cr_assert(strstr(x.result.out, "drained (drained)") == NULL &&
+                strstr(x.result.out, "to 0 other") == NULL,
+            "%s", x.result.out);
 
   size_t n;
   uint64_t *want = hx_expected_ids(&ds, false, &n);
