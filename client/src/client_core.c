@@ -501,8 +501,14 @@ static void *reader_main(void *arg) {
         /* Nothing ever came: the client may not reach this worker at all
          * (a wrong --advertise, a certificate without its address); the
          * dispatcher hears of it (ClientHeartbeatRequest.unreachable). A
-         * worker's refusal of a cancelled or replaced stream is no sign. */
-        if (chunks == 0 && w->stream->ops == &ferry_transport_grpc &&
+         * worker's refusal of a cancelled or replaced stream is no sign.
+         * A UCX stream counts too: its control call goes to the same gRPC
+         * address. Counting only gRPC streams, a client on auto whose
+         * first stream (UCX) failed could see one gRPC failure before the
+         * dispatcher's backoff kept the worker's leases away, and never
+         * report it. A worker that only cannot reach our UCX address is
+         * reached over gRPC next (auto), whose first chunk clears it. */
+        if (chunks == 0 &&
             (rc == FERRY_EGRPC_UNAVAILABLE ||
              rc == FERRY_EGRPC_UNAUTHENTICATED ||
              rc == FERRY_EGRPC_PERMISSION_DENIED))

@@ -148,6 +148,9 @@ typedef struct userver_s {
   bool closing;
   ustream_t *streams;
   uregion_t *regions;
+  /* Sends whose every AM went out inside ucp_am_send_nbx: they end from
+   * the next sweep, so that send() never calls on_sent itself. */
+  struct usend_s *done_now;
   bool stopping;
   ferry_transport_done_cb done;
   void *done_arg;
@@ -182,8 +185,9 @@ struct ustream_s {
 
 /* One send: one or two AM requests and the header copy. */
 typedef struct usend_s {
+  struct usend_s *next; /* on srv->done_now */
   ustream_t *s;
-  int pending;
+  int pending; /* AMs posted whose completion callback is still to come */
   bool failed;
   bool quiet; /* send() returned an error: no on_sent */
   amhdr_t h;  /* UCP reads the AM header until completion */
@@ -255,14 +259,24 @@ static ucp_mem_h region_find(userver_t *srv, const void *ptr, size_t len) {
   return NULL;
 }
 
-/* Posts one AM; returns 0 (completion follows in am_sent) or an error. */
+/* Posts one AM; returns 0 (done at once, or its completion follows in
+ * am_sent and u->pending counts it) or an error.
+ *
+ * No UCP_OP_ATTR_FLAG_NO_IMM_CMPL: with it, UCX 1.13 runs the callback of
+ * an AM that went out at once inside ucp_am_send_nbx (then returns the
+ * request it freed), before u->pending counted it. A chunk whose header
+ * and eager payload both went out at once (payloads under RNDV_MIN on a
+ * connected endpoint) took pending to -1 and back to 0 and never ended:
+ * no release, no on_sent, and after WINDOW of them the stream stalled for
+ * good (integration/unreachable-ucx: 288 to 384 of 1200 records). An AM
+ * done at once now returns NULL and is simply not counted. */
 static int post_am(ustream_t *s, usend_t *u, unsigned id, const amhdr_t *h,
                    const void *data, size_t len, uint32_t flags,
                    ucp_mem_h memh) {
   ucp_request_param_t p = {
       .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                       UCP_OP_ATTR_FIELD_USER_DATA |
-                      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_NO_IMM_CMPL |
+                      UCP_OP_ATTR_FIELD_FLAGS |
                       (memh != NULL ? UCP_OP_ATTR_FIELD_MEMH : 0),
       .cb.send = am_sent,
       .user_data = u,
@@ -275,7 +289,8 @@ static int post_am(ustream_t *s, usend_t *u, unsigned id, const amhdr_t *h,
               ucs_status_string(UCS_PTR_STATUS(req)));
     return FERRY_ECANCELED;
   }
-  u->pending++;
+  if (req != NULL)
+    u->pending++;
   return 0;
 }
 
@@ -386,6 +401,13 @@ static void srv_free_now(userver_t *srv);
 static void srv_sweep(userver_t *srv) {
   int64_t now = mono_ms();
   srv_progress(srv);
+  /* Sends that went out at once end here, before their streams are looked
+   * at (each still counts in its stream's outstanding). */
+  while (srv->done_now != NULL) {
+    usend_t *u = srv->done_now;
+    srv->done_now = u->next;
+    usend_done(u);
+  }
   for (ustream_t **pp = &srv->streams; *pp != NULL;) {
     ustream_t *s = *pp;
     if (s->finished && stream_complete(s, now)) {
@@ -677,7 +699,8 @@ static int u_send(ferry_transport_stream_t *base,
   if (rc != 0) {
     u->failed = true;
     if (u->pending == 0) {
-      /* Nothing was posted: release now, no on_sent. */
+      /* Nothing is outstanding (not posted, or the header went out at
+       * once): release now, no on_sent. */
       s->outstanding--;
       m->release(m->release_arg);
       ferry__free(u);
@@ -687,6 +710,12 @@ static int u_send(ferry_transport_stream_t *base,
     }
     stream_end(s);
     return FERRY_ECANCELED;
+  }
+  if (u->pending == 0) {
+    /* Both AMs went out at once (eager, connected endpoint): it ends from
+     * the sweep the kick below runs, never inside this call. */
+    u->next = s->srv->done_now;
+    s->srv->done_now = u;
   }
   srv_kick(s->srv);
   return 0;
