@@ -308,6 +308,146 @@ Test(security, tls_without_a_ca_serves) {
   cr_assert_eq(kill(D->pid, 0), 0, "the dispatcher is gone");
 }
 
+/* ---- a certificate that does not name the advertised address ---------- */
+
+/* The unreachable worker's reason, from GetStatus over TLS ("" when no
+ * client reports one). */
+static int unreachable_reason(ferry_rpc_channel_t *ch, const char *addr,
+                              char *out, size_t cap) {
+  uint8_t *reply = NULL;
+  size_t len = 0;
+  ferry_error_t err = {0};
+  int n = 0;
+  out[0] = '\0';
+  if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
+                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0)
+    return 0;
+  Ferry__V1__GetStatusResponse *st =
+      ferry__v1__get_status_response__unpack(NULL, len, reply);
+  cr_assert_not_null(st);
+  for (size_t i = 0; i < st->n_workers; i++)
+    if (strcmp(st->workers[i]->address, addr) == 0 &&
+        st->workers[i]->unreachable_clients > 0) {
+      n = (int)st->workers[i]->unreachable_clients;
+      snprintf(out, cap, "%s", st->workers[i]->unreachable_reason);
+    }
+  ferry__v1__get_status_response__free_unpacked(st, NULL);
+  ferry_free(reply);
+  return n;
+}
+
+/* After each batch: what GetStatus says of the bad worker, kept once
+ * seen (a client drops its report when its splits no longer use the
+ * worker, so it is looked for while the epoch runs). */
+typedef struct seen_s {
+  ferry_rpc_channel_t *ch;
+  const char *addr;
+  int reporters;
+  char reason[512];
+} seen_t;
+
+static void look_for_report(uint32_t batches, void *arg) {
+  seen_t *s = arg;
+  (void)batches;
+  if (s->reporters == 0)
+    s->reporters = unreachable_reason(s->ch, s->addr, s->reason,
+                                      sizeof(s->reason));
+}
+
+/* A worker serving TLS at 127.0.0.2 with a certificate that names only
+ * 127.0.0.1 heartbeats fine (its own channel checks the dispatcher's
+ * certificate, not its own), but no trainer can check it: the trainer
+ * reports it, the epoch ends exactly once on the other worker, and the
+ * dispatcher shows the worker as unreachable with gRPC's reason. */
+Test(security, a_certificate_not_naming_the_worker_is_reported) {
+  make_certs();
+  hx_dataset_t ds;
+  make_small(&ds);
+  char why[512];
+  /* 24 splits: the bad worker surely gets some of them. */
+  const char *df[40];
+  const char *const *base = dispatcher_flags("server.pem", "server.key");
+  int nf = 0;
+  while (base[nf] != NULL)
+    df[nf] = base[nf], nf++;
+  df[nf++] = "--records-per-split";
+  df[nf++] = "50";
+  df[nf] = NULL;
+  hx_daemon_opts_t d = {0};
+  d.extra_argv = df;
+  cr_assert_eq(hx_start_dispatcher(&D, &d, why, sizeof(why)), 0, "%s", why);
+  hx_daemon_opts_t w = {0};
+  w.extra_argv = worker_flags();
+  cr_assert_eq(hx_start_worker(&W[0], D->addr, &w, why, sizeof(why)), 0,
+               "%s", why);
+  w.host = "127.0.0.2";
+  cr_assert_eq(hx_start_worker(&W[1], D->addr, &w, why, sizeof(why)), 0,
+               "%s", why);
+  ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), C("client.pem"),
+                                    C("client.key"), C("status.token"));
+  int alive = 0;
+  double until = hx_now_ms() + 10000;
+  while (hx_now_ms() < until) {
+    if (get_status(ch, &alive, NULL, 0) == 0 && alive == 2)
+      break;
+    usleep(50000); /* polling a condition, bounded by `until` */
+  }
+  cr_assert_eq(alive, 2, "%d of 2 TLS workers registered within 10 s",
+               alive);
+
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  secure_options(&o, spec);
+  o.num_epochs = 1;
+  o.transport = "grpc"; /* TLS: UCX does not encrypt */
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  hx_ids_t got = {0};
+  double t0 = hx_now_ms();
+  seen_t seen = {.ch = ch, .addr = W[1]->addr};
+  int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS,
+                            look_for_report, &seen, &err);
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END, "ferry_next: %d (%s) after %zu records",
+               rc, err.msg, got.n);
+  size_t n;
+  uint64_t *expected = hx_expected_ids(&ds, false, &n);
+  cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why, sizeof(why)),
+            "%s", why);
+  free(expected);
+  hx_ids_free(&got);
+
+  int reporters = seen.reporters;
+  const char *reason = seen.reason;
+  fprintf(stderr, "certificate not naming %s: epoch of %zu records in "
+          "%.0f ms; unreachable by %d client(s): %s\n", W[1]->addr, n,
+          hx_now_ms() - t0, reporters, reason);
+  /* The dispatcher's warning names the address, what to check and the
+   * reason; GetStatus showed it while the epoch ran. */
+  char line[2048];
+  bool warned = false;
+  FILE *log = fopen(D->log, "r");
+  cr_assert_not_null(log, "%s", D->log);
+  while (!warned && fgets(line, sizeof(line), log) != NULL)
+    warned = strstr(line, W[1]->addr) != NULL &&
+             strstr(line, "cannot reach") != NULL &&
+             strstr(line, "TLS certificate") != NULL;
+  fclose(log);
+  cr_assert(warned, "no dispatcher warning names %s", W[1]->addr);
+  cr_assert_eq(reporters, 1, "the worker whose certificate does not name "
+               "%s was not shown unreachable during the epoch", W[1]->addr);
+  cr_assert(strstr(reason, "certificate") != NULL ||
+                strstr(reason, "handshake") != NULL ||
+                strstr(reason, "SSL") != NULL,
+            "the reason does not point at TLS: %s", reason);
+  ferry_client_free(c);
+  ferry_rpc_channel_free(ch);
+  hx_dataset_free(&ds);
+}
+
 /* ---- refusals ------------------------------------------------------------ */
 
 Test(security, strangers_are_refused) {
