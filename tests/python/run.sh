@@ -65,7 +65,9 @@ fi
 cd "$here"
 # -rs prints every skip's reason; no cache or hypothesis directories in
 # the source tree (Debian's python3-hypothesis registers a pytest plugin);
-# a test still running after 120 s gets every thread's traceback.
+# a test still running after 120 s gets every thread's traceback. pytest
+# empties --basetemp when it starts: ctest runs the suite on gRPC and on
+# UCX at once, so each transport has its own.
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -p no:hypothesispytest \
-  -rs -v \
-  -o faulthandler_timeout=120 --basetemp="$build/tmp-$suite" "$@"
+  -rs -v -o faulthandler_timeout=120 \
+  --basetemp="$build/tmp-$suite${FERRY_TRANSPORT:+-$FERRY_TRANSPORT}" "$@"
