@@ -33,6 +33,7 @@ typedef struct settings_s {
   int64_t worker_timeout_ms;
   int64_t client_timeout_ms;
   int64_t client_stall_ms;
+  int64_t client_idle_ms;
   char *data_roots;
   int64_t job_gc_ms;
   int64_t records_per_split;
@@ -77,6 +78,11 @@ static const ferry_option_t options[] = {
         86400000, NULL,
         "a client whose stream has not taken a chunk this long loses its "
         "splits like a dead one (0: never)"),
+    OPT("client-idle-ms", FERRY_OPT_INT, client_idle_ms, "5000", 0,
+        86400000, NULL,
+        "a split whose worker saw no stream of its client this long is "
+        "marked unread; the client gives it back to the pool if it took "
+        "no record of it (0: never)"),
     OPT("client-timeout-ms", FERRY_OPT_INT, client_timeout_ms, "10000", 1,
         86400000, NULL, "a client without heartbeat this long is lost"),
     OPT("job-gc-ms", FERRY_OPT_INT, job_gc_ms, "60000", 0, 86400000, NULL,
@@ -320,6 +326,7 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   cfg.worker_timeout_ms = s->worker_timeout_ms;
   cfg.client_timeout_ms = s->client_timeout_ms;
   cfg.client_stall_ms = s->client_stall_ms;
+  cfg.client_idle_ms = s->client_idle_ms;
   if ((rc = ferry_roots_init(&d->roots, s->data_roots, err)) != 0)
     return rc;
   cfg.roots = &d->roots;

@@ -34,6 +34,7 @@ void ferry__disp_config_init(ferry_disp_config_t *cfg) {
   cfg->heartbeat_ms = 1000;
   cfg->max_record_len = FERRY_TFR_DEFAULT_MAX_RECORD;
   cfg->client_stall_ms = 30000;
+  cfg->client_idle_ms = 5000;
   cfg->roots = NULL;
   cfg->max_datasets = 1024;
   cfg->target_stall_fraction = 0.05;

@@ -52,6 +52,13 @@ typedef struct ferry_disp_config_s {
    * without taking one (the worker's TaskProgress.stalled_ms) stops being
    * renewed and loses its splits after client_timeout_ms; 0: never. */
   int64_t client_stall_ms;
+  /* A split whose worker reports no stream of its client open this long
+   * (TaskProgress.unread_ms) is marked unread in the client's answers
+   * (Assignment.unread); a client that took no record of it then gives
+   * it up (SplitProgress.release) and it goes back to the pool: a job's
+   * claim on workers is earned by reading. The dispatcher takes nothing
+   * back by itself; the client is not fenced. 0: never. */
+  int64_t client_idle_ms;
   /* The directories datasets may be read from (not owned; NULL or empty:
    * any file). */
   const ferry_roots_t *roots;

@@ -96,6 +96,53 @@ static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
   }
 }
 
+/* Puts the rows the client gives up (SplitProgress.release) back into
+ * the pool from their delivered count: an answer marked them `unread`
+ * (their worker saw no stream of the client for --client-idle-ms: a
+ * trainer that does not read, a worker out of descriptors), and the
+ * client took no record of their lease, holds none it has not handed
+ * out, and takes no chunk of that lease any more. The client stopped acting before it said so, so
+ * nothing of the lease reaches its trainer after this: the row's next
+ * holder starts where the trainer stands. Only a row still bound to the
+ * client at the lease it names, leased and not done; its delivered count
+ * is the one the client reports (recorded just before). Journaled as a
+ * row's change of client; the worker's task is cancelled by its lease
+ * diff, and the row avoids that worker for a while (it may be the one
+ * the client cannot reach). The client is not fenced. */
+static void release_rows(ferry_disp_t *d, job_t *j, uint64_t client,
+                         const Ferry__V1__ClientHeartbeatRequest *req) {
+  if (!j->started || !RUNNING(j) || PAR(j))
+    return;
+  for (size_t i = 0; i < req->n_progress; i++) {
+    const Ferry__V1__SplitProgress *p = req->progress[i];
+    int64_t r;
+    row_t *row;
+    if (!p->release || p->epoch != j->epoch)
+      continue;
+    if ((r = ferry__disp_row_index(j, p->split, p->worker_id)) < 0)
+      continue;
+    row = &j->rows[r];
+    /* A row waiting for a worker keeps its lease generation until it is
+     * leased (a new one then): giving that up again would only bind it
+     * back to the asking client, once per heartbeat. */
+    if (row->client != client || row->done || row->worker == 0 ||
+        row->lease != p->lease)
+      continue;
+    uint64_t worker = row->worker;
+    FERRY_LOG(FERRY_LOG_INFO,
+              "job %" PRIu64 ": client %" PRIu64 " took no record of epoch "
+              "%u split %u (lease %" PRIu64 " on worker %" PRIu64 "): back "
+              "to the pool at %" PRIu64,
+              j->id, client, j->epoch, ferry__disp_row_split(j, (uint64_t)r),
+              row->lease, worker, row->delivered);
+    if (ferry__disp_emit_assign(d, j, (uint32_t)r, 0, 0, row->lease,
+                                row->delivered, 0) != 0)
+      return;
+    row->avoid = worker;
+    row->avoid_until = d->now + d->cfg.client_idle_ms;
+  }
+}
+
 static int fill_workers(ferry_disp_t *d, Ferry__V1__ClientHeartbeatResponse *r,
                         ferry_arena_t *a) {
   r->workers = ferry__arena_alloc(a, (d->nworkers + 1) * sizeof(void *));
@@ -160,6 +207,9 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
     as->lease = row->lease;
     as->start = row->delivered;
     as->end = j->row_end != NULL ? j->row_end[mine[i].row] : 0;
+    const active_t *act = ferry__disp_row_active(j, row);
+    as->unread = act != NULL && row->worker != 0 &&
+                 act->unread_lease == row->lease;
     r->assignments[r->n_assignments++] = as;
   }
   return 0;
@@ -295,6 +345,8 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     record_progress(d, j, c->id, req);
   if (c->active && !req->leaving && !c->no_renew)
     restart_rows(d, j, c->id, req);
+  if (c->active && !req->leaving)
+    release_rows(d, j, c->id, req);
   /* After the restarts: a row the client restarted already left the
    * worker it cannot reach (and avoids it); the rest move here. */
   if (req->n_unreachable > 0 || c->nunreach > 0)

@@ -106,6 +106,10 @@ typedef struct active_s {
   uint64_t listed;     /* volatile: heartbeat generation that listed it */
   uint64_t skip_lease; /* skipped-count dedupe: last lease seen ... */
   uint64_t skip_seen;  /* ... and its cumulative count */
+  /* Volatile: the lease whose worker reported its client without a
+   * stream for --client-idle-ms (TaskProgress.unread_ms); the answer
+   * marks the assignment `unread` while the lease is current. */
+  uint64_t unread_lease;
 } active_t;
 
 typedef struct client_s {

@@ -63,6 +63,15 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       continue;
     }
     r = (uint32_t)(row - j->rows);
+    /* Its client has had no stream here for --client-idle-ms: the next
+     * answer tells it, and it may give the split up (release_rows). A
+     * stream open again lifts the mark. */
+    if (d->cfg.client_idle_ms > 0 && !PAR(j) && t->lease == row->lease) {
+      active_t *act = ferry__disp_row_active(j, row);
+      if (act != NULL)
+        act->unread_lease =
+            t->unread_ms >= (uint64_t)d->cfg.client_idle_ms ? row->lease : 0;
+    }
     if (t->stalled_ms > 0)
       ferry__disp_stop_renewing_if_stalled(
           d, j, ferry__disp_find_client(j, row->client), t->stalled_ms,

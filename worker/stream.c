@@ -67,6 +67,20 @@ static void queue_mark(ferry__wqueue_t *q, bool progress) {
   atomic_store(&q->key->stall_since_ms, idle ? 0 : now);
 }
 
+/* Publishes whether the client has a stream open here (the tasks' gate
+ * and TaskProgress.unread_ms, worker.h) as `call` becomes the queue's
+ * stream (NULL: it has none). */
+static void queue_set_call(ferry__wqueue_t *q, ferry_transport_stream_t *call) {
+  bool had = q->call != NULL;
+  q->call = call;
+  if (q->key == NULL)
+    return;
+  atomic_store(&q->key->read_ms, now_ms());
+  atomic_store(&q->key->reader, call != NULL);
+  if (call != NULL && !had)
+    ferry__wtasks_reader_opened(&q->w->tasks, q->job_id, q->client_id);
+}
+
 static ferry__wqueue_t *queue_get(ferry__worker_t *w, uint64_t job_id,
                                   uint64_t client_id, bool create) {
   for (ferry__wqueue_t *q = w->queues; q != NULL; q = q->next)
@@ -129,7 +143,7 @@ static void send_next(ferry__wqueue_t *q);
 /* Ends the queue's stream, which waits for a reconnect. */
 static void queue_end_call(ferry__wqueue_t *q, int status, const char *msg) {
   ferry_transport_stream_t *call = q->call;
-  q->call = NULL;
+  queue_set_call(q, NULL);
   q->sending = 0;
   ferry_transport_finish(call, status, msg);
 }
@@ -236,7 +250,7 @@ static void queue_reclaim(ferry__wqueue_t *q) {
 static void on_call_end(ferry_transport_stream_t *call, void *arg) {
   ferry__wqueue_t *q = arg;
   if (q->call == call) {
-    q->call = NULL;
+    queue_set_call(q, NULL);
     q->sending = 0;
   }
   ferry_transport_finish(call, FERRY_RPC_CANCELLED, "cancelled");
@@ -302,7 +316,7 @@ static void on_stream(ferry_transport_stream_t *call,
   }
   if (q->call != NULL) /* a reconnect replaces the older stream */
     queue_end_call(q, FERRY_RPC_CANCELLED, "replaced by a newer stream");
-  q->call = call;
+  queue_set_call(q, call);
   memcpy(q->call_secret, secret, FERRY_CLIENT_SECRET_BYTES);
   q->sending = 0;
   FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued "

@@ -98,6 +98,8 @@ ferry__wkey_t *ferry__wpool_key_get(ferry__wpool_t *p, uint64_t job_id,
     k->job_id = job_id;
     k->client_id = client_id;
     atomic_init(&k->stall_since_ms, 0);
+    atomic_init(&k->reader, false);
+    atomic_init(&k->read_ms, 0);
     k->next = p->keys;
     p->keys = k;
   }
@@ -575,6 +577,11 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *m) {
                   ? FERRY_ON_ERROR_SKIP
                   : FERRY_ON_ERROR_FAIL;
   k->state = WT_PENDING;
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    k->added_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  }
   if (sp == NULL) {
     ferry__seterr(&err, FERRY_EINVAL, "task without a split");
   } else {
@@ -628,6 +635,77 @@ static void unpark(ferry__wtasks_t *t, ferry__wtask_t *k) {
     }
 }
 
+/* Unlinks a held task. Tasks lock held. */
+static void unhold(ferry__wtasks_t *t, ferry__wtask_t *k) {
+  for (ferry__wtask_t **pp = &t->held; *pp != NULL; pp = &(*pp)->qnext)
+    if (*pp == k) {
+      *pp = k->qnext;
+      k->qnext = NULL;
+      k->state = WT_DONE;
+      return;
+    }
+}
+
+/* Queues the held tasks of stream `key` (NULL: of every stream) at the
+ * head of the pending queue, where the gate looks at them again. Tasks
+ * lock held. */
+static void release_held(ferry__wtasks_t *t, const ferry__wkey_t *key) {
+  bool moved = false;
+  for (ferry__wtask_t **pp = &t->held; *pp != NULL;) {
+    ferry__wtask_t *k = *pp;
+    if (key != NULL && k->key != key) {
+      pp = &k->qnext;
+      continue;
+    }
+    *pp = k->qnext;
+    k->state = WT_PENDING;
+    k->qnext = t->qhead;
+    t->qhead = k;
+    if (t->qtail == NULL)
+      t->qtail = k;
+    moved = true;
+  }
+  if (moved)
+    pthread_cond_broadcast(&t->cv);
+}
+
+/* The task's run state is gone: its stream's slot frees, and one of the
+ * stream's held tasks may start. Tasks lock held. */
+static void run_slot_put(ferry__wtasks_t *t, ferry__wtask_t *k) {
+  if (!k->has_run_slot)
+    return;
+  k->has_run_slot = false;
+  k->key->runs--;
+  release_held(t, k->key);
+}
+
+/* Whether the gate holds `k` back: it has no run state yet, and its
+ * client has no stream open here or its stream has its share of started
+ * tasks. A task that holds nothing costs nobody a thread or memory; a
+ * spec that did not compile starts at once to report its error. Tasks
+ * lock held; takes the run slot when it lets the task through. */
+static bool gate_holds(ferry__wtasks_t *t, ferry__wtask_t *k) {
+  if (k->run != NULL || k->has_run_slot || k->pipe == NULL)
+    return false;
+  if (t->gate && (!atomic_load(&k->key->reader) ||
+                  k->key->runs >= FERRY__WKEY_MAX_RUNS))
+    return true;
+  k->has_run_slot = true;
+  k->key->runs++;
+  return false;
+}
+
+void ferry__wtasks_reader_opened(ferry__wtasks_t *t, uint64_t job_id,
+                                 uint64_t client_id) {
+  pthread_mutex_lock(&t->lock);
+  for (ferry__wtask_t *k = t->held; k != NULL; k = k->qnext)
+    if (k->job_id == job_id && k->client_id == client_id) {
+      release_held(t, k->key);
+      break;
+    }
+  pthread_mutex_unlock(&t->lock);
+}
+
 bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
                           uint32_t epoch, uint32_t split, uint64_t lease) {
   ferry__wtask_t **link;
@@ -643,6 +721,12 @@ bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
     dequeue(t, k);
   else if (k->state == WT_PARKED)
     unpark(t, k);
+  else if (k->state == WT_HELD)
+    unhold(t, k);
+  /* A parked task's run state goes with it: its slot frees now (a
+   * running one frees its own when it stops). */
+  if (k->state == WT_DONE && k->has_run_slot)
+    run_slot_put(t, k);
   atomic_store(&k->cancelled, true);
   pthread_mutex_unlock(&t->lock);
   /* A thread blocked on the pool rechecks its task's flag. */
@@ -714,6 +798,15 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
     int64_t since = k->key != NULL ? atomic_load(&k->key->stall_since_ms) : 0;
     p->stalled_ms = since > 0 && now_ms > since ? (uint64_t)(now_ms - since)
                                                  : 0;
+    /* How long its client has had no stream here: since the task came,
+     * or since its client's last stream closed. */
+    if (k->key != NULL && !atomic_load(&k->key->reader) && !k->finished &&
+        k->error_code == 0) {
+      int64_t from = atomic_load(&k->key->read_ms);
+      if (from < k->added_ms)
+        from = k->added_ms;
+      p->unread_ms = now_ms > from ? (uint64_t)(now_ms - from) : 0;
+    }
     char *text = texts + i * ERROR_TEXT;
     if (k->state == WT_DONE && k->error_code != 0) {
       p->error_code = k->error_code;
@@ -1499,6 +1592,7 @@ static bool task_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
   wrun_t *ru = k->run;
   k->run = NULL;
   k->state = WT_DONE;
+  run_slot_put(t, k);
   bool news = k->error_code != 0 || k->skipped > 0 ||
               (k->finished &&
                (k->num_records == 0 || k->produced != k->num_records));
@@ -1532,6 +1626,13 @@ static void *thread_main(void *arg) {
     if (t->qhead == NULL)
       t->qtail = NULL;
     k->qnext = NULL;
+    if (gate_holds(t, k)) {
+      k->state = WT_HELD;
+      k->qnext = t->held;
+      t->held = k;
+      pthread_mutex_unlock(&t->lock);
+      continue;
+    }
     k->state = WT_RUNNING;
     atomic_fetch_add(&k->refs, 1);
     pthread_mutex_unlock(&t->lock);
@@ -1605,6 +1706,7 @@ void ferry__wtasks_close(ferry__wtasks_t *t) {
   for (ferry__wtask_t *k = t->parked; k != NULL; k = k->qnext)
     parked++;
   t->parked = NULL;
+  t->held = NULL;
   pthread_mutex_unlock(&t->lock);
   pthread_mutex_lock(&p->lock);
   p->parked -= parked;

@@ -147,6 +147,8 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
   if ((rc = ferry__wtasks_set_roots(&w->tasks, cfg->data_roots, err)) != 0)
     return rc;
   w->tasks.test_record_delay_ms = cfg->test_record_delay_ms;
+  /* Tasks start only while their client reads (worker.h, the gate). */
+  w->tasks.gate = true;
   if (ferry_roots_open(&w->tasks.roots))
     FERRY_LOG(FERRY_LOG_WARN, "no --data-root: tasks may read any file this "
               "worker can open");

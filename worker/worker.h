@@ -110,7 +110,20 @@ typedef struct ferry__wkey_s {
   /* CLOCK_MONOTONIC ms since when the stream has had chunks queued or in
    * flight without gRPC taking one; 0 while it flows or is empty. */
   atomic_int_least64_t stall_since_ms;
+  /* Whether the client has a stream open to this worker, and when it last
+   * had one (CLOCK_MONOTONIC ms; 0: never), both written by the loop
+   * thread. A task of a key without a stream does not start (the daemon
+   * gates tasks on it), and TaskProgress.unread_ms counts from here. */
+  atomic_bool reader;
+  atomic_int_least64_t read_ms;
+  /* Tasks of the stream holding run state (started, not ended), under the
+   * tasks lock: at most FERRY__WKEY_MAX_RUNS, so no client's tasks hold
+   * more than that many readers and records whatever it asks for. */
+  int runs;
 } ferry__wkey_t;
+
+/* Started tasks one stream may hold at once (ferry__wkey_t.runs). */
+#define FERRY__WKEY_MAX_RUNS 8
 
 /* A chunk: up to `cap` records of one split, laid out in one pool block:
  * this struct, the packed header area, labels, ids, then the payload. */
@@ -220,7 +233,11 @@ int ferry__wchunk_encode(ferry__wchunk_t *c);
 
 /* ---- Tasks (tasks.c) ---------------------------------------------------- */
 
-typedef enum { WT_PENDING, WT_RUNNING, WT_PARKED, WT_DONE } ferry__wtask_state_t;
+/* WT_HELD: not started, waiting for its client's stream to open or for a
+ * run slot of its stream (the gate; no run state, no thread). */
+typedef enum {
+  WT_PENDING, WT_RUNNING, WT_PARKED, WT_DONE, WT_HELD
+} ferry__wtask_state_t;
 
 /* A compiled pipeline shared by tasks with the same spec bytes. */
 typedef struct ferry__wpipe_s {
@@ -260,6 +277,8 @@ struct ferry__wtask_s {
    * nobody while parked or queued again); freed with the task. */
   struct ferry__wrun_s *run;
   bool park_pool;           /* parked on the whole pool, not its share */
+  bool has_run_slot;        /* counted in key->runs (tasks lock) */
+  int64_t added_ms;         /* CLOCK_MONOTONIC ms when it was added */
   bool key_active;          /* counted in key->tasks (until it ends) */
   /* Progress (tasks lock). */
   ferry__wtask_state_t state;
@@ -287,6 +306,12 @@ typedef struct ferry__wtasks_s {
   ferry__wtask_t *list;
   ferry__wtask_t *qhead, *qtail;
   ferry__wtask_t *parked;  /* parked tasks (linked by qnext) */
+  ferry__wtask_t *held;    /* WT_HELD tasks (linked by qnext) */
+  /* The daemon's gate: a task starts only while its client has a stream
+   * open here (ferry__wtasks_reader_opened), and its stream has fewer
+   * than FERRY__WKEY_MAX_RUNS started tasks. Off in tests without
+   * streams. */
+  bool gate;
   char *spill_dir;         /* owned copy; NULL: $TMPDIR or /tmp */
   ferry_roots_t roots;     /* files a task may open (none: any) */
   /* The JPEG limits every ctx gets (jpeg_set; else the decoder's
@@ -329,6 +354,9 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *task);
  * and forgets it. Returns true when it was known. */
 bool ferry__wtasks_cancel(ferry__wtasks_t *t, uint64_t job_id,
                           uint32_t epoch, uint32_t split, uint64_t lease);
+/* The client (job, client) opened a stream: its held tasks are queued. */
+void ferry__wtasks_reader_opened(ferry__wtasks_t *t, uint64_t job_id,
+                                 uint64_t client_id);
 /* Marks the table draining: no new tasks from now on. */
 void ferry__wtasks_drain(ferry__wtasks_t *t);
 

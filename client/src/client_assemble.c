@@ -293,6 +293,27 @@ void ferry__client_restart_worker_locked(ferry_client_t *c,
   }
 }
 
+/* Whether split `s` is to be given up now: listed, marked unread at its
+ * current lease (its worker saw no stream of ours for --client-idle-ms:
+ * the task has not started), not complete, no record of that lease
+ * taken, none received that the trainer has not had, no restart
+ * pending. A client whose stream to the worker does not open (a worker
+ * out of descriptors, a trainer that stopped reading before it opened
+ * one) so frees the split for the job's other clients or workers, while
+ * a slow worker that has not produced a chunk yet is waited for. */
+static bool release_due_locked(const ferry__split_t *s) {
+  return s->assigned && s->unread && !s->released && s->worker_id != 0 &&
+         !fully_received(s) && s->grant_lease != 0 &&
+         s->got_lease < s->grant_lease && s->received == s->delivered &&
+         s->restart == FERRY__RESTART_NONE;
+}
+
+/* Whether chunks of lease `lease` of split `s` may be taken: not of a
+ * lease this client gave up. */
+static bool split_taken_locked(const ferry__split_t *s, uint64_t lease) {
+  return !(s->released && lease <= s->released_lease);
+}
+
 size_t ferry__client_progress_locked(ferry_client_t *c,
                                      Ferry__V1__SplitProgress *prog,
                                      Ferry__V1__SplitProgress **pp) {
@@ -308,6 +329,25 @@ size_t ferry__client_progress_locked(ferry_client_t *c,
       prog[i].lease = s->restart_lease;
       prog[i].restart_current = s->restart_current;
       s->restart = FERRY__RESTART_SENT;
+    } else if (release_due_locked(s)) {
+      /* Fencing by the client itself: from now on no chunk of this lease
+       * is taken (split_taken_locked), and only then does the dispatcher
+       * hear of it and put the split back into the pool. Nothing of the
+       * lease was taken and nothing received waits to be handed out, so
+       * the split's next holder starts where this client's trainer
+       * stands. Said again in every beat until an answer stops listing
+       * the split at that lease. */
+      FERRY_LOG(FERRY_LOG_INFO,
+                "client: epoch %u split %u: worker %llu saw no stream of "
+                "ours for lease %llu: given back to the dispatcher",
+                s->epoch, s->split, (unsigned long long)s->worker_id,
+                (unsigned long long)s->grant_lease);
+      s->released = true;
+      s->released_lease = s->grant_lease;
+    }
+    if (s->released && s->released_lease == s->grant_lease) {
+      prog[i].release = true;
+      prog[i].lease = s->released_lease;
     }
     pp[i] = &prog[i];
   }
@@ -557,6 +597,16 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
     ferry__client_fail_locked(c, FERRY_ENOMEM, "client: out of memory");
     goto out;
   }
+  if (!split_taken_locked(s, ch->lease)) {
+    FERRY_LOG(FERRY_LOG_DEBUG,
+              "client: a chunk of epoch %u split %u at lease %llu, which "
+              "this client gave up: dropped", ch->epoch, ch->split,
+              (unsigned long long)ch->lease);
+    goto out;
+  }
+  /* Records of this lease are being taken: it is not given up now. */
+  if (ch->count > 0 && ch->lease > s->got_lease)
+    s->got_lease = ch->lease;
   bool was_received = fully_received(s);
   if (ch->first > s->received) {
     /* A gap: records in between were lost in transit (a stream that
@@ -589,7 +639,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
      * chunk, or drops the split. */
     s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
     if (s == NULL || s->received >= end || s->received < ch->first ||
-        lease_lapsed_locked(c))
+        !split_taken_locked(s, ch->lease) || lease_lapsed_locked(c))
       break;
     ferry__slot_t *slot = &c->slots[c->fill];
     uint64_t off = s->received - ch->first;
@@ -725,6 +775,13 @@ static void apply_locked(ferry_client_t *c,
      * its chunks start there, and a count from 0 would see a gap. */
     if (fresh)
       s->received = s->delivered = a->start;
+    /* A new grant (or the first): a lease newer than one given up is
+     * taken again. */
+    if (fresh || a->lease > s->grant_lease) {
+      s->grant_lease = a->lease;
+      s->released = false;
+    }
+    s->unread = a->unread && a->lease == s->grant_lease;
     /* A chunk of this split at this lease was dropped while the split
      * was not listed yet: its records must come again. */
     for (uint32_t k = 0; k < FERRY__DROPPED; k++) {
@@ -769,8 +826,9 @@ static void apply_locked(ferry_client_t *c,
   if (r->state == FERRY__V1__JOB_STATE__JOB_STATE_RUNNING)
     for (size_t i = 0; i < c->n_splits; i++) {
       ferry__split_t *s = &c->splits[i];
+      /* Not a split given up: it went back to the pool, not done. */
       if (s->was_assigned && !s->assigned && s->epoch <= r->epoch &&
-          !fully_received(s)) {
+          !fully_received(s) && !s->released) {
         FERRY_LOG(FERRY_LOG_DEBUG,
                   "client: epoch %u split %u is done at the dispatcher "
                   "after %llu records (%s): counted complete",
@@ -791,7 +849,8 @@ static void apply_locked(ferry_client_t *c,
    * stopped listing them. */
   size_t k = 0;
   for (size_t i = 0; i < c->n_splits; i++)
-    if (!(c->splits[i].epoch < r->epochs_done && !c->splits[i].assigned))
+    if (!(c->splits[i].epoch < r->epochs_done && !c->splits[i].assigned) &&
+        !(c->splits[i].released && !c->splits[i].assigned))
       c->splits[k++] = c->splits[i];
   c->n_splits = k;
   maybe_flush_locked(c);
@@ -861,6 +920,11 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
   if ((rc = ferry__client_forked(c, err)) != 0)
     return rc;
   pthread_mutex_lock(&c->mu);
+  if (!c->reading) {
+    /* The first call: the client asks for splits from now on, at once. */
+    c->reading = true;
+    kick_locked(c);
+  }
   for (;;) {
     if (c->fail_code != 0) {
       rc = ferry__seterr(err, c->fail_code, "%s", c->fail_msg);

@@ -855,8 +855,11 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
     uint32_t held = ferry__client_held_locked(c);
     /* No new splits while the trainer holds every slot: none of their
      * records could be taken, and a trainer that stalls so would only
-     * take them from the job's other clients again and again. */
-    req.want_splits = leaving || held >= c->opts.splits_in_flight ||
+     * take them from the job's other clients again and again. Nor before
+     * the trainer's first ferry_next: a job's claim on workers is earned
+     * by reading. */
+    req.want_splits = leaving || !c->reading ||
+                              held >= c->opts.splits_in_flight ||
                               c->handed >= c->ap.prefetch
                           ? 0
                           : c->opts.splits_in_flight - held;

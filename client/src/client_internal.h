@@ -57,6 +57,16 @@ typedef struct ferry__split_s {
   /* The restart is of whatever lease is current (SplitProgress
    * .restart_current): a fence or a broken stream, not a gap. */
   bool restart_current;
+  /* Giving an unread split up (Assignment.unread): the lease the newest
+   * answer listed, whether it marked it unread (its worker saw no stream
+   * of ours for --client-idle-ms), the newest lease of which a chunk with
+   * records was taken, and the lease given up (SplitProgress.release),
+   * none of whose chunks is taken from then on. */
+  uint64_t grant_lease;
+  bool unread;
+  uint64_t got_lease;
+  bool released;
+  uint64_t released_lease;
 } ferry__split_t;
 
 /* A chunk dropped because the client was fenced or its split was not
@@ -265,6 +275,10 @@ struct ferry_client_s {
                   * wants another) or fully delivered (the dispatcher may
                   * end the epoch) */
   bool rpc_inited;
+  /* The trainer called ferry_next (mu). Until then the client asks for no
+   * split: a trainer that compiles its model after ferry_client_new would
+   * hold splits, and tasks on shared workers, that nobody reads. */
+  bool reading;
   /* The heartbeat call in flight (mu), which ferry_client_free cancels:
    * joining a thread blocked in a wait-for-ready beat to an unreachable
    * dispatcher held a Ctrl-C'd trainer up to a beat's deadline (1 s).
@@ -429,7 +443,9 @@ void ferry__client_restart_worker_locked(ferry_client_t *c,
 /* Fills the heartbeat's progress: prog[i] for every split entry, pp[i]
  * pointing at it (both hold c->n_splits entries); returns the count. A
  * pending restart goes out here (restart, lease) and becomes sent, so
- * each lease generation is restarted once. Lock held. */
+ * each lease generation is restarted once. A split the answer marked
+ * unread, of whose lease no record was taken, is given up here (release,
+ * lease) and none of that lease's chunks is taken after. Lock held. */
 size_t ferry__client_progress_locked(ferry_client_t *c,
                                      Ferry__V1__SplitProgress *prog,
                                      Ferry__V1__SplitProgress **pp);

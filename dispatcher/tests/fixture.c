@@ -201,6 +201,9 @@ void fx_sign(Ferry__V1__ClientHeartbeatRequest *req) {
     }
 }
 
+uint64_t fx_release_lease;
+uint64_t fx_unread_ms;
+
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
                                               uint64_t client, uint32_t want,
                                               const uint64_t *prog, size_t n,
@@ -219,6 +222,8 @@ Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
     p[i].split = (uint32_t)prog[4 * i + 1];
     p[i].delivered = prog[4 * i + 2];
     p[i].worker_id = prog[4 * i + 3];
+    p[i].release = fx_release_lease != 0;
+    p[i].lease = fx_release_lease;
     pp[i] = &p[i];
   }
   req.job_id = job;
@@ -261,6 +266,7 @@ Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,
     t[i].skipped = tasks[i].skipped;
     t[i].error_code = tasks[i].error_code;
     t[i].stalled_ms = tasks[i].stalled_ms;
+    t[i].unread_ms = fx_unread_ms;
     if (tasks[i].error != NULL)
       t[i].error = (char *)tasks[i].error;
     tp[i] = &t[i];

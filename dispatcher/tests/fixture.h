@@ -73,6 +73,10 @@ void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
 
 /* A client heartbeat with `n` progress reports (epoch, split, delivered,
  * worker) given as a flat array of 4-tuples. */
+/* Unless 0 (the default), every progress report fx_client sends gives its
+ * split up at this lease (SplitProgress.release). */
+extern uint64_t fx_release_lease;
+
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
                                               uint64_t client, uint32_t want,
                                               const uint64_t *prog, size_t n,
@@ -88,6 +92,11 @@ typedef struct fx_task_s {
   const char *error;
   uint64_t stalled_ms; /* its client's stream took nothing this long */
 } fx_task_t;
+
+/* TaskProgress.unread_ms of every task fx_worker reports (0 unless a test
+ * sets it): its client had no stream open this long. */
+extern uint64_t fx_unread_ms;
+
 
 Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,
                                               const char *addr,

@@ -1627,6 +1627,75 @@ Test(dispatcher, stalled_stream_fences_then_expires_the_client) {
   cr_assert_eq(c->incarnation, 1);
 }
 
+/* A worker that saw no stream of a split's client for --client-idle-ms
+ * (5 s by default; TaskProgress.unread_ms) makes the client's next answer
+ * mark the split unread; the client may then give it up
+ * (SplitProgress.release): the row goes back to the pool from its
+ * delivered count, another client of the job gets it, and the idle
+ * client is not fenced and gets splits again when it asks. The dispatcher
+ * takes nothing back by itself, and a release of another lease than the
+ * row's is stale and ignored. */
+Test(dispatcher, released_split_goes_back_without_fencing) {
+  const char *id = dataset(2);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "s", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *o = fx_job(D, id, "s", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+
+  c = fx_client(D, j->job_id, j->client_id, 1, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 1);
+  cr_assert_not(c->assignments[0]->unread);
+  uint32_t split = c->assignments[0]->split;
+  uint64_t lease = c->assignments[0]->lease;
+  fx_task_t t = TASK(j->job_id, 0, split, lease);
+  uint64_t prog[4] = {0, split, 3, 0};
+  /* Below the bound: not marked. */
+  fx_unread_ms = 4999;
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 100);
+  c = fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 150);
+  cr_assert_eq(c->n_assignments, 1);
+  cr_assert_not(c->assignments[0]->unread, "marked below --client-idle-ms");
+  /* At the bound: marked, and nothing taken back without the client. */
+  fx_unread_ms = 5000;
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 200);
+  fx_unread_ms = 0;
+  cr_assert_eq(w->n_cancelled, 0, "the dispatcher took it back by itself");
+  c = fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 250);
+  cr_assert_eq(c->n_assignments, 1);
+  cr_assert(c->assignments[0]->unread, "not marked at --client-idle-ms");
+  /* A release of an older lease: stale, kept. */
+  fx_release_lease = lease - 1;
+  c = fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 300);
+  cr_assert_eq(c->n_assignments, 1, "a stale release is ignored");
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 350);
+  cr_assert_eq(w->n_cancelled, 0);
+  /* Its lease: the row is free, the task cancelled, nobody fenced. */
+  fx_release_lease = lease;
+  c = fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 400);
+  fx_release_lease = 0;
+  cr_assert_not(c->fenced, "the idle client is not fenced");
+  cr_assert_eq(c->n_assignments, 0, "its split went back to the pool");
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 500);
+  cr_assert_eq(w->n_cancelled, 1, "the given-up lease is cancelled");
+  c = fx_client(D, o->job_id, o->client_id, 2, NULL, 0, false, 600);
+  bool found = false;
+  for (size_t i = 0; i < c->n_assignments; i++)
+    if (c->assignments[i]->split == split) {
+      found = true;
+      cr_assert_eq(c->assignments[i]->start, 3, "from its delivered count");
+      cr_assert_not(c->assignments[i]->unread);
+      /* The row avoids the worker a while (the client may not reach
+       * it): with no other worker, it waits for one. */
+      cr_assert_neq(c->assignments[i]->worker_id, w->worker_id);
+    }
+  cr_assert(found);
+  /* Once it reads, the idle client asks again and is answered (the epoch
+   * has nothing left here, but it is renewed, not fenced). */
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 800);
+  cr_assert_not(c->fenced);
+}
+
 /* ---- Hostile specs (issue 8) -------------------------------------------- */
 
 /* A FIFO named by a spec fails the registration at once, naming it; the

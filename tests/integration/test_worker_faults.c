@@ -422,7 +422,11 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
   /* 8 files of 200 records: one split each, spread over both workers. */
   cr_assert_eq(hx_make_dataset(&ds, "fds", 8, 200, 8, 8, 3), 0);
   hx_daemon_opts_t wo = {.threads = 1};
-  cluster(2, &wo);
+  /* A client gives up splits whose worker saw no stream of it for 1 s,
+   * before its stream there fails (about 5 s). */
+  const char *const dargv[] = {"--client-idle-ms", "1000", NULL};
+  hx_daemon_opts_t dopts = {.extra_argv = dargv};
+  it_cluster(&D, W, 2, &dopts, &wo);
   int low = lowest_free_fd(W[1]->pid);
   cr_assert_gt(low, 2);
   struct rlimit rl = {(rlim_t)low, (rlim_t)low};
@@ -471,7 +475,12 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
                (long long)skipped);
   cr_assert_null(strstr(json, "\"failed\""), "a job failed: %s", json);
   free(json);
-  /* The fault path ran: worker 2 was leased a split and gave it back. */
+  /* The fault path ran: worker 2 was leased splits and they came back.
+   * A task starts only once its client's stream is open, and worker 2
+   * cannot accept one: the client then gives the splits up
+   * (--client-idle-ms, "took no record" at the dispatcher) or restarts
+   * them when its stream there fails. A task that did start and failed
+   * to open its file gives its split back itself. */
   char *log = slurp(W[1]->log);
   cr_assert_not_null(log);
   int gave_back = 0;
@@ -479,9 +488,40 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
        q++)
     gave_back++;
   free(log);
-  fprintf(stderr, "worker2 gave %d split(s) back; %zu records, each once\n",
-          gave_back, got.n);
-  cr_assert_gt(gave_back, 0, "worker2 never ran out of descriptors: the "
+  log = slurp(D->log);
+  cr_assert_not_null(log);
+  /* Worker 2's id: "worker N registered at ITS_ADDR". */
+  char w2[96];
+  unsigned long long id2 = 0;
+  for (const char *q = log; (q = strstr(q, "worker ")) != NULL; q++) {
+    char at[80];
+    unsigned long long id;
+    if (sscanf(q, "worker %llu registered at %79s", &id, at) == 2 &&
+        strcmp(at, W[1]->addr) == 0)
+      id2 = id;
+  }
+  cr_assert_neq(id2, 0, "worker2's registration is not in the log");
+  snprintf(w2, sizeof(w2), "on worker %llu)", id2);
+  /* The dispatcher's lines for a split leaving worker 2 at its client's
+   * word: given up ("took no record") or restarted (the stream to it
+   * broke), both "(lease L on worker N)". */
+  int given_up = 0, restarted = 0;
+  for (const char *q = log; (q = strstr(q, w2)) != NULL; q++) {
+    const char *bol = q;
+    while (bol > log && bol[-1] != '\n')
+      bol--;
+    const char *gu = strstr(bol, "took no record");
+    const char *rs = strstr(bol, "restarts epoch");
+    given_up += gu != NULL && gu < q;
+    restarted += rs != NULL && rs < q;
+  }
+  free(log);
+  fprintf(stderr, "worker2 gave %d split(s) back; the client gave %d of "
+          "worker2's up and restarted %d; %zu records, each once\n",
+          gave_back, given_up, restarted, got.n);
+  if (gave_back + given_up + restarted == 0)
+    hx_dump_logs();
+  cr_assert_gt(gave_back + given_up + restarted, 0, "worker2 never held a split: the "
                "test did not test anything");
   hx_ids_free(&got);
   ferry_client_free(c);
