@@ -920,6 +920,7 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
   if ((rc = ferry__client_forked(c, err)) != 0)
     return rc;
   pthread_mutex_lock(&c->mu);
+  c->next_since = t_start;
   if (!c->reading) {
     /* The first call: the client asks for splits from now on, at once. */
     c->reading = true;
@@ -1014,8 +1015,15 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
     }
   }
   c->wait_s += ferry__client_now() - t_start;
+  c->next_since = 0;
   pthread_mutex_unlock(&c->mu);
   return rc;
+}
+
+double ferry__client_waited_locked(const ferry_client_t *c, double now) {
+  return c->wait_s + (c->next_since > 0 && now > c->next_since
+                          ? now - c->next_since
+                          : 0);
 }
 
 /* The slot a batch pointer belongs to, or NULL. */
@@ -1101,8 +1109,9 @@ void ferry_client_stats_sized(ferry_client_t *c, ferry_client_stats_t *user,
   out->batches = c->batches;
   out->records = c->records;
   out->bytes = c->bytes;
-  out->wait_seconds = c->wait_s;
-  out->total_seconds = ferry__client_now() - c->t0;
+  double now = ferry__client_now();
+  out->wait_seconds = ferry__client_waited_locked(c, now);
+  out->total_seconds = now - c->t0;
   out->stall_fraction =
       out->total_seconds > 0 ? out->wait_seconds / out->total_seconds : 0;
   out->records_acked = c->records_acked;

@@ -863,16 +863,20 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
                               c->handed >= c->ap.prefetch
                           ? 0
                           : c->opts.splits_in_flight - held;
-    double total = ferry__client_now() - c->t0;
-    st.stall_fraction = total > 0 ? c->wait_s / total : 0;
+    /* The wait of a ferry_next still running counts: a trainer starved
+     * of its first batch is 100% stalled, not 0%. */
+    double now = ferry__client_now(), total = now - c->t0;
+    double waited = ferry__client_waited_locked(c, now);
+    st.stall_fraction = total > 0 ? waited / total : 0;
+    if (st.stall_fraction > 1)
+      st.stall_fraction = 1;
     st.batches_per_second = total > 0 ? (double)c->batches / total : 0;
     st.batches = c->batches;
     /* The same since the previous heartbeat (issue 10's job gauges). */
-    double now = ferry__client_now();
     if (c->hb_at > 0 && now > c->hb_at) {
       st.interval_seconds = now - c->hb_at;
       st.interval_stall_fraction =
-          (c->wait_s - c->hb_wait_s) / st.interval_seconds;
+          (waited - c->hb_wait_s) / st.interval_seconds;
       if (st.interval_stall_fraction > 1)
         st.interval_stall_fraction = 1;
       if (st.interval_stall_fraction < 0)
@@ -881,7 +885,7 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
           (double)(c->batches - c->hb_batches) / st.interval_seconds;
     }
     c->hb_at = now;
-    c->hb_wait_s = c->wait_s;
+    c->hb_wait_s = waited;
     c->hb_batches = c->batches;
     *records = c->records; /* what this request reports as handed out */
     if (c->space_wait_since > 0)

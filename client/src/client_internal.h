@@ -257,6 +257,9 @@ struct ferry_client_s {
   /* Stats. */
   uint64_t batches, records, bytes;
   double wait_s;
+  /* When the running ferry_next started (0: none runs): a trainer that
+   * waits for its first batch is stalled before any call returns. */
+  double next_since;
   double t0;
   /* The previous heartbeat's figures (ClientStats.interval_*). */
   double hb_at, hb_wait_s;
@@ -321,6 +324,9 @@ struct ferry_client_s {
 
 /* Monotonic seconds. */
 double ferry__client_now(void);
+/* Seconds the trainer has waited in ferry_next, the running call's wait
+ * so far included, at `now`. Lock held. */
+double ferry__client_waited_locked(const ferry_client_t *c, double now);
 
 /* The CLOCK_MONOTONIC time `ms` milliseconds from now, for the client's
  * condition variables (created on that clock). */

@@ -6,6 +6,8 @@
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 
 #include "client_test_util.h"
 
@@ -716,5 +718,47 @@ Test(client_assemble, a_timeout_says_why_no_batch_comes) {
   ferry__client_unreach_reached_locked(c, "127.0.0.4:5051");
   pthread_mutex_unlock(&c->mu);
   cr_assert_str_eq(timeout_text(c, &err), "client: no batch within 20 ms");
+  ferry_client_free(c);
+}
+
+/* A trainer waiting for a batch that does not come is stalled while it
+ * waits, not only once ferry_next returns: a starved trainer's status
+ * read 0% until its first batch. */
+typedef struct waiter_s {
+  ferry_client_t *c;
+  int rc;
+  _Atomic bool done;
+} waiter_t;
+
+static void *wait_for_a_batch(void *arg) {
+  waiter_t *w = arg;
+  const ferry_batch_t *b;
+  ferry_error_t err = {0};
+  w->rc = ferry_next(w->c, &b, 3000, &err);
+  atomic_store(&w->done, true);
+  return NULL;
+}
+
+Test(client_assemble, a_running_wait_counts_as_stall) {
+  ferry_client_t *c = local(4, 4, false);
+  waiter_t w = {.c = c};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, wait_for_a_batch, &w), 0);
+  ferry_client_stats_t st;
+  double seen = 0;
+  for (int i = 0; i < 250 && seen < 0.2 && !atomic_load(&w.done); i++) {
+    ferry_client_stats(c, &st);
+    seen = st.wait_seconds;
+    usleep(10000); /* polling the figure, bounded by 250 rounds */
+  }
+  bool still_waiting = !atomic_load(&w.done);
+  pthread_join(t, NULL);
+  cr_assert(still_waiting, "ferry_next returned before the check");
+  cr_assert_geq(seen, 0.2, "a trainer waiting in ferry_next shows %.3f s "
+                "of waiting", seen);
+  cr_assert_eq(w.rc, FERRY_ETIMEDOUT);
+  ferry_client_stats(c, &st);
+  cr_assert_geq(st.wait_seconds, 2.9, "%.3f", st.wait_seconds);
+  cr_assert_leq(st.stall_fraction, 1.0, "%.3f", st.stall_fraction);
   ferry_client_free(c);
 }
