@@ -126,17 +126,20 @@ static int reset_handle(ferry_jpeg_t *j) {
 
 enum { WALK_COMPLETE = 0, WALK_TRUNCATED = 1, WALK_NOT_JPEG = 2 };
 
+/* Called by markers() for each marker segment in order: the marker, its
+ * payload (after the two length bytes) and the payload's size. Nonzero
+ * stops the walk. */
+typedef int (*segment_fn)(void *ctx, unsigned m, const uint8_t *payload,
+                          size_t size);
+
 /* Walks the marker structure: segments by their lengths, entropy-coded
  * data up to the next marker that is not a stuffed byte or a restart.
  * Returns WALK_TRUNCATED when the data ends before EOI, WALK_NOT_JPEG when
- * it does not start with SOI, else WALK_COMPLETE (also for structures too
- * broken to follow: libjpeg reports those itself). Sets *adobe when an
- * Adobe APP14 segment comes before the first scan, as libjpeg's
- * saw_Adobe_marker. Reads only inside [d, d + n). */
-static int walk(const uint8_t *d, size_t n, int *adobe) {
+ * it does not start with SOI, else WALK_COMPLETE (also when `seg` stops
+ * the walk, and for structures too broken to follow: libjpeg reports
+ * those itself). Reads only inside [d, d + n). */
+static int markers(const uint8_t *d, size_t n, segment_fn seg, void *ctx) {
   size_t pos = 2;
-  int in_header = 1;
-  *adobe = 0;
   if (n < 2 || d[0] != 0xFF || d[1] != 0xD8)
     return WALK_NOT_JPEG;
   for (;;) {
@@ -160,13 +163,11 @@ static int walk(const uint8_t *d, size_t n, int *adobe) {
       return WALK_COMPLETE;
     if (n - pos < len)
       return WALK_TRUNCATED;
-    if (m == 0xEE && in_header && len >= 2 + 12 &&
-        memcmp(d + pos + 2, "Adobe", 5) == 0)
-      *adobe = 1;
+    if (seg(ctx, m, d + pos + 2, len - 2) != 0)
+      return WALK_COMPLETE;
     pos += len;
     if (m != 0xDA)
       continue;
-    in_header = 0;
     /* Entropy-coded data: FF 00 is a stuffed byte, FF D0..D7 a restart. */
     for (;;) {
       const uint8_t *ff = memchr(d + pos, 0xFF, n - pos);
@@ -184,77 +185,67 @@ static int walk(const uint8_t *d, size_t n, int *adobe) {
   }
 }
 
+/* walk()'s visitor: an Adobe APP14 segment before the first scan. */
+typedef struct {
+  int in_header, adobe;
+} adobe_t;
+
+static int adobe_segment(void *ctx, unsigned m, const uint8_t *p,
+                         size_t size) {
+  adobe_t *a = ctx;
+  if (m == 0xEE && a->in_header && size >= 12 && memcmp(p, "Adobe", 5) == 0)
+    a->adobe = 1;
+  if (m == 0xDA)
+    a->in_header = 0;
+  return 0;
+}
+
+/* markers() over the whole image; sets *adobe when an Adobe APP14 segment
+ * comes before the first scan, as libjpeg's saw_Adobe_marker. */
+static int walk(const uint8_t *d, size_t n, int *adobe) {
+  adobe_t a = {1, 0};
+  int rc = markers(d, n, adobe_segment, &a);
+  *adobe = a.adobe;
+  return rc;
+}
+
 /* What the markers say an image will cost (survey()). */
 typedef struct {
   int have_sof, progressive, ncomp;
   unsigned h, w;
   uint8_t hs[4], vs[4]; /* sampling factors of the first 4 components */
   uint32_t scans;       /* SOS markers seen (counting stops at limit + 1) */
+  uint32_t max_scans;
 } survey_t;
 
-/* Walks the markers as walk() does, reading the frame header and counting
- * scans, up to EOI, the end of the data or `max_scans` + 1 scans. A file
- * libjpeg cannot follow stops the walk early: libjpeg fails on it too.
- * Reads only inside [d, d + n). */
-static void survey(const uint8_t *d, size_t n, uint32_t max_scans,
-                   survey_t *s) {
-  size_t pos = 2;
-  memset(s, 0, sizeof(*s));
-  if (n < 2 || d[0] != 0xFF || d[1] != 0xD8)
-    return;
-  for (;;) {
-    unsigned m;
-    size_t len;
-    while (pos < n && d[pos] != 0xFF)
-      pos++;
-    while (pos < n && d[pos] == 0xFF)
-      pos++;
-    if (pos >= n)
-      return;
-    m = d[pos++];
-    if (m == 0xD9)
-      return;
-    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7))
-      continue;
-    if (n - pos < 2)
-      return;
-    len = (size_t)d[pos] << 8 | d[pos + 1];
-    if (len < 2 || n - pos < len)
-      return;
-    /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC). */
-    if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC &&
-        !s->have_sof && len >= 8) {
-      const uint8_t *f = d + pos + 2;
-      s->have_sof = 1;
-      s->progressive = (m & 3) == 2; /* SOF2, SOF6, SOF10, SOF14 */
-      s->h = (unsigned)f[1] << 8 | f[2];
-      s->w = (unsigned)f[3] << 8 | f[4];
-      s->ncomp = f[5];
-      for (int c = 0; c < s->ncomp && c < 4 && 8 + 3 * (size_t)c + 1 < len;
-           c++) {
-        s->hs[c] = f[6 + 3 * c + 1] >> 4;
-        s->vs[c] = f[6 + 3 * c + 1] & 15;
-      }
-    }
-    pos += len;
-    if (m != 0xDA)
-      continue;
-    if (++s->scans > max_scans && max_scans > 0)
-      return;
-    for (;;) {
-      const uint8_t *ff = memchr(d + pos, 0xFF, n - pos);
-      if (ff == NULL)
-        return;
-      pos = (size_t)(ff - d);
-      if (n - pos < 2)
-        return;
-      if (d[pos + 1] == 0x00 || (d[pos + 1] >= 0xD0 && d[pos + 1] <= 0xD7)) {
-        pos += 2;
-        continue;
-      }
-      break;
+static int survey_segment(void *ctx, unsigned m, const uint8_t *f,
+                          size_t size) {
+  survey_t *s = ctx;
+  /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC). */
+  if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC &&
+      !s->have_sof && size >= 6) {
+    s->have_sof = 1;
+    s->progressive = (m & 3) == 2; /* SOF2, SOF6, SOF10, SOF14 */
+    s->h = (unsigned)f[1] << 8 | f[2];
+    s->w = (unsigned)f[3] << 8 | f[4];
+    s->ncomp = f[5];
+    for (int c = 0; c < s->ncomp && c < 4 && 6 + 3 * (size_t)c + 1 < size;
+         c++) {
+      s->hs[c] = f[6 + 3 * c + 1] >> 4;
+      s->vs[c] = f[6 + 3 * c + 1] & 15;
     }
   }
+  return m == 0xDA && ++s->scans > s->max_scans && s->max_scans > 0;
+}
+
+/* Walks the markers, reading the frame header and counting scans, up to
+ * EOI, the end of the data or `max_scans` + 1 scans. A file libjpeg
+ * cannot follow stops the walk early: libjpeg fails on it too. */
+static void survey(const uint8_t *d, size_t n, uint32_t max_scans,
+                   survey_t *s) {
+  memset(s, 0, sizeof(*s));
+  s->max_scans = max_scans;
+  (void)markers(d, n, survey_segment, s);
 }
 
 /* The decode's memory for `s` (see ferry_jpeg_limits_t). */
