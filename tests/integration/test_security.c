@@ -143,6 +143,19 @@ static int get_status(ferry_rpc_channel_t *ch, int *workers, char *msg,
   return rc;
 }
 
+/* Polls GetStatus (bounded: 10 s) until `n` workers are alive; returns
+ * how many were. */
+static int wait_alive(ferry_rpc_channel_t *ch, int n) {
+  int alive = 0;
+  double until = hx_now_ms() + 10000;
+  while (hx_now_ms() < until) {
+    if (get_status(ch, &alive, NULL, 0) == 0 && alive == n)
+      break;
+    usleep(50000); /* polling a condition, bounded by `until` */
+  }
+  return alive;
+}
+
 /* A secured dispatcher and `n` secured workers, all registered. */
 static void secure_cluster(int n) {
   char why[512];
@@ -156,13 +169,7 @@ static void secure_cluster(int n) {
                  "%s", why);
   ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), C("client.pem"),
                                     C("client.key"), C("status.token"));
-  int alive = 0;
-  double until = hx_now_ms() + 10000;
-  while (hx_now_ms() < until) {
-    if (get_status(ch, &alive, NULL, 0) == 0 && alive == n)
-      break;
-    usleep(50000); /* polling a condition, bounded by `until` */
-  }
+  int alive = wait_alive(ch, n);
   ferry_rpc_channel_free(ch);
   if (alive != n)
     hx_dump_logs();
@@ -293,13 +300,7 @@ Test(security, tls_without_a_ca_serves) {
   cr_assert_eq(hx_start_worker(&W[0], D->addr, &w, why, sizeof(why)), 0,
                "%s", why);
   ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), NULL, NULL, NULL);
-  int alive = 0;
-  double until = hx_now_ms() + 10000;
-  while (hx_now_ms() < until) {
-    if (get_status(ch, &alive, NULL, 0) == 0 && alive == 1)
-      break;
-    usleep(50000); /* polling a condition, bounded by `until` */
-  }
+  int alive = wait_alive(ch, 1);
   ferry_rpc_channel_free(ch);
   if (alive != 1)
     hx_dump_logs();
@@ -385,13 +386,7 @@ Test(security, a_certificate_not_naming_the_worker_is_reported) {
                "%s", why);
   ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), C("client.pem"),
                                     C("client.key"), C("status.token"));
-  int alive = 0;
-  double until = hx_now_ms() + 10000;
-  while (hx_now_ms() < until) {
-    if (get_status(ch, &alive, NULL, 0) == 0 && alive == 2)
-      break;
-    usleep(50000); /* polling a condition, bounded by `until` */
-  }
+  int alive = wait_alive(ch, 2);
   cr_assert_eq(alive, 2, "%d of 2 TLS workers registered within 10 s",
                alive);
 
