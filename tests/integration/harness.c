@@ -1285,3 +1285,73 @@ out:
   free(buf);
   return rc;
 }
+
+/* ---- Running programs ---------------------------------------------------- */
+
+char *hx_slurp(const char *path) {
+  enum { CAP = 1 << 20 };
+  FILE *f = fopen(path, "r");
+  char *buf = calloc(1, CAP);
+  if (f != NULL && buf != NULL) {
+    size_t n = fread(buf, 1, CAP - 1, f);
+    buf[n] = '\0';
+  }
+  if (f != NULL)
+    fclose(f);
+  return buf;
+}
+
+int hx_run_capture(char *const *argv, int wait_ms, hx_run_t *r) {
+  static int seq;
+  char outp[600], errp[600];
+  memset(r, 0, sizeof(*r));
+  r->status = -1;
+  snprintf(outp, sizeof(outp), "%s/run-%d.out", hx_tmpdir(), seq);
+  snprintf(errp, sizeof(errp), "%s/run-%d.err", hx_tmpdir(), seq++);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  pid_t pid;
+  double t0 = hx_now_ms();
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0)
+    return rc;
+  int st = 0;
+  for (;;) {
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid)
+      break;
+    if (hx_now_ms() - t0 > wait_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      st = -1;
+      break;
+    }
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL); /* polling a child's exit, bounded above */
+  }
+  r->ms = hx_now_ms() - t0;
+  r->status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r->out = hx_slurp(outp);
+  r->err = hx_slurp(errp);
+  return 0;
+}
+
+void hx_run_free(hx_run_t *r) {
+  free(r->out);
+  free(r->err);
+  r->out = r->err = NULL;
+}
+
+int hx_make_certs(const char *script, char *dir, size_t cap) {
+  char cmd[1400];
+  snprintf(dir, cap, "%s/certs", hx_tmpdir());
+  snprintf(cmd, sizeof(cmd), "bash %s %s >/dev/null", script, dir);
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

@@ -82,6 +82,30 @@ typedef struct hx_ids_s {
  * hx_reap_all unless FERRY_IT_KEEP is set). */
 const char *hx_tmpdir(void);
 
+/* What hx_run_capture saw of a program: its exit status (-1 when killed
+ * or not started), its stdout and stderr (malloc'ed, NUL-terminated, the
+ * first MiB of each) and the time from its start to its exit. */
+typedef struct hx_run_s {
+  int status;
+  char *out, *err;
+  double ms;
+} hx_run_t;
+
+/* Runs argv (NULL-terminated; argv[0] a path) with stdin from /dev/null
+ * and stdout and stderr captured in files under hx_tmpdir(), waiting at
+ * most `wait_ms` (then SIGKILL). Returns 0, or posix_spawn's error (then
+ * r->status is -1). Free with hx_run_free. */
+int hx_run_capture(char *const *argv, int wait_ms, hx_run_t *r);
+/* The first MiB of the file at `path`, NUL-terminated and malloc'ed (an
+ * empty string when it cannot be read; NULL only without memory). */
+char *hx_slurp(const char *path);
+void hx_run_free(hx_run_t *r);
+
+/* Makes the tests' certificates with make_certs.sh (`script`) in
+ * hx_tmpdir()/certs, written into `dir`. Returns 0, 77 when openssl is
+ * missing, else the script's exit status. */
+int hx_make_certs(const char *script, char *dir, size_t cap);
+
 /* Milliseconds on the monotonic clock. */
 double hx_now_ms(void);
 

@@ -32,67 +32,18 @@ extern char **environ;
 
 HX_SUITE(ctl_errors, 120, NULL, NULL);
 
-typedef struct out_s {
-  int status; /* exit status; -1 when killed or not run */
-  char *out, *err;
-} out_t;
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  char *buf = calloc(1, 1 << 16);
-  if (f != NULL && buf != NULL) {
-    size_t n = fread(buf, 1, (1 << 16) - 1, f);
-    buf[n] = '\0';
-  }
-  if (f != NULL)
-    fclose(f);
-  return buf;
-}
+typedef hx_run_t out_t;
 
 /* Runs argv (NULL-terminated) with stdout and stderr in files, waiting at
  * most `wait_ms` (then SIGKILL). */
 static out_t run(int wait_ms, char *const *argv) {
-  static int seq;
-  char outp[600], errp[600];
-  out_t r = {.status = -1};
-  snprintf(outp, sizeof(outp), "%s/run-%d.out", hx_tmpdir(), seq);
-  snprintf(errp, sizeof(errp), "%s/run-%d.err", hx_tmpdir(), seq++);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  pid_t pid;
-  double t0 = hx_now_ms();
-  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
+  out_t r;
+  int rc = hx_run_capture(argv, wait_ms, &r);
   cr_assert_eq(rc, 0, "cannot run %s: %s", argv[0], strerror(rc));
-  int st = 0;
-  for (;;) {
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid)
-      break;
-    if (hx_now_ms() - t0 > wait_ms) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      st = -1;
-      break;
-    }
-    struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL); /* polling a child's exit, bounded above */
-  }
-  r.status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(outp);
-  r.err = slurp(errp);
   return r;
 }
 
-static void out_free(out_t *r) {
-  free(r->out);
-  free(r->err);
-}
+static void out_free(out_t *r) { hx_run_free(r); }
 
 static char certs[600];
 
@@ -105,15 +56,10 @@ static const char *C(const char *name) {
 }
 
 static void make_certs(void) {
-  char cmd[1400];
-  snprintf(certs, sizeof(certs), "%s/certs", hx_tmpdir());
-  snprintf(cmd, sizeof(cmd), "bash %s %s >/dev/null", FERRY_IT_CERTS_SCRIPT,
-           certs);
-  int st = system(cmd);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+  int st = hx_make_certs(FERRY_IT_CERTS_SCRIPT, certs, sizeof(certs));
+  if (st == 77)
     cr_skip_test("openssl is not installed: no certificates to test with");
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-            "make_certs.sh failed (status %d)", st);
+  cr_assert_eq(st, 0, "make_certs.sh failed (status %d)", st);
 }
 
 /* gRPC said "did not answer ... Socket closed" (exit 3) and nothing about
@@ -196,7 +142,7 @@ Test(ctl_errors, worker_names_why_its_dispatcher_is_unreachable) {
     bool found = false;
     for (double until = hx_now_ms() + 15000; !found && hx_now_ms() < until;) {
       free(log);
-      log = slurp(w->log);
+      log = hx_slurp(w->log);
       found = log != NULL && strstr(log, "unreachable") != NULL &&
               strstr(log, cases[i].says) != NULL;
       if (!found) {

@@ -48,75 +48,24 @@ HX_SUITE(operator, 180, reset, NULL);
 
 /* ---- Running ferryctl --------------------------------------------------- */
 
-typedef struct ctl_s {
-  int status;     /* exit status; -1 when killed or not run */
-  char *out;      /* stdout, NUL-terminated */
-  char *err;      /* stderr, NUL-terminated */
-  double ms;      /* from spawn to exit */
-} ctl_t;
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  char *buf = calloc(1, 1 << 20);
-  if (f != NULL && buf != NULL) {
-    size_t n = fread(buf, 1, (1 << 20) - 1, f);
-    buf[n] = '\0';
-  }
-  if (f != NULL)
-    fclose(f);
-  return buf;
-}
+typedef hx_run_t ctl_t;
 
 /* Runs ferryctl with `args` (NULL-terminated, after the program name),
  * waiting at most `wait_ms` (then SIGKILL). */
 static ctl_t ctl(int wait_ms, const char *const *args) {
-  static int seq;
-  char outp[600], errp[600];
   char *argv[32];
   int n = 0;
-  ctl_t r = {.status = -1};
+  ctl_t r;
   argv[n++] = (char *)hx_ferryctl_bin();
   for (; args[n - 1] != NULL && n < 31; n++)
     argv[n] = (char *)args[n - 1];
   argv[n] = NULL;
-  snprintf(outp, sizeof(outp), "%s/ctl-%d.out", hx_tmpdir(), seq);
-  snprintf(errp, sizeof(errp), "%s/ctl-%d.err", hx_tmpdir(), seq++);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  pid_t pid;
-  double t0 = hx_now_ms();
-  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
+  int rc = hx_run_capture(argv, wait_ms, &r);
   cr_assert_eq(rc, 0, "cannot run %s: %s", argv[0], strerror(rc));
-  int st = 0;
-  for (;;) {
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid)
-      break;
-    if (hx_now_ms() - t0 > wait_ms) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      st = -1;
-      break;
-    }
-    struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL); /* polling a child's exit, bounded above */
-  }
-  r.ms = hx_now_ms() - t0;
-  r.status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(outp);
-  r.err = slurp(errp);
   return r;
 }
 
-static void ctl_free(ctl_t *r) {
-  free(r->out);
-  free(r->err);
-}
+static void ctl_free(ctl_t *r) { hx_run_free(r); }
 
 /* Every line of `text` is one valid JSON document with "schema": 1;
  * returns the number of lines. */
