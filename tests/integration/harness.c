@@ -1348,10 +1348,33 @@ void hx_run_free(hx_run_t *r) {
   r->out = r->err = NULL;
 }
 
-int hx_make_certs(const char *script, char *dir, size_t cap) {
+static char certs_dir[600];
+
+int hx_make_certs(const char *script) {
   char cmd[1400];
-  snprintf(dir, cap, "%s/certs", hx_tmpdir());
-  snprintf(cmd, sizeof(cmd), "bash %s %s >/dev/null", script, dir);
+  snprintf(certs_dir, sizeof(certs_dir), "%s/certs", hx_tmpdir());
+  snprintf(cmd, sizeof(cmd), "bash %s %s >/dev/null", script, certs_dir);
   int st = system(cmd);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+const char *hx_cert(const char *name) {
+  static char buf[16][700];
+  static int i;
+  char *b = buf[i++ % 16];
+  snprintf(b, sizeof(buf[0]), "%s/%s", certs_dir, name);
+  return b;
+}
+
+const char *hx_write_token(const char *name, const char *value) {
+  static char paths[4][600];
+  static int k;
+  char *p = paths[k++ % 4];
+  snprintf(p, sizeof(paths[0]), "%s/%s", hx_tmpdir(), name);
+  FILE *f = fopen(p, "w");
+  if (f == NULL)
+    return NULL;
+  int ok = fprintf(f, "%s\n", value) > 0;
+  ok = fclose(f) == 0 && ok && chmod(p, 0600) == 0;
+  return ok ? p : NULL;
 }

@@ -102,9 +102,14 @@ char *hx_slurp(const char *path);
 void hx_run_free(hx_run_t *r);
 
 /* Makes the tests' certificates with make_certs.sh (`script`) in
- * hx_tmpdir()/certs, written into `dir`. Returns 0, 77 when openssl is
- * missing, else the script's exit status. */
-int hx_make_certs(const char *script, char *dir, size_t cap);
+ * hx_tmpdir()/certs. Returns 0, 77 when openssl is missing, else the
+ * script's exit status. */
+int hx_make_certs(const char *script);
+/* DIR/NAME in hx_make_certs's directory (static, 16 rotating buffers). */
+const char *hx_cert(const char *name);
+/* Writes `value` and a newline to hx_tmpdir()/NAME, mode 0600, as a token
+ * file. Returns its path (static, 4 rotating buffers), NULL on failure. */
+const char *hx_write_token(const char *name, const char *value);
 
 /* Milliseconds on the monotonic clock. */
 double hx_now_ms(void);

@@ -45,18 +45,10 @@ static out_t run(int wait_ms, char *const *argv) {
 
 static void out_free(out_t *r) { hx_run_free(r); }
 
-static char certs[600];
-
-static const char *C(const char *name) {
-  static char buf[8][700];
-  static int i;
-  char *b = buf[i++ % 8];
-  snprintf(b, sizeof(buf[0]), "%s/%s", certs, name);
-  return b;
-}
+static const char *C(const char *name) { return hx_cert(name); }
 
 static void make_certs(void) {
-  int st = hx_make_certs(FERRY_IT_CERTS_SCRIPT, certs, sizeof(certs));
+  int st = hx_make_certs(FERRY_IT_CERTS_SCRIPT);
   if (st == 77)
     cr_skip_test("openssl is not installed: no certificates to test with");
   cr_assert_eq(st, 0, "make_certs.sh failed (status %d)", st);
@@ -160,15 +152,8 @@ Test(ctl_errors, worker_names_why_its_dispatcher_is_unreachable) {
 }
 
 static const char *write_token(const char *name, const char *value) {
-  static char paths[4][600];
-  static int k;
-  char *p = paths[k++ % 4];
-  snprintf(p, 600, "%s/%s", hx_tmpdir(), name);
-  FILE *f = fopen(p, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "%s\n", value);
-  fclose(f);
-  chmod(p, 0600);
+  const char *p = hx_write_token(name, value);
+  cr_assert_not_null(p, "cannot write the token file %s", name);
   return p;
 }
 

@@ -355,15 +355,8 @@ Test(operator, cancel_fails_every_client_within_two_heartbeats) {
 /* ---- Roles -------------------------------------------------------------- */
 
 static const char *write_token(const char *name, const char *value) {
-  static char paths[4][600];
-  static int k;
-  char *p = paths[k++ % 4];
-  snprintf(p, 600, "%s/%s", hx_tmpdir(), name);
-  FILE *f = fopen(p, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "%s\n", value);
-  fclose(f);
-  chmod(p, 0600);
+  const char *p = hx_write_token(name, value);
+  cr_assert_not_null(p, "cannot write the token file %s", name);
   return p;
 }
 

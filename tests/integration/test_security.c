@@ -27,7 +27,6 @@
 
 static hx_proc_t *D;
 static hx_proc_t *W[2];
-static char certs[600];
 
 static void reset(void) {
   D = NULL;
@@ -42,16 +41,10 @@ static void cleanup(void) {
 HX_SUITE(security, 120, reset, cleanup);
 
 /* DIR/NAME of the certificate directory (static rotating buffers). */
-static const char *C(const char *name) {
-  static char buf[16][700];
-  static int i;
-  char *b = buf[i++ % 16];
-  snprintf(b, sizeof(buf[0]), "%s/%s", certs, name);
-  return b;
-}
+static const char *C(const char *name) { return hx_cert(name); }
 
 static void make_certs(void) {
-  int st = hx_make_certs(FERRY_IT_CERTS_SCRIPT, certs, sizeof(certs));
+  int st = hx_make_certs(FERRY_IT_CERTS_SCRIPT);
   if (st == 77)
     cr_skip_test("openssl is not installed: no certificates to test with");
   cr_assert_eq(st, 0, "make_certs.sh failed (status %d)", st);
