@@ -43,6 +43,24 @@ static row_t *leased_row(ferry_disp_t *d, const worker_t *w,
   return &j->rows[r];
 }
 
+/* The row of a task whose lease ended without a new one (its client left
+ * or gave the split up, and no worker holds it since): lease generations
+ * are the row's own and never reused, so a report naming that lease comes
+ * from the worker that held it. NULL otherwise. */
+static row_t *released_row(ferry_disp_t *d, const Ferry__V1__TaskProgress *t,
+                           job_t **jout) {
+  job_t *j = ferry__disp_find_job(d, t->job_id);
+  int64_t r;
+  if (j == NULL || !RUNNING(j) || PAR(j) || t->epoch != j->epoch ||
+      (r = ferry__disp_row_index(j, t->split, 0)) < 0)
+    return NULL;
+  row_t *row = &j->rows[r];
+  if (row->worker != 0 || row->lease != t->lease || row->done)
+    return NULL;
+  *jout = j;
+  return row;
+}
+
 /* Errors, skipped counts and finished totals of the worker's live tasks. */
 static void record_tasks(ferry_disp_t *d, worker_t *w,
                          const Ferry__V1__WorkerHeartbeatRequest *req) {
@@ -51,6 +69,16 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
     job_t *j = NULL;
     row_t *row = leased_row(d, w, t, &j);
     uint32_t r;
+    if (row == NULL && t->error_code != 0 && !t->worker_fault &&
+        released_row(d, t, &j) != NULL) {
+      /* A data error of a lease that ended before this report arrived
+       * (the client saw the error chunk and left at once): the data is
+       * bad whoever reads it next, so the job fails as it would have. */
+      ferry__disp_emit_job_failed(d, j, t->error_code,
+                                  t->error[0] ? t->error
+                                              : ferry_strerror(t->error_code));
+      continue;
+    }
     if (row == NULL) {
       /* Issue 8: a worker reports only on leases it holds. A fault it
        * gave back is reported until the answer cancels the task. */

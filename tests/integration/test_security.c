@@ -801,8 +801,17 @@ Test(security, job_errors_are_shown_to_the_status_credential_only) {
   cr_assert(strstr(err.msg, "data-000") != NULL,
             "the job's client gets the whole error: %s", err.msg);
   ferry_client_free(c);
+  /* The client may learn the error from its stream (the worker's error
+   * chunk) before the dispatcher hears of it from the worker's next
+   * heartbeat: wait for the job to be failed there, bounded. */
   char seen[600];
-  job_error("status.token", seen, sizeof(seen));
+  double until = hx_now_ms() + 5000;
+  do {
+    job_error("status.token", seen, sizeof(seen));
+    if (strstr(seen, "data-000") != NULL)
+      break;
+    usleep(20000); /* polling a condition, bounded by `until` */
+  } while (hx_now_ms() < until);
   cr_assert(strstr(seen, "data-000") != NULL, "status: %s", seen);
   job_error("client.token", seen, sizeof(seen));
   cr_assert(strstr(seen, "data-000") == NULL && strstr(seen, "hidden"),
