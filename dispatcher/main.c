@@ -82,7 +82,8 @@ static const ferry_option_t options[] = {
         86400000, NULL,
         "a split whose worker saw no stream of its client this long is "
         "marked unread; the client gives it back to the pool if it took "
-        "no record of it (0: never)"),
+        "no record of it, and a client that keeps it unread twice this "
+        "long loses its splits as a stalled one (0: never)"),
     OPT("client-timeout-ms", FERRY_OPT_INT, client_timeout_ms, "10000", 1,
         86400000, NULL, "a client without heartbeat this long is lost"),
     OPT("job-gc-ms", FERRY_OPT_INT, job_gc_ms, "60000", 0, 86400000, NULL,

@@ -438,6 +438,11 @@ void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
                                           client_t *c, uint64_t stalled_ms,
                                           const char *source);
 
+/* The same, whatever --client-stall-ms: `c` (may be NULL) has not read
+ * `source` for `stalled_ms`, logged as a warning once. */
+void ferry__disp_stop_renewing(const job_t *j, client_t *c,
+                               uint64_t stalled_ms, const char *source);
+
 /* Re-leases row `r`, whose current lease cannot complete. The worker that
  * held it is suspected until it heartbeats again, and the row avoids it
  * for a backoff that doubles with each restart in a row (100 ms up to the

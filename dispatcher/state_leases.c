@@ -351,8 +351,15 @@ void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
 void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
                                           client_t *c, uint64_t stalled_ms,
                                           const char *source) {
-  if (d->cfg.client_stall_ms <= 0 || c == NULL || !c->active || c->no_renew ||
+  if (d->cfg.client_stall_ms <= 0 ||
       stalled_ms < (uint64_t)d->cfg.client_stall_ms)
+    return;
+  ferry__disp_stop_renewing(j, c, stalled_ms, source);
+}
+
+void ferry__disp_stop_renewing(const job_t *j, client_t *c,
+                               uint64_t stalled_ms, const char *source) {
+  if (c == NULL || !c->active || c->no_renew)
     return;
   c->no_renew = true;
   FERRY_LOG(FERRY_LOG_WARN,

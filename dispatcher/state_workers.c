@@ -99,6 +99,16 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       if (act != NULL)
         act->unread_lease =
             t->unread_ms >= (uint64_t)d->cfg.client_idle_ms ? row->lease : 0;
+      /* Still no stream a whole --client-idle-ms after the mark, and the
+       * split not given back: not a libferry client that can give it
+       * back (one that never opens a stream, or that holds records of
+       * it it will not hand out). It loses its splits as a stalled
+       * client does, or one such client would hold them from the
+       * other clients of its job for ever. */
+      if (t->unread_ms >= 2 * (uint64_t)d->cfg.client_idle_ms)
+        ferry__disp_stop_renewing(j, ferry__disp_find_client(j, row->client),
+                                  t->unread_ms,
+                                  "a split on a worker that saw no stream of it");
     }
     if (t->stalled_ms > 0)
       ferry__disp_stop_renewing_if_stalled(

@@ -14,11 +14,17 @@
  * alone and then next to the idle jobs. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ferry/alloc.h"
+#include "ferry/rpc.h"
+#include "ferry/rpc_methods.h"
+#include "ferry/spec.h"
+#include "ferry/v1/dispatcher.pb-c.h"
 #include "harness.h"
 #include "it_cluster.h"
 
@@ -161,4 +167,207 @@ Test(idle_jobs, idle_clients_hold_no_worker) {
                 "jobs", top, bound, n_idle);
   hx_dataset_free(&real);
   hx_dataset_free(&idle);
+}
+
+/* ---- A client that is not libferry ------------------------------------ */
+
+/* It joins a named job through the dispatcher's RPCs as libferry does,
+ * then heartbeats every 50 ms asking for splits, and never opens a stream,
+ * reports progress or gives a split back; a fenced answer changes
+ * nothing. */
+typedef struct hostile_s {
+  const char *dispatcher, *spec, *job_name;
+  pthread_t th;
+  volatile bool stop;
+  uint64_t job, client;
+  uint8_t secret[64];
+  size_t secret_len;
+  uint32_t beats, held, fenced, errors; /* held: most splits at once */
+  char err[600];
+} hostile_t;
+
+/* Packs `m` and calls `method`; *out is the unpacked answer. */
+static int hostile_call(ferry_rpc_channel_t *ch, const char *method,
+                        const ProtobufCMessage *m,
+                        const ProtobufCMessageDescriptor *answer,
+                        ProtobufCMessage **out, ferry_error_t *err) {
+  size_t len = protobuf_c_message_get_packed_size(m), rlen = 0;
+  uint8_t *buf = malloc(len + 1), *reply = NULL;
+  if (buf == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  protobuf_c_message_pack(m, buf);
+  int rc = ferry_rpc_unary(ch, method, buf, len, 5000,
+                           FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
+  free(buf);
+  if (rc != 0)
+    return rc;
+  *out = protobuf_c_message_unpack(answer, NULL, rlen, reply);
+  ferry_free(reply);
+  return *out != NULL ? 0
+                      : ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: bad "
+                                      "answer", method);
+}
+
+static int hostile_join(hostile_t *h, ferry_rpc_channel_t *ch,
+                        ferry_error_t *err) {
+  Ferry__V1__RegisterDatasetRequest rq =
+      FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
+  Ferry__V1__RegisterDatasetResponse *rr = NULL;
+  ferry_spec_t parsed;
+  uint8_t *packed = NULL;
+  size_t packed_len = 0;
+  int rc = ferry_spec_parse(h->spec, &parsed, err);
+  if (rc != 0)
+    return rc;
+  rc = ferry_spec_pack(&parsed, &packed, &packed_len);
+  ferry_spec_close(&parsed);
+  if (rc != 0)
+    return ferry__seterr(err, rc, "ferry_spec_pack: %s", ferry_strerror(rc));
+  rq.spec = ferry__v1__pipeline_spec__unpack(NULL, packed_len, packed);
+  ferry_free(packed);
+  if (rq.spec == NULL)
+    return ferry__seterr(err, FERRY_ENOMEM, "unpack the spec");
+  rc = hostile_call(ch, FERRY_METHOD_REGISTER_DATASET, &rq.base,
+                    &ferry__v1__register_dataset_response__descriptor,
+                    (ProtobufCMessage **)&rr, err);
+  ferry__v1__pipeline_spec__free_unpacked(rq.spec, NULL);
+  if (rc != 0)
+    return rc;
+  Ferry__V1__GetOrCreateJobRequest jq =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions jo = FERRY__V1__JOB_OPTIONS__INIT;
+  Ferry__V1__GetOrCreateJobResponse *jr = NULL;
+  jq.dataset_id = rr->dataset_id;
+  jq.options = &jo;
+  jo.job_name = (char *)h->job_name;
+  jo.mode = FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH;
+  jo.num_epochs = 1;
+  rc = hostile_call(ch, FERRY_METHOD_GET_OR_CREATE_JOB, &jq.base,
+                    &ferry__v1__get_or_create_job_response__descriptor,
+                    (ProtobufCMessage **)&jr, err);
+  protobuf_c_message_free_unpacked(&rr->base, NULL);
+  if (rc != 0)
+    return rc;
+  h->job = jr->job_id;
+  h->client = jr->client_id;
+  h->secret_len = jr->client_secret.len <= sizeof(h->secret)
+                      ? jr->client_secret.len
+                      : 0;
+  memcpy(h->secret, jr->client_secret.data, h->secret_len);
+  protobuf_c_message_free_unpacked(&jr->base, NULL);
+  return 0;
+}
+
+static void *hostile_main(void *arg) {
+  hostile_t *h = arg;
+  ferry_rpc_options_t ro = {0};
+  ferry_rpc_channel_t *ch = NULL;
+  ferry_error_t err = {0};
+  if (ferry_rpc_channel_new(h->dispatcher, &ro, &ch, &err) != 0 ||
+      hostile_join(h, ch, &err) != 0) {
+    snprintf(h->err, sizeof(h->err), "%s", err.msg);
+    h->errors++;
+    ferry_rpc_channel_free(ch);
+    return NULL;
+  }
+  while (!h->stop) {
+    Ferry__V1__ClientHeartbeatRequest q =
+        FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
+    Ferry__V1__ClientHeartbeatResponse *r = NULL;
+    q.job_id = h->job;
+    q.client_id = h->client;
+    q.client_secret.data = h->secret;
+    q.client_secret.len = h->secret_len;
+    q.want_splits = 4;
+    if (hostile_call(ch, FERRY_METHOD_CLIENT_HEARTBEAT, &q.base,
+                     &ferry__v1__client_heartbeat_response__descriptor,
+                     (ProtobufCMessage **)&r, &err) == 0) {
+      h->beats++;
+      if (r->n_assignments > h->held)
+        h->held = (uint32_t)r->n_assignments;
+      h->fenced += r->fenced;
+      protobuf_c_message_free_unpacked(&r->base, NULL);
+    } else {
+      snprintf(h->err, sizeof(h->err), "%s", err.msg);
+      h->errors++;
+    }
+    usleep(50 * 1000);
+  }
+  ferry_rpc_channel_free(ch);
+  return NULL;
+}
+
+/* A client that is not libferry asks for splits in every heartbeat and
+ * never opens a stream nor gives a split back, in a named job it shares
+ * with a real trainer. libferry gives back what its worker saw no stream
+ * for (the answer's `unread` mark); this one does not, so the dispatcher
+ * stops renewing it once a split of it has been unread for twice
+ * --client-idle-ms, and its splits go back to the pool one client timeout
+ * later: the trainer gets the whole epoch, every record once. Before,
+ * they stayed with it for as long as it heartbeat, and the trainer's
+ * epoch never ended. */
+Test(idle_jobs, a_client_that_never_reads_loses_its_splits) {
+  static const char *const dargs[] = {"--client-idle-ms", "500",
+                                      "--records-per-split", "50", NULL};
+  hx_daemon_opts_t dopts = {.client_timeout_ms = 2000, .extra_argv = dargs};
+  hx_dataset_t ds;
+  char spec[1024];
+  cr_assert_eq(hx_make_dataset(&ds, "shared", 4, 200, 8, 8, 3), 0);
+  it_cluster(&D, W, 2, &dopts, NULL);
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+
+  hostile_t h = {.dispatcher = D->addr, .spec = spec, .job_name = "shared"};
+  cr_assert_eq(pthread_create(&h.th, NULL, hostile_main, &h), 0);
+  /* It holds splits before the trainer joins (bounded wait). */
+  double until = hx_now_ms() + 10000;
+  while (__atomic_load_n(&h.held, __ATOMIC_RELAXED) == 0 &&
+         __atomic_load_n(&h.errors, __ATOMIC_RELAXED) == 0 &&
+         hx_now_ms() < until)
+    usleep(20 * 1000);
+
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.job_name = "shared";
+  o.num_epochs = 1;
+  ferry_client_t *c = it_new_client(&o);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  double t0 = hx_now_ms();
+  int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS, NULL, NULL,
+                            &err);
+  double took = hx_now_ms() - t0;
+  h.stop = true;
+  pthread_join(h.th, NULL);
+  fprintf(stderr,
+          "hostile client: held up to %u splits, %u heartbeats (%u answered "
+          "fenced), %u errors%s%s; trainer: epoch end %d after %.0f ms, %zu "
+          "of %d records\n",
+          h.held, h.beats, h.fenced, h.errors,
+          h.errors ? ": " : "", h.err, rc, took, got.n,
+          ds.nfiles * ds.per_file);
+  if (rc != FERRY_EPOCH_END)
+    hx_dump_logs();
+  cr_assert_gt(h.held, 0, "the hostile client got no split: %s", h.err);
+  cr_assert_eq(rc, FERRY_EPOCH_END, "%d after %zu records: %s", rc, got.n,
+               err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(&ds, false, &n);
+  char why[256];
+  cr_assert(hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why)),
+            "%s", why);
+  cr_assert_gt(h.fenced, 0, "the hostile client was never fenced");
+  FILE *f = fopen(D->log, "r");
+  char line[1024];
+  bool warned = false;
+  while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+    warned |= strstr(line, "has not read a split on a worker that saw no "
+                           "stream of it") != NULL;
+  if (f != NULL)
+    fclose(f);
+  cr_assert(warned, "the dispatcher did not say why the client lost its "
+            "splits");
+  ferry_client_free(c);
+  free(want);
+  hx_ids_free(&got);
+  hx_dataset_free(&ds);
 }
