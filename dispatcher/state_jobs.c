@@ -195,6 +195,10 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
     resp->steps_per_epoch = ferry__disp_rank_steps(j);
     resp->rank_records = ferry__disp_rank_quota(j, req->rank);
     resp->dropped_per_epoch = ferry__disp_rank_dropped(j);
+    resp->epoch = j->epoch;
+    resp->rank_taken = j->started && j->rank_taken != NULL
+                           ? j->rank_taken[req->rank]
+                           : 0;
   }
   ferry__disp_arena_allocator(a, &al);
   resp->spec =

@@ -85,6 +85,8 @@ void ferry__asm_close(ferry_client_t *c) {
   ferry__free(c->slots);
   ferry__free(c->queue);
   ferry__free(c->splits);
+  ferry__free(c->pad_image);
+  c->pad_image = NULL;
   c->slots = NULL;
   c->queue = NULL;
   c->splits = NULL;
@@ -514,6 +516,53 @@ static void maybe_flush_locked(ferry_client_t *c) {
   close_fill_locked(c);
 }
 
+/* ---- Ranks: equal steps (issue 21) ------------------------------------- */
+
+/* A ranked job that pads (no drop_remainder): every rank hands out
+ * steps_per_epoch batches per epoch, its last real one filled up and
+ * then, if its real records ran out sooner, batches of no real record. */
+static bool padding(const ferry_client_t *c) {
+  return c->ranked && c->rk_pad;
+}
+
+/* Slots queued of epoch e holding real records. */
+static uint64_t queued_real_locked(const ferry_client_t *c, uint32_t e) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < c->qlen; i++) {
+    const ferry__slot_t *s =
+        &c->slots[c->queue[(c->qhead + i) % c->ap.prefetch]];
+    n += s->epoch == e && s->size > 0 && !s->drop && !s->pad_only;
+  }
+  return n;
+}
+
+/* Whether a slot of `epoch` must wait: the trainer's epoch may still owe
+ * padding batches, which come before any batch of a later epoch. */
+static bool pad_gate_locked(const ferry_client_t *c, uint32_t epoch) {
+  return padding(c) && c->hb_seen && epoch > c->cur_epoch &&
+         c->rk_handed + queued_real_locked(c, c->cur_epoch) <
+             c->steps_per_epoch;
+}
+
+/* Fills a closed, fully copied slot of fewer than batch_size real records
+ * (a rank's last of the epoch) up to batch_size by repeating its own
+ * records, before it is prepared; num_real keeps the real count. */
+static void pad_partial_locked(ferry_client_t *c, ferry__slot_t *s) {
+  uint32_t b = c->ap.batch_size, n = s->size;
+  if (!padding(c) || s->padded || s->drop || n == 0 || n >= b ||
+      s->state != FERRY__SLOT_CLOSED || s->copied != n)
+    return;
+  size_t rb = c->record_bytes;
+  for (uint32_t i = n; i < b; i++) {
+    memcpy(s->images + (size_t)i * rb, s->images + (size_t)(i % n) * rb, rb);
+    s->labels[i] = s->labels[i % n];
+    s->ids[i] = s->ids[i % n];
+  }
+  s->num_real = n;
+  s->padded = true;
+  s->size = s->copied = b;
+}
+
 /* Makes c->fill a slot of `epoch` taking reservations, waiting for a free
  * slot if needed. Returns false when the client stops or failed. */
 static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
@@ -523,7 +572,8 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
   while (c->fill < 0) {
     if (c->stopping || c->fail_code != 0 || (stop != NULL && *stop))
       return false;
-    for (uint32_t i = 0; i < c->ap.prefetch; i++) {
+    for (uint32_t i = 0; i < c->ap.prefetch && !pad_gate_locked(c, epoch);
+         i++) {
       ferry__slot_t *s = &c->slots[i];
       if (s->state != FERRY__SLOT_FREE)
         continue;
@@ -531,6 +581,8 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       s->size = s->copied = s->n_segs = 0;
       s->epoch = epoch;
       s->drop = false;
+      s->padded = s->pad_only = false;
+      s->num_real = 0;
       s->prepared = c->stg_mode == FERRY__STG_RAW;
       s->preparing = false;
       c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
@@ -604,6 +656,10 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
               (unsigned long long)ch->lease);
     goto out;
   }
+  /* Issue 21: the binding was cut and this client has all of its range:
+   * the rest of the split is another rank's. */
+  if (s->cut > 0 && s->received >= s->cut)
+    goto out;
   /* Records of this lease are being taken: it is not given up now. */
   if (ch->count > 0 && ch->lease > s->got_lease)
     s->got_lease = ch->lease;
@@ -623,10 +679,13 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
   if (ch->lease > s->lease)
     s->lease = ch->lease;
   if (ch->last) {
+    s->last_total = ch->first + ch->count;
     s->has_total = true;
-    s->total = ch->first + ch->count;
+    s->total = s->cut > 0 && s->cut < s->last_total ? s->cut : s->last_total;
   }
   uint64_t end = ch->first + ch->count;
+  if (s->cut > 0 && end > s->cut)
+    end = s->cut;
   for (;;) {
     /* Re-read after every unlock: another reader may have taken the same
      * positions from a re-leased duplicate meanwhile. */
@@ -688,6 +747,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
     }
     free_discarded_locked(c, slot);
     if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
+      pad_partial_locked(c, slot);
       /* The reader that completes a batch augments it (or enqueues it on
        * the device) right away, in parallel with the trainer. */
       if (!slot->prepared && !slot->preparing && !slot->drop &&
@@ -737,8 +797,15 @@ static void apply_locked(ferry_client_t *c,
   }
   c->have_incarnation = true;
   c->incarnation = r->incarnation;
-  if (!c->hb_seen)
+  if (!c->hb_seen) {
     c->cur_epoch = r->epoch;
+    /* The rank's steps taken before this client joined count only for
+     * the epoch they were taken in. */
+    if (c->rk_epoch != c->cur_epoch) {
+      c->rk_epoch = c->cur_epoch;
+      c->rk_handed = 0;
+    }
+  }
   c->hb_seen = true;
   c->job_state = r->state;
   c->d_epoch = r->epoch;
@@ -806,6 +873,15 @@ static void apply_locked(ferry_client_t *c,
     if (s->restart == FERRY__RESTART_SENT && a->lease > s->restart_lease) {
       s->restart = FERRY__RESTART_NONE;
       s->restart_current = false;
+    }
+    /* Issue 21: a binding cut for this rank ends at `end`; the split's
+     * own total (its last chunk's, else the scan's) ends it otherwise. */
+    if (a->end != s->cut) {
+      s->cut = a->end;
+      uint64_t whole = s->last_total > 0 ? s->last_total : a->num_records;
+      s->has_total = s->cut > 0 || whole > 0;
+      s->total = s->cut > 0 && (whole == 0 || s->cut < whole) ? s->cut
+                                                               : whole;
     }
     /* A total from the split's last chunk wins: under policy skip it is
      * below the scan's count. */
@@ -910,6 +986,101 @@ static void pop_locked(ferry_client_t *c) {
   c->qlen--;
 }
 
+/* Whether epoch e can bring this rank no more records: the dispatcher
+ * has none left to bind to it (a later epoch runs, or the rank's quota
+ * is all bound), every split it holds in e is fully received, and no
+ * slot of e is still queued. */
+static bool rank_epoch_over_locked(const ferry_client_t *c, uint32_t e) {
+  if (!c->hb_seen || !(c->d_epoch > e || (c->d_epoch == e && c->d_exhausted)))
+    return false;
+  for (size_t i = 0; i < c->n_splits; i++)
+    if (c->splits[i].epoch == e && !fully_received(&c->splits[i]))
+      return false;
+  return !pending_locked(c, e);
+}
+
+/* Whether the trainer's epoch still owes this rank batches of no real
+ * record: fewer than steps_per_epoch handed out, in an epoch the job has
+ * (num_epochs -1: forever). */
+static bool owes_pad_locked(const ferry_client_t *c) {
+  return padding(c) && c->rk_handed < c->steps_per_epoch &&
+         (c->num_epochs < 0 || c->cur_epoch < (uint64_t)c->num_epochs);
+}
+
+/* ferry_next returns FERRY_EPOCH_END: the rank's count starts over. */
+static void epoch_end_locked(ferry_client_t *c) {
+  c->cur_epoch++;
+  c->rk_epoch = c->cur_epoch;
+  c->rk_handed = 0;
+  pthread_cond_broadcast(&c->space_cv); /* pad_gate_locked may open */
+}
+
+/* A batch of no real record for the trainer's epoch, in a free slot (NULL:
+ * none is free): batch_size copies of pad_image (zeros before any record
+ * was handed out). */
+static ferry__slot_t *pad_slot_locked(ferry_client_t *c) {
+  ferry__slot_t *s = NULL;
+  for (uint32_t i = 0; i < c->ap.prefetch && s == NULL; i++)
+    if (c->slots[i].state == FERRY__SLOT_FREE)
+      s = &c->slots[i];
+  if (s == NULL)
+    return NULL;
+  uint32_t b = c->ap.batch_size;
+  size_t rb = c->record_bytes;
+  s->state = FERRY__SLOT_CLOSED;
+  s->size = s->copied = b;
+  s->n_segs = 0;
+  s->epoch = c->cur_epoch;
+  s->drop = false;
+  s->padded = s->pad_only = true;
+  s->num_real = 0;
+  s->prepared = c->stg_mode == FERRY__STG_RAW;
+  s->preparing = false;
+  for (uint32_t i = 0; i < b; i++) {
+    if (c->has_pad_rec)
+      memcpy(s->images + (size_t)i * rb, c->pad_image, rb);
+    else
+      memset(s->images + (size_t)i * rb, 0, rb);
+    s->labels[i] = c->has_pad_rec ? c->pad_label : 0;
+    s->ids[i] = c->has_pad_rec ? c->pad_id : 0;
+  }
+  s->index = c->next_index++;
+  return s;
+}
+
+/* Keeps a copy of the batch's first record: what batches of no real
+ * record repeat. */
+static void keep_pad_record_locked(ferry_client_t *c, const ferry__slot_t *s) {
+  if (!padding(c) || s->pad_only || s->size == 0)
+    return;
+  if (c->pad_image == NULL &&
+      (c->pad_image = ferry__malloc(c->record_bytes)) == NULL)
+    return; /* the next batch tries again; zeros meanwhile */
+  memcpy(c->pad_image, s->images, c->record_bytes);
+  c->pad_label = s->labels[0];
+  c->pad_id = s->ids[0];
+  c->has_pad_rec = true;
+}
+
+/* Hands slot s out to the trainer. */
+static void hand_out_locked(ferry_client_t *c, ferry__slot_t *s,
+                            const ferry_batch_t **batch) {
+  uint32_t real = s->padded ? s->num_real : s->size;
+  s->state = FERRY__SLOT_HANDED;
+  s->batch.size = s->size;
+  s->batch.num_real = real;
+  s->batch.epoch = s->epoch;
+  s->batch.index = s->index;
+  keep_pad_record_locked(c, s);
+  if (c->ranked)
+    c->rk_handed++;
+  c->handed++;
+  c->batches++;
+  c->records += real;
+  c->bytes += (uint64_t)real * c->record_bytes;
+  *batch = &s->batch;
+}
+
 int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
                ferry_error_t *err) {
   double t_start = ferry__client_now();
@@ -949,10 +1120,11 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
           continue;
         }
         if (c->hb_seen && s->epoch > c->cur_epoch) {
-          c->cur_epoch++;
+          epoch_end_locked(c);
           rc = FERRY_EPOCH_END;
           break;
         }
+        pad_partial_locked(c, s);
         if (!s->prepared && !s->preparing) {
           /* No reader prepared it (a flushed batch): the trainer's thread
            * does, and the time counts as its wait. */
@@ -964,27 +1136,37 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
           s->prepared) {
         pop_locked(c);
         account_locked(c, s);
-        s->state = FERRY__SLOT_HANDED;
-        s->batch.size = s->size;
-        s->batch.epoch = s->epoch;
-        s->batch.index = s->index;
-        c->handed++;
-        c->batches++;
-        c->records += s->size;
-        c->bytes += (uint64_t)s->size * c->record_bytes;
-        *batch = &s->batch;
+        hand_out_locked(c, s, batch);
         rc = 0;
         break;
       }
     }
-    if (c->hb_seen && c->d_epochs_done > c->cur_epoch &&
+    /* Issue 21: the rank's records of this epoch are all out and it has
+     * had fewer than steps_per_epoch batches: one of no real record. */
+    if (owes_pad_locked(c) && c->handed < c->ap.prefetch &&
+        rank_epoch_over_locked(c, c->cur_epoch)) {
+      ferry__slot_t *s = pad_slot_locked(c);
+      if (s != NULL) {
+        if (!s->prepared)
+          prepare_unlocked(c, s);
+        if (c->fail_code != 0) {
+          s->state = FERRY__SLOT_FREE;
+          continue;
+        }
+        hand_out_locked(c, s, batch);
+        rc = 0;
+        break;
+      }
+    }
+    bool owes = owes_pad_locked(c);
+    if (c->hb_seen && c->d_epochs_done > c->cur_epoch && !owes &&
         !pending_locked(c, c->cur_epoch)) {
-      c->cur_epoch++;
+      epoch_end_locked(c);
       rc = FERRY_EPOCH_END;
       break;
     }
     if (c->hb_seen &&
-        c->job_state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED &&
+        c->job_state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED && !owes &&
         !pending_locked(c, UINT32_MAX)) {
       c->ended = true;
       rc = FERRY_END;

@@ -44,13 +44,14 @@ static const struct {
     OPT_FIELD(dtype),            OPT_FIELD(layout),
     OPT_FIELD(tls_ca),           OPT_FIELD(tls_cert),
     OPT_FIELD(tls_key),          OPT_FIELD(token_file),
-    OPT_FIELD(transport),
+    OPT_FIELD(transport),        OPT_FIELD(world_size),
+    OPT_FIELD(rank),
 };
 #undef OPT_FIELD
 #define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
 _Static_assert(sizeof(ferry_client_options_t) -
-                       (offsetof(ferry_client_options_t, transport) +
-                        sizeof(const char *)) <
+                       (offsetof(ferry_client_options_t, rank) +
+                        sizeof(uint32_t)) <
                    sizeof(void *),
                "opt_fields must list the options' last field");
 
@@ -148,6 +149,12 @@ void ferry_memory_stats(int64_t *bytes, int64_t *blocks) {
 }
 
 uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
+uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c) {
+  return c->ranked ? c->steps_per_epoch : 0;
+}
+uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c) {
+  return c->ranked ? c->dropped_per_epoch : 0;
+}
 uint64_t ferry_client_id(const ferry_client_t *c) { return c->client_id; }
 
 /* This process's clients with gRPC initialised, and the process that
@@ -302,6 +309,18 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   jo.error_policy = c->opts.error_policy == FERRY_ON_ERROR_SKIP
                         ? FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
                         : FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL;
+  if (c->ranked) {
+    /* Issue 21: the batch size and the policy: the spec's or the
+     * options' (batch_shape ran), or the options' alone with a dataset id
+     * (ferry_client_new checked batch_size is set). */
+    bool known = c->ap.batch_size > 0;
+    c->rk_batch = known ? c->ap.batch_size : c->opts.batch_size;
+    c->rk_pad = !(known ? c->ap.drop_remainder : c->opts.drop_remainder);
+    jo.world_size = c->opts.world_size;
+    jo.batch_size = c->rk_batch;
+    jo.pad_remainder = c->rk_pad;
+    req.rank = c->opts.rank;
+  }
   if ((buf = pack(&req.base, &len)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, len,
@@ -321,6 +340,23 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->job_id = r->job_id;
   c->client_id = r->client_id;
   c->num_epochs = r->num_epochs;
+  c->steps_per_epoch = r->steps_per_epoch;
+  c->rank_records = r->rank_records;
+  c->dropped_per_epoch = r->dropped_per_epoch;
+  /* A client taking over a rank mid-epoch owes only its remaining steps:
+   * a batch the rank started counts as taken (only a padded last one is
+   * short). */
+  c->rk_epoch = r->epoch;
+  c->rk_handed = c->ranked ? (r->rank_taken + c->rk_batch - 1) / c->rk_batch
+                           : 0;
+  if (c->ranked && c->steps_per_epoch == 0) {
+    ferry__v1__get_or_create_job_response__free_unpacked(
+        r, &ferry__pb_allocator);
+    return ferry__seterr(err, FERRY_ENOTSUP,
+                         "get or create job: dispatcher %s does not know "
+                         "ranks (world_size %u): upgrade it", c->dispatcher,
+                         c->opts.world_size);
+  }
   if (r->client_secret.len == FERRY_CLIENT_SECRET_BYTES) {
     memcpy(c->secret, r->client_secret.data, FERRY_CLIENT_SECRET_BYTES);
     c->has_secret = true;
@@ -1070,6 +1106,27 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     return ferry__seterr(err, FERRY_EINVAL,
                          "client: give either a spec or a dataset id "
                          "(options 'spec' and 'dataset_id')");
+  if (opts->world_size > 1) {
+    /* Issue 21: ranks share one named distributed_epoch job. */
+    if (opts->rank >= opts->world_size)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: rank %u is not below world_size %u",
+                           opts->rank, opts->world_size);
+    if (opts->job_name == NULL || opts->job_name[0] == '\0')
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: rank %u of world_size %u needs a "
+                           "job_name, the job every rank joins",
+                           opts->rank, opts->world_size);
+    if (opts->mode != FERRY_MODE_DISTRIBUTED_EPOCH)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: ranks (world_size %u) need mode "
+                           "distributed_epoch", opts->world_size);
+    if (has_id && opts->batch_size == 0)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: ranks (world_size %u) with a dataset "
+                           "id need the option batch_size",
+                           opts->world_size);
+  }
   /* A bad spec fails here, before any RPC. */
   if (has_spec) {
     if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)
@@ -1090,6 +1147,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   }
   c->opts = *opts;
   c->networked = true;
+  c->ranked = opts->world_size > 1;
   c->pid = getpid();
   if (c->opts.prefetch == 0)
     c->opts.prefetch = 3;
@@ -1207,6 +1265,11 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   if (!have_parsed && ((rc = batch_shape(c, &spec, err)) != 0 ||
                        (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;
+  if (c->ranked) {
+    /* What the job was joined with, whatever the spec says. */
+    c->ap.batch_size = c->rk_batch;
+    c->ap.drop_remainder = !c->rk_pad;
+  }
   if ((rc = ferry__asm_init(c, err)) != 0)
     goto fail;
   if (pthread_create(&c->hb_thread, NULL, hb_main, c) != 0) {

@@ -67,6 +67,11 @@ typedef struct ferry__split_s {
   uint64_t got_lease;
   bool released;
   uint64_t released_lease;
+  /* Issue 21: the binding ends at this position (Assignment.end; 0: the
+   * split's end): records from here on are another rank's. */
+  uint64_t cut;
+  uint64_t last_total; /* the split's records per its last chunk (0: not
+                          seen yet) */
 } ferry__split_t;
 
 /* A chunk dropped because the client was fenced or its split was not
@@ -123,6 +128,13 @@ typedef struct ferry__slot_s {
   bool prepared;   /* augmented / enqueued to the device */
   bool preparing;  /* a thread is preparing it (outside the lock) */
   bool exported;   /* held by a DLPack tensor */
+  /* Issue 21, padding (ranks without drop_remainder): the slot's first
+   * num_real records are real; padded: filled up to batch_size (after
+   * the copies, before preparing). pad_only: a batch of no real record,
+   * filled from the client's pad record when handed out. */
+  uint32_t num_real;
+  bool padded;
+  bool pad_only;
   ferry__dl_t dl;
 } ferry__slot_t;
 
@@ -197,6 +209,27 @@ struct ferry_client_s {
 
   ferry__asm_params_t ap;
   size_t record_bytes;
+
+  /* Issue 21: ranks (options.world_size > 1). From GetOrCreateJob: the
+   * batches every rank gets per epoch, this rank's real records per
+   * epoch and the records dropped per epoch. rk_handed: batches handed
+   * out of epoch rk_epoch (from the rank's taken records when this client
+   * took over a rank mid-epoch). Padding (ap.drop_remainder false): once
+   * the epoch can bring this rank no more records, ferry_next hands out
+   * batches of no real record up to steps_per_epoch, filled from pad_*
+   * (a copy of the first record of the last batch handed out,
+   * has_pad_rec), and no reader takes a slot of a later epoch meanwhile
+   * (mu). */
+  bool ranked;
+  uint32_t rk_batch; /* the batch size the job was joined with */
+  bool rk_pad;       /* padding, not drop_remainder */
+  uint64_t steps_per_epoch, rank_records, dropped_per_epoch;
+  uint32_t rk_epoch;
+  uint64_t rk_handed;
+  uint8_t *pad_image;
+  int64_t pad_label;
+  uint64_t pad_id;
+  bool has_pad_rec;
   ferry__stg_mode_t stg_mode;
   struct ferry__stg_gpu_s *gpu; /* GPU staging's device side */
   size_t out_bytes;             /* a full batch's output */

@@ -13,7 +13,10 @@
  * >= 0 it frees the client after that many batches (a clean, early
  * leave). Exits 0 at the end of the job or after leaving, 3 on an error
  * (printed to stderr). FERRY_IT_CLIENT_TRANSPORT (auto, grpc, ucx) picks
- * the data-plane transport (default: auto).
+ * the data-plane transport (default: auto). Ranks (issue 21):
+ * FERRY_IT_CLIENT_WORLD, FERRY_IT_CLIENT_RANK, FERRY_IT_CLIENT_BATCH and
+ * FERRY_IT_CLIENT_DROP (1: drop_remainder) set those options; a batch's
+ * record holds its real records only (num_real).
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -63,6 +66,16 @@ int main(int argc, char **argv) {
   o.num_epochs = atoll(argv[4]);
   o.heartbeat_ms = 50;
   o.splits_in_flight = 4;
+  const char *world = getenv("FERRY_IT_CLIENT_WORLD");
+  if (world != NULL) {
+    const char *rank = getenv("FERRY_IT_CLIENT_RANK");
+    const char *batch = getenv("FERRY_IT_CLIENT_BATCH");
+    const char *drop = getenv("FERRY_IT_CLIENT_DROP");
+    o.world_size = (uint32_t)atoi(world);
+    o.rank = rank != NULL ? (uint32_t)atoi(rank) : 0;
+    o.batch_size = batch != NULL ? (uint32_t)atoi(batch) : 0;
+    o.drop_remainder = drop != NULL && atoi(drop) != 0;
+  }
   const char *transport = getenv("FERRY_IT_CLIENT_TRANSPORT");
   if (transport != NULL && transport[0] != '\0')
     o.transport = transport;
@@ -93,7 +106,7 @@ int main(int argc, char **argv) {
       status = 3;
       break;
     }
-    size_t need = sizeof(rec_t) + b->size * sizeof(uint64_t);
+    size_t need = sizeof(rec_t) + b->num_real * sizeof(uint64_t);
     if (need > cap) {
       free(buf);
       cap = need * 2;
@@ -104,9 +117,9 @@ int main(int argc, char **argv) {
     }
     ferry_client_stats_t st;
     ferry_client_stats(c, &st);
-    rec_t h = {b->epoch, b->size, now_ms(), st.records_acked};
+    rec_t h = {b->epoch, b->num_real, now_ms(), st.records_acked};
     memcpy(buf, &h, sizeof(h));
-    memcpy(buf + sizeof(h), b->ids, b->size * sizeof(uint64_t));
+    memcpy(buf + sizeof(h), b->ids, b->num_real * sizeof(uint64_t));
     if (write(out, buf, need) != (ssize_t)need) {
       perror("it_client: write");
       status = 3;

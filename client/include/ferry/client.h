@@ -146,6 +146,26 @@ typedef struct ferry_client_options_s {
    * gets no stream, logged). NULL falls back to the FERRY_TRANSPORT
    * environment variable. */
   const char *transport;
+
+  /* Ranks (issue 21): data-parallel trainers (PyTorch DDP, Horovod,
+   * MultiWorkerMirroredStrategy), whose ranks must all take the same
+   * number of steps per epoch. world_size W > 1 makes this client rank
+   * `rank` (0 <= rank < W) of the named distributed_epoch job `job_name`
+   * (required): every rank receives ferry_client_steps_per_epoch()
+   * batches of exactly batch_size records per epoch, and every record of
+   * the epoch reaches one rank. drop_remainder chooses what happens to the
+   * last round of W x batch_size records when it is partial: true drops
+   * it (ferry_client_dropped_per_epoch() records are not delivered that
+   * epoch); false (the default, as DistributedSampler) pads: each rank's
+   * last batches are filled up by repeating records of its epoch, and
+   * ferry_batch_t.num_real says how many records of a batch are real.
+   * Every client of the job must give the same W, batch size and policy,
+   * and a rank is held by one live client at a time (FERRY_EINVAL naming
+   * both clients otherwise); a client that joins as the rank of one that
+   * left or died gets that rank's remaining steps of the epoch. 0 or 1:
+   * no ranks (any client takes any split). */
+  uint32_t world_size;
+  uint32_t rank;
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial
@@ -180,6 +200,10 @@ typedef struct ferry_batch_s {
   ferry_layout_t layout;
   int device;          /* CUDA device of output, or -1 for host memory */
   void *ready_event;   /* cudaEvent_t to wait on (GPU staging), else NULL */
+  /* The batch's first num_real records are real; the rest (a ranked
+   * job's padded last batches, options.world_size) repeat records of the
+   * epoch, so that a loss can leave them out. `size` otherwise. */
+  uint32_t num_real;
 } ferry_batch_t;
 
 typedef struct ferry_client_stats_s {
@@ -318,6 +342,14 @@ FERRY_API void ferry_client_stats_sized(ferry_client_t *c,
                                         size_t size);
 #define ferry_client_stats(c, out)                                          \
   ferry_client_stats_sized((c), (out), sizeof *(out))
+
+/* Ranks (options.world_size > 1): the batches every rank receives per
+ * epoch, known from ferry_client_new on (learning-rate schedules and
+ * Keras need it before the epoch starts), and the records of each epoch
+ * that no rank receives (drop_remainder; 0 under padding). Both 0 for a
+ * client without ranks. */
+FERRY_API uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c);
+FERRY_API uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c);
 
 /* The job's id and this client's id within it, for ferryctl and logs. */
 FERRY_API uint64_t ferry_client_job_id(const ferry_client_t *c);
