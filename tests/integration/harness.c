@@ -85,6 +85,15 @@ double hx_now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+unsigned hx_seed(const char *test) {
+  const char *env = getenv("FERRY_IT_SEED");
+  unsigned seed = env != NULL ? (unsigned)strtoul(env, NULL, 0)
+                              : (unsigned)(hx_now_ms() * 1000.0);
+  fprintf(stderr, "%s: seed %u (FERRY_IT_SEED=%u replays it)\n", test, seed,
+          seed);
+  return seed;
+}
+
 const char *hx_dispatcher_bin(void) {
   const char *e = getenv("FERRY_IT_DISPATCHER");
   return e && *e ? e : FERRY_DISPATCHER_BIN;

@@ -114,6 +114,10 @@ const char *hx_write_token(const char *name, const char *value);
 /* Milliseconds on the monotonic clock. */
 double hx_now_ms(void);
 
+/* A random seed for `test` (FERRY_IT_SEED when set), printed with the
+ * line that replays it. */
+unsigned hx_seed(const char *test);
+
 /* Starts `argv[0]` with posix_spawn: stdout to a pipe, stderr to
  * TMP/NAME.log. Waits up to `wait_ms` for a line containing
  * "listening on HOST:PORT" and stores HOST:PORT in p->addr. Returns 0,

@@ -59,15 +59,6 @@ static void reset(void) {
 
 HX_SUITE(client_faults, 240, reset, NULL);
 
-static unsigned seed_for(const char *test) {
-  const char *env = getenv("FERRY_IT_SEED");
-  unsigned seed = env != NULL ? (unsigned)strtoul(env, NULL, 0)
-                              : (unsigned)(hx_now_ms() * 1000.0);
-  fprintf(stderr, "%s: seed %u (FERRY_IT_SEED=%u replays it)\n", test, seed,
-          seed);
-  return seed;
-}
-
 /* A dispatcher on a known work dir and three workers, all registered; the
  * 24-file dataset and its spec. */
 static void cluster(void) {
@@ -322,7 +313,7 @@ static void run(fault_t fault, unsigned *seed, int r) {
 static off_t file_size(const char *path);
 
 Test(client_faults, client_leaving_early_keeps_exactly_once) {
-  unsigned seed = seed_for("leave");
+  unsigned seed = hx_seed("leave");
   char journal[700];
   cluster();
   snprintf(journal, sizeof(journal), "%s/journal", WORKDIR);
@@ -340,7 +331,7 @@ Test(client_faults, client_leaving_early_keeps_exactly_once) {
 }
 
 Test(client_faults, client_killed_at_random_points) {
-  unsigned seed = seed_for("kill");
+  unsigned seed = hx_seed("kill");
   cluster();
   for (int r = 0; r < 10; r++)
     run(FAULT_KILL, &seed, r);
@@ -351,14 +342,14 @@ Test(client_faults, client_killed_at_random_points) {
  * rejoin a job that no longer runs), so it drops its queue and ends;
  * at most the batch the stop interrupted comes twice. */
 Test(client_faults, client_stopped_until_the_others_finished) {
-  unsigned seed = seed_for("stop-past-end");
+  unsigned seed = hx_seed("stop-past-end");
   cluster();
   for (int r = 0; r < 3; r++)
     run(FAULT_STOP_PAST_END, &seed, r);
 }
 
 Test(client_faults, client_stopped_past_its_timeout_and_resumed) {
-  unsigned seed = seed_for("stop");
+  unsigned seed = hx_seed("stop");
   cluster();
   for (int r = 0; r < 5; r++)
     run(FAULT_STOP, &seed, r);
@@ -474,7 +465,7 @@ static off_t whole_job(const char *job, hx_proc_t *kill_worker,
 }
 
 Test(client_faults, worker_killed_costs_bounded_releases_and_journal) {
-  unsigned seed = seed_for("worker-kill");
+  unsigned seed = hx_seed("worker-kill");
   cluster();
   off_t base = whole_job("base", NULL, &seed);
   size_t restarts_before = count_in_file(D->log, "restarts epoch");
@@ -595,7 +586,7 @@ static int count_log(const char *path, const char *a, const char *b) {
  * slow records over UCX). Otherwise 64x64x3 or 512x512x3 (two per 2 MiB
  * chunk): rendezvous sends. */
 static void slow_producer(const char *name, bool small) {
-  unsigned seed = seed_for(name);
+  unsigned seed = hx_seed(name);
   srand(seed);
   /* Per record, over the 500 ms bound; one chunk per split or several,
    * batches smaller and larger than a split, fast and default

@@ -41,15 +41,6 @@ static void reset(void) {
 
 HX_SUITE(ranks, 300, reset, NULL);
 
-static unsigned seed_for(const char *test) {
-  const char *env = getenv("FERRY_IT_SEED");
-  unsigned seed = env != NULL ? (unsigned)strtoul(env, NULL, 0)
-                              : (unsigned)(hx_now_ms() * 1000.0);
-  fprintf(stderr, "%s: seed %u (FERRY_IT_SEED=%u replays it)\n", test, seed,
-          seed);
-  return seed;
-}
-
 /* What one rank took in one epoch. */
 typedef struct rank_epoch_s {
   uint32_t batches;
@@ -295,7 +286,7 @@ static void run_shape(const char *name, shape_t s, int workers,
 }
 
 static void scenario(const char *name, int workers, void (*fault)(void)) {
-  run_shape(name, draw(seed_for(name)), workers, fault);
+  run_shape(name, draw(hx_seed(name)), workers, fault);
 }
 
 /* 65 records, 4 ranks, batches of 8: 3 steps each, rank 0 gets 17 real
@@ -368,7 +359,7 @@ static size_t epoch_records(const hx_client_log_t *l, uint32_t epoch) {
  * handed out unacknowledged (its tail) comes again. Rank 1 is a thread.
  * Drop policy, so that every step is a full batch of real records. */
 Test(ranks, a_rank_killed_and_taken_over) {
-  unsigned seed = seed_for("a_rank_killed_and_taken_over");
+  unsigned seed = hx_seed("a_rank_killed_and_taken_over");
   shape_t s = draw(seed);
   s.world = 2;
   s.pad = false;
