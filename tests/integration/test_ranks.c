@@ -500,3 +500,64 @@ Test(ranks, a_rank_killed_and_taken_over) {
   ferry_client_free(r1[0].c);
   hx_dataset_free(&DS);
 }
+
+/* Two clients of one rank at once, or a client whose world size, batch
+ * size or policy is not the job's: refused, naming both clients. */
+Test(ranks, disagreeing_ranks_are_refused_naming_both) {
+  shape_t s = {.world = 2, .files = 2, .per_file = 40, .batch = 4,
+               .per_split = 20, .pad = true};
+  start_cluster(&s, 1);
+  cr_assert_eq(hx_make_dataset(&DS, "data", s.files, s.per_file, 8, 8, 3), 0);
+  hx_spec(&DS, NULL, s.batch, SPEC, sizeof(SPEC));
+  rank_t r[MAX_RANKS];
+  start_ranks(r, &s);
+  uint64_t holder = ferry_client_id(r[0].c);
+  struct {
+    uint32_t world, rank, batch;
+    bool drop;
+    const char *want;
+  } bad[] = {{2, 0, 4, false, "is held by live client"},
+             {3, 2, 4, false, "world_size 3"},
+             {2, 1, 8, false, "batch 8"},
+             {2, 1, 4, true, "world_size 2"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    ferry_client_options_t o;
+    ferry_client_t *c = NULL;
+    ferry_error_t err = {0};
+    hx_client_options(&o, D->addr, SPEC);
+    o.job_name = "ranked";
+    o.num_epochs = EPOCHS;
+    o.world_size = bad[i].world;
+    o.rank = bad[i].rank;
+    o.batch_size = bad[i].batch;
+    o.drop_remainder = bad[i].drop;
+    int rc = ferry_client_new(&o, &c, &err);
+    cr_assert_eq(rc, FERRY_EINVAL, "case %zu: %d (%s)", i, rc, err.msg);
+    cr_assert(strstr(err.msg, bad[i].want) != NULL, "case %zu: %s", i,
+              err.msg);
+    char who[32];
+    snprintf(who, sizeof(who), "client %llu", (unsigned long long)holder);
+    if (i == 0)
+      cr_assert(strstr(err.msg, who) != NULL, "%s", err.msg);
+    cr_assert(strstr(err.msg, "client ") != NULL, "%s", err.msg);
+    cr_log_info("refused: %s", err.msg);
+  }
+  /* And before any RPC: a rank past the world, no job name. */
+  ferry_client_options_t o;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  hx_client_options(&o, D->addr, SPEC);
+  o.world_size = 2;
+  o.rank = 2;
+  o.job_name = "ranked";
+  cr_assert_eq(ferry_client_new(&o, &c, &err), FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "rank 2 is not below world_size 2") != NULL,
+            "%s", err.msg);
+  o.rank = 1;
+  o.job_name = NULL;
+  cr_assert_eq(ferry_client_new(&o, &c, &err), FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "needs a job_name") != NULL, "%s", err.msg);
+  for (int k = 0; k < s.world; k++)
+    ferry_client_free(r[k].c);
+  hx_dataset_free(&DS);
+}
