@@ -234,6 +234,11 @@ static ferry__split_t *held_split_locked(ferry_client_t *c,
   return NULL;
 }
 
+bool ferry__client_between_epochs_locked(const ferry_client_t *c) {
+  return c->ranked && c->next_since > 0 && c->qlen == 0 &&
+         ferry__client_held_locked(c) == 0;
+}
+
 uint32_t ferry__client_held_locked(const ferry_client_t *c) {
   uint32_t n = 0;
   for (size_t i = 0; i < c->n_splits; i++)
@@ -1007,6 +1012,20 @@ static bool owes_pad_locked(const ferry_client_t *c) {
          (c->num_epochs < 0 || c->cur_epoch < (uint64_t)c->num_epochs);
 }
 
+/* Whether the trainer's epoch is over for this rank without waiting for
+ * the dispatcher to say the whole epoch is (which comes with the next
+ * heartbeat after the slowest rank's last report): it had its
+ * steps_per_epoch batches, nothing of the epoch can still come for it,
+ * and the dispatcher acknowledged every record it handed out (so a
+ * record of its tail cannot come again in this epoch, but for a client
+ * declared lost meanwhile, whose acknowledgements stop). */
+static bool rank_done_locked(const ferry_client_t *c) {
+  return c->ranked && c->rk_handed >= c->steps_per_epoch &&
+         (c->num_epochs < 0 || c->cur_epoch < (uint64_t)c->num_epochs) &&
+         c->records_acked >= c->records &&
+         rank_epoch_over_locked(c, c->cur_epoch);
+}
+
 /* ferry_next returns FERRY_EPOCH_END: the rank's count starts over. */
 static void epoch_end_locked(ferry_client_t *c) {
   c->cur_epoch++;
@@ -1159,6 +1178,19 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
       }
     }
     bool owes = owes_pad_locked(c);
+    if (rank_done_locked(c)) {
+      epoch_end_locked(c);
+      rc = FERRY_EPOCH_END;
+      break;
+    }
+    /* And the job's end after a rank's last epoch. */
+    if (c->ranked && c->num_epochs > 0 &&
+        c->cur_epoch >= (uint64_t)c->num_epochs &&
+        !pending_locked(c, UINT32_MAX)) {
+      c->ended = true;
+      rc = FERRY_END;
+      break;
+    }
     if (c->hb_seen && c->d_epochs_done > c->cur_epoch && !owes &&
         !pending_locked(c, c->cur_epoch)) {
       epoch_end_locked(c);

@@ -1030,8 +1030,16 @@ static void *hb_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
       }
     }
-    struct timespec ts = ferry__client_deadline(period);
     pthread_mutex_lock(&c->mu);
+    /* A rank waiting for the next epoch, which starts when the slowest
+     * rank reports its last records: asking every FERRY__EPOCH_POLL_MS
+     * meanwhile, rather than every heartbeat_ms, cut the gap between
+     * epochs at 250 ms heartbeats from about 270 ms to one poll. */
+    uint32_t wait = ferry__client_between_epochs_locked(c) &&
+                            period > FERRY__EPOCH_POLL_MS
+                        ? FERRY__EPOCH_POLL_MS
+                        : period;
+    struct timespec ts = ferry__client_deadline(wait);
     while (!c->stopping && !c->hb_kick &&
            pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts) != ETIMEDOUT)
       ;

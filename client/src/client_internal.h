@@ -357,6 +357,12 @@ struct ferry_client_s {
 
 /* Monotonic seconds. */
 double ferry__client_now(void);
+
+/* Issue 21: whether a ranked client's trainer waits in ferry_next with
+ * nothing held or queued (its rank is between epochs, or starved), when
+ * the heartbeat thread asks every FERRY__EPOCH_POLL_MS. Lock held. */
+#define FERRY__EPOCH_POLL_MS 20
+bool ferry__client_between_epochs_locked(const ferry_client_t *c);
 /* Seconds the trainer has waited in ferry_next, the running call's wait
  * so far included, at `now`. Lock held. */
 double ferry__client_waited_locked(const ferry_client_t *c, double now);
