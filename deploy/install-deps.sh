@@ -35,6 +35,10 @@ packages=(
   # unit/test_crop checks the resampler against the real torchvision, and
   # tests/bench/imagenet.sh runs the seeds' PyTorch DataLoader path.
   python3-torchvision python3-pil
+  # tests/python/test_mpirun.py launches ranks with Open MPI's mpirun, which
+  # sets the OMPI_COMM_WORLD_RANK/SIZE that ferry.Client reads (Horovod has
+  # no wheel in the registries, only an sdist built against a framework).
+  openmpi-bin
   # tests/deploy: the container image built for real, its Debian 12 base,
   # a podman network with DNS (netavark runs iptables); runc where crun
   # refuses a hybrid cgroup layout; yamllint for deploy/k8s.
