@@ -450,8 +450,12 @@ static bool lease_lapsed_locked(ferry_client_t *c) {
 
 static void renew_locked(ferry_client_t *c, double t_send, uint64_t records,
                          const Ferry__V1__ClientHeartbeatResponse *r) {
-  if (!c->rejoined && records > c->records_acked)
+  if (!c->rejoined && records > c->records_acked) {
     c->records_acked = records;
+    /* A rank's epoch may end on it (rank_done_locked). */
+    if (c->ranked)
+      pthread_cond_broadcast(&c->ready_cv);
+  }
   if (r->client_timeout_ms > 0) {
     c->networked_lease = true;
     c->client_timeout_ms = r->client_timeout_ms;
