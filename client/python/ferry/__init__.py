@@ -23,16 +23,25 @@ DLPack capsule and tensor made from it are gone; holding more than
 ``prefetch`` batches makes ``next()`` raise :class:`Error`. See
 docs/PYTHON.md for the lifetime, thread and GPU rules.
 
+Data-parallel trainers (PyTorch DDP, Horovod, MultiWorkerMirroredStrategy)
+make one client per rank: ``ferry.Client(..., job_name=..., rank=R,
+world_size=W)``, or rank and world size from the launcher's environment
+(:func:`launcher_rank`). Every rank then gets ``client.steps_per_epoch``
+batches of exactly ``batch_size`` records per epoch (``batch.num_real`` of
+them real under padding); docs/PYTHON.md, "Data-parallel training".
+
 Submodules: :mod:`ferry.torch` (an ``IterableDataset`` for ``DataLoader``)
 and :mod:`ferry.tf` (a ``tf.data.Dataset``).
 """
 
+from typing import Any as _Any, Optional as _Optional
+
+from ferry import _ferry
 from ferry._ferry import (
     Array,
     Batch,
     ClosedError,
     CancelledError,
-    Client,
     Error,
     ForkedError,
     RecordError,
@@ -45,6 +54,31 @@ from ferry._ferry import (
     version,
 )
 
+from ferry._launcher import LauncherRank, launcher_rank
+from ferry import _launcher
+
+
+class Client(_ferry.Client):
+    __doc__ = _ferry.Client.__doc__ + """
+
+rank and world_size left None: taken from the launcher's environment
+(ferry.launcher_rank(): torchrun's RANK/WORLD_SIZE, then Horovod's
+HOROVOD_RANK/HOROVOD_SIZE, Open MPI's OMPI_COMM_WORLD_RANK/SIZE, then
+TF_CONFIG) for a distributed_epoch job; a world of one has no ranks.
+Launcher ranks without a job_name raise ValueError naming the variables.
+"""
+    __slots__ = ()
+
+    def __init__(self, dispatcher: str, spec: _Optional[str] = None, *,
+                 rank: _Optional[int] = None,
+                 world_size: _Optional[int] = None, **kwargs: _Any) -> None:
+        rank, world_size = _launcher.resolve(
+            rank, world_size, kwargs.get("job_name"),
+            kwargs.get("mode", "distributed_epoch"))
+        super().__init__(dispatcher, spec, rank=rank, world_size=world_size,
+                         **kwargs)
+
+
 __version__: str = version()
 """The version of the libferry this package ships (``ferry.version()``)."""
 
@@ -56,12 +90,14 @@ __all__ = [
     "CancelledError",
     "Error",
     "ForkedError",
+    "LauncherRank",
     "RecordError",
     "SpecError",
     "TimeoutError",
     "UnreachableError",
     "WorkerError",
     "augment_cpu",
+    "launcher_rank",
     "memory_stats",
     "version",
     "__version__",

@@ -70,6 +70,10 @@ class Batch:
     @property
     def index(self) -> int: ...
     @property
+    def num_real(self) -> int:
+        """The first num_real records are real (the rest pad a ranked job's
+        last batches); len(batch) otherwise."""
+    @property
     def released(self) -> bool: ...
     def release(self) -> None: ...
     def __len__(self) -> int: ...
@@ -95,7 +99,10 @@ class MemoryStats(TypedDict):
     blocks: int
 
 class Client:
-    """A trainer's connection to a Ferry cluster; an iterator of Batch."""
+    """A trainer's connection to a Ferry cluster; an iterator of Batch.
+
+    ferry.Client is a subclass that takes rank and world_size from the
+    launcher's environment when both are None (ferry.launcher_rank())."""
     def __init__(
         self,
         dispatcher: str,
@@ -121,6 +128,8 @@ class Client:
         tls_cert: Optional[_Path] = None,
         tls_key: Optional[_Path] = None,
         token_file: Optional[_Path] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
     ) -> None: ...
     @property
     def job_id(self) -> int: ...
@@ -132,6 +141,19 @@ class Client:
     def prefetch(self) -> int: ...
     @property
     def timeout(self) -> Optional[float]: ...
+    @property
+    def rank(self) -> Optional[int]:
+        """This client's rank, or None without ranks (world_size <= 1)."""
+    @property
+    def world_size(self) -> Optional[int]:
+        """The number of ranks (> 1), or None without ranks."""
+    @property
+    def steps_per_epoch(self) -> Optional[int]:
+        """Batches every rank gets per epoch, or None without ranks."""
+    @property
+    def dropped_per_epoch(self) -> Optional[int]:
+        """Records of an epoch no rank gets (drop_remainder), or None
+        without ranks."""
     def next(self, timeout: Optional[float] = None) -> Batch: ...
     def epochs(self) -> Iterator[Iterator[Batch]]: ...
     def stats(self) -> Stats: ...

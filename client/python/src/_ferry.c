@@ -154,6 +154,9 @@ typedef struct {
   uint32_t prefetch;
   double timeout;         /* seconds for next(); < 0: forever */
   uint64_t job_id, client_id;
+  /* Ranks (issue 21): world_size > 1, else all four 0 (None in Python). */
+  uint32_t rank, world_size;
+  uint64_t steps_per_epoch, dropped_per_epoch;
   ferry_client_stats_t last; /* the counters when the client was freed */
   int have_last;
   pid_t pid;              /* the process that created `c` */
@@ -540,6 +543,7 @@ typedef struct {
   PyObject_HEAD
   SlotObject *slot; /* NULL after release() */
   uint32_t size, epoch;
+  uint32_t num_real; /* the first num_real records are real (ranks) */
   uint64_t index;
 } BatchObject;
 
@@ -563,6 +567,7 @@ static PyObject *batch_new(ClientObject *cl, const ferry_batch_t *b) {
   o->slot = s;
   o->size = b->size;
   o->epoch = b->epoch;
+  o->num_real = b->num_real <= b->size ? b->num_real : b->size;
   o->index = b->index;
   return (PyObject *)o;
 }
@@ -631,6 +636,9 @@ static PyObject *batch_get_epoch(BatchObject *self, void *Py_UNUSED(c)) {
 static PyObject *batch_get_index(BatchObject *self, void *Py_UNUSED(c)) {
   return PyLong_FromUnsignedLongLong(self->index);
 }
+static PyObject *batch_get_num_real(BatchObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromUnsignedLong(self->num_real);
+}
 static PyObject *batch_get_released(BatchObject *self, void *Py_UNUSED(c)) {
   return PyBool_FromLong(self->slot == NULL);
 }
@@ -655,6 +663,11 @@ static Py_ssize_t batch_len(BatchObject *self) {
 }
 
 static PyObject *batch_repr(BatchObject *self) {
+  if (self->num_real != self->size)
+    return PyUnicode_FromFormat(
+        "<ferry.Batch epoch=%u index=%llu size=%u num_real=%u%s>",
+        self->epoch, (unsigned long long)self->index, self->size,
+        self->num_real, self->slot ? "" : " released");
   return PyUnicode_FromFormat("<ferry.Batch epoch=%u index=%llu size=%u%s>",
                               self->epoch, (unsigned long long)self->index,
                               self->size, self->slot ? "" : " released");
@@ -687,6 +700,13 @@ static PyGetSetDef batch_getset[] = {
      "The epoch every record of the batch belongs to (from 0).", NULL},
     {"index", (getter)batch_get_index, NULL,
      "The batch's number within the job.", NULL},
+    {"num_real", (getter)batch_get_num_real, NULL,
+     "How many of the batch's records are real: the first num_real. A "
+     "ranked client's last batches of an epoch are padded (world_size > 1 "
+     "without drop_remainder) by repeating records of the epoch, which a "
+     "loss should leave out; 0 for a batch of padding only. len(batch) "
+     "otherwise.",
+     NULL},
     {"released", (getter)batch_get_released, NULL,
      "Whether release() was called.", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
@@ -705,7 +725,7 @@ static PyTypeObject BatchType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc =
         "A batch from Client.next() or iteration: .images, .labels, .ids "
-        "(ferry.Array), .epoch, .index, len().\n\n"
+        "(ferry.Array), .epoch, .index, .num_real, len().\n\n"
         "The batch borrows one of the client's `prefetch` ring slots; the "
         "slot goes back when the Batch and every Array, capsule and tensor "
         "made from it are gone (or after release() once those are gone). "
@@ -884,7 +904,8 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       "on_error",   "batch_size",     "drop_remainder", "prefetch",
       "device",     "dtype",          "layout",       "augment",
       "augment_seed", "timeout",      "tls_ca",       "tls_cert",
-      "tls_key",    "token_file",     NULL};
+      "tls_key",    "token_file",     "rank",         "world_size",
+      NULL};
   PyObject *dispatcher, *spec = Py_None, *dataset_id = Py_None;
   PyObject *epochs = NULL, *job_name = Py_None, *mode = NULL;
   PyObject *shuffle = Py_None, *seed = NULL, *on_error = NULL;
@@ -893,12 +914,14 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   PyObject *layout = NULL, *augment = Py_None, *augment_seed = NULL;
   PyObject *timeout = Py_None, *tls_ca = Py_None, *tls_cert = Py_None;
   PyObject *tls_key = Py_None, *token_file = Py_None;
+  PyObject *rank = Py_None, *world_size = Py_None;
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOO:Client", kwlist,
+          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
           &dispatcher, &spec, &dataset_id, &epochs, &job_name, &mode,
           &shuffle, &seed, &on_error, &batch_size, &drop_remainder,
           &prefetch, &device, &dtype, &layout, &augment, &augment_seed,
-          &timeout, &tls_ca, &tls_cert, &tls_key, &token_file))
+          &timeout, &tls_ca, &tls_cert, &tls_key, &token_file, &rank,
+          &world_size))
     return -1;
   if (self->c != NULL || self->closing) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -1061,6 +1084,49 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       goto out;
     o.augment_seed = v;
   }
+  /* Ranks (issue 21): both or neither (the `ferry` package's Client
+   * fills them in from the launcher's environment). A world of 1 has no
+   * ranks. */
+  if ((rank == Py_None) != (world_size == Py_None)) {
+    PyErr_Format(PyExc_ValueError,
+                 "rank and world_size go together: got %s=%R without %s "
+                 "(give both, or neither to take them from the launcher's "
+                 "environment)",
+                 rank != Py_None ? "rank" : "world_size",
+                 rank != Py_None ? rank : world_size,
+                 rank != Py_None ? "world_size" : "rank");
+    goto out;
+  }
+  if (rank != Py_None) {
+    unsigned long long r, w;
+    if (arg_u64(world_size, "world_size", 1, UINT32_MAX, &w) < 0 ||
+        arg_u64(rank, "rank", 0, UINT32_MAX, &r) < 0)
+      goto out;
+    if (r >= w) {
+      PyErr_Format(PyExc_ValueError,
+                   "rank %llu is not below world_size %llu (ranks are 0 .. "
+                   "world_size - 1)", r, w);
+      goto out;
+    }
+    if (w > 1) {
+      if (blank(s[K_JOB])) {
+        PyErr_Format(PyExc_ValueError,
+                     "rank %llu of world_size %llu needs a job_name: the "
+                     "named job every rank joins (each rank is a Client "
+                     "giving the same job_name)", r, w);
+        goto out;
+      }
+      if (o.mode != FERRY_MODE_DISTRIBUTED_EPOCH) {
+        PyErr_Format(PyExc_ValueError,
+                     "rank %llu of world_size %llu needs "
+                     "mode='distributed_epoch' (the ranks share each "
+                     "epoch's records)", r, w);
+        goto out;
+      }
+      o.world_size = (uint32_t)w;
+      o.rank = (uint32_t)r;
+    }
+  }
   double tmo;
   if (arg_timeout(timeout, "timeout", &tmo) < 0)
     goto out;
@@ -1084,6 +1150,12 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   self->pid = getpid();
   self->job_id = ferry_client_job_id(c);
   self->client_id = ferry_client_id(c);
+  if (o.world_size > 1) {
+    self->rank = o.rank;
+    self->world_size = o.world_size;
+    self->steps_per_epoch = ferry_client_steps_per_epoch(c);
+    self->dropped_per_epoch = ferry_client_dropped_per_epoch(c);
+  }
   rc = 0;
 out:
   for (int i = 0; i < K_N; i++)
@@ -1508,7 +1580,38 @@ static PyObject *client_get_timeout(ClientObject *self, void *Py_UNUSED(c)) {
   return PyFloat_FromDouble(self->timeout);
 }
 
+/* Ranks: None for a client without ranks. */
+static PyObject *client_get_rank(ClientObject *self, void *Py_UNUSED(c)) {
+  if (self->world_size <= 1)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLong(self->rank);
+}
+static PyObject *client_get_world_size(ClientObject *self,
+                                       void *Py_UNUSED(c)) {
+  if (self->world_size <= 1)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLong(self->world_size);
+}
+static PyObject *client_get_steps_per_epoch(ClientObject *self,
+                                            void *Py_UNUSED(c)) {
+  if (self->world_size <= 1)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong(self->steps_per_epoch);
+}
+static PyObject *client_get_dropped_per_epoch(ClientObject *self,
+                                              void *Py_UNUSED(c)) {
+  if (self->world_size <= 1)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong(self->dropped_per_epoch);
+}
+
 static PyObject *client_repr(ClientObject *self) {
+  if (self->world_size > 1)
+    return PyUnicode_FromFormat(
+        "<ferry.Client job_id=%llu client_id=%llu rank=%u/%u held=%zd%s>",
+        (unsigned long long)self->job_id, (unsigned long long)self->client_id,
+        self->rank, self->world_size, self->live,
+        self->closing || self->c == NULL ? " closed" : "");
   return PyUnicode_FromFormat(
       "<ferry.Client job_id=%llu client_id=%llu held=%zd%s>",
       (unsigned long long)self->job_id, (unsigned long long)self->client_id,
@@ -1559,6 +1662,20 @@ static PyGetSetDef client_getset[] = {
      "The ring's depth: how many batches may be held at once.", NULL},
     {"timeout", (getter)client_get_timeout, NULL,
      "The timeout of next() in seconds, or None.", NULL},
+    {"rank", (getter)client_get_rank, NULL,
+     "This client's rank (0 .. world_size - 1), or None without ranks.",
+     NULL},
+    {"world_size", (getter)client_get_world_size, NULL,
+     "The number of ranks (> 1), or None without ranks.", NULL},
+    {"steps_per_epoch", (getter)client_get_steps_per_epoch, NULL,
+     "The batches every rank receives per epoch, each of exactly "
+     "batch_size records (known from the constructor on: LR schedules, "
+     "len() of a DataLoader), or None without ranks.",
+     NULL},
+    {"dropped_per_epoch", (getter)client_get_dropped_per_epoch, NULL,
+     "The records of each epoch no rank receives (drop_remainder=True: "
+     "the last partial round; 0 under padding), or None without ranks.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyDoc_STRVAR(client_doc,
@@ -1567,7 +1684,7 @@ PyDoc_STRVAR(client_doc,
 "       batch_size=None, drop_remainder=False, prefetch=None, device='cpu',\n"
 "       dtype=None, layout='NHWC', augment=None, augment_seed=0,\n"
 "       timeout=None, tls_ca=None, tls_cert=None, tls_key=None,\n"
-"       token_file=None)\n"
+"       token_file=None, rank=None, world_size=None)\n"
 "\n"
 "A trainer's connection to a Ferry cluster: registers the dataset (`spec`,\n"
 "a pipeline spec text, or `dataset_id`), joins or creates the job and\n"
@@ -1593,6 +1710,12 @@ PyDoc_STRVAR(client_doc,
 "timeout: seconds (float) bounding the connection and each next(), or\n"
 "  None (connect within libferry's default 5 s; next() waits forever).\n"
 "tls_ca, tls_cert, tls_key, token_file: TLS and bearer-token files.\n"
+"rank, world_size: both or neither. world_size > 1 makes this client rank\n"
+"  `rank` of the named job `job_name` (data-parallel trainers): every rank\n"
+"  gets steps_per_epoch batches of exactly batch_size records per epoch;\n"
+"  drop_remainder drops the last partial round, else it is padded\n"
+"  (Batch.num_real). ferry.Client takes them from the launcher's\n"
+"  environment when both are None (ferry.launcher_rank()).\n"
 "\n"
 "Raises TypeError/ValueError for bad arguments, ferry.SpecError for a bad\n"
 "spec or augment text, ferry.UnreachableError when the dispatcher does not\n"
@@ -1600,7 +1723,9 @@ PyDoc_STRVAR(client_doc,
 
 static PyTypeObject ClientType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ferry.Client",
+    /* ferry.Client is a Python subclass (ferry/__init__.py) that takes
+     * rank and world_size from the launcher's environment. */
+    .tp_name = "ferry._ferry.Client",
     .tp_basicsize = sizeof(ClientObject),
     .tp_dealloc = (destructor)client_dealloc,
     .tp_repr = (reprfunc)client_repr,
