@@ -17,6 +17,13 @@ a TensorFlow tensor, through ``tf.data.Dataset.from_generator``)::
     ds = ferry.tf.dataset(dispatcher="127.0.0.1:5050", spec=spec, epochs=5)
     model.fit(ds.map(lambda x, y, ids, epoch: (x, y)), epochs=1)
 
+Data-parallel (``MultiWorkerMirroredStrategy``): give ``job_name`` and
+either ``rank=``/``world_size=`` or nothing, so that ``TF_CONFIG`` (or
+another launcher's variables) gives them. The dataset then has a known
+cardinality, ``steps_per_epoch x epochs`` (Keras knows its steps), and
+tf.data's auto-sharding is turned off: Ferry already gives each rank its
+own records.
+
 TensorFlow is imported when :func:`dataset` is called, not with this module.
 """
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import ferry
+from ferry import _launcher
 
 __all__ = ["dataset"]
 
@@ -42,7 +50,8 @@ def _images_dtype(kwargs: dict) -> str:
     return "float32" if converted else "uint8"
 
 
-def dataset(*args: Any, **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F821
+def dataset(*args: Any, num_real: bool = False,
+            **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F821
     """A ``tf.data.Dataset`` of ``(images, labels, ids, epoch)`` tuples.
 
     Takes the arguments of :class:`ferry.Client`. Every time the dataset is
@@ -50,8 +59,17 @@ def dataset(*args: Any, **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F82
     (one client per iteration: give a ``job_name`` to resume a shared job).
     Elements are copies (``tf.data`` owns its tensors), made on the host:
     images uint8 NHWC, or the client's dtype/layout; labels and ids int64
-    of shape (n,); epoch an int64 scalar. For zero copy use the DLPack loop
-    in this module's documentation.
+    of shape (n,); epoch an int64 scalar. ``num_real=True`` appends
+    ``num_real``, an int64 scalar: the batch's first ``num_real`` records
+    are real, the rest padding of a ranked job. For zero copy use the
+    DLPack loop in this module's documentation.
+
+    With ranks (``world_size > 1``, given or from the launcher's
+    environment) the first client is created here, so that its
+    ``steps_per_epoch`` is known: the dataset asserts the cardinality
+    ``steps_per_epoch x epochs`` (infinite for ``epochs=None``; unknown
+    for ``epochs=0``, the spec's count), its first iteration uses that
+    client, and auto-sharding is off (``AutoShardPolicy.OFF``).
     """
     import numpy as np
     import tensorflow as tf
@@ -61,9 +79,22 @@ def dataset(*args: Any, **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F82
         raise ValueError(f"dtype must be one of {sorted(_TF_DTYPES)}, "
                          f"got {dtype!r}")
     tf_dtype = getattr(tf, _TF_DTYPES[dtype])
+    with_real = bool(num_real)
+
+    kwargs = dict(client_kwargs)
+    rank, world = _launcher.resolve(
+        kwargs.pop("rank", None), kwargs.pop("world_size", None),
+        kwargs.get("job_name"), kwargs.get("mode", "distributed_epoch"))
+    kwargs["rank"], kwargs["world_size"] = rank, world
+    first = []
+    steps = None
+    if world is not None and world > 1:
+        first.append(ferry.Client(*args, **kwargs))
+        steps = first[0].steps_per_epoch
 
     def generate():
-        with ferry.Client(*args, **client_kwargs) as client:
+        client = first.pop() if first else ferry.Client(*args, **kwargs)
+        with client:
             for b in client:
                 # Copies: tf.data keeps its elements beyond the batch.
                 a = b.images
@@ -81,8 +112,12 @@ def dataset(*args: Any, **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F82
                 labels = np.array(np.asarray(b.labels))
                 ids = np.array(np.asarray(b.ids))
                 epoch = np.int64(b.epoch)
+                real = np.int64(b.num_real)
                 del b
-                yield images, labels, ids, epoch
+                if with_real:
+                    yield images, labels, ids, epoch, real
+                else:
+                    yield images, labels, ids, epoch
 
     signature = (
         tf.TensorSpec(shape=(None, None, None, None), dtype=tf_dtype),
@@ -90,4 +125,19 @@ def dataset(*args: Any, **client_kwargs: Any) -> "tf.data.Dataset":  # noqa: F82
         tf.TensorSpec(shape=(None,), dtype=tf.int64),
         tf.TensorSpec(shape=(), dtype=tf.int64),
     )
-    return tf.data.Dataset.from_generator(generate, output_signature=signature)
+    if with_real:
+        signature += (tf.TensorSpec(shape=(), dtype=tf.int64),)
+    ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    if steps is None:
+        return ds
+    epochs = client_kwargs.get("epochs", 1)
+    if epochs is None:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            tf.data.INFINITE_CARDINALITY))
+    elif isinstance(epochs, int) and epochs > 0:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            steps * epochs))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF)
+    return ds.with_options(options)
