@@ -60,3 +60,56 @@ def test_tf_data_dataset_two_epochs(cluster, small):
         batches += 1
     assert batches == 20
     assert set(counts.values()) == {2} and set(counts) == small.ids()
+
+
+def test_tf_data_ranks_cardinality(cluster, small, monkeypatch):
+    """Two ranks (TF_CONFIG: a chief and a worker, as
+    MultiWorkerMirroredStrategy sets it): each dataset knows its
+    cardinality, steps_per_epoch x epochs, has auto-sharding off, and
+    yields exactly that many batches of batch_size; the real records
+    (num_real=True: the first num_real of each) reach one rank each, once
+    per epoch."""
+    import json
+    import threading
+    import uuid
+    import ferry.tf
+    for v in ferry._launcher.LAUNCHER_VARIABLES:
+        monkeypatch.delenv(v, raising=False)
+    job = "tf-" + uuid.uuid4().hex[:8]
+    cl = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}
+    dss = []
+    for kind in ("chief", "worker"):
+        monkeypatch.setenv("TF_CONFIG", json.dumps(
+            {"cluster": cl, "task": {"type": kind, "index": 0}}))
+        dss.append(ferry.tf.dataset(cluster.addr, small.spec(),
+                                    job_name=job, batch_size=64, epochs=2,
+                                    timeout=30.0, num_real=True))
+    steps = -(-len(small) // (2 * 64))   # padding: ceil(1000 / 128) = 8
+    off = tf.data.experimental.AutoShardPolicy.OFF
+    for ds in dss:
+        assert int(ds.cardinality()) == 2 * steps
+        assert ds.options().experimental_distribute.auto_shard_policy == off
+    outs = [[], []]
+
+    def run(ds, out):
+        try:
+            for images, labels, ids, epoch, n in ds:
+                assert images.shape[0] == 64
+                out.append((int(epoch), ids.numpy()[:int(n)].tolist()))
+        except BaseException as e:  # noqa: B902
+            out.append(e)
+
+    ts = [threading.Thread(target=run, args=(ds, o))
+          for ds, o in zip(dss, outs)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not any(t.is_alive() for t in ts)
+    for o in outs:
+        assert not any(isinstance(x, BaseException) for x in o), o
+        assert len(o) == 2 * steps
+    for e in range(2):
+        counts = collections.Counter(i for o in outs for ep, ids in o
+                                     if ep == e for i in ids)
+        ferrytest.assert_exactly_once(counts, small.ids(), "epoch %d" % e)
