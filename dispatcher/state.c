@@ -73,8 +73,16 @@ void ferry__disp_free_rows(job_t *j) {
   ferry__free(j->active);
   ferry__free(j->row_end);
   ferry__free(j->rank_taken);
+  ferry__free(j->part_split);
+  ferry__free(j->part_base);
+  ferry__free(j->part_rank);
+  ferry__free(j->split_part);
+  ferry__free(j->split_nparts);
   j->row_end = NULL;
   j->rank_taken = NULL;
+  j->part_split = j->split_part = j->split_nparts = NULL;
+  j->part_base = NULL;
+  j->part_rank = NULL;
   j->rows = NULL;
   j->order = NULL;
   j->active = NULL;
@@ -307,7 +315,8 @@ bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap) {
 uint64_t ferry__disp_epoch_delivered(const job_t *j) {
   uint64_t sum = 0;
   for (uint32_t i = 0; i < j->nrows; i++)
-    sum += j->rows[i].delivered;
+    sum += j->rows[i].delivered -
+           (j->part_base != NULL ? j->part_base[i] : 0);
   return sum;
 }
 
@@ -340,6 +349,71 @@ uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank) {
   if (j->pad)
     return n / j->world_size + (rank < n % j->world_size ? 1 : 0);
   return ferry__disp_rank_steps(j) * j->batch;
+}
+
+int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
+  uint32_t ns = j->ds->nsplits, w = j->world_size;
+  size_t cap = (size_t)ns + w + 1;
+  j->rows = ferry__calloc(cap, sizeof(row_t));
+  j->order = ferry__calloc(cap, sizeof(uint32_t));
+  j->row_end = ferry__calloc(cap, sizeof(uint64_t));
+  j->part_split = ferry__calloc(cap, sizeof(uint32_t));
+  j->part_base = ferry__calloc(cap, sizeof(uint64_t));
+  j->part_rank = ferry__calloc(cap, sizeof(int32_t));
+  j->split_part = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
+  j->split_nparts = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
+  if (j->rows == NULL || j->order == NULL || j->row_end == NULL ||
+      j->part_split == NULL || j->part_base == NULL || j->part_rank == NULL ||
+      j->split_part == NULL || j->split_nparts == NULL)
+    return FERRY_ENOMEM;
+  /* Rank k takes the records [b_k - quota(k), b_k) of the epoch's order,
+   * b_k = quota(0) + ... + quota(k); what lies past b_{W-1} is dropped.
+   * Rows are numbered in that order. */
+  uint64_t p = 0, b = ferry__disp_rank_quota(j, 0);
+  uint32_t k = 0, n = 0;
+  for (uint32_t i = 0; i < ns; i++) {
+    uint32_t s = perm[i];
+    uint64_t t = j->ds->splits[s].count, at = 0;
+    j->split_part[s] = n;
+    do {
+      uint64_t stop = k < w && b - p < t - at ? at + (b - p) : t;
+      if (n == cap)
+        return FERRY_ENOMEM; /* cannot happen: a boundary makes one part */
+      row_t *row = &j->rows[n];
+      row->total = stop;
+      row->total_known = t > 0;
+      row->delivered = row->start = at;
+      row->rank = n;
+      j->order[n] = n;
+      j->row_end[n] = 0;
+      j->part_split[n] = s;
+      j->part_base[n] = at;
+      j->part_rank[n] = k < w ? (int32_t)k : -1;
+      n++;
+      p += stop - at;
+      at = stop;
+      while (k < w && p >= b && ++k < w)
+        b += ferry__disp_rank_quota(j, k);
+    } while (at < t);
+    j->split_nparts[s] = n - j->split_part[s];
+  }
+  j->nrows = n;
+  return 0;
+}
+
+int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
+                           uint64_t client, uint64_t lease) {
+  if (j->part_split == NULL)
+    return ferry__disp_row_index(j, split, worker);
+  if (!j->started || split >= j->ds->nsplits)
+    return -1;
+  for (uint32_t x = 0; x < j->split_nparts[split]; x++) {
+    uint32_t r = j->split_part[split] + x;
+    if ((client != 0 && j->rows[r].client == client) ||
+        (client == 0 && j->rows[r].lease == lease))
+      return r;
+  }
+  return -1;
 }
 
 uint64_t ferry__disp_rank_dropped(const job_t *j) {

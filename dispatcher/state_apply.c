@@ -241,20 +241,6 @@ static void rank_progress(job_t *j, uint32_t idx, uint64_t to) {
   j->rank_taken[c->rank] += to - r->delivered;
 }
 
-/* Issue 21: a row whose binding was cut (row_end below its total) and
- * reached its end goes back to the pool from there, for another rank;
- * its lease ends (the worker's task is cancelled by its lease diff). */
-static void rank_cut_reached(job_t *j, uint32_t idx) {
-  row_t *r = &j->rows[idx];
-  if (j->row_end == NULL || r->done || r->client == 0 ||
-      j->row_end[idx] == 0 || r->delivered < j->row_end[idx])
-    return;
-  r->client = 0;
-  r->worker = 0;
-  j->row_end[idx] = 0;
-  ferry__disp_row_changed(j, idx, false); /* a removal: cannot fail */
-}
-
 static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
                           ferry_error_t *err) {
   job_t *j = ferry__disp_find_job(d, m->job_id);
@@ -271,7 +257,6 @@ static int apply_progress(ferry_disp_t *d, const Ferry__V1__JournalProgress *m,
       r->restarts = 0; /* progress: restarts no longer count in a row */
     }
     row_check_done(j, m->rows[i]->row);
-    rank_cut_reached(j, m->rows[i]->row);
   }
   return 0;
 }
@@ -284,7 +269,10 @@ static int apply_task_finished(ferry_disp_t *d,
 
   if (r == NULL)
     return bad_entry(err, "finished: row", m->row);
-  r->total = m->total;
+  /* A part of a split (ranked jobs) ends at its own end; the worker
+   * names the split's. */
+  r->total = j->part_base != NULL && m->total > r->total ? r->total
+                                                         : m->total;
   r->total_known = true;
   row_check_done(j, m->row);
   return 0;
@@ -321,17 +309,31 @@ static int apply_epoch_start(ferry_disp_t *d,
   ns = j->ds->nsplits;
   nw = PAR(j) ? (uint32_t)m->n_workers : 1;
   n = ns * nw;
+  if (j->world_size > 0) {
+    /* Issue 21: rows are the parts of splits each rank takes. */
+    perm = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
+    j->ep_workers = ferry__calloc(1, sizeof(uint64_t));
+    j->rank_taken = ferry__calloc(j->world_size, sizeof(uint64_t));
+    if (perm != NULL)
+      ferry__disp_split_order(j->shuffle, j->seed, j->epoch, perm, ns);
+    if (perm == NULL || j->ep_workers == NULL || j->rank_taken == NULL ||
+        ferry__disp_plan_ranks(j, perm) != 0) {
+      ferry__free(perm);
+      ferry__disp_free_rows(j);
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    }
+    ferry__free(perm);
+    j->n_ep_workers = 0;
+    j->nactive = j->ndone = j->free_from = 0;
+    j->started = true;
+    return 0;
+  }
   j->rows = ferry__calloc(n ? n : 1, sizeof(row_t));
   j->order = ferry__calloc(n ? n : 1, sizeof(uint32_t));
   j->ep_workers = ferry__calloc(nw, sizeof(uint64_t));
   perm = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
-  if (j->world_size > 0) {
-    j->row_end = ferry__calloc(n ? n : 1, sizeof(uint64_t));
-    j->rank_taken = ferry__calloc(j->world_size, sizeof(uint64_t));
-  }
   if (j->rows == NULL || j->order == NULL || j->ep_workers == NULL ||
-      perm == NULL ||
-      (j->world_size > 0 && (j->row_end == NULL || j->rank_taken == NULL))) {
+      perm == NULL) {
     ferry__free(perm);
     ferry__disp_free_rows(j);
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");

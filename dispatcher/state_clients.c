@@ -21,7 +21,8 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
   for (size_t i = 0; i < req->n_progress; i++) {
     const Ferry__V1__SplitProgress *p = req->progress[i];
     int64_t r = p->epoch == j->epoch
-                    ? ferry__disp_row_index(j, p->split, p->worker_id)
+                    ? ferry__disp_row_of(j, p->split, p->worker_id, client,
+                                         p->lease)
                     : -1;
     row_t *row = r >= 0 ? &j->rows[r] : NULL;
     uint64_t v;
@@ -80,7 +81,8 @@ static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     row_t *row;
     if (!p->restart || p->epoch != j->epoch)
       continue;
-    if ((r = ferry__disp_row_index(j, p->split, p->worker_id)) < 0)
+    if ((r = ferry__disp_row_of(j, p->split, p->worker_id, client,
+                                p->lease)) < 0)
       continue;
     row = &j->rows[r];
     /* A restart names the lease whose chunks were lost; an older one is
@@ -119,7 +121,8 @@ static void release_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     row_t *row;
     if (!p->release || p->epoch != j->epoch)
       continue;
-    if ((r = ferry__disp_row_index(j, p->split, p->worker_id)) < 0)
+    if ((r = ferry__disp_row_of(j, p->split, p->worker_id, client,
+                                p->lease)) < 0)
       continue;
     row = &j->rows[r];
     /* A row waiting for a worker keeps its lease generation until it is

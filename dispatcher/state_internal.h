@@ -71,7 +71,8 @@ typedef struct dataset_s {
 } dataset_t;
 
 /* One per split of a job's current epoch (per split and worker in
- * parallel_epochs): its split and pinned worker follow from its index
+ * parallel_epochs; per part of a split a rank takes in a ranked job):
+ * its split and pinned worker follow from its index
  * (ferry__disp_row_split, ferry__disp_row_pinned), not stored. */
 typedef struct row_s {
   uint64_t client; /* 0: unassigned */
@@ -187,6 +188,20 @@ typedef struct job_s {
   bool pad;
   uint64_t *row_end;
   uint64_t *rank_taken;
+  /* Ranked jobs: the epoch's rows are parts of splits, each taken by
+   * one rank (ferry__disp_plan_ranks, from the epoch's split order and
+   * the splits' counts alone, so replay and snapshots rebuild them): row
+   * r is records [part_base[r], rows[r].total) of split part_split[r],
+   * for rank part_rank[r] (-1: dropped under drop_remainder). A split
+   * shared by two ranks is two rows, leased, produced and acknowledged
+   * independently, so no rank waits for another's progress (ranks in
+   * lockstep, as DDP's all-reduce makes them, would wait for each other
+   * for ever). split_part[s] is the first row of split s, split_nparts
+   * [s] its count. */
+  uint32_t *part_split;
+  uint64_t *part_base;
+  int32_t *part_rank;
+  uint32_t *split_part, *split_nparts;
 } job_t;
 
 /* A client that cannot reach a worker (ClientHeartbeatRequest
@@ -330,7 +345,8 @@ row_t *ferry__disp_job_row(job_t *j, uint32_t epoch, uint32_t row);
  * worker (each of the epoch's workers owns the block of rows
  * [slot * nsplits, ...); 0 in distributed_epoch). */
 static inline uint32_t ferry__disp_row_split(const job_t *j, uint64_t r) {
-  return (uint32_t)(r % j->ds->nsplits);
+  return j->part_split != NULL ? j->part_split[r]
+                               : (uint32_t)(r % j->ds->nsplits);
 }
 static inline uint64_t ferry__disp_row_pinned(const job_t *j, uint64_t r) {
   return PAR(j) ? j->ep_workers[r / j->ds->nsplits] : 0;
@@ -424,6 +440,17 @@ int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
  * what it took and what is bound to its clients (0 for an unranked job,
  * or before the epoch starts). */
 uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
+
+/* Issue 21: builds the rows of a ranked job's epoch from the epoch's
+ * split order `perm` (job_t.part_*): j->rows, j->order, j->nrows. 0 or
+ * FERRY_ENOMEM. */
+int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm);
+
+/* The row a report about `split` is about: in a ranked job the split's
+ * part bound to `client` (non-zero) or leased as `lease`; else as
+ * ferry__disp_row_index. -1: none. */
+int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
+                           uint64_t client, uint64_t lease);
 
 /* Binds up to `want` unassigned rows of the current epoch to the client
  * (issue 21, ranked jobs: only up to its rank's quota). */

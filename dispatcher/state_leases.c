@@ -140,8 +140,16 @@ static worker_t *pick_worker(ferry_disp_t *d, const job_t *j, uint64_t client,
 /* The row's next lease generation: one more than its current one, and at
  * least boot << 32, so that the first lease of a process is above every
  * lease an earlier process issued for the row without journaling it. */
-static uint64_t next_lease(const ferry_disp_t *d, const row_t *row) {
+static uint64_t next_lease(const ferry_disp_t *d, const job_t *j,
+                           const row_t *row) {
   uint64_t floor = d->boot << 32;
+  /* The parts of a split (ranked jobs) lease from floors 2^24 apart, so
+   * that two parts on one worker never share a lease generation (a
+   * worker's task is (job, epoch, split, lease)). */
+  if (j->part_split != NULL) {
+    uint32_t r = (uint32_t)(row - j->rows);
+    floor += (uint64_t)(r - j->split_part[j->part_split[r]]) << 24;
+  }
   return row->lease + 1 > floor ? row->lease + 1 : floor;
 }
 
@@ -153,7 +161,7 @@ static int bind_row_end(ferry_disp_t *d, job_t *j, uint32_t r,
                         uint64_t client, worker_t *w, uint64_t end) {
   row_t *row = &j->rows[r];
   uint64_t worker = w != NULL ? w->id : 0;
-  uint64_t lease = w != NULL ? next_lease(d, row) : row->lease;
+  uint64_t lease = w != NULL ? next_lease(d, j, row) : row->lease;
   uint64_t start = w != NULL ? row->delivered : row->start;
   if (w != NULL) {
     w->ntasks++;
@@ -302,24 +310,25 @@ uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank) {
   return held >= q ? 0 : q - held;
 }
 
-/* Issue 21: binds rows to a ranked client only up to what its rank still
- * needs, cutting the last one at a record boundary: a fast rank never
- * takes a record of another rank's share. */
+/* Issue 21: binds to a ranked client only the rows (parts of splits) its
+ * rank owns in the epoch's plan (ferry__disp_plan_ranks): a fast rank
+ * never takes a record of another rank's share, and no rank waits for
+ * another's progress. */
 static void bind_rank_rows(ferry_disp_t *d, job_t *j, const client_t *c,
                            uint32_t want) {
-  uint64_t need = ferry__disp_rank_unbound(j, c->rank);
-  for (uint32_t k = ferry__disp_first_free(j);
-       k < j->nrows && want > 0 && need > 0; k++) {
+  for (uint32_t k = ferry__disp_first_free(j); k < j->nrows && want > 0;
+       k++) {
     uint32_t r = j->order[k];
     row_t *row = &j->rows[r];
-    uint64_t left, end;
-    if (row->client != 0 || row->done || row->total <= row->delivered)
+    const split_t *s = &j->ds->splits[j->part_split[r]];
+    if (row->client != 0 || row->done || row->total <= row->delivered ||
+        j->part_rank[r] != c->rank)
       continue;
-    left = row->total - row->delivered;
-    end = left > need ? row->delivered + need : 0;
-    if (bind_row_end(d, j, r, c->id, worker_for(d, j, r, c->id), end) != 0)
+    /* A part that ends before its split does carries its end to the
+     * client (Assignment.end): the rest of the chunks is not its. */
+    if (bind_row_end(d, j, r, c->id, worker_for(d, j, r, c->id),
+                     row->total < s->count ? row->total : 0) != 0)
       return;
-    need -= left > need ? need : left;
     want--;
   }
 }

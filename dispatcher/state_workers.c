@@ -34,7 +34,7 @@ static row_t *leased_row(ferry_disp_t *d, const worker_t *w,
 
   if (j == NULL || !RUNNING(j) || t->epoch != j->epoch)
     return NULL;
-  if ((r = ferry__disp_row_index(j, t->split, w->id)) < 0)
+  if ((r = ferry__disp_row_of(j, t->split, w->id, 0, t->lease)) < 0)
     return NULL;
   if (j->rows[r].worker != w->id || j->rows[r].lease != t->lease ||
       j->rows[r].done)
@@ -52,7 +52,7 @@ static row_t *released_row(ferry_disp_t *d, const Ferry__V1__TaskProgress *t,
   job_t *j = ferry__disp_find_job(d, t->job_id);
   int64_t r;
   if (j == NULL || !RUNNING(j) || PAR(j) || t->epoch != j->epoch ||
-      (r = ferry__disp_row_index(j, t->split, 0)) < 0)
+      (r = ferry__disp_row_of(j, t->split, 0, 0, t->lease)) < 0)
     return NULL;
   row_t *row = &j->rows[r];
   if (row->worker != 0 || row->lease != t->lease || row->done)

@@ -15,11 +15,13 @@
  * take a slow one's share if quotas did not hold. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -48,8 +50,51 @@ typedef struct rank_epoch_s {
   hx_ids_t real, padded; /* ids of real and of padding records */
 } rank_epoch_t;
 
+/* Lockstep, as DDP's all-reduce makes it: no rank starts step k + 1
+ * before every rank finished step k. A barrier whose waits are bounded
+ * (a broken lockstep fails the test instead of hanging it). */
+typedef struct lockstep_s {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int n, arrived;
+  uint64_t gen;
+  bool broken;
+} lockstep_t;
+
+static lockstep_t LOCKSTEP = {PTHREAD_MUTEX_INITIALIZER,
+                              PTHREAD_COND_INITIALIZER, 0, 0, 0, false};
+
+/* False when another rank broke the lockstep or the wait timed out. */
+static bool lockstep_wait(lockstep_t *l) {
+  pthread_mutex_lock(&l->mu);
+  uint64_t gen = l->gen;
+  if (++l->arrived == l->n) {
+    l->arrived = 0;
+    l->gen++;
+    pthread_cond_broadcast(&l->cv);
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += NEXT_TIMEOUT_MS / 1000;
+  while (l->gen == gen && !l->broken)
+    if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
+      l->broken = true;
+  bool ok = !l->broken;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  return ok;
+}
+
+static void lockstep_break(lockstep_t *l) {
+  pthread_mutex_lock(&l->mu);
+  l->broken = true;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
 typedef struct rank_s {
   int rank;
+  bool lockstep; /* step with the others (LOCKSTEP) */
   ferry_client_options_t o;
   ferry_client_t *c;
   uint64_t steps;
@@ -86,6 +131,8 @@ static void *rank_main(void *arg) {
       break;
     }
     if (rc != 0 || e >= EPOCHS) {
+      if (r->lockstep)
+        lockstep_break(&LOCKSTEP);
       r->rc = rc != 0 ? rc : -1;
       snprintf(r->err, sizeof(r->err), "rank %d epoch %u after %u batches: "
                "%s", r->rank, e, total,
@@ -100,6 +147,13 @@ static void *rank_main(void *arg) {
     for (uint32_t i = 0; i < b->size; i++)
       push(i < b->num_real ? &re->real : &re->padded, b->ids[i]);
     ferry_batch_release(r->c, b);
+    if (r->lockstep && !lockstep_wait(&LOCKSTEP)) {
+      r->rc = -1;
+      snprintf(r->err, sizeof(r->err), "rank %d epoch %u step %u: the "
+               "lockstep broke (a rank got no batch)", r->rank, e,
+               re->batches);
+      break;
+    }
     if (r->rank > 0)
       usleep((useconds_t)r->rank * 2000);
     if (++total == r->fault_after && r->fault != NULL)
@@ -275,6 +329,12 @@ static void run_shape(const char *name, shape_t s, int workers,
   rank_t r[MAX_RANKS];
   start_ranks(r, &s);
   if (fault != NULL) {
+    /* Faults hit ranks in lockstep, as DDP trains. */
+    LOCKSTEP.n = s.world;
+    LOCKSTEP.arrived = 0;
+    LOCKSTEP.broken = false;
+    for (int k = 0; k < s.world; k++)
+      r[k].lockstep = true;
     r[0].fault = fault;
     r[0].fault_after = 1 + (uint32_t)(rand() % (int)(r[0].steps * EPOCHS));
     fprintf(stderr, "%s: the fault comes after rank 0's batch %u of %llu\n",
@@ -283,6 +343,35 @@ static void run_shape(const char *name, shape_t s, int workers,
   }
   run_and_check(r, &s, name);
   hx_dataset_free(&DS);
+}
+
+/* Ranks in lockstep whose shares end inside files: 6 files of 50
+ * records over 4 ranks (75 each under pad, 72 under drop) in batches
+ * of 8; a rank's last records are the part of a file another rank
+ * shares. */
+static void lockstep_run(const char *name, bool pad) {
+  shape_t s = {.world = 4, .files = 6, .per_file = 50, .batch = 8,
+               .per_split = 50, .pad = pad};
+  start_cluster(&s, 2);
+  cr_assert_eq(hx_make_dataset(&DS, "data", s.files, s.per_file, 8, 8, 3), 0);
+  hx_spec(&DS, NULL, s.batch, SPEC, sizeof(SPEC));
+  rank_t r[MAX_RANKS];
+  start_ranks(r, &s);
+  LOCKSTEP.n = s.world;
+  LOCKSTEP.arrived = 0;
+  LOCKSTEP.broken = false;
+  for (int k = 0; k < s.world; k++)
+    r[k].lockstep = true;
+  run_and_check(r, &s, name);
+  hx_dataset_free(&DS);
+}
+
+Test(ranks, lockstep_ranks_sharing_files_pad) {
+  lockstep_run("lockstep_ranks_sharing_files_pad", true);
+}
+
+Test(ranks, lockstep_ranks_sharing_files_drop) {
+  lockstep_run("lockstep_ranks_sharing_files_drop", false);
 }
 
 static void scenario(const char *name, int workers, void (*fault)(void)) {

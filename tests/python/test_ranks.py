@@ -341,13 +341,6 @@ def test_four_ranks_from_env(clean_env, make_cluster, ranked_data):
 LOCKSTEP_TIMEOUT = 5.0
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="libferry/dispatcher (issue 21): the tail of a split cut at a "
-    "rank's quota goes back to the pool only once the head's rank has "
-    "consumed up to the cut, so lockstep ranks (DDP: an all-reduce per "
-    "step) whose next records are such a tail wait for each other; 6 "
-    "files of 50 over 4 ranks of batch 8 (75 a rank) hang at step 1")
 def test_lockstep_ranks_share_a_split(clean_env, make_cluster, ranked_data):
     """Ranks in lockstep, as DistributedDataParallel makes them: each
     takes one batch, then waits for the others (a barrier standing in for
