@@ -5,8 +5,9 @@
 # Usage: run.sh ferry|tensorflow [--build-dir DIR] [--no-setup]
 #               [-- PYTEST-ARGS...]
 #   ferry       the main suite in the venv of setup-venv.sh (Debian's torch
-#               and numpy): every test_*.py but test_tensorflow.py
-#   tensorflow  test_tensorflow.py in the TensorFlow venv of
+#               and numpy): every test_*.py but the TensorFlow ones
+#   tensorflow  test_tensorflow.py and test_mwms.py (MultiWorkerMirrored
+#               Strategy) in the TensorFlow venv of
 #               tests/interop/setup-venv.sh; exits 77 (skipped) with the
 #               reason when that venv cannot be had
 #   --build-dir the CMake build tree's tests/python directory (package
@@ -49,7 +50,7 @@ if [ "$suite" = ferry ]; then
   else
     venv=${FERRY_PY_VENV:-$HOME/.cache/ferry/venv-py}
   fi
-  set -- --ignore=test_tensorflow.py "$@"
+  set -- --ignore=test_tensorflow.py --ignore=test_mwms.py "$@"
 else
   rc=0
   out=$("$here/setup-venv.sh" --build-dir "$build" --tf) || rc=$?
@@ -59,7 +60,7 @@ else
   fi
   [ "$rc" = 0 ] || exit "$rc"
   venv=$(echo "$out" | tail -n 1)
-  set -- test_tensorflow.py "$@"
+  set -- test_tensorflow.py test_mwms.py "$@"
 fi
 
 cd "$here"

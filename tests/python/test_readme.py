@@ -37,3 +37,19 @@ def test_readme_loop_runs_as_written(tmp_path, make_cluster):
     code = code.replace("epochs=10", "epochs=2")
     exec(compile(code, "<README.md's Python loop>", "exec"), {"train_step": train_step})
     assert sum(seen) == 2 * len(data), seen
+
+
+def test_readme_ddp_loop_is_the_one_test_ddp_runs():
+    """README's data-parallel loop is docs/PYTHON.md's, which
+    test_ddp.py runs under torchrun."""
+    def first_block(path, heading):
+        text = open(path, encoding="utf-8").read()
+        assert heading in text, "%s has no %r" % (path, heading)
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+        assert blocks, "%s: no python block under %r" % (path, heading)
+        return blocks[0]
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs",
+                       "PYTHON.md")
+    assert (first_block(README, "## Data-parallel trainers") ==
+            first_block(doc, "## Data-parallel training (ranks)"))
