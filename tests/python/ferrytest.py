@@ -405,3 +405,39 @@ def assert_exactly_once(counts, expected, what="epoch"):
             what, len(dup), sorted(dup)[:5], len(missing),
             [(i >> 40, i & ((1 << 40) - 1)) for i in sorted(missing)[:5]],
             len(extra), sorted(extra)[:5]))
+
+
+def wait_progress(p, out_dir, ranks, n, deadline, what="steps"):
+    """Waits (bounded by `deadline`, time.monotonic()) until the files
+    out_dir/progress.R (R < ranks), one line per step, hold n lines in
+    all; returns how many they had. Fails when the launcher `p` ended
+    first."""
+    while True:
+        seen = 0
+        for r in range(ranks):
+            try:
+                with open(os.path.join(out_dir, "progress.%d" % r)) as f:
+                    seen += sum(1 for _ in f)
+            except FileNotFoundError:
+                pass
+        assert p.poll() is None, (
+            "the launcher ended (exit %s) after %d %s, before the fault at "
+            "%d" % (p.returncode, seen, what, n))
+        if seen >= n:
+            return seen
+        assert time.monotonic() < deadline, (
+            "%d of %d %s before the deadline" % (seen, n, what))
+        time.sleep(0.01)
+
+
+def fault_effects(cluster):
+    """The dispatcher's log lines about splits restarted and workers lost:
+    whether a fault hit work in flight (printed, not asserted: a random
+    point may fall where no split is leased)."""
+    try:
+        with open(cluster.dispatcher.log, errors="replace") as f:
+            return [ln.rstrip() for ln in f
+                    if " restarts " in ln or " lost:" in ln
+                    or " unreachable by job " in ln]
+    except OSError:
+        return []

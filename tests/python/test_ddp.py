@@ -105,7 +105,8 @@ def run_torchrun(cluster, data, out_dir, rng=None):
                 total = RANKS * EPOCHS * expected_steps()
                 kill_at = rng.randrange(1, total - 2 * RANKS)
                 victim = rng.randrange(len(cluster.workers))
-                seen = wait_progress(p, out_dir, kill_at, t0)
+                seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
+                                              t0 + RUN_TIMEOUT_S)
                 cluster.kill_worker(victim)
                 fault = ("worker%d SIGKILLed after %d of %d steps (%.2f s "
                          "into the run)" % (victim, seen, total,
@@ -141,28 +142,6 @@ def run_torchrun(cluster, data, out_dir, rng=None):
         "\n".join(errors), rc, out[-4000:], cluster.logs())
     assert rc == 0, "torchrun exited %s:\n%s" % (rc, out[-4000:])
     return results, seconds, fault
-
-
-def wait_progress(p, out_dir, n, t0):
-    """Waits (bounded) until the ranks took n steps in all; returns how
-    many they had."""
-    deadline = t0 + RUN_TIMEOUT_S
-    while True:
-        seen = 0
-        for r in range(RANKS):
-            try:
-                with open(os.path.join(out_dir, "progress.%d" % r)) as f:
-                    seen += sum(1 for _ in f)
-            except FileNotFoundError:
-                pass
-        if seen >= n:
-            return seen
-        assert p.poll() is None, (
-            "torchrun ended (exit %s) after %d steps, before the fault at %d"
-            % (p.returncode, seen, n))
-        assert time.monotonic() < deadline, (
-            "%d of %d steps within %d s" % (seen, n, RUN_TIMEOUT_S))
-        time.sleep(0.01)
 
 
 def check_ddp(results, data):

@@ -111,7 +111,9 @@ def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None):
                 total = RANKS * EPOCHS * expected_steps(drop)
                 kill_at = rng.randrange(1, total - 2 * RANKS)
                 victim = rng.randrange(len(cluster.workers))
-                fault = wait_progress(p, out_dir, kill_at, t0)
+                fault = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
+                                               t0 + RUN_TIMEOUT_S,
+                                               "batches")
                 cluster.kill_worker(victim)
                 fault = ("worker%d SIGKILLed after %d of %d batches "
                          "(%.2f s into the run)" % (
@@ -139,42 +141,6 @@ def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None):
             % (r, results[r]["error"], out[-4000:], cluster.logs()))
     assert rc == 0, "mpirun exited %s:\n%s" % (rc, out[-4000:])
     return results, seconds, fault
-
-
-def fault_effects(cluster):
-    """The dispatcher's log lines about splits restarted and workers lost:
-    whether the fault hit work in flight (printed, not asserted: a random
-    point may fall where no split is leased)."""
-    try:
-        with open(cluster.dispatcher.log, errors="replace") as f:
-            return [ln.rstrip() for ln in f
-                    if " restarts " in ln or " lost:" in ln
-                    or " unreachable by job " in ln]
-    except OSError:
-        return []
-
-
-def wait_progress(p, out_dir, n, t0):
-    """Waits (bounded) until the ranks took n batches in all; returns how
-    many they had. Fails when mpirun ended before that."""
-    deadline = t0 + RUN_TIMEOUT_S
-    while True:
-        seen = 0
-        for r in range(RANKS):
-            try:
-                with open(os.path.join(out_dir, "progress.%d" % r)) as f:
-                    seen += sum(1 for _ in f)
-            except FileNotFoundError:
-                pass
-        if seen >= n:
-            assert p.poll() is None, "mpirun ended before the fault"
-            return seen
-        assert p.poll() is None, (
-            "mpirun ended (exit %s) after %d batches, before the fault at %d"
-            % (p.returncode, seen, n))
-        assert time.monotonic() < deadline, (
-            "%d of %d batches within %d s" % (seen, n, RUN_TIMEOUT_S))
-        time.sleep(0.01)
 
 
 def check_ranks(results, data, drop):
@@ -243,7 +209,7 @@ def test_mpirun_worker_killed(mpirun, make_cluster, ranks_data, tmp_path,
                                      rng=random.Random(seed))
     print("mpirun -np %d, %d records, batch %d, %s, %s: %.1f s"
           % (RANKS, RECORDS, BATCH, "drop" if drop else "pad", fault, secs))
-    effects = fault_effects(cluster)
+    effects = ferrytest.fault_effects(cluster)
     print("dispatcher log: %d split restart(s) or lost/unreachable "
           "worker line(s) after the fault%s"
           % (len(effects), "".join("\n  " + ln for ln in effects)))

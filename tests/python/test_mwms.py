@@ -233,19 +233,6 @@ def run_workers(py, cluster, data, out_dir, rng=None):
     return results, seconds, fault
 
 
-def fault_effects(cluster):
-    """The dispatcher's log lines about splits restarted and workers lost:
-    whether the fault hit work in flight (printed, not asserted: a random
-    point may fall where no split is leased)."""
-    try:
-        with open(cluster.dispatcher.log, errors="replace") as f:
-            return [ln.rstrip() for ln in f
-                    if " restarts " in ln or " lost:" in ln
-                    or " unreachable by job " in ln]
-    except OSError:
-        return []
-
-
 def tails(logs, n=3000):
     out = []
     for log in logs:
@@ -326,7 +313,7 @@ def test_mwms_worker_killed(tfpy, make_cluster, mwms_data, tmp_path):
                                        rng=random.Random(seed))
     print("MultiWorkerMirroredStrategy, %d workers, %d records, batch %d, "
           "%s: %.1f s" % (WORKERS, RECORDS, BATCH, fault, secs))
-    effects = fault_effects(cluster)
+    effects = ferrytest.fault_effects(cluster)
     print("dispatcher log: %d split restart(s) or lost/unreachable "
           "worker line(s) after the fault%s"
           % (len(effects), "".join("\n  " + ln for ln in effects)))
