@@ -168,13 +168,14 @@ class Cluster:
         try:
             disp_dir = os.path.join(work_dir, "dispatcher")
             os.makedirs(disp_dir, exist_ok=True)
-            self.dispatcher = self._spawn("dispatcher", [
-                DISPATCHER, "--port", "0", "--host", "127.0.0.1",
-                "--work-dir", disp_dir,
+            self._disp_argv = [
+                DISPATCHER, "--host", "127.0.0.1", "--work-dir", disp_dir,
                 "--heartbeat-ms", str(heartbeat_ms),
                 "--worker-timeout-ms", str(worker_timeout_ms),
                 "--client-timeout-ms", "5000",
-                "--client-stall-ms", "30000"] + list(dispatcher_args))
+                "--client-stall-ms", "30000"] + list(dispatcher_args)
+            self.dispatcher = self._spawn(
+                "dispatcher", self._disp_argv + ["--port", "0"])
             self.addr = self.dispatcher.addr
             for _ in range(workers):
                 self.add_worker()
@@ -197,6 +198,19 @@ class Cluster:
             "--heartbeat-ms", str(self._hb)] + self._worker_args)
         self.workers.append(w)
         return w
+
+    def restart_dispatcher(self):
+        """SIGKILLs the dispatcher and starts a new one on its port and
+        work directory: it replays its journal; the workers and clients
+        reconnect to the same address."""
+        self.dispatcher.kill(signal.SIGKILL)
+        port = self.addr.rsplit(":", 1)[1]
+        self.dispatcher = self._spawn(
+            "dispatcher%d" % len(self.daemons),
+            self._disp_argv + ["--port", port])
+        assert self.dispatcher.addr == self.addr, (self.dispatcher.addr,
+                                                   self.addr)
+        return self.dispatcher
 
     def kill_worker(self, i=0, sig=signal.SIGKILL):
         """Kills worker i (SIGKILL by default, reaped) mid-whatever."""

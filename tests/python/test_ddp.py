@@ -70,7 +70,7 @@ def expected_steps():
     return -(-RECORDS // (RANKS * BATCH))   # padding: ceil
 
 
-def run_torchrun(cluster, data, out_dir, rng=None):
+def run_torchrun(cluster, data, out_dir, rng=None, fault_kind="worker"):
     """torchrun --nproc_per_node 4 ddp_rank.py; with rng, SIGKILLs one of
     the cluster's workers after a random number of steps taken over all
     ranks. Returns ({rank: result}, seconds, fault or None)."""
@@ -107,10 +107,14 @@ def run_torchrun(cluster, data, out_dir, rng=None):
                 victim = rng.randrange(len(cluster.workers))
                 seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
                                               t0 + RUN_TIMEOUT_S)
-                cluster.kill_worker(victim)
-                fault = ("worker%d SIGKILLed after %d of %d steps (%.2f s "
-                         "into the run)" % (victim, seen, total,
-                                            time.monotonic() - t0))
+                if fault_kind == "dispatcher":
+                    cluster.restart_dispatcher()
+                    what = "the dispatcher SIGKILLed and restarted"
+                else:
+                    cluster.kill_worker(victim)
+                    what = "worker%d SIGKILLed" % victim
+                fault = ("%s after %d of %d steps (%.2f s into the run)"
+                         % (what, seen, total, time.monotonic() - t0))
                 print(fault)
             rc = p.wait(timeout=max(1.0, RUN_TIMEOUT_S -
                                     (time.monotonic() - t0)))
@@ -201,6 +205,21 @@ def test_ddp_torchrun_worker_killed(dist_torch, make_cluster, ddp_data,
     results, secs, fault = run_torchrun(cluster, ddp_data,
                                         str(tmp_path / "out"),
                                         rng=random.Random(seed))
+    print("torchrun --nproc_per_node %d, %d records, batch %d, pad, %s: "
+          "%.1f s" % (RANKS, RECORDS, BATCH, fault, secs))
+    check_ddp(results, ddp_data)
+
+
+def test_ddp_torchrun_dispatcher_restarted(dist_torch, make_cluster,
+                                           ddp_data, tmp_path):
+    seed = int(os.environ.get("FERRY_PY_SEED",
+                              random.SystemRandom().randrange(1 << 32)))
+    print("seed %d (FERRY_PY_SEED=%d replays it)" % (seed, seed))
+    cluster = make_cluster(workers=2)
+    results, secs, fault = run_torchrun(cluster, ddp_data,
+                                        str(tmp_path / "out"),
+                                        rng=random.Random(seed),
+                                        fault_kind="dispatcher")
     print("torchrun --nproc_per_node %d, %d records, batch %d, pad, %s: "
           "%.1f s" % (RANKS, RECORDS, BATCH, fault, secs))
     check_ddp(results, ddp_data)
