@@ -455,3 +455,18 @@ def fault_effects(cluster):
                     or " unreachable by job " in ln]
     except OSError:
         return []
+
+
+FAULTS = ("worker", "dispatcher")
+
+
+def inject(cluster, rng, kind):
+    """The fault `kind` of FAULTS: a random worker SIGKILLed, or the
+    dispatcher SIGKILLed and restarted on its journal. Returns what was
+    done, for the test's output."""
+    if kind == "dispatcher":
+        cluster.restart_dispatcher()
+        return "the dispatcher SIGKILLed and restarted"
+    victim = rng.randrange(len(cluster.workers))
+    cluster.kill_worker(victim)
+    return "worker%d SIGKILLed" % victim

@@ -104,15 +104,9 @@ def run_torchrun(cluster, data, out_dir, rng=None, fault_kind="worker"):
             if rng is not None:
                 total = RANKS * EPOCHS * expected_steps()
                 kill_at = rng.randrange(1, total - 2 * RANKS)
-                victim = rng.randrange(len(cluster.workers))
                 seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
                                               t0 + RUN_TIMEOUT_S)
-                if fault_kind == "dispatcher":
-                    cluster.restart_dispatcher()
-                    what = "the dispatcher SIGKILLed and restarted"
-                else:
-                    cluster.kill_worker(victim)
-                    what = "worker%d SIGKILLed" % victim
+                what = ferrytest.inject(cluster, rng, fault_kind)
                 fault = ("%s after %d of %d steps (%.2f s into the run)"
                          % (what, seen, total, time.monotonic() - t0))
                 print(fault)

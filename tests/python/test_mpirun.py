@@ -82,7 +82,8 @@ def expected_steps(drop, n=RECORDS, ranks=RANKS, batch=BATCH):
     return n // rnd if drop else -(-n // rnd)
 
 
-def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None):
+def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None,
+              fault_kind="worker"):
     """Runs mpirun; with rng, SIGKILLs one worker after a random number of
     batches taken over all ranks. Returns ({rank: result}, seconds,
     fault description or None)."""
@@ -110,14 +111,11 @@ def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None):
             if rng is not None:
                 total = RANKS * EPOCHS * expected_steps(drop)
                 kill_at = rng.randrange(1, total - 2 * RANKS)
-                victim = rng.randrange(len(cluster.workers))
-                fault = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
-                                               t0 + RUN_TIMEOUT_S,
-                                               "batches")
-                cluster.kill_worker(victim)
-                fault = ("worker%d SIGKILLed after %d of %d batches "
-                         "(%.2f s into the run)" % (
-                             victim, fault, total, time.monotonic() - t0))
+                seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
+                                              t0 + RUN_TIMEOUT_S, "batches")
+                what = ferrytest.inject(cluster, rng, fault_kind)
+                fault = ("%s after %d of %d batches (%.2f s into the run)"
+                         % (what, seen, total, time.monotonic() - t0))
                 print(fault)
             rc = p.wait(timeout=max(1.0, RUN_TIMEOUT_S -
                                     (time.monotonic() - t0)))
@@ -197,16 +195,18 @@ def test_mpirun_ranks(mpirun, make_cluster, ranks_data, tmp_path, drop):
     check_ranks(results, ranks_data, drop)
 
 
+@pytest.mark.parametrize("kind", ferrytest.FAULTS)
 @pytest.mark.parametrize("drop", [True, False], ids=["drop", "pad"])
-def test_mpirun_worker_killed(mpirun, make_cluster, ranks_data, tmp_path,
-                              drop):
+def test_mpirun_fault(mpirun, make_cluster, ranks_data, tmp_path, drop,
+                      kind):
     seed = int(os.environ.get("FERRY_PY_SEED",
                               random.SystemRandom().randrange(1 << 32)))
     print("seed %d (FERRY_PY_SEED=%d replays it)" % (seed, seed))
     cluster = make_cluster(workers=2)
     results, secs, fault = run_ranks(mpirun, cluster, ranks_data,
                                      str(tmp_path / "out"), drop,
-                                     rng=random.Random(seed))
+                                     rng=random.Random(seed),
+                                     fault_kind=kind)
     print("mpirun -np %d, %d records, batch %d, %s, %s: %.1f s"
           % (RANKS, RECORDS, BATCH, "drop" if drop else "pad", fault, secs))
     effects = ferrytest.fault_effects(cluster)

@@ -151,7 +151,7 @@ def progress(out_dir):
     return n
 
 
-def run_workers(py, cluster, data, out_dir, rng=None):
+def run_workers(py, cluster, data, out_dir, rng=None, fault_kind="worker"):
     """Runs the two TensorFlow workers; with rng, SIGKILLs one Ferry worker
     after a random number of batches taken from Ferry by both. Returns ({task: result},
     seconds, fault description or None)."""
@@ -187,7 +187,6 @@ def run_workers(py, cluster, data, out_dir, rng=None):
         if rng is not None:
             total = WORKERS * EPOCHS * (RECORDS // (WORKERS * BATCH))
             kill_at = rng.randrange(1, total - 2 * WORKERS)
-            victim = rng.randrange(len(cluster.workers))
             while True:
                 seen = progress(out_dir)
                 if seen >= kill_at:
@@ -202,10 +201,9 @@ def run_workers(py, cluster, data, out_dir, rng=None):
                     % (seen, kill_at, RUN_TIMEOUT_S, tails(logs)))
                 time.sleep(0.01)
             running = all(p.poll() is None for p in procs)
-            cluster.kill_worker(victim)
-            fault = ("Ferry worker%d SIGKILLed after %d of %d batches "
-                     "(%.1f s into the run)" % (victim, seen, total,
-                                                time.monotonic() - t0))
+            what = ferrytest.inject(cluster, rng, fault_kind)
+            fault = ("Ferry: %s after %d of %d batches (%.1f s into the "
+                     "run)" % (what, seen, total, time.monotonic() - t0))
             print(fault)
             assert running, "the workers ended before the fault"
         for p in procs:
@@ -303,14 +301,16 @@ def test_mwms_two_workers(tfpy, make_cluster, mwms_data, tmp_path):
     check(results, mwms_data)
 
 
-def test_mwms_worker_killed(tfpy, make_cluster, mwms_data, tmp_path):
+@pytest.mark.parametrize("kind", ferrytest.FAULTS)
+def test_mwms_fault(tfpy, make_cluster, mwms_data, tmp_path, kind):
     seed = int(os.environ.get("FERRY_PY_SEED",
                               random.SystemRandom().randrange(1 << 32)))
     print("seed %d (FERRY_PY_SEED=%d replays it)" % (seed, seed))
     cluster = make_cluster(workers=2)
     results, secs, fault = run_workers(tfpy, cluster, mwms_data,
                                        str(tmp_path / "out"),
-                                       rng=random.Random(seed))
+                                       rng=random.Random(seed),
+                                       fault_kind=kind)
     print("MultiWorkerMirroredStrategy, %d workers, %d records, batch %d, "
           "%s: %.1f s" % (WORKERS, RECORDS, BATCH, fault, secs))
     effects = ferrytest.fault_effects(cluster)
