@@ -5,6 +5,19 @@
 #include "state_internal.h"
 
 /* Commits one Progress entry with the rows whose delivered count grew. */
+/* The row a client's SplitProgress is about: of the current epoch, bound
+ * to that client and not done; -1 otherwise. */
+static int64_t reported_row(const job_t *j, uint64_t client,
+                            const Ferry__V1__SplitProgress *p) {
+  int64_t r = p->epoch == j->epoch ? ferry__disp_row_of(j, p->split,
+                                                        p->worker_id, client,
+                                                        p->lease)
+                                   : -1;
+  if (r < 0 || j->rows[r].client != client || j->rows[r].done)
+    return -1;
+  return r;
+}
+
 static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
                            const Ferry__V1__ClientHeartbeatRequest *req) {
   Ferry__V1__JournalProgress m = FERRY__V1__JOURNAL_PROGRESS__INIT;
@@ -20,13 +33,10 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
     goto out;
   for (size_t i = 0; i < req->n_progress; i++) {
     const Ferry__V1__SplitProgress *p = req->progress[i];
-    int64_t r = p->epoch == j->epoch
-                    ? ferry__disp_row_of(j, p->split, p->worker_id, client,
-                                         p->lease)
-                    : -1;
+    int64_t r = reported_row(j, client, p);
     row_t *row = r >= 0 ? &j->rows[r] : NULL;
     uint64_t v;
-    if (row == NULL || row->client != client || row->done)
+    if (row == NULL)
       continue;
     /* A client never acknowledges more than the split holds. */
     if (row->total_known && p->delivered > row->total)
@@ -79,18 +89,14 @@ static void restart_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     const Ferry__V1__SplitProgress *p = req->progress[i];
     int64_t r;
     row_t *row;
-    if (!p->restart || p->epoch != j->epoch)
-      continue;
-    if ((r = ferry__disp_row_of(j, p->split, p->worker_id, client,
-                                p->lease)) < 0)
+    if (!p->restart || (r = reported_row(j, client, p)) < 0)
       continue;
     row = &j->rows[r];
     /* A restart names the lease whose chunks were lost; an older one is
      * stale (a gap left by a superseded lease's straggler), except for a
      * restart of whatever is current (the client dropped what it held,
      * or its stream to the row's worker broke). */
-    if (row->client != client || row->done || row->worker == 0 ||
-        p->lease > row->lease ||
+    if (row->worker == 0 || p->lease > row->lease ||
         (row->lease != p->lease && !p->restart_current))
       continue;
     if (ferry__disp_restart_row(d, j, (uint32_t)r) != 0)
@@ -119,17 +125,13 @@ static void release_rows(ferry_disp_t *d, job_t *j, uint64_t client,
     const Ferry__V1__SplitProgress *p = req->progress[i];
     int64_t r;
     row_t *row;
-    if (!p->release || p->epoch != j->epoch)
-      continue;
-    if ((r = ferry__disp_row_of(j, p->split, p->worker_id, client,
-                                p->lease)) < 0)
+    if (!p->release || (r = reported_row(j, client, p)) < 0)
       continue;
     row = &j->rows[r];
     /* A row waiting for a worker keeps its lease generation until it is
      * leased (a new one then): giving that up again would only bind it
      * back to the asking client, once per heartbeat. */
-    if (row->client != client || row->done || row->worker == 0 ||
-        row->lease != p->lease)
+    if (row->worker == 0 || row->lease != p->lease)
       continue;
     uint64_t worker = row->worker;
     FERRY_LOG(FERRY_LOG_INFO,
