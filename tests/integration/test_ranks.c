@@ -321,20 +321,24 @@ static void run_and_check(rank_t *r, const shape_t *s, const char *what) {
   free(all);
 }
 
-static void run_shape(const char *name, shape_t s, int workers,
+/* Runs W ranks of shape `s` on `workers` workers: `lockstep`, as DDP
+ * trains (a barrier after every batch); `fault` (may be NULL) at a random
+ * batch of rank 0. */
+static void run_shape(const char *name, shape_t s, int workers, bool lockstep,
                       void (*fault)(void)) {
   start_cluster(&s, workers);
   cr_assert_eq(hx_make_dataset(&DS, "data", s.files, s.per_file, 8, 8, 3), 0);
   hx_spec(&DS, NULL, s.batch, SPEC, sizeof(SPEC));
   rank_t r[MAX_RANKS];
   start_ranks(r, &s);
-  if (fault != NULL) {
-    /* Faults hit ranks in lockstep, as DDP trains. */
+  if (lockstep) {
     LOCKSTEP.n = s.world;
     LOCKSTEP.arrived = 0;
     LOCKSTEP.broken = false;
     for (int k = 0; k < s.world; k++)
       r[k].lockstep = true;
+  }
+  if (fault != NULL) {
     r[0].fault = fault;
     r[0].fault_after = 1 + (uint32_t)(rand() % (int)(r[0].steps * EPOCHS));
     fprintf(stderr, "%s: the fault comes after rank 0's batch %u of %llu\n",
@@ -352,18 +356,7 @@ static void run_shape(const char *name, shape_t s, int workers,
 static void lockstep_run(const char *name, bool pad) {
   shape_t s = {.world = 4, .files = 6, .per_file = 50, .batch = 8,
                .per_split = 50, .pad = pad};
-  start_cluster(&s, 2);
-  cr_assert_eq(hx_make_dataset(&DS, "data", s.files, s.per_file, 8, 8, 3), 0);
-  hx_spec(&DS, NULL, s.batch, SPEC, sizeof(SPEC));
-  rank_t r[MAX_RANKS];
-  start_ranks(r, &s);
-  LOCKSTEP.n = s.world;
-  LOCKSTEP.arrived = 0;
-  LOCKSTEP.broken = false;
-  for (int k = 0; k < s.world; k++)
-    r[k].lockstep = true;
-  run_and_check(r, &s, name);
-  hx_dataset_free(&DS);
+  run_shape(name, s, 2, true, NULL);
 }
 
 Test(ranks, lockstep_ranks_sharing_files_pad) {
@@ -375,7 +368,8 @@ Test(ranks, lockstep_ranks_sharing_files_drop) {
 }
 
 static void scenario(const char *name, int workers, void (*fault)(void)) {
-  run_shape(name, draw(hx_seed(name)), workers, fault);
+  /* Faults hit ranks in lockstep, as DDP trains. */
+  run_shape(name, draw(hx_seed(name)), workers, fault != NULL, fault);
 }
 
 /* 65 records, 4 ranks, batches of 8: 3 steps each, rank 0 gets 17 real
@@ -384,7 +378,7 @@ static void scenario(const char *name, int workers, void (*fault)(void)) {
 Test(ranks, padding_batches_of_no_real_record) {
   shape_t s = {.world = 4, .files = 5, .per_file = 13, .batch = 8,
                .per_split = 13, .pad = true};
-  run_shape("padding_batches_of_no_real_record", s, 2, NULL);
+  run_shape("padding_batches_of_no_real_record", s, 2, false, NULL);
 }
 
 Test(ranks, every_rank_takes_the_same_steps) {
