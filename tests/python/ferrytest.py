@@ -470,3 +470,44 @@ def inject(cluster, rng, kind):
     victim = rng.randrange(len(cluster.workers))
     cluster.kill_worker(victim)
     return "worker%d SIGKILLed" % victim
+
+
+def run_launcher(argv, env, out_dir, log, ranks, timeout_s, cluster=None,
+                 rng=None, total=0, fault_kind="worker", unit="steps",
+                 cwd=None):
+    """Runs a launcher (torchrun, mpirun) in a process group of its own,
+    its output to `log`, for at most timeout_s. With `rng`: once its
+    ranks took a random number of the run's `total` steps (their
+    out_dir/progress.R files), injects the fault `fault_kind` into
+    `cluster`. Whatever happens, no process of the group outlives this.
+    Returns (exit status, the log's text, seconds, the fault or None)."""
+    fault = None
+    t0 = time.monotonic()
+    with open(log, "wb") as logf:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                             stderr=subprocess.STDOUT, env=env,
+                             process_group=0, close_fds=True, cwd=cwd)
+        try:
+            if rng is not None:
+                at = rng.randrange(1, total - 2 * ranks)
+                seen = wait_progress(p, out_dir, ranks, at, t0 + timeout_s,
+                                     unit)
+                what = inject(cluster, rng, fault_kind)
+                fault = ("%s after %d of %d %s (%.2f s into the run)"
+                         % (what, seen, total, unit, time.monotonic() - t0))
+                print(fault)
+            rc = p.wait(timeout=max(1.0, timeout_s -
+                                    (time.monotonic() - t0)))
+        except BaseException:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+            raise
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    seconds = time.monotonic() - t0
+    with open(log, "r", errors="replace") as f:
+        out = f.read()
+    return rc, out, seconds, fault

@@ -18,11 +18,8 @@ import collections
 import json
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -93,38 +90,10 @@ def run_torchrun(cluster, data, out_dir, rng=None, fault_kind="worker"):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHERS}
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONDONTWRITEBYTECODE="1")
-    log = os.path.join(out_dir, "torchrun.log")
-    fault = None
-    t0 = time.monotonic()
-    with open(log, "wb") as logf:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                             stderr=subprocess.STDOUT, env=env,
-                             process_group=0, close_fds=True, cwd=out_dir)
-        try:
-            if rng is not None:
-                total = RANKS * EPOCHS * expected_steps()
-                kill_at = rng.randrange(1, total - 2 * RANKS)
-                seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
-                                              t0 + RUN_TIMEOUT_S)
-                what = ferrytest.inject(cluster, rng, fault_kind)
-                fault = ("%s after %d of %d steps (%.2f s into the run)"
-                         % (what, seen, total, time.monotonic() - t0))
-                print(fault)
-            rc = p.wait(timeout=max(1.0, RUN_TIMEOUT_S -
-                                    (time.monotonic() - t0)))
-        except BaseException:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-            raise
-        finally:
-            # torchrun's ranks are in its process group: none outlives it.
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    seconds = time.monotonic() - t0
-    with open(log, "r", errors="replace") as f:
-        out = f.read()
+    rc, out, seconds, fault = ferrytest.run_launcher(
+        argv, env, out_dir, os.path.join(out_dir, "torchrun.log"), RANKS,
+        RUN_TIMEOUT_S, cluster, rng, RANKS * EPOCHS * expected_steps(),
+        fault_kind, cwd=out_dir)
     results = {}
     errors = []
     for r in range(RANKS):

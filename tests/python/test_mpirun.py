@@ -20,10 +20,7 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -100,32 +97,10 @@ def run_ranks(mpirun, cluster, data, out_dir, drop, rng=None,
             "--out", out_dir, "--sleep-ms", str(SLEEP_MS if rng else 0),
             "--timeout", "30"]
     env = {k: v for k, v in os.environ.items() if k not in OTHER_LAUNCHERS}
-    log = os.path.join(out_dir, "mpirun.log")
-    fault = None
-    t0 = time.monotonic()
-    with open(log, "wb") as logf:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                             stderr=subprocess.STDOUT, env=env,
-                             process_group=0, close_fds=True)
-        try:
-            if rng is not None:
-                total = RANKS * EPOCHS * expected_steps(drop)
-                kill_at = rng.randrange(1, total - 2 * RANKS)
-                seen = ferrytest.wait_progress(p, out_dir, RANKS, kill_at,
-                                              t0 + RUN_TIMEOUT_S, "batches")
-                what = ferrytest.inject(cluster, rng, fault_kind)
-                fault = ("%s after %d of %d batches (%.2f s into the run)"
-                         % (what, seen, total, time.monotonic() - t0))
-                print(fault)
-            rc = p.wait(timeout=max(1.0, RUN_TIMEOUT_S -
-                                    (time.monotonic() - t0)))
-        except BaseException:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-            raise
-    seconds = time.monotonic() - t0
-    with open(log, "r", errors="replace") as f:
-        out = f.read()
+    rc, out, seconds, fault = ferrytest.run_launcher(
+        argv, env, out_dir, os.path.join(out_dir, "mpirun.log"), RANKS,
+        RUN_TIMEOUT_S, cluster, rng, RANKS * EPOCHS * expected_steps(drop),
+        fault_kind, unit="batches")
     results = {}
     for r in range(RANKS):
         path = os.path.join(out_dir, "rank%d.json" % r)
