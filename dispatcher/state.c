@@ -75,6 +75,7 @@ void ferry__disp_free_rows(job_t *j) {
   ferry__free(j->rank_taken);
   ferry__free(j->part_split);
   ferry__free(j->part_base);
+  ferry__free(j->part_roff);
   ferry__free(j->part_rank);
   ferry__free(j->split_part);
   ferry__free(j->split_nparts);
@@ -82,6 +83,7 @@ void ferry__disp_free_rows(job_t *j) {
   j->rank_taken = NULL;
   j->part_split = j->split_part = j->split_nparts = NULL;
   j->part_base = NULL;
+  j->part_roff = NULL;
   j->part_rank = NULL;
   j->rows = NULL;
   j->order = NULL;
@@ -360,10 +362,12 @@ int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
   j->part_split = ferry__calloc(cap, sizeof(uint32_t));
   j->part_base = ferry__calloc(cap, sizeof(uint64_t));
   j->part_rank = ferry__calloc(cap, sizeof(int32_t));
+  j->part_roff = ferry__calloc(cap, sizeof(uint64_t));
   j->split_part = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
   j->split_nparts = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
   if (j->rows == NULL || j->order == NULL || j->row_end == NULL ||
       j->part_split == NULL || j->part_base == NULL || j->part_rank == NULL ||
+      j->part_roff == NULL ||
       j->split_part == NULL || j->split_nparts == NULL)
     return FERRY_ENOMEM;
   /* Rank k takes the records [b_k - quota(k), b_k) of the epoch's order,
@@ -389,6 +393,8 @@ int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
       j->part_split[n] = s;
       j->part_base[n] = at;
       j->part_rank[n] = k < w ? (int32_t)k : -1;
+      /* Issue 22: where the part starts in its rank's share. */
+      j->part_roff[n] = k < w ? p - (b - ferry__disp_rank_quota(j, k)) : 0;
       n++;
       p += stop - at;
       at = stop;

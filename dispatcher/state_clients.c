@@ -212,6 +212,9 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
     as->lease = row->lease;
     as->start = row->delivered;
     as->end = j->row_end != NULL ? j->row_end[mine[i].row] : 0;
+    if (j->part_roff != NULL)
+      as->rank_index = j->part_roff[mine[i].row] + row->delivered -
+                       j->part_base[mine[i].row];
     const active_t *act = ferry__disp_row_active(j, row);
     as->unread = act != NULL && row->worker != 0 &&
                  act->unread_lease == row->lease;

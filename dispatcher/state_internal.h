@@ -197,9 +197,11 @@ typedef struct job_s {
    * independently, so no rank waits for another's progress (ranks in
    * lockstep, as DDP's all-reduce makes them, would wait for each other
    * for ever). split_part[s] is the first row of split s, split_nparts
-   * [s] its count. */
+   * [s] its count. part_roff[r] is where the part starts in its rank's
+   * share (issue 22: deterministic assembly puts record part_base[r] + i
+   * at the rank's position part_roff[r] + i). */
   uint32_t *part_split;
-  uint64_t *part_base;
+  uint64_t *part_base, *part_roff;
   int32_t *part_rank;
   uint32_t *split_part, *split_nparts;
 } job_t;

@@ -55,7 +55,9 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
     return ferry__seterr(err, FERRY_EINVAL,
                          "job options: world_size needs mode "
                          "distributed_epoch");
-  if (o->job_name[0] == '\0')
+  /* One rank (issue 22: deterministic order for one trainer) may be a
+   * private job. */
+  if (o->job_name[0] == '\0' && o->world_size > 1)
     return ferry__seterr(err, FERRY_EINVAL,
                          "job options: world_size needs a job_name that "
                          "every rank joins");

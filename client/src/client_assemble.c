@@ -34,6 +34,8 @@ double ferry__client_now(void) {
 
 /* ---- Set-up ------------------------------------------------------------ */
 
+static void det_drop_held_locked(ferry_client_t *c, ferry__split_t *s);
+
 int ferry__asm_init(ferry_client_t *c, ferry_error_t *err) {
   const ferry__asm_params_t *ap = &c->ap;
   pthread_condattr_t ca;
@@ -82,6 +84,8 @@ void ferry__asm_close(ferry_client_t *c) {
     pthread_cond_destroy(&c->space_cv);
     pthread_cond_destroy(&c->hb_cv);
   }
+  for (size_t i = 0; c->splits != NULL && i < c->n_splits; i++)
+    det_drop_held_locked(c, &c->splits[i]);
   ferry__free(c->slots);
   ferry__free(c->queue);
   ferry__free(c->splits);
@@ -178,8 +182,11 @@ static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
   return s;
 }
 
+/* Every record of the split arrived and, in deterministic order, went
+ * into a slot (none waits its turn). */
 static bool fully_received(const ferry__split_t *s) {
-  return s->has_total && s->received >= s->total;
+  return s->has_total && s->received >= s->total &&
+         (!s->det || (s->assembled >= s->received && s->held == NULL));
 }
 
 /* Remembers a chunk with records that was dropped (fenced, or its split
@@ -397,6 +404,16 @@ static void free_discarded_locked(ferry_client_t *c, ferry__slot_t *s) {
 void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
                                 const char *why) {
   uint64_t dropped = 0;
+  /* Deterministic order: the rank's next position is the first one not
+   * handed out, the oldest queued slot's first. */
+  for (uint32_t i = 0; c->det && i < c->qlen; i++) {
+    ferry__slot_t *s = &c->slots[c->queue[(c->qhead + i) % c->ap.prefetch]];
+    if (s->det_has_first) {
+      c->det_epoch = s->epoch;
+      c->det_next = s->det_first;
+      break;
+    }
+  }
   for (uint32_t i = 0; i < c->qlen; i++) {
     ferry__slot_t *s = &c->slots[c->queue[(c->qhead + i) % c->ap.prefetch]];
     dropped += s->size;
@@ -407,7 +424,8 @@ void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
   c->fill = -1;
   for (size_t i = 0; i < c->n_splits; i++) {
     ferry__split_t *s = &c->splits[i];
-    s->received = s->delivered;
+    s->received = s->assembled = s->delivered;
+    det_drop_held_locked(c, s);
     if (!drop_splits && s->assigned &&
         !(s->has_total && s->delivered >= s->total))
       mark_restart_locked(c, s, s->lease, true);
@@ -531,7 +549,7 @@ static void maybe_flush_locked(ferry_client_t *c) {
  * steps_per_epoch batches per epoch, its last real one filled up and
  * then, if its real records ran out sooner, batches of no real record. */
 static bool padding(const ferry_client_t *c) {
-  return c->ranked && c->rk_pad;
+  return c->ranked && c->rk_pad && c->rk_world > 1;
 }
 
 /* Slots queued of epoch e holding real records. */
@@ -592,6 +610,7 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       s->drop = false;
       s->padded = s->pad_only = false;
       s->num_real = 0;
+      s->det_has_first = false;
       s->prepared = c->stg_mode == FERRY__STG_RAW;
       s->preparing = false;
       c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
@@ -610,10 +629,348 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
   return true;
 }
 
+/* Reserves n records of (epoch, split, key worker kw) at the end of the
+ * fill slot, closing it when full; returns their first index in it. */
+static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
+                               uint32_t split, uint64_t kw, uint32_t n) {
+  ferry__slot_t *slot = &c->slots[c->fill];
+  uint32_t base = slot->size;
+  slot->size += n;
+  ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
+  if (last != NULL && last->epoch == epoch && last->split == split &&
+      last->worker_id == kw)
+    last->count += n;
+  else
+    slot->segs[slot->n_segs++] = (ferry__seg_t){
+        .epoch = epoch, .split = split, .count = n, .worker_id = kw};
+  if (slot->size == c->ap.batch_size)
+    close_fill_locked(c);
+  return base;
+}
+
+/* Copies the n records of ch from its record `off` into the slot's
+ * reserved records [base, base + n), outside the lock (readers copy in
+ * parallel), then prepares the slot if that completed it. Lock held on
+ * entry and on return. */
+static void copy_in_locked(ferry_client_t *c, ferry__slot_t *slot,
+                           const ferry_chunk_t *ch,
+                           const ferry_chunk_src_t *src, uint64_t off,
+                           uint32_t base, uint32_t n) {
+  size_t rb = c->record_bytes;
+  pthread_mutex_unlock(&c->mu);
+  size_t want = (size_t)n * rb;
+  size_t got = src->copy(src, ch->payload_off + off * rb,
+                         slot->images + base * rb, want);
+  if (ch->n_labels != 0)
+    memcpy(slot->labels + base, ch->labels + off, n * sizeof(int64_t));
+  else
+    memset(slot->labels + base, 0, n * sizeof(int64_t));
+  if (ch->n_ids != 0)
+    memcpy(slot->ids + base, ch->ids + off, n * sizeof(uint64_t));
+  else
+    memset(slot->ids + base, 0, n * sizeof(uint64_t));
+  pthread_mutex_lock(&c->mu);
+  slot->copied += n;
+  if (got != want) {
+    /* The transport could not deliver the payload (UCX: the worker
+     * died between a chunk's header and its payload): these records are
+     * not in the slot. Fencing drops every batch not handed out and
+     * restarts our splits from what the trainer got. */
+    char why[160];
+    snprintf(why, sizeof(why), "a chunk's payload could not be received "
+             "(%zu of %zu bytes)", got, want);
+    ferry__client_fence_locked(c, false, why);
+  }
+  free_discarded_locked(c, slot);
+  if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
+    pad_partial_locked(c, slot);
+    /* The reader that completes a batch augments it (or enqueues it on
+     * the device) right away, in parallel with the trainer. */
+    if (!slot->prepared && !slot->preparing && !slot->drop &&
+        slot->size > 0)
+      prepare_unlocked(c, slot);
+    pthread_cond_broadcast(&c->ready_cv);
+  }
+}
+
+/* ---- Deterministic order (issue 22) ------------------------------------ */
+
+/* The rank's position of the split's position p. */
+static uint64_t det_pos(const ferry__split_t *s, uint64_t p) {
+  return (uint64_t)(s->det_base + (int64_t)p);
+}
+
+/* Frees the split's held records. A block still being copied into (not
+ * ready) is only unlinked: its copier frees it. */
+static void det_drop_held_locked(ferry_client_t *c, ferry__split_t *s) {
+  ferry__held_t *h = s->held;
+  s->held = NULL;
+  while (h != NULL) {
+    ferry__held_t *next = h->next;
+    c->det_held -= h->count;
+    h->next = NULL;
+    if (h->ready)
+      ferry__free(h);
+    else
+      h->ready = true; /* orphaned: the copier sees it and frees it */
+    h = next;
+  }
+}
+
+/* Moves the rank's next position on by n; past the rank's last record of
+ * the epoch it is the next epoch's first. */
+static void det_advance_locked(ferry_client_t *c, uint64_t n) {
+  c->det_next += n;
+  if (c->rank_records > 0 && c->det_next >= c->rank_records) {
+    c->det_epoch++;
+    c->det_next = 0;
+  }
+}
+
+/* Whether a slot of `epoch` can be had now without waiting. */
+static bool slot_free_locked(const ferry_client_t *c, uint32_t epoch) {
+  if (c->fill >= 0 && c->slots[c->fill].epoch == epoch)
+    return true;
+  if (pad_gate_locked(c, epoch))
+    return false;
+  for (uint32_t i = 0; i < c->ap.prefetch; i++)
+    if (c->slots[i].state == FERRY__SLOT_FREE)
+      return true;
+  return false;
+}
+
+/* Moves records of ch (split key kw) into slots while they are the rank's
+ * next: from the split's `assembled` position up to `end`. A chunk off a
+ * stream (from_net) moves `received` along; a held block's records were
+ * received already. may_wait false: stops rather than wait for a slot.
+ * Returns the records moved. */
+static uint64_t det_place_locked(ferry_client_t *c, const ferry_chunk_t *ch,
+                                 const ferry_chunk_src_t *src, uint64_t kw,
+                                 uint64_t end, bool from_net, bool may_wait,
+                                 const bool *stop) {
+  uint64_t moved = 0, fences = c->fences;
+  for (;;) {
+    ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    /* A fence moved every count back: this chunk's place is unknown. */
+    if (c->fences != fences)
+      break;
+    if (s == NULL || s->assembled >= end || s->assembled < ch->first ||
+        (from_net && s->assembled != s->received) ||
+        ch->epoch != c->det_epoch || det_pos(s, s->assembled) != c->det_next)
+      break;
+    if (!may_wait && !slot_free_locked(c, ch->epoch))
+      break;
+    if (!take_slot_locked(c, ch->epoch, stop))
+      break;
+    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    if (c->fences != fences || s == NULL || s->assembled >= end ||
+        s->assembled < ch->first ||
+        (from_net && s->assembled != s->received) ||
+        ch->epoch != c->det_epoch ||
+        det_pos(s, s->assembled) != c->det_next || lease_lapsed_locked(c))
+      break;
+    ferry__slot_t *slot = &c->slots[c->fill];
+    if (!slot->det_has_first) {
+      slot->det_has_first = true;
+      slot->det_first = c->det_next;
+    }
+    uint64_t off = s->assembled - ch->first;
+    uint32_t n = c->ap.batch_size - slot->size;
+    if (n > end - s->assembled)
+      n = (uint32_t)(end - s->assembled);
+    uint32_t base = reserve_locked(c, ch->epoch, ch->split, kw, n);
+    s->assembled += n;
+    if (from_net)
+      s->received = s->assembled;
+    det_advance_locked(c, n);
+    moved += n;
+    copy_in_locked(c, slot, ch, src, off, base, n);
+  }
+  return moved;
+}
+
+/* Keeps the records [received, end) of ch, which are not the rank's next
+ * yet, until they are (det_feed_locked). */
+static void det_hold_locked(ferry_client_t *c, const ferry_chunk_t *ch,
+                            const ferry_chunk_src_t *src, uint64_t kw,
+                            uint64_t end) {
+  ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+  if (s == NULL || s->received >= end || s->received < ch->first)
+    return;
+  size_t rb = c->record_bytes;
+  uint32_t n = (uint32_t)(end - s->received);
+  uint64_t off = s->received - ch->first;
+  ferry__held_t *h = ferry__malloc(sizeof(*h) + (size_t)n * rb +
+                                   (size_t)n * 2 * sizeof(int64_t));
+  if (h == NULL) {
+    ferry__client_fail_locked(c, FERRY_ENOMEM,
+                              "client: out of memory for %u records that "
+                              "wait for their turn", n);
+    return;
+  }
+  h->labels = (int64_t *)(h + 1);
+  h->ids = h->labels + n;
+  h->images = (uint8_t *)(h->ids + n);
+  h->first = s->received;
+  h->count = n;
+  h->ready = false;
+  ferry__held_t **at = &s->held;
+  while (*at != NULL && (*at)->first < h->first)
+    at = &(*at)->next;
+  h->next = *at;
+  *at = h;
+  s->received = end;
+  c->det_held += n;
+  if (c->det_held > c->det_held_peak)
+    c->det_held_peak = c->det_held;
+  pthread_mutex_unlock(&c->mu);
+  size_t want = (size_t)n * rb;
+  size_t got = src->copy(src, ch->payload_off + off * rb, h->images, want);
+  if (ch->n_labels != 0)
+    memcpy(h->labels, ch->labels + off, n * sizeof(int64_t));
+  else
+    memset(h->labels, 0, n * sizeof(int64_t));
+  if (ch->n_ids != 0)
+    memcpy(h->ids, ch->ids + off, n * sizeof(int64_t));
+  else
+    memset(h->ids, 0, n * sizeof(int64_t));
+  pthread_mutex_lock(&c->mu);
+  if (h->ready) {
+    ferry__free(h); /* dropped meanwhile (a fence, the split's end) */
+    return;
+  }
+  h->ready = true;
+  if (got != want) {
+    char why[160];
+    snprintf(why, sizeof(why), "a chunk's payload could not be received "
+             "(%zu of %zu bytes)", got, want);
+    ferry__client_fence_locked(c, false, why);
+  }
+}
+
+/* Moves the rank's next position past what cannot come: the rest of a
+ * binding that ended short (policy skip), or the rest of an epoch the
+ * dispatcher has no more of for this rank. Returns whether it moved. */
+static bool det_skip_locked(ferry_client_t *c) {
+  bool rest = c->hb_seen && (c->d_epoch > c->det_epoch ||
+                             (c->d_epoch == c->det_epoch && c->d_exhausted));
+  for (size_t i = 0; i < c->n_splits; i++) {
+    const ferry__split_t *t = &c->splits[i];
+    if (!t->det || t->epoch != c->det_epoch)
+      continue;
+    if (!fully_received(t)) {
+      rest = false;
+      continue;
+    }
+    if (det_pos(t, t->assembled) <= c->det_next && c->det_next < t->det_end) {
+      det_advance_locked(c, t->det_end - c->det_next);
+      return true;
+    }
+  }
+  if (!rest || c->det_next == 0)
+    return false;
+  c->det_epoch++;
+  c->det_next = 0;
+  return true;
+}
+
+/* Moves held records into slots while they are the rank's next, one
+ * thread at a time. may_wait false: only into slots free now (the
+ * trainer's thread must not wait for a slot only it can free). Returns
+ * whether anything moved. */
+static bool det_feed_locked(ferry_client_t *c, bool may_wait,
+                            const bool *stop) {
+  if (!c->det || c->det_feeding)
+    return false;
+  bool any = false;
+  c->det_feeding = true;
+  while (c->fail_code == 0 && !c->stopping && !(stop != NULL && *stop)) {
+    ferry__split_t *s = NULL;
+    for (size_t i = 0; i < c->n_splits && s == NULL; i++) {
+      ferry__split_t *t = &c->splits[i];
+      if (t->det && t->epoch == c->det_epoch && t->held != NULL &&
+          t->held->ready && t->held->first == t->assembled &&
+          det_pos(t, t->assembled) == c->det_next)
+        s = t;
+    }
+    if (s == NULL) {
+      if (det_skip_locked(c))
+        continue;
+      break;
+    }
+    if (!may_wait && !slot_free_locked(c, s->epoch))
+      break;
+    ferry__held_t *h = s->held;
+    s->held = h->next;
+    h->next = NULL;
+    c->det_held -= h->count;
+    uint64_t kw = c->ap.per_worker ? s->worker_id : 0;
+    ferry_chunk_t hc = {.epoch = s->epoch, .split = s->split,
+                        .lease = s->lease, .first = h->first,
+                        .count = h->count, .labels = h->labels,
+                        .n_labels = h->count, .ids = h->ids,
+                        .n_ids = h->count};
+    ferry_chunk_src_t src;
+    ferry_chunk_src_bytes(&src, h->images, (size_t)h->count *
+                                               c->record_bytes);
+    uint64_t end = h->first + h->count, fences = c->fences;
+    uint64_t moved = det_place_locked(c, &hc, &src, kw, end, false,
+                                      may_wait, stop);
+    any = any || moved > 0;
+    s = ferry__client_split_of(c, hc.epoch, hc.split, kw);
+    if (c->fences == fences && s != NULL && moved < h->count &&
+        s->assembled >= h->first &&
+        s->assembled < end && !c->stopping &&
+        c->fail_code == 0 && !lease_lapsed_locked(c)) {
+      /* Stopped for want of a free slot: the rest waits again. */
+      uint64_t skip = s->assembled - h->first;
+      uint32_t left = (uint32_t)(end - s->assembled);
+      size_t rb = c->record_bytes;
+      memmove(h->images, h->images + skip * rb, (size_t)left * rb);
+      memmove(h->labels, h->labels + skip, left * sizeof(int64_t));
+      memmove(h->ids, h->ids + skip, left * sizeof(int64_t));
+      h->first = s->assembled;
+      h->count = left;
+      h->next = s->held; /* the first held: it is the next */
+      s->held = h;
+      c->det_held += left;
+      break;
+    }
+    ferry__free(h);
+    if (moved == 0)
+      break;
+  }
+  c->det_feeding = false;
+  return any;
+}
+
+/* Takes a chunk's records [received, end) in deterministic order: those
+ * the rank had already (a replay) are skipped, those next go into slots,
+ * the rest are held until their turn. */
+static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
+                             const ferry_chunk_src_t *src, uint64_t kw,
+                             uint64_t end, const bool *stop) {
+  ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+  if (s == NULL || !s->det)
+    return;
+  if (s->received == s->assembled && s->held == NULL &&
+      (ch->epoch < c->det_epoch ||
+       (ch->epoch == c->det_epoch && det_pos(s, s->received) < c->det_next))) {
+    uint64_t upto = end;
+    if (ch->epoch == c->det_epoch && det_pos(s, end) > c->det_next)
+      upto = (uint64_t)((int64_t)c->det_next - s->det_base);
+    if (upto > s->received)
+      s->received = s->assembled = upto;
+  }
+  if (s->received >= end)
+    return;
+  det_place_locked(c, ch, src, kw, end, true, true, stop);
+  det_hold_locked(c, ch, src, kw, end);
+}
+
 int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
                            const ferry_chunk_src_t *src, const bool *stop) {
   const ferry__asm_params_t *ap = &c->ap;
-  size_t rb = c->record_bytes;
   int rc = 0;
   pthread_mutex_lock(&c->mu);
   if (ch->error_code != 0) {
@@ -695,7 +1052,11 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
   uint64_t end = ch->first + ch->count;
   if (s->cut > 0 && end > s->cut)
     end = s->cut;
-  for (;;) {
+  if (c->det) {
+    det_chunk_locked(c, ch, src, kw, end, stop);
+    det_feed_locked(c, true, stop);
+  }
+  for (; !c->det;) {
     /* Re-read after every unlock: another reader may have taken the same
      * positions from a re-leased duplicate meanwhile. */
     s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
@@ -714,56 +1075,9 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
     uint32_t n = ap->batch_size - slot->size;
     if (n > end - s->received)
       n = (uint32_t)(end - s->received);
-    uint32_t base = slot->size;
-    slot->size += n;
-    ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
-    if (last != NULL && last->epoch == ch->epoch &&
-        last->split == ch->split && last->worker_id == kw)
-      last->count += n;
-    else
-      slot->segs[slot->n_segs++] = (ferry__seg_t){
-          .epoch = ch->epoch, .split = ch->split, .count = n,
-          .worker_id = kw};
+    uint32_t base = reserve_locked(c, ch->epoch, ch->split, kw, n);
     s->received += n;
-    if (slot->size == ap->batch_size)
-      close_fill_locked(c);
-    pthread_mutex_unlock(&c->mu);
-
-    /* The copy runs outside the lock, so readers copy in parallel. */
-    size_t want = (size_t)n * rb;
-    size_t got = src->copy(src, ch->payload_off + off * rb,
-                           slot->images + base * rb, want);
-    if (ch->n_labels != 0)
-      memcpy(slot->labels + base, ch->labels + off, n * sizeof(int64_t));
-    else
-      memset(slot->labels + base, 0, n * sizeof(int64_t));
-    if (ch->n_ids != 0)
-      memcpy(slot->ids + base, ch->ids + off, n * sizeof(uint64_t));
-    else
-      memset(slot->ids + base, 0, n * sizeof(uint64_t));
-
-    pthread_mutex_lock(&c->mu);
-    slot->copied += n;
-    if (got != want) {
-      /* The transport could not deliver the payload (UCX: the worker
-       * died between a chunk's header and its payload): these records are
-       * not in the slot. Fencing drops every batch not handed out and
-       * restarts our splits from what the trainer got. */
-      char why[160];
-      snprintf(why, sizeof(why), "a chunk's payload could not be received "
-               "(%zu of %zu bytes)", got, want);
-      ferry__client_fence_locked(c, false, why);
-    }
-    free_discarded_locked(c, slot);
-    if (slot->state == FERRY__SLOT_CLOSED && slot->copied == slot->size) {
-      pad_partial_locked(c, slot);
-      /* The reader that completes a batch augments it (or enqueues it on
-       * the device) right away, in parallel with the trainer. */
-      if (!slot->prepared && !slot->preparing && !slot->drop &&
-          slot->size > 0)
-        prepare_unlocked(c, slot);
-      pthread_cond_broadcast(&c->ready_cv);
-    }
+    copy_in_locked(c, slot, ch, src, off, base, n);
   }
   /* Fully received: the client may take more splits now. */
   s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
@@ -850,7 +1164,13 @@ static void apply_locked(ferry_client_t *c,
      * acknowledged count stands (it may have moved from another client):
      * its chunks start there, and a count from 0 would see a gap. */
     if (fresh)
-      s->received = s->delivered = a->start;
+      s->received = s->delivered = s->assembled = a->start;
+    /* Issue 22: where the split's records stand in the rank's share. */
+    if (c->det) {
+      s->det = true;
+      s->det_base = (int64_t)a->rank_index - (int64_t)a->start;
+      s->det_end = det_pos(s, a->end > 0 ? a->end : a->num_records);
+    }
     /* A new grant (or the first): a lease newer than one given up is
      * taken again. */
     if (fresh || a->lease > s->grant_lease) {
@@ -937,6 +1257,8 @@ static void apply_locked(ferry_client_t *c,
     if (!(c->splits[i].epoch < r->epochs_done && !c->splits[i].assigned) &&
         !(c->splits[i].released && !c->splits[i].assigned))
       c->splits[k++] = c->splits[i];
+    else
+      det_drop_held_locked(c, &c->splits[i]);
   c->n_splits = k;
   maybe_flush_locked(c);
   pthread_cond_broadcast(&c->ready_cv);
@@ -1057,6 +1379,7 @@ static ferry__slot_t *pad_slot_locked(ferry_client_t *c) {
   s->drop = false;
   s->padded = s->pad_only = true;
   s->num_real = 0;
+  s->det_has_first = false;
   s->prepared = c->stg_mode == FERRY__STG_RAW;
   s->preparing = false;
   for (uint32_t i = 0; i < b; i++) {
@@ -1214,6 +1537,10 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
                          "before asking for more", c->ap.prefetch);
       break;
     }
+    /* Deterministic order: held records that became the next (an
+     * answer ended a split short or the epoch) go into free slots. */
+    if (det_feed_locked(c, false, NULL))
+      continue;
     if (timeout_ms == 0) {
       rc = ferry__seterr(err, FERRY_ETIMEDOUT, "client: no batch ready");
       break;

@@ -45,13 +45,13 @@ static const struct {
     OPT_FIELD(tls_ca),           OPT_FIELD(tls_cert),
     OPT_FIELD(tls_key),          OPT_FIELD(token_file),
     OPT_FIELD(transport),        OPT_FIELD(world_size),
-    OPT_FIELD(rank),
+    OPT_FIELD(rank),             OPT_FIELD(order),
 };
 #undef OPT_FIELD
 #define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
 _Static_assert(sizeof(ferry_client_options_t) -
-                       (offsetof(ferry_client_options_t, rank) +
-                        sizeof(uint32_t)) <
+                       (offsetof(ferry_client_options_t, order) +
+                        sizeof(ferry_order_t)) <
                    sizeof(void *),
                "opt_fields must list the options' last field");
 
@@ -316,7 +316,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
     bool known = c->ap.batch_size > 0;
     c->rk_batch = known ? c->ap.batch_size : c->opts.batch_size;
     c->rk_pad = !(known ? c->ap.drop_remainder : c->opts.drop_remainder);
-    jo.world_size = c->opts.world_size;
+    jo.world_size = c->rk_world;
     jo.batch_size = c->rk_batch;
     jo.pad_remainder = c->rk_pad;
     req.rank = c->opts.rank;
@@ -349,6 +349,10 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->rk_epoch = r->epoch;
   c->rk_handed = c->ranked ? (r->rank_taken + c->rk_batch - 1) / c->rk_batch
                            : 0;
+  /* Deterministic order: the rank's next position is the first one its
+   * clients did not take. */
+  c->det_epoch = r->epoch;
+  c->det_next = c->det ? r->rank_taken : 0;
   if (c->ranked && c->steps_per_epoch == 0) {
     ferry__v1__get_or_create_job_response__free_unpacked(
         r, &ferry__pb_allocator);
@@ -1135,6 +1139,22 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                            "id need the option batch_size",
                            opts->world_size);
   }
+  if (opts->order != FERRY_ORDER_ARRIVAL &&
+      opts->order != FERRY_ORDER_DETERMINISTIC)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: order %d is neither arrival (0) nor "
+                         "deterministic (1)", (int)opts->order);
+  if (opts->order == FERRY_ORDER_DETERMINISTIC) {
+    /* Issue 22: a rank's share of distributed epochs, in its order. */
+    if (opts->mode != FERRY_MODE_DISTRIBUTED_EPOCH)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: order deterministic needs mode "
+                           "distributed_epoch");
+    if (has_id && opts->batch_size == 0)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "client: order deterministic with a dataset id "
+                           "needs the option batch_size");
+  }
   /* A bad spec fails here, before any RPC. */
   if (has_spec) {
     if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)
@@ -1155,7 +1175,9 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   }
   c->opts = *opts;
   c->networked = true;
-  c->ranked = opts->world_size > 1;
+  c->det = opts->order == FERRY_ORDER_DETERMINISTIC;
+  c->ranked = opts->world_size > 1 || c->det;
+  c->rk_world = opts->world_size > 1 ? opts->world_size : 1;
   c->pid = getpid();
   if (c->opts.prefetch == 0)
     c->opts.prefetch = 3;

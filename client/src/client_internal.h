@@ -72,7 +72,30 @@ typedef struct ferry__split_s {
   uint64_t cut;
   uint64_t last_total; /* the split's records per its last chunk (0: not
                           seen yet) */
+  /* Issue 22, deterministic order (client det): position p of the split
+   * is the rank's position det_base + p of the epoch (Assignment
+   * .rank_index); det_end: the rank's position after the binding's last
+   * record. `assembled`: the next position to go into a slot; records
+   * [assembled, received) arrived ahead of their turn and wait in `held`
+   * (blocks in position order, each `ready` once copied). */
+  bool det;
+  int64_t det_base;
+  uint64_t det_end;
+  uint64_t assembled;
+  struct ferry__held_s *held;
 } ferry__split_t;
+
+/* Records of one split that arrived before their turn (deterministic
+ * order): positions [first, first + count), images, labels, ids. */
+typedef struct ferry__held_s {
+  struct ferry__held_s *next;
+  uint64_t first;
+  uint32_t count;
+  bool ready;
+  uint8_t *images;
+  int64_t *labels;
+  int64_t *ids;
+} ferry__held_t;
 
 /* A chunk dropped because the client was fenced or its split was not
  * listed for it (yet): should an answer list the split at that lease
@@ -135,6 +158,10 @@ typedef struct ferry__slot_s {
   uint32_t num_real;
   bool padded;
   bool pad_only;
+  /* Issue 22: the rank's position of the slot's first record (epoch
+   * `epoch`), once one was reserved in it. */
+  bool det_has_first;
+  uint64_t det_first;
   ferry__dl_t dl;
 } ferry__slot_t;
 
@@ -221,11 +248,24 @@ struct ferry_client_s {
    * has_pad_rec), and no reader takes a slot of a later epoch meanwhile
    * (mu). */
   bool ranked;
+  uint32_t rk_world; /* W: options.world_size, or 1 (deterministic order
+                        without ranks: the one rank of its job) */
   uint32_t rk_batch; /* the batch size the job was joined with */
   bool rk_pad;       /* padding, not drop_remainder */
   uint64_t steps_per_epoch, rank_records, dropped_per_epoch;
   uint32_t rk_epoch;
   uint64_t rk_handed;
+  /* Issue 22: deterministic order (options.order). Slots take the rank's
+   * records in position order: det_next is the next position of epoch
+   * det_epoch to go into a slot. A reader whose chunk is not next keeps
+   * its records (ferry__held_t) and whoever finds held records next
+   * moves them into slots (det_feeding: one thread at a time).
+   * det_held: records held now (det_held_peak: the most). */
+  bool det;
+  uint32_t det_epoch;
+  uint64_t det_next;
+  bool det_feeding;
+  uint64_t det_held, det_held_peak;
   uint8_t *pad_image;
   int64_t pad_label;
   uint64_t pad_id;

@@ -25,6 +25,7 @@ static ferry_client_t *ranked(uint32_t batch, uint64_t steps, bool pad) {
   cr_assert_eq(ferry__client_new_local(&ap, &c, &err), 0, "%s", err.msg);
   c->networked = true;
   c->ranked = true;
+  c->rk_world = 2; /* padding needs W > 1 */
   c->rk_batch = batch;
   c->rk_pad = pad;
   c->steps_per_epoch = steps;

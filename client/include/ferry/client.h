@@ -84,6 +84,12 @@ typedef enum {
  * field boundary; 0 (not initialised) fails with FERRY_EINVAL. A
  * struct_size beyond what this libferry knows is accepted only when the
  * unknown tail is all zero bytes (options it cannot honour left unset). */
+/* The order of the records in a rank's batches (options.order). */
+typedef enum {
+  FERRY_ORDER_ARRIVAL = 0,
+  FERRY_ORDER_DETERMINISTIC = 1,
+} ferry_order_t;
+
 typedef struct ferry_client_options_s {
   uint32_t struct_size;   /* sizeof(ferry_client_options_t) as the caller
                              compiled it: set by ferry_client_options_init */
@@ -166,6 +172,23 @@ typedef struct ferry_client_options_s {
    * no ranks (any client takes any split). */
   uint32_t world_size;
   uint32_t rank;
+
+  /* Order (issue 22). FERRY_ORDER_ARRIVAL (the default): a batch takes
+   * records as they arrive, from whichever worker is first.
+   * FERRY_ORDER_DETERMINISTIC: batch s of a rank holds the records
+   * [s x B, (s + 1) x B) of the rank's share of the epoch's order (the
+   * split order, then the record order inside each split: permutations
+   * keyed by (shuffle_seed, epoch, split) under shuffle), in that order,
+   * so the batches, their records and their bytes are a function of the
+   * files, the spec, the seed, the epoch, B, W and the rank: not of the
+   * workers, their number, speed or faults, the dispatcher's restarts,
+   * prefetch or the transport. Needs mode distributed_epoch and a dataset
+   * whose splits all have a known count (uncompressed files). Without
+   * world_size the client is the one rank of its job (W = 1; the last
+   * batch of an epoch is short, or dropped under drop_remainder).
+   * Records that arrive before their turn wait in host memory: at most
+   * splits_in_flight splits' records. */
+  ferry_order_t order;
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial

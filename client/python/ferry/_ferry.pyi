@@ -130,6 +130,7 @@ class Client:
         token_file: Optional[_Path] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        order: Literal["arrival", "deterministic"] = "arrival",
     ) -> None: ...
     @property
     def job_id(self) -> int: ...

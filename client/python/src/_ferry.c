@@ -905,7 +905,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       "device",     "dtype",          "layout",       "augment",
       "augment_seed", "timeout",      "tls_ca",       "tls_cert",
       "tls_key",    "token_file",     "rank",         "world_size",
-      NULL};
+      "order",      NULL};
   PyObject *dispatcher, *spec = Py_None, *dataset_id = Py_None;
   PyObject *epochs = NULL, *job_name = Py_None, *mode = NULL;
   PyObject *shuffle = Py_None, *seed = NULL, *on_error = NULL;
@@ -914,14 +914,14 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   PyObject *layout = NULL, *augment = Py_None, *augment_seed = NULL;
   PyObject *timeout = Py_None, *tls_ca = Py_None, *tls_cert = Py_None;
   PyObject *tls_key = Py_None, *token_file = Py_None;
-  PyObject *rank = Py_None, *world_size = Py_None;
+  PyObject *rank = Py_None, *world_size = Py_None, *order = NULL;
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
+          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
           &dispatcher, &spec, &dataset_id, &epochs, &job_name, &mode,
           &shuffle, &seed, &on_error, &batch_size, &drop_remainder,
           &prefetch, &device, &dtype, &layout, &augment, &augment_seed,
           &timeout, &tls_ca, &tls_cert, &tls_key, &token_file, &rank,
-          &world_size))
+          &world_size, &order))
     return -1;
   if (self->c != NULL || self->closing) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -1126,6 +1126,15 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       o.world_size = (uint32_t)w;
       o.rank = (uint32_t)r;
     }
+  }
+  /* Issue 22: the order of the records in the batches. */
+  if (order != NULL) {
+    static const char *const orders[] = {"arrival", "deterministic", NULL};
+    int m = arg_choice(order, "order", orders,
+                       "'arrival' or 'deterministic'");
+    if (m < 0)
+      goto out;
+    o.order = m == 0 ? FERRY_ORDER_ARRIVAL : FERRY_ORDER_DETERMINISTIC;
   }
   double tmo;
   if (arg_timeout(timeout, "timeout", &tmo) < 0)
