@@ -1660,6 +1660,7 @@ void ferry_client_stats_sized(ferry_client_t *c, ferry_client_stats_t *user,
   out->stall_fraction =
       out->total_seconds > 0 ? out->wait_seconds / out->total_seconds : 0;
   out->records_acked = c->records_acked;
+  out->held_records_peak = c->det_held_peak;
   for (size_t i = 0; i < c->n_workers; i++)
     if (!c->workers[i]->ended)
       out->workers++;

@@ -25,6 +25,12 @@
  * (utime + stime of their processes, /proc/PID/stat, around each epoch;
  * column "pipe us/rec") >= 0.9.
  *
+ * Issue 22: every service row runs in both orders (--orders), the
+ * client's default (arrival) and order=deterministic (one rank, the
+ * epoch's order), alternating run by run; the ratio deterministic /
+ * arrival in records/s has the target >= 0.9, and each deterministic row
+ * prints the most records its client held back waiting for their turn.
+ *
  * Every service row times an epoch of a registered dataset (its header
  * scan runs before the first row) from ferry_client_new to the last
  * batch; column "first s" is the time to the first batch within it.
@@ -37,6 +43,7 @@
  *                  [--max-workers 1|2] (default 2: rows for 1 and 2)
  *                  [--repeat N] (service epochs per row, 1..15; the run of
  *                  median time stands, the range is printed)
+ *                  [--orders arrival|arrival,deterministic] (default both)
  *                  [--batch N] (default 1024: with 2 MiB chunks of 682
  *                  records and 1024-record splits, chunks never straddle
  *                  two batches; 1000 makes most of them straddle)
@@ -156,11 +163,13 @@ static int opt_heartbeat_ms = 100;
 static int opt_splits_in_flight;
 
 static uint64_t service_epoch(const char *dispatcher, const char *spec,
-                              const char *transport, double *seconds,
-                              double *stall, double *cpu, double *first) {
+                              const char *transport, ferry_order_t order,
+                              double *seconds, double *stall, double *cpu,
+                              double *first) {
   ferry_client_options_t o;
   hx_client_options(&o, dispatcher, spec);
   o.transport = transport;
+  o.order = order;
   double c0 = cpu_s();
   o.num_epochs = 1;
   o.heartbeat_ms = (uint32_t)(opt_heartbeat_ms > 1 ? opt_heartbeat_ms / 2 : 1);
@@ -197,6 +206,11 @@ static uint64_t service_epoch(const char *dispatcher, const char *spec,
   ferry_client_stats_t st;
   ferry_client_stats(c, &st);
   *stall = st.stall_fraction;
+  if (order == FERRY_ORDER_DETERMINISTIC)
+    printf("  deterministic order, %s: at most %llu records (%.1f MiB) "
+           "held for their turn\n", transport,
+           (unsigned long long)st.held_records_peak,
+           (double)st.held_records_peak * IMG / (1 << 20));
   ferry_client_free(c);
   *cpu = cpu_s() - c0;
   (void)sink;
@@ -549,11 +563,12 @@ int main(int argc, char **argv) {
       {"max-workers", required_argument, NULL, 'M'},
       {"repeat", required_argument, NULL, 'R'},
       {"batch", required_argument, NULL, 'B'},
+      {"orders", required_argument, NULL, 'O'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   int ch;
   bool records_set = false, run_pass = true, run_seed = true;
-  int max_workers = 2, repeat = 1;
+  int max_workers = 2, repeat = 1, norders = 2;
   while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (ch) {
     case 'q': quick = true; break;
@@ -575,6 +590,17 @@ int main(int argc, char **argv) {
     case 'M': max_workers = atoi(optarg); break;
     case 'R': repeat = atoi(optarg); break;
     case 'B': opt_batch = atoi(optarg); break;
+    case 'O':
+      if (strcmp(optarg, "arrival") == 0) {
+        norders = 1;
+      } else if (strcmp(optarg, "arrival,deterministic") == 0) {
+        norders = 2;
+      } else {
+        fprintf(stderr, "bench_e2e: --orders arrival or "
+                "arrival,deterministic\n");
+        return 2;
+      }
+      break;
     case 'T':
       if (strcmp(optarg, "grpc") == 0 || strcmp(optarg, "ucx") == 0) {
         transports[0] = strcmp(optarg, "grpc") == 0 ? "grpc" : "ucx";
@@ -594,7 +620,8 @@ int main(int argc, char **argv) {
               "[--worker PATH]\n"
               "                 [--transports grpc|ucx|grpc,ucx] "
               "[--pipelines passthrough,seed]\n"
-              "                 [--max-workers 1|2] [--repeat N] [--batch N]\n");
+              "                 [--max-workers 1|2] [--repeat N] [--batch N]\n"
+              "                 [--orders arrival|arrival,deterministic]\n");
       return ch == 'h' ? 0 : 2;
     }
   }
@@ -697,35 +724,45 @@ int main(int argc, char **argv) {
       for (int pl = 0; pl < 2; pl++) {
         if (!(pl == 0 ? run_pass : run_seed))
           continue;
-        char name[64];
+        char name[2][64];
         const char *tr = transports[t];
-        snprintf(name, sizeof(name), "service %s, %d worker%s, %s",
+        snprintf(name[0], sizeof(name[0]), "service %s, %d worker%s, %s",
                  pl == 0 ? "passthrough" : "seed", k, k > 1 ? "s" : "", tr);
-        /* --repeat: the run of median time stands for the row. */
-        result_t runs[MAX_REPEAT];
+        snprintf(name[1], sizeof(name[1]), "%.58s, det", name[0]);
+        /* --repeat: the run of median time stands for the row; the orders
+         * alternate run by run. */
+        result_t runs[2][MAX_REPEAT];
         for (int i = 0; i < repeat; i++) {
-          double cpu = -1, first = -1;
-          double w0 = workers_cpu(w, k), w1;
-          n = service_epoch(d->addr, pl == 0 ? pass_spec : seed_spec, tr,
-                            &secs, &stall, &cpu, &first);
-          w1 = workers_cpu(w, k);
-          runs[i] = (result_t){.records = n, .seconds = secs, .stall = stall,
-                               .cpu = cpu, .first = first,
-                               .wcpu = w0 >= 0 && w1 >= 0 ? w1 - w0 : -1};
-          if (n != total) {
-            fprintf(stderr, "bench_e2e: %s: the service delivered %llu of "
-                    "%llu records\n", name, (unsigned long long)n,
-                    (unsigned long long)total);
-            status = 1;
+          for (int od = 0; od < norders; od++) {
+            double cpu = -1, first = -1;
+            double w0 = workers_cpu(w, k), w1;
+            n = service_epoch(d->addr, pl == 0 ? pass_spec : seed_spec, tr,
+                              od ? FERRY_ORDER_DETERMINISTIC
+                                 : FERRY_ORDER_ARRIVAL,
+                              &secs, &stall, &cpu, &first);
+            w1 = workers_cpu(w, k);
+            runs[od][i] = (result_t){
+                .records = n, .seconds = secs, .stall = stall, .cpu = cpu,
+                .first = first,
+                .wcpu = w0 >= 0 && w1 >= 0 ? w1 - w0 : -1};
+            if (n != total) {
+              fprintf(stderr, "bench_e2e: %s: the service delivered %llu "
+                      "of %llu records\n", name[od], (unsigned long long)n,
+                      (unsigned long long)total);
+              status = 1;
+            }
           }
         }
-        qsort(runs, (size_t)repeat, sizeof(runs[0]), cmp_seconds);
-        result_t *r = add_result(name, 0, 0, -1);
-        *r = runs[repeat / 2];
-        snprintf(r->name, sizeof(r->name), "%s", name);
-        if (repeat > 1)
-          printf("  %s: %d runs, %.0f to %.0f MB/s; the median stands\n",
-                 name, repeat, mbps(&runs[repeat - 1]), mbps(&runs[0]));
+        for (int od = 0; od < norders; od++) {
+          qsort(runs[od], (size_t)repeat, sizeof(runs[od][0]), cmp_seconds);
+          result_t *r = add_result(name[od], 0, 0, -1);
+          *r = runs[od][repeat / 2];
+          snprintf(r->name, sizeof(r->name), "%s", name[od]);
+          if (repeat > 1)
+            printf("  %s: %d runs, %.0f to %.0f MB/s; the median stands\n",
+                   name[od], repeat, mbps(&runs[od][repeat - 1]),
+                   mbps(&runs[od][0]));
+        }
       }
     }
   }
@@ -787,6 +824,17 @@ out:
       pass++;
     else
       fail++;
+  }
+  /* Issue 22: what the deterministic order costs, per row. */
+  for (int i = 0; norders > 1 && i < nresults; i++) {
+    const char *det = strstr(results[i].name, ", det");
+    if (det == NULL || det[5] != '\0')
+      continue;
+    char arr[64], what[128];
+    snprintf(arr, sizeof(arr), "%.*s", (int)(det - results[i].name),
+             results[i].name);
+    snprintf(what, sizeof(what), "deterministic / arrival: %s", arr + 8);
+    ratio(what, results[i].name, arr, 0.9, &pass, &fail);
   }
   printf("targets: %d PASS, %d below\n", pass, fail);
   if (w[1])

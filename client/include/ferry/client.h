@@ -242,6 +242,10 @@ typedef struct ferry_client_stats_s {
    * at most records - records_acked of them may reach another client
    * again (docs/ARCHITECTURE.md, "Exactly once"). */
   uint64_t records_acked;
+  /* Deterministic order (options.order): the most records that waited
+   * in host memory for their turn at once (at most splits_in_flight
+   * splits' records), of record_bytes each. */
+  uint64_t held_records_peak;
 } ferry_client_stats_t;
 
 /* The smallest struct_size ferry_client_new accepts: the options of the

@@ -92,6 +92,7 @@ class Stats(TypedDict):
     records_per_second: float
     workers: int
     records_acked: int
+    held_records_peak: int
     held: int
 
 class MemoryStats(TypedDict):

@@ -1544,6 +1544,8 @@ static PyObject *client_stats(ClientObject *self, PyObject *Py_UNUSED(a)) {
       dict_set(d, "workers", PyLong_FromUnsignedLong(st.workers)) < 0 ||
       dict_set(d, "records_acked",
                PyLong_FromUnsignedLongLong(st.records_acked)) < 0 ||
+      dict_set(d, "held_records_peak",
+               PyLong_FromUnsignedLongLong(st.held_records_peak)) < 0 ||
       dict_set(d, "held", PyLong_FromSsize_t(self->live)) < 0) {
     Py_DECREF(d);
     return NULL;
@@ -1648,7 +1650,9 @@ static PyMethodDef client_methods[] = {
      "stats() -> dict\n\n"
      "The client's counters: batches, records, bytes, wait_seconds, "
      "total_seconds, stall_fraction (wait / total), batches_per_second, "
-     "records_per_second, workers (streams open), records_acked, held "
+     "records_per_second, workers (streams open), records_acked, "
+     "held_records_peak (order='deterministic': the most records that "
+     "waited for their turn at once), held "
      "(batches currently held by Python objects). After close(), the "
      "counters as they were when the client was freed."},
     {"close", (PyCFunction)client_close, METH_NOARGS,
