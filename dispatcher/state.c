@@ -407,6 +407,42 @@ int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
   return 0;
 }
 
+uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank) {
+  if (j->world_size == 0 || j->epoch != j->resume_epoch ||
+      j->resume_step == 0)
+    return 0;
+  uint64_t q = ferry__disp_rank_quota(j, rank);
+  uint64_t at = j->resume_step * j->batch;
+  return at < q ? at : q;
+}
+
+int ferry__disp_resume_rows(job_t *j) {
+  if (j->part_roff == NULL || j->epoch != j->resume_epoch ||
+      j->resume_step == 0)
+    return 0;
+  for (uint32_t r = 0; r < j->nrows; r++) {
+    int32_t k = j->part_rank[r];
+    if (k < 0)
+      continue;
+    uint64_t skip = ferry__disp_resume_taken(j, (uint32_t)k);
+    uint64_t from = j->part_roff[r], n = j->rows[r].total - j->part_base[r];
+    if (skip <= from)
+      continue; /* the row lies after the cursor */
+    row_t *row = &j->rows[r];
+    if (skip >= from + n) {
+      row->delivered = row->start = row->total;
+      row->done = true;
+    } else {
+      row->delivered = row->start = j->part_base[r] + (skip - from);
+    }
+    if (ferry__disp_row_changed(j, r, false) != 0)
+      return FERRY_ENOMEM;
+  }
+  for (uint32_t k = 0; k < j->world_size; k++)
+    j->rank_taken[k] = ferry__disp_resume_taken(j, k);
+  return 0;
+}
+
 int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
                            uint64_t client, uint64_t lease) {
   if (j->part_split == NULL)

@@ -128,6 +128,10 @@ static int apply_create_job(ferry_disp_t *d,
   j->world_size = m->world_size;
   j->batch = m->batch_size;
   j->pad = m->pad_remainder;
+  /* Issue 22: a job resumed at a cursor starts at its epoch. */
+  j->resume_epoch = m->resume_epoch;
+  j->resume_step = m->resume_step;
+  j->epoch = j->epochs_done = m->resume_epoch;
   j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
   j->idle_since = -1;
   ds->idle_since = -1;
@@ -326,6 +330,12 @@ static int apply_epoch_start(ferry_disp_t *d,
     j->n_ep_workers = 0;
     j->nactive = j->ndone = j->free_from = 0;
     j->started = true;
+    /* Issue 22: a resumed job's first epoch starts at its cursor. */
+    if (ferry__disp_resume_rows(j) != 0) {
+      ferry__disp_free_rows(j);
+      j->started = false;
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    }
     return 0;
   }
   j->rows = ferry__calloc(n ? n : 1, sizeof(row_t));
@@ -469,12 +479,17 @@ static int apply_job_cancelled(ferry_disp_t *d,
                                const Ferry__V1__JournalJobCancelled *m,
                                ferry_error_t *err) {
   job_t *j = ferry__disp_find_job(d, m->job_id);
-  char buf[96], *msg;
+  char buf[128], *msg;
 
   if (j == NULL || !RUNNING(j))
     return bad_entry(err, "cancelled job", m->job_id);
-  snprintf(buf, sizeof(buf), "job %" PRIu64 " cancelled by the operator",
-           j->id);
+  if (m->superseded_by != 0)
+    snprintf(buf, sizeof(buf), "job %" PRIu64 " superseded by job %" PRIu64
+             ", which resumed from a checkpoint cursor", j->id,
+             m->superseded_by);
+  else
+    snprintf(buf, sizeof(buf), "job %" PRIu64 " cancelled by the operator",
+             j->id);
   if ((msg = ferry__strdup(buf)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   ferry__free(j->error);

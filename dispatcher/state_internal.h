@@ -186,6 +186,11 @@ typedef struct job_s {
    * of the current epoch (row_end: nrows, rank_taken: W). */
   uint32_t world_size, batch;
   bool pad;
+  /* Issue 22: the job was made to resume at a cursor: it starts at epoch
+   * resume_epoch, each rank's first resume_step batches of it done
+   * (ferry__disp_resume_rows, from apply_epoch_start). */
+  uint32_t resume_epoch;
+  uint64_t resume_step;
   uint64_t *row_end;
   uint64_t *rank_taken;
   /* Ranked jobs: the epoch's rows are parts of splits, each taken by
@@ -447,6 +452,16 @@ uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
  * split order `perm` (job_t.part_*): j->rows, j->order, j->nrows. 0 or
  * FERRY_ENOMEM. */
 int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm);
+
+/* Issue 22: in the epoch a resumed job starts at, marks each rank's
+ * first resume_step x B records done (rows wholly before that point done,
+ * a row across it delivered from there) and counts them taken. 0 or
+ * FERRY_ENOMEM. */
+int ferry__disp_resume_rows(job_t *j);
+
+/* Issue 22: the records of rank `rank` a resumed job counts taken in its
+ * first epoch before any client reported (0 in any other epoch). */
+uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank);
 
 /* The row a report about `split` is about: in a ranked job the split's
  * part bound to `client` (non-zero) or leased as `lease`; else as

@@ -85,6 +85,15 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
                          "no step under drop",
                          o->world_size, o->batch_size, round, ds->id,
                          ds->known_records);
+  /* Issue 22: a cursor's step lies inside its epoch. */
+  uint64_t steps = o->pad_remainder
+                       ? (ds->known_records + round - 1) / round
+                       : ds->known_records / round;
+  if (o->resume_step >= steps)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "resume: step %" PRIu64 " of epoch %u, but an "
+                         "epoch has %" PRIu64 " steps", o->resume_step,
+                         o->resume_epoch, steps);
   return 0;
 }
 
@@ -110,6 +119,47 @@ static int check_join(const job_t *j, const Ferry__V1__JobOptions *o,
   return 0;
 }
 
+/* Issue 22: whether a resume at the options' cursor can join the running
+ * job j as rank `rank`: j resumed at the same cursor, still runs its
+ * epoch, and the rank is free and took nothing past the cursor (another
+ * rank of the same restart made j). Else j is a run the restart
+ * replaces. */
+static bool resume_joins(const job_t *j, const Ferry__V1__JobOptions *o,
+                         uint32_t rank) {
+  if (j->world_size == 0 || j->resume_epoch != o->resume_epoch ||
+      j->resume_step != o->resume_step || j->epoch != o->resume_epoch ||
+      rank >= j->world_size)
+    return false;
+  for (size_t i = 0; i < j->nclients; i++)
+    if (j->clients[i].active && j->clients[i].rank == (int64_t)rank)
+      return false;
+  uint64_t taken = j->started && j->rank_taken != NULL
+                       ? j->rank_taken[rank]
+                       : ferry__disp_resume_taken(j, rank);
+  return taken == ferry__disp_resume_taken(j, rank);
+}
+
+/* Issue 22: cancels job j, superseded by the job id next to be made. */
+static int supersede(ferry_disp_t *d, job_t *j, ferry_error_t *err) {
+  Ferry__V1__JournalJobCancelled m = FERRY__V1__JOURNAL_JOB_CANCELLED__INIT;
+  m.job_id = j->id;
+  m.superseded_by = d->next_job;
+  ENTRY(e, JOB_CANCELLED, job_cancelled, m);
+  int rc = ferry__disp_commit(d, &e, err);
+  if (rc == 0)
+    FERRY_LOG(FERRY_LOG_INFO, "job %" PRIu64 " ('%s'): superseded by job "
+              "%" PRIu64 ", resumed from a cursor", j->id, j->name,
+              m.superseded_by);
+  return rc;
+}
+
+/* The job's epochs: the options', else the spec's repeat(). */
+static int64_t job_epochs(const dataset_t *ds, const Ferry__V1__JobOptions *o) {
+  if (o->num_epochs != 0)
+    return o->num_epochs;
+  return ds->spec.repeat == 0 ? 1 : ds->spec.repeat;
+}
+
 static int create_job(ferry_disp_t *d, dataset_t *ds,
                       const Ferry__V1__JobOptions *o, job_t **out,
                       ferry_error_t *err) {
@@ -120,9 +170,7 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.dataset_id = ds->id;
   m.name = o->job_name;
   m.mode = o->mode;
-  m.num_epochs = o->num_epochs;
-  if (m.num_epochs == 0)
-    m.num_epochs = ds->spec.repeat == 0 ? 1 : ds->spec.repeat;
+  m.num_epochs = job_epochs(ds, o);
   /* The job's shuffle overrides the spec's when set. */
   m.shuffle = o->shuffle || ds->spec.shuffle;
   m.seed = o->shuffle ? o->shuffle_seed : ds->spec.shuffle_seed;
@@ -130,6 +178,8 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.world_size = o->world_size;
   m.batch_size = o->world_size > 0 ? o->batch_size : 0;
   m.pad_remainder = o->world_size > 0 && o->pad_remainder;
+  m.resume_epoch = o->world_size > 0 ? o->resume_epoch : 0;
+  m.resume_step = o->world_size > 0 ? o->resume_step : 0;
   ENTRY(e, CREATE_JOB, create_job, m);
   if ((rc = ferry__disp_commit(d, &e, err)) != 0)
     return rc;
@@ -163,6 +213,19 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
       (rc = check_ranked(ds, o, req->rank, err)) != 0)
     return rc;
   client = d->next_client;
+  bool resume = o->world_size > 0 && o->resume;
+  if (resume && job_epochs(ds, o) >= 0 &&
+      o->resume_epoch >= job_epochs(ds, o))
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "resume: epoch %u, but the job has %" PRId64
+                         " epochs", o->resume_epoch, job_epochs(ds, o));
+  if (resume && o->job_name[0] != '\0' &&
+      (j = find_named_job(d, o->job_name)) != NULL &&
+      !resume_joins(j, o, req->rank)) {
+    if ((rc = supersede(d, j, err)) != 0)
+      return rc;
+    j = NULL;
+  }
   if (o->job_name[0] != '\0' && (j = find_named_job(d, o->job_name))) {
     if (j->ds != ds || j->mode != (int)o->mode)
       return ferry__seterr(err, FERRY_EINVAL,
@@ -200,7 +263,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
     resp->epoch = j->epoch;
     resp->rank_taken = j->started && j->rank_taken != NULL
                            ? j->rank_taken[req->rank]
-                           : 0;
+                           : ferry__disp_resume_taken(j, req->rank);
   }
   ferry__disp_arena_allocator(a, &al);
   resp->spec =

@@ -46,12 +46,13 @@ static const struct {
     OPT_FIELD(tls_key),          OPT_FIELD(token_file),
     OPT_FIELD(transport),        OPT_FIELD(world_size),
     OPT_FIELD(rank),             OPT_FIELD(order),
+    OPT_FIELD(resume),           OPT_FIELD(resume_len),
 };
 #undef OPT_FIELD
 #define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
 _Static_assert(sizeof(ferry_client_options_t) -
-                       (offsetof(ferry_client_options_t, order) +
-                        sizeof(ferry_order_t)) <
+                       (offsetof(ferry_client_options_t, resume_len) +
+                        sizeof(size_t)) <
                    sizeof(void *),
                "opt_fields must list the options' last field");
 
@@ -149,6 +150,42 @@ void ferry_memory_stats(int64_t *bytes, int64_t *blocks) {
 }
 
 uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
+int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
+                       size_t *len, ferry_error_t *err) {
+  int rc;
+  *len = 0;
+  if ((rc = ferry__client_forked(c, err)) != 0)
+    return rc;
+  if (!c->det)
+    return ferry__seterr(err, FERRY_ENOTSUP,
+                         "client: a cursor needs order deterministic (in "
+                         "arrival order a batch's records depend on the "
+                         "run)");
+  ferry_cursor_t cur;
+  memset(&cur, 0, sizeof(cur));
+  snprintf(cur.dataset_id, sizeof(cur.dataset_id), "%s", c->dataset_id);
+  cur.shuffle = c->job_shuffle;
+  cur.seed = c->job_shuffle ? c->job_seed : 0;
+  cur.world_size = c->rk_world;
+  cur.batch_size = c->rk_batch;
+  cur.pad = c->rk_pad;
+  cur.records_per_epoch = c->records_per_epoch;
+  pthread_mutex_lock(&c->mu);
+  /* The trainer's position: the batch after the last one handed out. */
+  cur.epoch = c->cur_epoch;
+  cur.step = c->rk_epoch == c->cur_epoch ? c->rk_handed : 0;
+  pthread_mutex_unlock(&c->mu);
+  if (c->steps_per_epoch > 0 && cur.step >= c->steps_per_epoch) {
+    cur.epoch++;
+    cur.step = 0;
+  }
+  rc = ferry_cursor_encode(&cur, buf, cap, len);
+  if (rc != 0)
+    return ferry__seterr(err, rc, "client: a cursor needs %zu bytes, the "
+                         "buffer has %zu", *len, cap);
+  return 0;
+}
+
 uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c) {
   return c->ranked ? c->steps_per_epoch : 0;
 }
@@ -321,6 +358,35 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
     jo.pad_remainder = c->rk_pad;
     req.rank = c->opts.rank;
   }
+  if (c->has_resume) {
+    /* Issue 22: the cursor must be of this job's dataset and ranks. */
+    const ferry_cursor_t *cur = &c->resume;
+    if (strcmp(cur->dataset_id, c->dataset_id) != 0)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: the cursor is of dataset %s, this "
+                           "client's is %s (another spec or other files)",
+                           cur->dataset_id, c->dataset_id);
+    if (cur->world_size != c->rk_world || cur->batch_size != c->rk_batch ||
+        cur->pad != c->rk_pad)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: the cursor was saved with world_size "
+                           "%u, batch %u, %s; this client has world_size "
+                           "%u, batch %u, %s (a change of world size is "
+                           "not supported yet)", cur->world_size,
+                           cur->batch_size, cur->pad ? "pad" : "drop",
+                           c->rk_world, c->rk_batch,
+                           c->rk_pad ? "pad" : "drop");
+    if (jo.shuffle && (!cur->shuffle || cur->seed != jo.shuffle_seed))
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: the cursor was saved %s; this client "
+                           "shuffles with seed %llu",
+                           cur->shuffle ? "with another shuffle seed"
+                                        : "without shuffle",
+                           (unsigned long long)jo.shuffle_seed);
+    jo.resume = true;
+    jo.resume_epoch = cur->epoch;
+    jo.resume_step = cur->step;
+  }
   if ((buf = pack(&req.base, &len)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, len,
@@ -389,8 +455,22 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
     if (rc != 0)
       ferry__prefixerr(err, "dataset %s: the job's spec", c->dataset_id);
   }
+  c->records_per_epoch = r->records_per_epoch;
   ferry__v1__get_or_create_job_response__free_unpacked(r,
                                                        &ferry__pb_allocator);
+  /* Issue 22: the job's shuffle, as the dispatcher decides it. */
+  if (rc == 0) {
+    c->job_shuffle = jo.shuffle || spec->shuffle;
+    c->job_seed = jo.shuffle ? jo.shuffle_seed : spec->shuffle_seed;
+    if (c->has_resume && (c->resume.shuffle != c->job_shuffle ||
+                          (c->job_shuffle && c->resume.seed != c->job_seed)))
+      rc = ferry__seterr(err, FERRY_EINVAL,
+                         "resume: the cursor was saved %s, the job %s",
+                         c->resume.shuffle ? "with shuffle" : "without "
+                                                              "shuffle",
+                         c->job_shuffle ? "shuffles (another seed)"
+                                        : "does not shuffle");
+  }
   return rc;
 }
 
@@ -1144,6 +1224,12 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     return ferry__seterr(err, FERRY_EINVAL,
                          "client: order %d is neither arrival (0) nor "
                          "deterministic (1)", (int)opts->order);
+  if (opts->resume != NULL && opts->resume_len > 0 &&
+      opts->order != FERRY_ORDER_DETERMINISTIC)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "client: option 'resume' needs order "
+                         "deterministic (a cursor is a position in that "
+                         "order)");
   if (opts->order == FERRY_ORDER_DETERMINISTIC) {
     /* Issue 22: a rank's share of distributed epochs, in its order. */
     if (opts->mode != FERRY_MODE_DISTRIBUTED_EPOCH)
@@ -1155,6 +1241,14 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                            "client: order deterministic with a dataset id "
                            "needs the option batch_size");
   }
+  /* Issue 22: a cursor to resume from, read before any RPC. */
+  ferry_cursor_t resume_cur;
+  bool has_resume = opts->resume != NULL && opts->resume_len > 0;
+  memset(&resume_cur, 0, sizeof(resume_cur));
+  if (has_resume &&
+      (rc = ferry_cursor_decode(opts->resume, opts->resume_len, &resume_cur,
+                                err)) != 0)
+    return ferry__prefixerr(err, "client: option 'resume'");
   /* A bad spec fails here, before any RPC. */
   if (has_spec) {
     if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)
@@ -1176,6 +1270,8 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->opts = *opts;
   c->networked = true;
   c->det = opts->order == FERRY_ORDER_DETERMINISTIC;
+  c->resume = resume_cur;
+  c->has_resume = has_resume;
   c->ranked = opts->world_size > 1 || c->det;
   c->rk_world = opts->world_size > 1 ? opts->world_size : 1;
   c->pid = getpid();

@@ -21,6 +21,7 @@
 #include "ferry/augment.h"
 #include "ferry/chunk.h"
 #include "ferry/client.h"
+#include "ferry/cursor.h"
 #include "ferry/dlpack.h"
 #include "ferry/error.h"
 #include "ferry/rpc.h"
@@ -262,6 +263,12 @@ struct ferry_client_s {
    * moves them into slots (det_feeding: one thread at a time).
    * det_held: records held now (det_held_peak: the most). */
   bool det;
+  /* Issue 22: the job's effective shuffle and seed and its records per
+   * epoch (for cursors), and the cursor this client resumes from. */
+  bool job_shuffle;
+  uint64_t job_seed, records_per_epoch;
+  bool has_resume;
+  ferry_cursor_t resume;
   uint32_t det_epoch;
   uint64_t det_next;
   bool det_feeding;

@@ -165,3 +165,117 @@ def test_ranks_same_batches_under_a_fault(make_cluster, data, kind):
               fault=lambda: ferrytest.inject(cl, rng, kind))
     print("\n".join(ferrytest.fault_effects(cl)) or "no split restarted")
     same(ref, got, kind)
+
+
+# ---- resume from a checkpoint cursor ---------------------------------------
+
+def read_until(client, n, out):
+    """The digests of the client's next n batches (all when n is None)."""
+    for b in client:
+        images = numpy.asarray(b.images)
+        bids = numpy.asarray(b.ids)
+        out.append((b.epoch, len(b), b.num_real, hashlib.sha256(
+            images.tobytes() + bids.tobytes()).hexdigest()))
+        del b, images, bids
+        if n is not None and len(out) >= n:
+            return
+
+
+def test_resume_from_a_cursor_gives_the_same_batches(make_cluster, data):
+    """W = 3 ranks take c batches, save their cursors (all equal), go on
+    for d more and leave; ranks started with the cursor deliver exactly
+    the reference's batches from c on, in a random epoch and step."""
+    seed = seed_of_run()
+    rng = random.Random(seed)
+    cl = make_cluster(workers=2)
+    ref = run(cl, data, 3)
+    steps = len(ref[0][0])
+    c = rng.randrange(1, steps - 1)
+    d = rng.randrange(0, steps - c)
+    print("checkpoint after %d of %d batches, %d more before the crash"
+          % (c, steps, d))
+    job = "resume-" + uuid.uuid4().hex[:8]
+    kw = dict(job_name=job, batch_size=BATCH, epochs=EPOCHS, shuffle=True,
+              seed=11, order="deterministic", timeout=TIMEOUT, world_size=3)
+    clients = [ferry.Client(cl.addr, data.spec(), rank=r, **kw)
+               for r in range(3)]
+    got = [[] for _ in clients]
+    cursors = [None] * len(clients)
+    errors = []
+
+    def rank(r):
+        # Ranks in threads: one rank cannot start epoch 1 before the
+        # others finished epoch 0.
+        try:
+            read_until(clients[r], c, got[r])
+            cursors[r] = clients[r].state_dict()
+            if d:
+                read_until(clients[r], c + d, got[r])
+        except BaseException as e:  # noqa: B902 - reported below
+            errors.append(e)
+
+    try:
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(4 * TIMEOUT)
+        assert not any(t.is_alive() for t in ts), "a rank hangs"
+    finally:
+        for cli in clients:
+            cli.close()
+    assert not errors, errors
+    assert all(x == cursors[0] for x in cursors), "ranks' cursors differ"
+    assert len(cursors[0]["cursor"]) <= 4096
+    # Any rank's cursor restores the job: rank r resumes with rank
+    # (r + 1) % 3's.
+    resumed = [ferry.Client(cl.addr, data.spec(), rank=r,
+                            resume=cursors[(r + 1) % 3], **kw)
+               for r in range(3)]
+    tails = [[] for _ in resumed]
+    try:
+        ts = [threading.Thread(target=read_until, args=(cli, None, t))
+              for cli, t in zip(resumed, tails)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(4 * TIMEOUT)
+        assert not any(t.is_alive() for t in ts), "a resumed rank hangs"
+    finally:
+        for cli in resumed:
+            cli.close()
+    for r in range(3):
+        assert got[r][:c] + tails[r] == ref[r][0], (
+            "rank %d: the resumed run differs from the reference (%d + %d "
+            "batches against %d)" % (r, c, len(tails[r]), len(ref[r][0])))
+
+
+def test_refused_cursors_say_what_differs(cluster, data):
+    kw = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=True, seed=11,
+              order="deterministic", timeout=TIMEOUT)
+    with ferry.Client(cluster.addr, data.spec(), **kw) as c:
+        next(iter(c))
+        good = c.state_dict()
+        with pytest.raises(ferry.Error, match="order deterministic"):
+            ferry.Client(cluster.addr, data.spec(), batch_size=BATCH,
+                         timeout=TIMEOUT, resume=good)
+    other = data.spec().replace("decode(raw", "decode( raw") + " | blur(3, 1)"
+    with pytest.raises(ferry.Error, match="cursor is of dataset"):
+        ferry.Client(cluster.addr, other, resume=good, **kw)
+    with pytest.raises(ferry.Error, match="world_size 1, batch 32"):
+        ferry.Client(cluster.addr, data.spec(), job_name="w2", rank=0,
+                     world_size=2, resume=good, **kw)
+    with pytest.raises(ferry.Error, match="another shuffle seed"):
+        ferry.Client(cluster.addr, data.spec(), resume=good,
+                     **dict(kw, seed=12))
+    with pytest.raises(ferry.Error, match="not a Ferry cursor"):
+        ferry.Client(cluster.addr, data.spec(), resume=b"garbage", **kw)
+    with pytest.raises(ferry.Error, match="malformed"):
+        ferry.Client(cluster.addr, data.spec(),
+                     resume=good["cursor"][:-3] + b"\xff\xff\xff", **kw)
+    with pytest.raises(TypeError, match="state_dict"):
+        ferry.Client(cluster.addr, data.spec(), resume=42, **kw)
+    with ferry.Client(cluster.addr, data.spec(), batch_size=BATCH,
+                      timeout=TIMEOUT) as c:
+        with pytest.raises(ferry.Error, match="order deterministic"):
+            c.state_dict()

@@ -189,6 +189,20 @@ typedef struct ferry_client_options_s {
    * Records that arrive before their turn wait in host memory: at most
    * splits_in_flight splits' records. */
   ferry_order_t order;
+
+  /* Resume (issue 22): a cursor from ferry_client_state (resume_len bytes,
+   * at most FERRY_CLIENT_CURSOR_MAX), saved with a checkpoint: the job
+   * starts at the cursor's epoch and step, so the first batch is the one
+   * an uninterrupted run would have delivered next; each rank's records
+   * before it are counted done and never read (the dispatcher starts
+   * their splits at the cursor's position). Needs order deterministic and
+   * the cursor's dataset, shuffle seed, world_size, batch size and
+   * policy (FERRY_EINVAL naming what differs). A named job that runs
+   * from elsewhere (the run that died) is superseded: cancelled, its
+   * clients told so, and made anew at the cursor; the ranks of one
+   * restart join the same new job. NULL: no resume. */
+  const void *resume;
+  size_t resume_len;
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial
@@ -377,6 +391,19 @@ FERRY_API void ferry_client_stats_sized(ferry_client_t *c,
  * client without ranks. */
 FERRY_API uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c);
 FERRY_API uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c);
+
+/* Checkpoint cursors (issue 22), at most this many bytes. */
+#define FERRY_CLIENT_CURSOR_MAX 4096
+
+/* Writes the client's cursor into buf (cap bytes), *len its size: where
+ * the job stands for this rank's trainer, the batch after the last one
+ * ferry_next handed out (every rank of a synchronous job at the same step
+ * writes the same cursor, so any rank's restores the job). Save it with
+ * the model's checkpoint and give it back as options.resume. Versioned,
+ * opaque, at most FERRY_CLIENT_CURSOR_MAX bytes. FERRY_ENOTSUP without
+ * order deterministic; FERRY_ERANGE when cap is too small. */
+FERRY_API int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
+                                 size_t *len, ferry_error_t *err);
 
 /* The job's id and this client's id within it, for ferryctl and logs. */
 FERRY_API uint64_t ferry_client_job_id(const ferry_client_t *c);

@@ -1,7 +1,7 @@
 """Type stubs of ferry._ferry, the C extension behind the `ferry` package."""
 
 from types import TracebackType
-from typing import Any, Iterator, Literal, Optional, Tuple, Type, TypedDict, Union
+from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Type, TypedDict, Union
 import builtins
 import os
 
@@ -132,7 +132,9 @@ class Client:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         order: Literal["arrival", "deterministic"] = "arrival",
+        resume: Optional[Union[Dict[str, bytes], bytes]] = None,
     ) -> None: ...
+    def state_dict(self) -> Dict[str, bytes]: ...
     @property
     def job_id(self) -> int: ...
     @property

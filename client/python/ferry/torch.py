@@ -78,6 +78,11 @@ class IterableDataset(_TorchIterableDataset):
     With ranks, ``len(ds)`` is :attr:`steps_per_epoch` (it creates the
     client if needed); without ranks ``len()`` raises TypeError, as for any
     IterableDataset without a length.
+
+    With ``order="deterministic"`` it is a stateful dataset in the protocol
+    of torchdata's ``StatefulDataLoader``: :meth:`state_dict` is the
+    client's checkpoint cursor, and :meth:`load_state_dict` makes the next
+    client (the next ``iter()``) resume the job there.
     """
 
     def __init__(self, *args: Any, num_real: bool = False,
@@ -147,6 +152,20 @@ class IterableDataset(_TorchIterableDataset):
             del b  # the tensors hold the slot; the Batch need not
             yield item
             del item
+
+    def state_dict(self) -> dict:
+        """:meth:`ferry.Client.state_dict` of this process's client (the
+        cursor to resume at), or the one loaded and not used yet."""
+        if self._client is None and "resume" in self._kwargs:
+            return dict(self._kwargs["resume"])
+        return self.client.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes at the cursor `state` (from :meth:`state_dict`): the
+        client this process has is closed, and the next ``iter()``
+        creates one that resumes the job there."""
+        self.close()
+        self._kwargs = dict(self._kwargs, resume=dict(state))
 
     def stats(self) -> dict:
         """The client's :meth:`ferry.Client.stats`."""

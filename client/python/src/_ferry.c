@@ -905,7 +905,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       "device",     "dtype",          "layout",       "augment",
       "augment_seed", "timeout",      "tls_ca",       "tls_cert",
       "tls_key",    "token_file",     "rank",         "world_size",
-      "order",      NULL};
+      "order",      "resume",       NULL};
   PyObject *dispatcher, *spec = Py_None, *dataset_id = Py_None;
   PyObject *epochs = NULL, *job_name = Py_None, *mode = NULL;
   PyObject *shuffle = Py_None, *seed = NULL, *on_error = NULL;
@@ -915,13 +915,15 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   PyObject *timeout = Py_None, *tls_ca = Py_None, *tls_cert = Py_None;
   PyObject *tls_key = Py_None, *token_file = Py_None;
   PyObject *rank = Py_None, *world_size = Py_None, *order = NULL;
+  PyObject *resume = Py_None;
+  Py_buffer resume_buf = {0};
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
+          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
           &dispatcher, &spec, &dataset_id, &epochs, &job_name, &mode,
           &shuffle, &seed, &on_error, &batch_size, &drop_remainder,
           &prefetch, &device, &dtype, &layout, &augment, &augment_seed,
           &timeout, &tls_ca, &tls_cert, &tls_key, &token_file, &rank,
-          &world_size, &order))
+          &world_size, &order, &resume))
     return -1;
   if (self->c != NULL || self->closing) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -1136,6 +1138,28 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       goto out;
     o.order = m == 0 ? FERRY_ORDER_ARRIVAL : FERRY_ORDER_DETERMINISTIC;
   }
+  /* Issue 22: resume= takes what state_dict() returned, or its bytes. */
+  if (resume != Py_None) {
+    PyObject *cur = resume;
+    if (PyDict_Check(resume)) {
+      cur = PyDict_GetItemString(resume, "cursor");
+      if (cur == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "resume: a dict from Client.state_dict() has the "
+                        "key 'cursor'");
+        goto out;
+      }
+    }
+    if (PyObject_GetBuffer(cur, &resume_buf, PyBUF_SIMPLE) < 0) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError,
+                   "resume must be what Client.state_dict() returned (or "
+                   "its 'cursor' bytes), not %.100s", Py_TYPE(cur)->tp_name);
+      goto out;
+    }
+    o.resume = resume_buf.buf;
+    o.resume_len = (size_t)resume_buf.len;
+  }
   double tmo;
   if (arg_timeout(timeout, "timeout", &tmo) < 0)
     goto out;
@@ -1167,6 +1191,8 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   }
   rc = 0;
 out:
+  if (resume_buf.obj != NULL)
+    PyBuffer_Release(&resume_buf);
   for (int i = 0; i < K_N; i++)
     Py_XDECREF(keep[i]);
   return rc;
@@ -1515,6 +1541,22 @@ static int dict_set(PyObject *d, const char *k, PyObject *v) {
   return r;
 }
 
+/* Issue 22: the checkpoint cursor, in the protocol of torchdata's stateful
+ * loaders (torch.save of a checkpoint carries the dict). */
+static PyObject *client_state_dict(ClientObject *self,
+                                   PyObject *Py_UNUSED(a)) {
+  uint8_t buf[FERRY_CLIENT_CURSOR_MAX];
+  size_t len = 0;
+  ferry_error_t err = {0};
+  if (client_check_open(self) < 0)
+    return NULL;
+  int rc = ferry_client_state(self->c, buf, sizeof(buf), &len, &err);
+  if (rc != 0)
+    return raise_err(&err, rc, CTX_OTHER);
+  return Py_BuildValue("{s:y#}", "cursor", (const char *)buf,
+                       (Py_ssize_t)len);
+}
+
 static PyObject *client_stats(ClientObject *self, PyObject *Py_UNUSED(a)) {
   ferry_client_stats_t st;
   if (client_check_forked(self) < 0)
@@ -1646,6 +1688,13 @@ static PyMethodDef client_methods[] = {
      "    for epoch in client.epochs():\n"
      "        for batch in epoch: ...\n\n"
      "Moving on to the next epoch drops what is left of the current one."},
+    {"state_dict", (PyCFunction)client_state_dict, METH_NOARGS,
+     "state_dict() -> dict\n\n"
+     "A checkpoint cursor ({'cursor': bytes}, at most 4 KiB, versioned): "
+     "the batch after the last one next() returned, in deterministic "
+     "order. Save it with the model (torch.save) and pass it back as "
+     "Client(..., resume=state_dict) to resume the job exactly there. "
+     "Every rank of a synchronous job at one step has the same cursor."},
     {"stats", (PyCFunction)client_stats, METH_NOARGS,
      "stats() -> dict\n\n"
      "The client's counters: batches, records, bytes, wait_seconds, "

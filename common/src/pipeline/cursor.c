@@ -1,0 +1,79 @@
+/* Checkpoint cursors: "FERRYCUR" then a ferry.v1.Cursor (ferry/cursor.h). */
+#include "ferry/cursor.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ferry/error_internal.h"
+#include "ferry/pb_alloc.h"
+#include "ferry/v1/common.pb-c.h"
+
+static const char magic[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'U', 'R'};
+
+int ferry_cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
+                        size_t *len) {
+  Ferry__V1__Cursor m = FERRY__V1__CURSOR__INIT;
+  m.version = FERRY_CURSOR_VERSION;
+  m.dataset_id = (char *)cur->dataset_id;
+  m.shuffle = cur->shuffle;
+  m.seed = cur->seed;
+  m.epoch = cur->epoch;
+  m.step = cur->step;
+  m.world_size = cur->world_size;
+  m.batch_size = cur->batch_size;
+  m.pad = cur->pad;
+  m.records_per_epoch = cur->records_per_epoch;
+  size_t n = ferry__v1__cursor__get_packed_size(&m);
+  *len = sizeof(magic) + n;
+  if (cap < *len)
+    return FERRY_ERANGE;
+  memcpy(buf, magic, sizeof(magic));
+  ferry__v1__cursor__pack(&m, buf + sizeof(magic));
+  return 0;
+}
+
+int ferry_cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
+                        ferry_error_t *err) {
+  const uint8_t *p = buf;
+  memset(cur, 0, sizeof(*cur));
+  if (len > FERRY_CURSOR_MAX_BYTES)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "cursor: %zu bytes, more than a cursor's %d", len,
+                         FERRY_CURSOR_MAX_BYTES);
+  if (len < sizeof(magic) || memcmp(p, magic, sizeof(magic)) != 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "cursor: not a Ferry cursor (%zu bytes not starting "
+                         "with FERRYCUR)", len);
+  Ferry__V1__Cursor *m = ferry__v1__cursor__unpack(
+      &ferry__pb_allocator, len - sizeof(magic), p + sizeof(magic));
+  if (m == NULL)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "cursor: malformed (%zu bytes)", len);
+  int rc = 0;
+  if (m->version != FERRY_CURSOR_VERSION)
+    rc = ferry__seterr(err, FERRY_EINVAL,
+                       "cursor: format version %u, this libferry reads %d",
+                       m->version, FERRY_CURSOR_VERSION);
+  else if (strlen(m->dataset_id) >= sizeof(cur->dataset_id))
+    rc = ferry__seterr(err, FERRY_EINVAL,
+                       "cursor: dataset id of %zu characters",
+                       strlen(m->dataset_id));
+  else if (m->world_size == 0 || m->batch_size == 0)
+    rc = ferry__seterr(err, FERRY_EINVAL,
+                       "cursor: world_size %u, batch_size %u",
+                       m->world_size, m->batch_size);
+  if (rc == 0) {
+    cur->version = m->version;
+    snprintf(cur->dataset_id, sizeof(cur->dataset_id), "%s", m->dataset_id);
+    cur->shuffle = m->shuffle;
+    cur->seed = m->seed;
+    cur->epoch = m->epoch;
+    cur->step = m->step;
+    cur->world_size = m->world_size;
+    cur->batch_size = m->batch_size;
+    cur->pad = m->pad;
+    cur->records_per_epoch = m->records_per_epoch;
+  }
+  ferry__v1__cursor__free_unpacked(m, &ferry__pb_allocator);
+  return rc;
+}
