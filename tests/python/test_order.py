@@ -12,6 +12,7 @@ import collections
 import hashlib
 import os
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -279,3 +280,87 @@ def test_refused_cursors_say_what_differs(cluster, data):
                       timeout=TIMEOUT) as c:
         with pytest.raises(ferry.Error, match="order deterministic"):
             c.state_dict()
+
+
+def _fields(buf):
+    """A protobuf message's fields: [(number, wire type, value)]."""
+    out, pos = [], 0
+    while pos < len(buf):
+        key, pos = ferrytest._varint(buf, pos)
+        if key & 7 == 0:
+            v, pos = ferrytest._varint(buf, pos)
+        else:
+            n, pos = ferrytest._varint(buf, pos)
+            v, pos = buf[pos:pos + n], pos + n
+        out.append((key >> 3, key & 7, v))
+    return out
+
+
+def _encode_varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def cursor_at(state, step):
+    """state_dict()'s cursor moved to another step of its epoch (the
+    format: "FERRYCUR", then ferry.v1.Cursor; field 6 is the step)."""
+    raw = state["cursor"]
+    assert raw[:8] == b"FERRYCUR"
+    out = b""
+    for num, wt, v in _fields(raw[8:]):
+        if num == 6:
+            continue
+        out += _encode_varint(num << 3 | wt)
+        out += _encode_varint(v) if wt == 0 else _encode_varint(len(v)) + v
+    out += _encode_varint(6 << 3) + _encode_varint(step)
+    return {"cursor": b"FERRYCUR" + out}
+
+
+def test_resume_seeks_in_a_million_records(make_cluster, tmp_path):
+    """Point 3: a resume at a random step of an epoch of 1,000,000
+    records reads from there (the splits before it are never leased): its
+    first batch, the reference run's batch at that step, within 2 s."""
+    seed = seed_of_run()
+    rng = random.Random(seed)
+    out = str(tmp_path / "million")
+    subprocess.run([ferrytest.FERRYCTL, "gen", "--out", out, "--shards",
+                    "8", "--records", "1000000", "--size", "1x1",
+                    "--channels", "1"], check=True, capture_output=True,
+                   timeout=120)
+    spec = 'tfrecord("%s/*.tfrecord") | decode(raw, 1, 1, 1)' % out
+    cl = make_cluster(workers=2)
+    kw = dict(batch_size=256, epochs=1, shuffle=True, seed=3,
+              order="deterministic", timeout=TIMEOUT, prefetch=8)
+    t0 = time.monotonic()
+    ref, at = [], []
+    with ferry.Client(cl.addr, spec, **kw) as c:
+        for b in c:
+            at.append(time.monotonic() - t0)
+            if not ref:
+                first = at[0]
+                state = c.state_dict()
+            ref.append(numpy.asarray(b.ids).copy())
+            del b
+    whole = time.monotonic() - t0
+    steps = len(ref)
+    assert steps == -(-1000000 // 256)
+    print("reference: %d batches in %.2f s, the first after %.3f s "
+          "(the dataset's header scan included)" % (steps, whole, first))
+    for _ in range(3):
+        s = rng.randrange(1, steps)
+        t0 = time.monotonic()
+        with ferry.Client(cl.addr, spec, resume=cursor_at(state, s),
+                          **kw) as c:
+            b = next(iter(c))
+            took = time.monotonic() - t0
+            ids = numpy.asarray(b.ids).copy()
+            del b
+        print("resume at step %d of %d (record %d): first batch after "
+              "%.3f s (a replay from the epoch's start: %.3f s)"
+              % (s, steps, s * 256, took, at[s]))
+        assert numpy.array_equal(ids, ref[s]), "not the reference's batch"
+        assert took < 2.0, "the first batch took %.2f s" % took
