@@ -945,8 +945,12 @@ static bool det_feed_locked(ferry_client_t *c, bool may_wait,
 }
 
 /* Takes a chunk's records [received, end) in deterministic order: those
- * the rank had already (a replay) are skipped, those next go into slots,
- * the rest are held until their turn. */
+ * this client handed out already are skipped, those next go into slots,
+ * the rest are held until their turn. A replay comes after the
+ * dispatcher took the client's splits away (a new incarnation) and bound
+ * them again from their acknowledged counts: the records after those
+ * counts that the trainer had are counted delivered again (reported), or
+ * the split would never complete. */
 static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
                              const ferry_chunk_src_t *src, uint64_t kw,
                              uint64_t end, const bool *stop) {
@@ -961,6 +965,10 @@ static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
       upto = (uint64_t)((int64_t)c->det_next - s->det_base);
     if (upto > s->received)
       s->received = s->assembled = upto;
+    if (upto > s->delivered) {
+      s->delivered = upto;
+      kick_locked(c);
+    }
   }
   if (s->received >= end)
     return;

@@ -6,8 +6,9 @@
  * from the clock, printed): a cluster of a dispatcher and 3 workers
  * (tests/integration/harness.c) and 2 trainer processes (it_client) run a
  * distributed_epoch job of several epochs, either one named job the two
- * share or one private job each, while the schedule, printed before it
- * runs, applies at random times:
+ * share, or one private job each, or (issue 22) a named job of two ranks
+ * in deterministic order (world_size 2, the default padding), while the
+ * schedule, printed before it runs, applies at random times:
  *
  *   - kill -9 of a worker, restarted after a while (a fresh process);
  *   - SIGSTOP of a worker, SIGCONT after a while (past the worker timeout
@@ -32,6 +33,13 @@
  *   - a private job whose only client was killed cannot finish: the
  *     epochs its client completed hold every id exactly once, and the
  *     dispatcher garbage-collects the job (--job-gc-ms) within a bound.
+ *
+ * In a deterministic job, the order: every client process of rank k
+ * hands out, in each epoch, a run of consecutive records of the rank's
+ * share of the epoch's order (the files' order: no shuffle; rank k's
+ * share is records [k x N / 2, (k + 1) x N / 2)) starting at a batch
+ * boundary of the share: what a fault-free run gives, batch for batch
+ * (a killed rank's heir starts again at its acknowledged batch).
  *
  * And every job ends: every client process that was not killed exits 0
  * (FERRY_END) within a bound; a named job keeps one job id across its
@@ -105,6 +113,7 @@ typedef struct event_s {
 typedef struct schedule_s {
   unsigned seed;
   bool named;
+  bool det; /* named, two ranks, deterministic order */
   int nevents;
   event_t ev[MAX_EVENTS];
 } schedule_t;
@@ -170,6 +179,9 @@ static void draw(schedule_t *s, unsigned seed) {
   memset(s, 0, sizeof(*s));
   s->seed = seed;
   s->named = next(&r) % 2 == 0;
+  /* From the seed alone, so that the draws below (and the schedules of
+   * earlier seeds) stay as they were. */
+  s->det = s->named && (seed * 2654435761u) >> 31 == 1;
   s->nevents = between(&r, 2, MAX_EVENTS);
   for (int i = 0; i < s->nevents; i++) {
     event_t *e = &s->ev[i];
@@ -206,7 +218,10 @@ static void draw(schedule_t *s, unsigned seed) {
 
 static void print_schedule(const schedule_t *s, FILE *f) {
   fprintf(f, "seed %u: %s job%s, %d faults:", s->seed,
-          s->named ? "one named" : "a private", s->named ? "" : " per client",
+          s->det     ? "one named deterministic"
+          : s->named ? "one named"
+                     : "a private",
+          s->det ? " of 2 ranks" : s->named ? "" : " per client",
           s->nevents);
   for (int i = 0; i < s->nevents; i++) {
     const event_t *e = &s->ev[i];
@@ -298,8 +313,24 @@ static int start_client(run_t *r, int slot) {
   char *argv[] = {(char *)(bin != NULL ? bin : FERRY_IT_CLIENT_BIN),
                   (char *)daddr(r), r->spec, job, epochs, c->out, step, "-1",
                   NULL};
-  if (hx_spawn_marked(&c->p, name, argv, "ready: ", 20000, why,
-                      sizeof(why)) != 0) {
+  /* A deterministic job: the client slot is the rank (a replacement
+   * takes its slot's rank over). */
+  char rank[16], batch[16];
+  snprintf(rank, sizeof(rank), "%d", slot);
+  snprintf(batch, sizeof(batch), "%d", BATCH);
+  if (r->s->det) {
+    setenv("FERRY_IT_CLIENT_WORLD", "2", 1);
+    setenv("FERRY_IT_CLIENT_RANK", rank, 1);
+    setenv("FERRY_IT_CLIENT_BATCH", batch, 1);
+    setenv("FERRY_IT_CLIENT_ORDER", "deterministic", 1);
+  }
+  int spawned = hx_spawn_marked(&c->p, name, argv, "ready: ", 20000, why,
+                                sizeof(why));
+  unsetenv("FERRY_IT_CLIENT_WORLD");
+  unsetenv("FERRY_IT_CLIENT_RANK");
+  unsetenv("FERRY_IT_CLIENT_BATCH");
+  unsetenv("FERRY_IT_CLIENT_ORDER");
+  if (spawned != 0) {
     snprintf(r->why, sizeof(r->why), "client %d start: %s", r->nc, why);
     return -1;
   }
@@ -351,14 +382,24 @@ static cproc_t *live_client(run_t *r, int slot) {
 }
 
 /* True once a client of job `job` finished it (exit 0). */
+/* Whether a client of the job ended it (FERRY_END): any client of a
+ * shared job; in a deterministic job, one of every rank (each rank ends
+ * by itself). */
 static bool job_finished(run_t *r, int job) {
+  bool slot_done[CLIENTS] = {false};
   for (int i = 0; i < r->nc; i++) {
     poll_client(&r->c[i]);
     if (r->c[i].job == job && r->c[i].exited &&
-        WIFEXITED(r->c[i].status) && WEXITSTATUS(r->c[i].status) == 0)
-      return true;
+        WIFEXITED(r->c[i].status) && WEXITSTATUS(r->c[i].status) == 0) {
+      if (!r->s->det)
+        return true;
+      slot_done[r->c[i].slot] = true;
+    }
   }
-  return false;
+  for (int k = 0; r->s->det && k < CLIENTS; k++)
+    if (!slot_done[k])
+      return false;
+  return r->s->det;
 }
 
 /* Waits (at most 1 s) until /proc says the process is stopped. */
@@ -637,6 +678,48 @@ static int check_job(run_t *r, int job, hx_client_log_t *logs) {
   return rc;
 }
 
+/* Issue 22: in a deterministic job, each client process hands out, per
+ * epoch, consecutive records of its rank's share from a batch boundary.
+ * 0 or -1 with r->why. */
+static int check_order(run_t *r, hx_client_log_t *logs) {
+  size_t n_expected;
+  uint64_t *order = hx_expected_ids(&r->ds, false, &n_expected);
+  int rc = 0;
+  for (int i = 0; i < r->nc && rc == 0; i++) {
+    const hx_client_log_t *l = &logs[i];
+    int k = r->c[i].slot;
+    size_t lo = n_expected * (size_t)k / CLIENTS;
+    size_t hi = n_expected * (size_t)(k + 1) / CLIENTS;
+    for (size_t x = 0; x < l->n && rc == 0;) {
+      uint32_t e = l->v[x].epoch;
+      size_t p = lo;
+      while (p < hi && order[p] != l->v[x].id)
+        p++;
+      char a[64];
+      fmt_id(a, sizeof(a), l->v[x].id);
+      if (p == hi || (p - lo) % BATCH != 0) {
+        snprintf(r->why, sizeof(r->why), "deterministic job: client %d "
+                 "(rank %d) epoch %u starts at %s, %s", i, k, e, a,
+                 p == hi ? "outside its rank's share"
+                         : "not at a batch boundary of its share");
+        rc = -1;
+        break;
+      }
+      for (; x < l->n && l->v[x].epoch == e; x++, p++)
+        if (p == hi || order[p] != l->v[x].id) {
+          fmt_id(a, sizeof(a), l->v[x].id);
+          snprintf(r->why, sizeof(r->why), "deterministic job: client %d "
+                   "(rank %d) epoch %u: %s at position %zu of its share, "
+                   "out of order", i, k, e, a, p - lo);
+          rc = -1;
+          break;
+        }
+    }
+  }
+  free(order);
+  return rc;
+}
+
 /* Waits (bounded) until a dispatcher log says the job was collected. */
 static bool wait_collected(const run_t *r, unsigned long long job_id,
                            int wait_ms) {
@@ -715,6 +798,8 @@ static int check(run_t *r) {
   int njobs = r->s->named ? 1 : r->njobs;
   for (int j = 0; j < njobs && rc == 0; j++)
     rc = check_job(r, j, logs);
+  if (rc == 0 && r->s->det)
+    rc = check_order(r, logs);
   /* Jobs nobody finished (private, client killed): collected. */
   for (int j = 0; j < njobs && rc == 0; j++) {
     if (job_finished(r, j))

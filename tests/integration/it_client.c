@@ -16,7 +16,10 @@
  * the data-plane transport (default: auto). Ranks (issue 21):
  * FERRY_IT_CLIENT_WORLD, FERRY_IT_CLIENT_RANK, FERRY_IT_CLIENT_BATCH and
  * FERRY_IT_CLIENT_DROP (1: drop_remainder) set those options; a batch's
- * record holds its real records only (num_real).
+ * record holds its real records only (num_real). FERRY_IT_CLIENT_ORDER=
+ * deterministic sets that order (issue 22). A rank still held by a
+ * client that was killed is asked for again (every 100 ms, for up to
+ * 15 s) until the dispatcher declares that client lost.
  */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -76,14 +79,22 @@ int main(int argc, char **argv) {
     o.batch_size = batch != NULL ? (uint32_t)atoi(batch) : 0;
     o.drop_remainder = drop != NULL && atoi(drop) != 0;
   }
+  const char *order = getenv("FERRY_IT_CLIENT_ORDER");
+  if (order != NULL && strcmp(order, "deterministic") == 0)
+    o.order = FERRY_ORDER_DETERMINISTIC;
   const char *transport = getenv("FERRY_IT_CLIENT_TRANSPORT");
   if (transport != NULL && transport[0] != '\0')
     o.transport = transport;
   ferry_client_t *c;
   ferry_error_t err = {0};
-  if (ferry_client_new(&o, &c, &err) != 0) {
-    fprintf(stderr, "it_client: %s\n", err.msg);
-    return 3;
+  double give_up = now_ms() + 15000;
+  while (ferry_client_new(&o, &c, &err) != 0) {
+    if (world == NULL || strstr(err.msg, "is held by live client") == NULL ||
+        now_ms() > give_up) {
+      fprintf(stderr, "it_client: %s\n", err.msg);
+      return 3;
+    }
+    usleep(100000);
   }
   printf("it_client ready: job %" PRIu64 " client %" PRIu64 "\n",
          ferry_client_job_id(c), ferry_client_id(c));
