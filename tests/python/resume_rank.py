@@ -6,8 +6,9 @@ every rank waits for it (a barrier). A rank started again by torchrun
 (TORCHELASTIC_RESTART_COUNT > 0) loads the checkpoint, the model and
 ds.load_state_dict(), and goes on from there.
 
-Every batch appends "STEP EPOCH NUM_REAL SHA256" (the sha of the images'
-and ids' bytes) to OUT/digests.RANK.ATTEMPT and the step to
+Every batch appends "STEP EPOCH NUM_REAL SHA256 IDS" (the sha of the
+images' and ids' bytes; IDS the real records' ids, comma-separated) to
+OUT/digests.RANK.ATTEMPT and the step to
 OUT/progress.RANK (which the test watches to place its fault); the
 process writes its pid to OUT/pid.RANK first. Exit status 0 once the
 job's epochs are over; an exception's traceback goes to stderr (1).
@@ -74,8 +75,9 @@ def main():
             loss.backward()  # DDP's all-reduce: the ranks in lockstep
             opt.step()
             step += 1
-            digests.write("%d %d %d %s\n" % (step, int(epoch), num_real,
-                                             sha))
+            real = ",".join(str(i) for i in ids[:num_real].tolist())
+            digests.write("%d %d %d %s %s\n" % (step, int(epoch), num_real,
+                                                sha, real or "-"))
             digests.flush()
             progress.write("%d\n" % step)
             progress.flush()

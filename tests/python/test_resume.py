@@ -8,10 +8,12 @@ random step after the first checkpoint (seeded, printed: FERRY_PY_SEED
 replays it), torchrun restarts every rank, and each loads the checkpoint
 and resumes the job at its cursor. Each rank's batches (SHA-256 of images
 and ids) up to the checkpoint in the first attempt, then those of the
-second, must be the reference's, every step once.
+second, must be the reference's, every step once, and every record of
+each epoch must reach exactly one rank (the padding aside).
 
 Skipped, with the reason, where torch or its gloo backend cannot be had.
 """
+import collections
 import os
 import random
 import signal
@@ -121,6 +123,7 @@ def test_ddp_restart_resumes_at_the_checkpoint(dist_torch, make_cluster,
     run(make_cluster(workers=2), data, out, random.Random(seed))
     with open(os.path.join(out, "ckpt.pt"), "rb"):
         pass
+    runs = []
     for r in range(RANKS):
         first = read_digests(out, r, 0)
         second = read_digests(out, r, 1)
@@ -133,3 +136,9 @@ def test_ddp_restart_resumes_at_the_checkpoint(dist_torch, make_cluster,
         assert got == ref[r], (
             "rank %d: the restarted run's batches differ from the "
             "reference's" % r)
+        runs.append(got)
+    for e in range(2):
+        counts = collections.Counter(
+            int(i) for got in runs for x in got if int(x[1]) == e
+            and x[4] != "-" for i in x[4].split(","))
+        ferrytest.assert_exactly_once(counts, data.ids(), "epoch %d" % e)
