@@ -64,17 +64,20 @@ def _read(client, out, hook):
 
 
 def run(cluster, data, ranks, *, order="deterministic", shuffle=True,
-        fault_at=None, fault=None, **kw):
+        fault_at=None, fault=None, faults=(), **kw):
     """`ranks` clients of one job (threads); returns {rank: (digests,
     ids)}. fault() runs once, in rank 0's thread, after its batch
-    fault_at."""
+    fault_at; so does each (step, fn) of `faults`."""
     job = "order-" + uuid.uuid4().hex[:8]
     clients = []
     fired = []
+    todo = dict(faults)
+    if fault is not None:
+        todo[fault_at] = fault
 
     def hook(k):
-        if k == fault_at and not fired:
-            fired.append(fault())
+        if k in todo:
+            fired.append("after batch %d of rank 0: %s" % (k, todo.pop(k)()))
 
     try:
         for r in range(ranks):
@@ -85,7 +88,7 @@ def run(cluster, data, ranks, *, order="deterministic", shuffle=True,
                                     if ranks > 1 else {}), **kw))
         outs = [[] for _ in clients]
         ts = [threading.Thread(target=_read, args=(
-            c, o, hook if r == 0 and fault is not None else None))
+            c, o, hook if r == 0 and todo else None))
             for r, (c, o) in enumerate(zip(clients, outs))]
         for t in ts:
             t.start()
@@ -98,9 +101,9 @@ def run(cluster, data, ranks, *, order="deterministic", shuffle=True,
     for r, o in enumerate(outs):
         assert len(o) == 1 and not isinstance(o[0], BaseException), (
             "rank %d: %r\n%s" % (r, o, cluster.logs()))
-    if fault is not None:
-        assert fired, "the fault did not run"
-        print("fault after batch %d of rank 0: %s" % (fault_at, fired[0]))
+    assert not todo, "faults that did not run: %s" % sorted(todo)
+    for f in fired:
+        print("fault %s" % f)
     return {r: o[0] for r, o in enumerate(outs)}
 
 
@@ -122,6 +125,32 @@ def same(ref, got, what):
                      None)
         assert a == b, "%s: rank %d differs from the reference at batch " \
             "%s of %d/%d" % (what, r, first, len(a), len(b))
+
+
+def test_same_batches_as_workers_come_and_go(make_cluster, data):
+    """Point 5 (d): the worker count goes 3 -> 1 -> 4 during the run (two
+    workers SIGKILLed at a random step, three started at a later one);
+    W = 2 ranks get the reference's batches."""
+    seed = seed_of_run()
+    rng = random.Random(seed)
+    ref = run(make_cluster(workers=2), data, 2)
+    steps = len(ref[0][0])
+    cl = make_cluster(workers=3)
+    a = rng.randrange(1, steps // 2)
+    b = rng.randrange(a + 1, steps - 1)
+
+    def down():
+        cl.kill_worker(0)
+        cl.kill_worker(1)
+        return "workers 0 and 1 SIGKILLed: 1 left"
+
+    def up():
+        for _ in range(3):
+            cl.add_worker()
+        return "3 workers started: 4"
+
+    got = run(cl, data, 2, faults=[(a, down), (b, up)])
+    same(ref, got, "3 -> 1 -> 4 workers")
 
 
 def test_one_trainer_reads_the_epoch_order(make_cluster, data):
