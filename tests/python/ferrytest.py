@@ -421,6 +421,34 @@ def assert_exactly_once(counts, expected, what="epoch"):
             len(extra), sorted(extra)[:5]))
 
 
+def in_threads(fns, timeout, name="rank"):
+    """Runs each callable of `fns` in a thread of its own (rank0, rank1,
+    ...: ranks of one job read together, as one cannot start an epoch
+    before the others finished theirs) and waits for all, at most
+    `timeout` seconds each. Returns their results in order; fails naming
+    the threads that hang or raised."""
+    out = [None] * len(fns)
+
+    def run(i):
+        try:
+            out[i] = (True, fns[i]())
+        except BaseException as e:  # noqa: B902 - reported below
+            out[i] = (False, e)
+
+    ts = [threading.Thread(target=run, args=(i,), name="%s%d" % (name, i))
+          for i in range(len(fns))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    hung = [t.name for t in ts if t.is_alive()]
+    assert not hung, "%s hang" % ", ".join(hung)
+    failed = ["%s%d: %r" % (name, i, r[1]) for i, r in enumerate(out)
+              if not r[0]]
+    assert not failed, "\n".join(failed)
+    return [r[1] for r in out]
+
+
 def wait_progress(p, out_dir, ranks, n, deadline, what="steps"):
     """Waits (bounded by `deadline`, time.monotonic()) until the files
     out_dir/progress.R (R < ranks), one line per step, hold n lines in

@@ -13,7 +13,6 @@ import hashlib
 import os
 import random
 import subprocess
-import threading
 import time
 import uuid
 
@@ -41,26 +40,26 @@ def seed_of_run():
     return seed
 
 
-def _read(client, out, hook):
-    """Every batch: (epoch, size, num_real, sha256 of images and ids), and
-    the ids, in the order the trainer got them."""
-    try:
-        got, ids = [], []
-        # Not enumerate(): its cached tuple would keep the last Batch,
-        # and its slot, alive (prefetch 1 runs here).
-        for b in client:
-            k = len(got)
-            images = numpy.asarray(b.images)
-            bids = numpy.asarray(b.ids)
-            got.append((b.epoch, len(b), b.num_real, hashlib.sha256(
-                images.tobytes() + bids.tobytes()).hexdigest()))
-            ids.append(bids[:b.num_real].tolist())
-            del b, images, bids
-            if hook is not None:
-                hook(k)
-        out.append((got, ids))
-    except BaseException as e:  # noqa: B902 - reported by the test
-        out.append(e)
+def _read(client, hook=None, n=None):
+    """Every batch (the next n when n is given): (epoch, size, num_real,
+    sha256 of images and ids), and the ids, in the order the trainer got
+    them."""
+    got, ids = [], []
+    # Not enumerate(): its cached tuple would keep the last Batch, and its
+    # slot, alive (prefetch 1 runs here).
+    for b in client:
+        k = len(got)
+        images = numpy.asarray(b.images)
+        bids = numpy.asarray(b.ids)
+        got.append((b.epoch, len(b), b.num_real, hashlib.sha256(
+            images.tobytes() + bids.tobytes()).hexdigest()))
+        ids.append(bids[:b.num_real].tolist())
+        del b, images, bids
+        if hook is not None:
+            hook(k)
+        if n is not None and len(got) >= n:
+            break
+    return got, ids
 
 
 def run(cluster, data, ranks, *, order="deterministic", shuffle=True,
@@ -86,25 +85,16 @@ def run(cluster, data, ranks, *, order="deterministic", shuffle=True,
                 epochs=EPOCHS, shuffle=shuffle, seed=11, order=order,
                 timeout=TIMEOUT, **({"rank": r, "world_size": ranks}
                                     if ranks > 1 else {}), **kw))
-        outs = [[] for _ in clients]
-        ts = [threading.Thread(target=_read, args=(
-            c, o, hook if r == 0 and todo else None))
-            for r, (c, o) in enumerate(zip(clients, outs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(4 * TIMEOUT)
-        assert not any(t.is_alive() for t in ts), "a rank hangs"
+        outs = ferrytest.in_threads(
+            [lambda c=c, r=r: _read(c, hook if r == 0 and todo else None)
+             for r, c in enumerate(clients)], 4 * TIMEOUT)
     finally:
         for c in clients:
             c.close()
-    for r, o in enumerate(outs):
-        assert len(o) == 1 and not isinstance(o[0], BaseException), (
-            "rank %d: %r\n%s" % (r, o, cluster.logs()))
     assert not todo, "faults that did not run: %s" % sorted(todo)
     for f in fired:
         print("fault %s" % f)
-    return {r: o[0] for r, o in enumerate(outs)}
+    return dict(enumerate(outs))
 
 
 def check_once(result, data):
@@ -199,18 +189,6 @@ def test_ranks_same_batches_under_a_fault(make_cluster, data, kind):
 
 # ---- resume from a checkpoint cursor ---------------------------------------
 
-def read_until(client, n, out):
-    """The digests of the client's next n batches (all when n is None)."""
-    for b in client:
-        images = numpy.asarray(b.images)
-        bids = numpy.asarray(b.ids)
-        out.append((b.epoch, len(b), b.num_real, hashlib.sha256(
-            images.tobytes() + bids.tobytes()).hexdigest()))
-        del b, images, bids
-        if n is not None and len(out) >= n:
-            return
-
-
 def test_resume_from_a_cursor_gives_the_same_batches(make_cluster, data):
     """W = 3 ranks take c batches, save their cursors (all equal), go on
     for d more and leave; ranks started with the cursor deliver exactly
@@ -229,32 +207,22 @@ def test_resume_from_a_cursor_gives_the_same_batches(make_cluster, data):
               seed=11, order="deterministic", timeout=TIMEOUT, world_size=3)
     clients = [ferry.Client(cl.addr, data.spec(), rank=r, **kw)
                for r in range(3)]
-    got = [[] for _ in clients]
-    cursors = [None] * len(clients)
-    errors = []
 
-    def rank(r):
-        # Ranks in threads: one rank cannot start epoch 1 before the
-        # others finished epoch 0.
-        try:
-            read_until(clients[r], c, got[r])
-            cursors[r] = clients[r].state_dict()
-            if d:
-                read_until(clients[r], c + d, got[r])
-        except BaseException as e:  # noqa: B902 - reported below
-            errors.append(e)
+    def rank(cli):
+        got = _read(cli, n=c)[0]
+        cursor = cli.state_dict()
+        if d:
+            got += _read(cli, n=d)[0]
+        return got, cursor
 
     try:
-        ts = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(4 * TIMEOUT)
-        assert not any(t.is_alive() for t in ts), "a rank hangs"
+        done = ferrytest.in_threads([lambda cli=cli: rank(cli)
+                                     for cli in clients], 4 * TIMEOUT)
     finally:
         for cli in clients:
             cli.close()
-    assert not errors, errors
+    got = [x[0] for x in done]
+    cursors = [x[1] for x in done]
     assert all(x == cursors[0] for x in cursors), "ranks' cursors differ"
     assert len(cursors[0]["cursor"]) <= 4096
     # Any rank's cursor restores the job: rank r resumes with rank
@@ -262,15 +230,9 @@ def test_resume_from_a_cursor_gives_the_same_batches(make_cluster, data):
     resumed = [ferry.Client(cl.addr, data.spec(), rank=r,
                             resume=cursors[(r + 1) % 3], **kw)
                for r in range(3)]
-    tails = [[] for _ in resumed]
     try:
-        ts = [threading.Thread(target=read_until, args=(cli, None, t))
-              for cli, t in zip(resumed, tails)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(4 * TIMEOUT)
-        assert not any(t.is_alive() for t in ts), "a resumed rank hangs"
+        tails = [x[0] for x in ferrytest.in_threads(
+            [lambda cli=cli: _read(cli) for cli in resumed], 4 * TIMEOUT)]
     finally:
         for cli in resumed:
             cli.close()

@@ -218,26 +218,23 @@ def expected_steps(drop, n=RECORDS):
     return n // rnd if drop else -(-n // rnd)
 
 
-def _read_rank(client, data, out):
+def _read_rank(client, data):
     """Every batch of the job: {epoch: {"sizes", "real", "padded"}}."""
-    try:
-        epochs = collections.defaultdict(
-            lambda: {"sizes": [], "real": [], "padded": [], "num_real": []})
-        for b in client:
-            ids = numpy.asarray(b.ids).tolist()
-            e = epochs[b.epoch]
-            e["sizes"].append(len(b))
-            e["num_real"].append(b.num_real)
-            e["real"].extend(ids[:b.num_real])
-            e["padded"].extend(ids[b.num_real:])
-            if b.num_real:  # the records are the files' (first and last)
-                images = numpy.asarray(b.images)
-                for k in (0, b.num_real - 1):
-                    assert images[k].tobytes() == data.images[ids[k]]
-            del b
-        out.append(dict(epochs))
-    except BaseException as e:  # noqa: B902 - reported by the test
-        out.append(e)
+    epochs = collections.defaultdict(
+        lambda: {"sizes": [], "real": [], "padded": [], "num_real": []})
+    for b in client:
+        ids = numpy.asarray(b.ids).tolist()
+        e = epochs[b.epoch]
+        e["sizes"].append(len(b))
+        e["num_real"].append(b.num_real)
+        e["real"].extend(ids[:b.num_real])
+        e["padded"].extend(ids[b.num_real:])
+        if b.num_real:  # the records are the files' (first and last)
+            images = numpy.asarray(b.images)
+            for k in (0, b.num_real - 1):
+                assert images[k].tobytes() == data.images[ids[k]]
+        del b
+    return dict(epochs)
 
 
 def run_ranked(addr, data, drop, job=None, **kw):
@@ -253,22 +250,12 @@ def run_ranked(addr, data, drop, job=None, **kw):
                 world_size=RANKS, timeout=TIMEOUT, **kw))
         props = [(c.rank, c.world_size, c.steps_per_epoch,
                   c.dropped_per_epoch) for c in clients]
-        outs = [[] for _ in clients]
-        ts = [threading.Thread(target=_read_rank, args=(c, data, o),
-                               name="rank%d" % r)
-              for r, (c, o) in enumerate(zip(clients, outs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(4 * TIMEOUT)
-        assert not any(t.is_alive() for t in ts), "a rank hangs"
+        outs = ferrytest.in_threads(
+            [lambda c=c: _read_rank(c, data) for c in clients], 4 * TIMEOUT)
     finally:
         for c in clients:
             c.close()
-    for r, o in enumerate(outs):
-        assert len(o) == 1 and not isinstance(o[0], BaseException), (
-            "rank %d: %r" % (r, o))
-    return {r: o[0] for r, o in enumerate(outs)}, props
+    return dict(enumerate(outs)), props
 
 
 def check_ranked(results, props, data, drop):

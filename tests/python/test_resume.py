@@ -24,22 +24,13 @@ import uuid
 import pytest
 
 import ferrytest
-from test_ddp import LAUNCHERS, free_port
+from test_ddp import LAUNCHERS, dist_torch, free_port  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = 4
 EVERY = 3
 STEPS = 2 * -(-300 // (RANKS * 8))   # two epochs of 300, batch 8: 20
 RUN_TIMEOUT_S = 240
-
-
-@pytest.fixture
-def dist_torch(torch):
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch %s has no torch.distributed gloo backend"
-                    % torch.__version__)
-    return torch
 
 
 @pytest.fixture(scope="module")
