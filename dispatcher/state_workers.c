@@ -185,6 +185,10 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
   t->split = s;
   t->file = j->ds->files[sp->file];
   t->start = row->start;
+  /* Issue 22: a ranked part ends where its rows ends (the rest of the
+   * split is other parts'), so its worker stops there. */
+  if (j->part_split != NULL && row->total_known)
+    t->end = row->total;
   t->lease = row->lease;
   t->spec.data = j->ds->spec_bytes;
   t->spec.len = j->ds->spec_len;

@@ -571,6 +571,7 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *m) {
     k->byte_end = sp->byte_end;
   }
   k->start = m->start;
+  k->end = m->end > m->start ? m->end : 0;
   k->shuffle = m->shuffle;
   k->seed = m->shuffle_seed;
   k->policy = m->error_policy == FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
@@ -1207,6 +1208,8 @@ static int run_identity(run_t *r) {
   while ((rc = ferry_tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       return FERRY_EOF;
+    if (k->end != 0 && r->out >= k->end)
+      return FERRY_EOF; /* the part ends here (Task.end) */
     if (!do_record(r, rec.data, rec.len, rec.offset, rec.index))
       return 0;
   }
@@ -1380,6 +1383,8 @@ static int run_shuffled(run_t *r) {
       return 0; /* stopped */
   }
   while (ru->next < ru->nrecs) {
+    if (k->end != 0 && r->out >= k->end)
+      return FERRY_EOF; /* the part ends here (Task.end) */
     const struct rec_ref *ref = &ru->recs[ru->order[ru->next++]];
     if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
       if ((ru->next & 1023) == 0 && should_stop(r))

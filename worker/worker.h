@@ -263,6 +263,7 @@ struct ferry__wtask_s {
   uint64_t byte_offset, first_record, num_records, byte_end;
   char *file;
   uint64_t start;
+  uint64_t end; /* Task.end: 0, or where the task ends in split order */
   bool shuffle;
   uint64_t seed;
   int policy;               /* FERRY_ON_ERROR_* */

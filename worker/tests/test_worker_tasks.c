@@ -215,6 +215,36 @@ Test(tasks, shuffle_and_resume_uncompressed) {
 
 Test(tasks, shuffle_and_resume_gzip) { shuffle_case(FERRY_COMPRESSION_GZIP); }
 
+/* Issue 22: a task with Task.end (a ranked part that ends before its
+ * split) stops there: its positions [start, end) in split order, the last
+ * chunk marked `last`, nothing past it produced; identity and shuffled. */
+Test(tasks, a_part_ends_at_its_end) {
+  wt_file_t f;
+  wt_file_make(&f, 60, FERRY_COMPRESSION_NONE, SIZE_MAX);
+  uint64_t perm[60];
+  ferry__wshuffle(perm, 60, true, 1234, 1, 3);
+  for (int shuffled = 0; shuffled < 2; shuffled++) {
+    uint64_t order[60];
+    for (int i = 0; i < 60; i++)
+      order[i] = shuffled ? perm[i] : (uint64_t)i;
+    rig_t r;
+    rig_init(&r, 64 << 20, 8 * WT_BYTES);
+    wt_task_t t;
+    wt_task(&t, &f, 0, 60, false);
+    t.task.shuffle = shuffled;
+    t.task.shuffle_seed = 1234;
+    t.task.start = 17;
+    t.task.end = 41;
+    run_here(&r, &t.task);
+    check_chunks(&r, &f, 17, order + 17, 41 - 17);
+    ferry__wprogress_t p = progress(&r, &t.task);
+    cr_assert(p.finished);
+    cr_assert_eq(p.produced, 41, "stopped at the part's end");
+    rig_close(&r);
+  }
+  wt_file_free(&f);
+}
+
 Test(tasks, identity_resume_and_gzip_stream) {
   wt_file_t f;
   wt_file_make(&f, 30, FERRY_COMPRESSION_GZIP, SIZE_MAX);
