@@ -150,6 +150,7 @@ void ferry_memory_stats(int64_t *bytes, int64_t *blocks) {
 }
 
 uint64_t ferry_client_job_id(const ferry_client_t *c) { return c->job_id; }
+
 int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
                        size_t *len, ferry_error_t *err) {
   int rc;
@@ -1272,6 +1273,9 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->det = opts->order == FERRY_ORDER_DETERMINISTIC;
   c->resume = resume_cur;
   c->has_resume = has_resume;
+  /* The caller's buffer is not ours to keep: the cursor was copied. */
+  c->opts.resume = NULL;
+  c->opts.resume_len = 0;
   c->ranked = opts->world_size > 1 || c->det;
   c->rk_world = opts->world_size > 1 ? opts->world_size : 1;
   c->pid = getpid();
