@@ -976,6 +976,36 @@ static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
   det_hold_locked(c, ch, src, kw, end);
 }
 
+/* Takes a chunk's records [received, end) in arrival order: into the
+ * fill slot, whichever split they are of. */
+static void arrival_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
+                                 const ferry_chunk_src_t *src, uint64_t kw,
+                                 uint64_t end, const bool *stop) {
+  for (;;) {
+    /* Re-read after every unlock: another reader may have taken the same
+     * positions from a re-leased duplicate meanwhile. */
+    ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    if (s == NULL || s->received >= end || s->received < ch->first)
+      break;
+    if (!take_slot_locked(c, ch->epoch, stop))
+      break;
+    /* A fence while waiting for a slot moves received back below this
+     * chunk, or drops the split. */
+    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    if (s == NULL || s->received >= end || s->received < ch->first ||
+        !split_taken_locked(s, ch->lease) || lease_lapsed_locked(c))
+      break;
+    ferry__slot_t *slot = &c->slots[c->fill];
+    uint64_t off = s->received - ch->first;
+    uint32_t n = c->ap.batch_size - slot->size;
+    if (n > end - s->received)
+      n = (uint32_t)(end - s->received);
+    uint32_t base = reserve_locked(c, ch->epoch, ch->split, kw, n);
+    s->received += n;
+    copy_in_locked(c, slot, ch, src, off, base, n);
+  }
+}
+
 int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
                            const ferry_chunk_src_t *src, const bool *stop) {
   const ferry__asm_params_t *ap = &c->ap;
@@ -1063,29 +1093,8 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
   if (c->det) {
     det_chunk_locked(c, ch, src, kw, end, stop);
     det_feed_locked(c, true, stop);
-  }
-  for (; !c->det;) {
-    /* Re-read after every unlock: another reader may have taken the same
-     * positions from a re-leased duplicate meanwhile. */
-    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
-    if (s == NULL || s->received >= end || s->received < ch->first)
-      break;
-    if (!take_slot_locked(c, ch->epoch, stop))
-      break;
-    /* A fence while waiting for a slot moves received back below this
-     * chunk, or drops the split. */
-    s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
-    if (s == NULL || s->received >= end || s->received < ch->first ||
-        !split_taken_locked(s, ch->lease) || lease_lapsed_locked(c))
-      break;
-    ferry__slot_t *slot = &c->slots[c->fill];
-    uint64_t off = s->received - ch->first;
-    uint32_t n = ap->batch_size - slot->size;
-    if (n > end - s->received)
-      n = (uint32_t)(end - s->received);
-    uint32_t base = reserve_locked(c, ch->epoch, ch->split, kw, n);
-    s->received += n;
-    copy_in_locked(c, slot, ch, src, off, base, n);
+  } else {
+    arrival_chunk_locked(c, ch, src, kw, end, stop);
   }
   /* Fully received: the client may take more splits now. */
   s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
