@@ -85,6 +85,7 @@ typedef struct snap_job_s {
   uint32_t *flags;
   uint64_t *ep_workers, *skipped;
   uint64_t *row_end, *rank_taken; /* issue 21: ranked jobs */
+  Ferry__V1__CursorSegment *cuts, **cut_ptrs; /* issue 22: elastic */
   char *name, *error;
 } snap_job_t;
 
@@ -139,6 +140,8 @@ static void free_job(snap_job_t *s) {
   ferry__free(s->skipped);
   ferry__free(s->row_end);
   ferry__free(s->rank_taken);
+  ferry__free(s->cuts);
+  ferry__free(s->cut_ptrs);
   ferry__free(s->name);
   ferry__free(s->error);
 }
@@ -194,6 +197,20 @@ static int take_job(snap_job_t *s, const job_t *j) {
   s->cj.pad_remainder = j->pad;
   s->cj.resume_epoch = j->resume_epoch;
   s->cj.resume_step = j->resume_step;
+  if (j->ncuts > 0) {
+    s->cuts = ferry__calloc(j->ncuts, sizeof(*s->cuts));
+    s->cut_ptrs = ferry__calloc(j->ncuts, sizeof(*s->cut_ptrs));
+    if (s->cuts == NULL || s->cut_ptrs == NULL)
+      return FERRY_ENOMEM;
+    for (uint32_t i = 0; i < j->ncuts; i++) {
+      ferry__v1__cursor_segment__init(&s->cuts[i]);
+      s->cuts[i].world_size = j->cut_world[i];
+      s->cuts[i].step = j->cut_step[i];
+      s->cut_ptrs[i] = &s->cuts[i];
+    }
+    s->cj.n_resume_earlier = j->ncuts;
+    s->cj.resume_earlier = s->cut_ptrs;
+  }
   m->job = &s->cj;
   m->state = j->state;
   m->error_code = j->error_code;

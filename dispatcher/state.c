@@ -103,6 +103,8 @@ void ferry__disp_free_job(job_t *j) {
   ferry__free(j->error);
   ferry__free(j->clients);
   ferry__free(j->skipped_by_file);
+  ferry__free(j->cut_world);
+  ferry__free(j->cut_step);
   ferry__free(j);
 }
 
@@ -329,140 +331,25 @@ size_t ferry__disp_active_clients(const job_t *j) {
   return n;
 }
 
-uint64_t ferry__disp_rank_records(const job_t *j) {
-  return j->ds->known_records;
-}
-
-uint64_t ferry__disp_rank_steps(const job_t *j) {
-  uint64_t round = (uint64_t)j->world_size * j->batch;
-  uint64_t n = ferry__disp_rank_records(j);
-  if (round == 0)
-    return 0;
-  return j->pad ? (n + round - 1) / round : n / round;
-}
-
-uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank) {
-  uint64_t n = ferry__disp_rank_records(j);
-  if (j->world_size == 0 || rank >= j->world_size)
-    return 0;
-  /* Under pad every record is delivered: an even share, so that every
-   * rank's real records fill all its batches but the last (a share is at
-   * least floor(N / W) >= (S - 1) x B records). */
-  if (j->pad)
-    return n / j->world_size + (rank < n % j->world_size ? 1 : 0);
-  return ferry__disp_rank_steps(j) * j->batch;
-}
-
-int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
-  uint32_t ns = j->ds->nsplits, w = j->world_size;
-  size_t cap = (size_t)ns + w + 1;
-  j->rows = ferry__calloc(cap, sizeof(row_t));
-  j->order = ferry__calloc(cap, sizeof(uint32_t));
-  j->row_end = ferry__calloc(cap, sizeof(uint64_t));
-  j->part_split = ferry__calloc(cap, sizeof(uint32_t));
-  j->part_base = ferry__calloc(cap, sizeof(uint64_t));
-  j->part_rank = ferry__calloc(cap, sizeof(int32_t));
-  j->part_roff = ferry__calloc(cap, sizeof(uint64_t));
-  j->split_part = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
-  j->split_nparts = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
-  if (j->rows == NULL || j->order == NULL || j->row_end == NULL ||
-      j->part_split == NULL || j->part_base == NULL || j->part_rank == NULL ||
-      j->part_roff == NULL ||
-      j->split_part == NULL || j->split_nparts == NULL)
-    return FERRY_ENOMEM;
-  /* Rank k takes the records [b_k - quota(k), b_k) of the epoch's order,
-   * b_k = quota(0) + ... + quota(k); what lies past b_{W-1} is dropped.
-   * Rows are numbered in that order. */
-  uint64_t p = 0, b = ferry__disp_rank_quota(j, 0);
-  uint32_t k = 0, n = 0;
-  for (uint32_t i = 0; i < ns; i++) {
-    uint32_t s = perm[i];
-    uint64_t t = j->ds->splits[s].count, at = 0;
-    j->split_part[s] = n;
-    do {
-      uint64_t stop = k < w && b - p < t - at ? at + (b - p) : t;
-      if (n == cap)
-        return FERRY_ENOMEM; /* cannot happen: a boundary makes one part */
-      row_t *row = &j->rows[n];
-      row->total = stop;
-      row->total_known = t > 0;
-      row->delivered = row->start = at;
-      row->rank = n;
-      j->order[n] = n;
-      j->row_end[n] = 0;
-      j->part_split[n] = s;
-      j->part_base[n] = at;
-      j->part_rank[n] = k < w ? (int32_t)k : -1;
-      /* Issue 22: where the part starts in its rank's share. */
-      j->part_roff[n] = k < w ? p - (b - ferry__disp_rank_quota(j, k)) : 0;
-      n++;
-      p += stop - at;
-      at = stop;
-      while (k < w && p >= b && ++k < w)
-        b += ferry__disp_rank_quota(j, k);
-    } while (at < t);
-    j->split_nparts[s] = n - j->split_part[s];
-  }
-  j->nrows = n;
-  return 0;
-}
-
-uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank) {
-  if (j->world_size == 0 || j->epoch != j->resume_epoch ||
-      j->resume_step == 0)
-    return 0;
-  uint64_t q = ferry__disp_rank_quota(j, rank);
-  uint64_t at = j->resume_step * j->batch;
-  return at < q ? at : q;
-}
-
-int ferry__disp_resume_rows(job_t *j) {
-  if (j->part_roff == NULL || j->epoch != j->resume_epoch ||
-      j->resume_step == 0)
-    return 0;
-  for (uint32_t r = 0; r < j->nrows; r++) {
-    int32_t k = j->part_rank[r];
-    if (k < 0)
-      continue;
-    uint64_t skip = ferry__disp_resume_taken(j, (uint32_t)k);
-    uint64_t from = j->part_roff[r], n = j->rows[r].total - j->part_base[r];
-    if (skip <= from)
-      continue; /* the row lies after the cursor */
-    row_t *row = &j->rows[r];
-    if (skip >= from + n) {
-      row->delivered = row->start = row->total;
-      row->done = true;
-    } else {
-      row->delivered = row->start = j->part_base[r] + (skip - from);
-    }
-    if (ferry__disp_row_changed(j, r, false) != 0)
-      return FERRY_ENOMEM;
-  }
-  for (uint32_t k = 0; k < j->world_size; k++)
-    j->rank_taken[k] = ferry__disp_resume_taken(j, k);
-  return 0;
-}
-
 int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
                            uint64_t client, uint64_t lease) {
   if (j->part_split == NULL)
     return ferry__disp_row_index(j, split, worker);
   if (!j->started || split >= j->ds->nsplits)
     return -1;
+  /* A client's report names the part by its lease (ferry/lease.h): an
+   * epoch resumed with another world size may bind a client two parts of
+   * one split. Without a lease (an older client), its first part. */
   for (uint32_t x = 0; x < j->split_nparts[split]; x++) {
     uint32_t r = j->split_part[split] + x;
-    if ((client != 0 && j->rows[r].client == client) ||
-        (client == 0 && j->rows[r].lease == lease))
+    if (client == 0 && j->rows[r].lease == lease)
+      return r;
+    if (client == 0 || j->rows[r].client != client)
+      continue;
+    if (lease == 0 || ferry_lease_part(lease) == x % FERRY_LEASE_MAX_PARTS)
       return r;
   }
   return -1;
-}
-
-uint64_t ferry__disp_rank_dropped(const job_t *j) {
-  if (j->world_size == 0 || j->pad)
-    return 0;
-  return ferry__disp_rank_records(j) -
-         ferry__disp_rank_steps(j) * j->batch * j->world_size;
 }
 
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j) {

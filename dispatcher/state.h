@@ -79,6 +79,7 @@ typedef struct ferry_disp_config_s {
 #define FERRY_DISP_MAX_PROGRESS 65536   /* SplitProgress / TaskProgress
                                            entries in one heartbeat */
 #define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */
+#define FERRY_DISP_MAX_WORLD_SIZE 8192  /* ranks of a job (issue 21) */
 #define FERRY_DISP_MAX_ERROR_LEN 4096   /* a task's error text */
 #define FERRY_DISP_MAX_UNREACHABLE 64   /* unreachable workers a client
                                            lists in one heartbeat */

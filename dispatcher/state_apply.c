@@ -132,6 +132,32 @@ static int apply_create_job(ferry_disp_t *d,
   j->resume_epoch = m->resume_epoch;
   j->resume_step = m->resume_step;
   j->epoch = j->epochs_done = m->resume_epoch;
+  /* Issue 22, elastic: the resumed epoch's earlier cuts and what they
+   * left (check_ranked bounded them before the entry was written). */
+  if (m->world_size > 0 && m->n_resume_earlier > 0) {
+    uint32_t nc = (uint32_t)m->n_resume_earlier;
+    j->cut_world = ferry__calloc(nc, sizeof(uint32_t));
+    j->cut_step = ferry__calloc(nc, sizeof(uint64_t));
+    if (j->cut_world == NULL || j->cut_step == NULL) {
+      ferry__disp_free_job(j);
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < nc; i++) {
+      j->cut_world[i] = m->resume_earlier[i]->world_size;
+      j->cut_step[i] = m->resume_earlier[i]->step;
+    }
+    j->ncuts = nc;
+    ferry__span_t *sp;
+    uint32_t nsp;
+    j->resume_left = ferry__disp_left_spans(ds->known_records, j->batch,
+                                            j->pad, j->cut_world, j->cut_step,
+                                            nc, &sp, &nsp);
+    ferry__free(sp);
+    if (j->resume_left == UINT64_MAX) {
+      ferry__disp_free_job(j);
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    }
+  }
   j->state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
   j->idle_since = -1;
   ds->idle_since = -1;
@@ -816,7 +842,7 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
         j != NULL
             ? ferry__disp_job_row((job_t *)j, e->assign->epoch, e->assign->row)
             : NULL;
-    relet = row != NULL && row->lease != 0;
+    relet = row != NULL && ferry_lease_issued(row->lease);
   }
   rc = apply(d, e, err);
   if (rc != 0) {

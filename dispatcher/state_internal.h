@@ -45,6 +45,7 @@
 
 #include "check.h"
 #include "ferry/alloc.h"
+#include "ferry/lease.h"
 #include "ferry/log.h"
 #include "ferry/rpc.h"
 #include "ferry/spec.h"
@@ -191,13 +192,24 @@ typedef struct job_s {
    * (ferry__disp_resume_rows, from apply_epoch_start). */
   uint32_t resume_epoch;
   uint64_t resume_step;
+  /* Issue 22, elastic: the resumed epoch's earlier cuts, oldest first
+   * (JobOptions.resume_earlier): cut i's cut_world[i] ranks took their
+   * first cut_step[i] batches of what the cuts before it left. The
+   * resumed epoch shares only what they left, resume_left records
+   * (ferry__disp_rank_records), among this job's ranks. */
+  uint32_t ncuts;
+  uint32_t *cut_world;
+  uint64_t *cut_step;
+  uint64_t resume_left;
   uint64_t *row_end;
   uint64_t *rank_taken;
   /* Ranked jobs: the epoch's rows are parts of splits, each taken by
    * one rank (ferry__disp_plan_ranks, from the epoch's split order and
    * the splits' counts alone, so replay and snapshots rebuild them): row
    * r is records [part_base[r], rows[r].total) of split part_split[r],
-   * for rank part_rank[r] (-1: dropped under drop_remainder). A split
+   * for rank part_rank[r] (FERRY__PART_DROPPED: dropped under
+   * drop_remainder; FERRY__PART_TAKEN: taken before a resume's earlier
+   * cuts, done from the start). A split
    * shared by two ranks is two rows, leased, produced and acknowledged
    * independently, so no rank waits for another's progress (ranks in
    * lockstep, as DDP's all-reduce makes them, would wait for each other
@@ -385,10 +397,32 @@ uint64_t ferry__disp_epoch_delivered(const job_t *j);
 
 size_t ferry__disp_active_clients(const job_t *j);
 
-/* Issue 21: the job's records per epoch (every split's count), its steps
- * per epoch, rank r's records per epoch (drop: steps x batch; pad: an
- * even share of all records, the first N % W ranks one more), and the
- * records no rank receives per epoch (drop). */
+/* Issue 21: the records a cut of n records among w ranks of batch b
+ * gives: its steps (drop: floor(n / (w x b)); pad: ceil), and rank k's
+ * records (drop: steps x b; pad: an even share, the first n % w ranks
+ * one more). state_ranks.c. */
+uint64_t ferry__disp_cut_steps(uint64_t n, uint32_t w, uint32_t b, bool pad);
+uint64_t ferry__disp_cut_quota(uint64_t n, uint32_t w, uint32_t b, bool pad,
+                               uint32_t k);
+
+/* Issue 22, elastic: the positions of an epoch of n records left by
+ * ncuts earlier cuts (cut i: cw[i] ranks took their first cs[i] batches
+ * of b records of what the cuts before it left), as sorted disjoint
+ * spans [from, to) of the epoch's order (*spans, *nspans: the caller
+ * frees; NULL for none). Returns the records left. *spans is NULL and
+ * the result UINT64_MAX when out of memory. */
+typedef struct ferry__span_s {
+  uint64_t from, to;
+} ferry__span_t;
+uint64_t ferry__disp_left_spans(uint64_t n, uint32_t b, bool pad,
+                                const uint32_t *cw, const uint64_t *cs,
+                                uint32_t ncuts, ferry__span_t **spans,
+                                uint32_t *nspans);
+
+/* Issue 21: the job's records in the current epoch (every split's count;
+ * in an epoch resumed with another world size, what its earlier cuts
+ * left), its steps per epoch, rank r's records in it, and the records
+ * no rank receives (drop). */
 uint64_t ferry__disp_rank_records(const job_t *j);
 uint64_t ferry__disp_rank_steps(const job_t *j);
 uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank);
@@ -448,15 +482,19 @@ int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
  * or before the epoch starts). */
 uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
 
+#define FERRY__PART_DROPPED (-1)
+#define FERRY__PART_TAKEN (-2)
+
 /* Issue 21: builds the rows of a ranked job's epoch from the epoch's
  * split order `perm` (job_t.part_*): j->rows, j->order, j->nrows. 0 or
  * FERRY_ENOMEM. */
 int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm);
 
-/* Issue 22: in the epoch a resumed job starts at, marks each rank's
- * first resume_step x B records done (rows wholly before that point done,
- * a row across it delivered from there) and counts them taken. 0 or
- * FERRY_ENOMEM. */
+/* Issue 22: in the epoch a resumed job starts at, marks the records its
+ * earlier cuts took done (FERRY__PART_TAKEN rows) and each rank's first
+ * resume_step x B records of its share (rows wholly before that point
+ * done, a row across it delivered from there), counting the latter
+ * taken. 0 or FERRY_ENOMEM. */
 int ferry__disp_resume_rows(job_t *j);
 
 /* Issue 22: the records of rank `rank` a resumed job counts taken in its
@@ -464,7 +502,8 @@ int ferry__disp_resume_rows(job_t *j);
 uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank);
 
 /* The row a report about `split` is about: in a ranked job the split's
- * part bound to `client` (non-zero) or leased as `lease`; else as
+ * part bound to `client` (non-zero; the part `lease` names when
+ * non-zero) or leased as `lease`; else as
  * ferry__disp_row_index. -1: none. */
 int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
                            uint64_t client, uint64_t lease);

@@ -1,6 +1,7 @@
 /* Jobs: GetOrCreateJob and the operator's CancelJob. */
 #include "state_internal.h"
 
+#include "ferry/cursor.h"
 #include "ferry/job_names.h"
 
 static job_t *find_named_job(ferry_disp_t *d, const char *name) {
@@ -43,6 +44,70 @@ int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
   return 0;
 }
 
+/* Issue 22: a cursor's cuts and step lie inside its epoch: each earlier
+ * cut's step inside what the cuts before it left, and resume_step inside
+ * what they all left, shared among world_size ranks. */
+static int check_resume(const dataset_t *ds, const Ferry__V1__JobOptions *o,
+                        ferry_error_t *err) {
+  uint32_t nc = (uint32_t)o->n_resume_earlier;
+  uint64_t n = ds->known_records, ranks = 0;
+  if (o->n_resume_earlier > FERRY_CURSOR_MAX_CUTS)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "resume: %zu changes of world size in epoch %u "
+                         "(at most %u)", o->n_resume_earlier,
+                         o->resume_epoch, FERRY_CURSOR_MAX_CUTS);
+  uint32_t cw[FERRY_CURSOR_MAX_CUTS + 1];
+  uint64_t cs[FERRY_CURSOR_MAX_CUTS + 1];
+  for (uint32_t i = 0; i <= nc; i++) {
+    /* Cut i of what the cuts before it left: n records. */
+    uint32_t w = i < nc ? o->resume_earlier[i]->world_size : o->world_size;
+    uint64_t step = i < nc ? o->resume_earlier[i]->step : o->resume_step;
+    if (w == 0 || w > FERRY_DISP_MAX_WORLD_SIZE)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: cut %u of epoch %u has world_size %u "
+                           "(1 to %u)", i, o->resume_epoch, w,
+                           FERRY_DISP_MAX_WORLD_SIZE);
+    uint64_t steps = ferry__disp_cut_steps(n, w, o->batch_size,
+                                           o->pad_remainder);
+    if (i == nc && nc > 0 && steps == 0)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: what is left of epoch %u, %" PRIu64
+                           " records, makes no step of world_size %u x "
+                           "batch %u under drop: resume with fewer ranks, "
+                           "or with %u ranks and change at the next epoch",
+                           o->resume_epoch, n, w, o->batch_size,
+                           o->resume_earlier[nc - 1]->world_size);
+    if (step >= steps)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: step %" PRIu64 " of epoch %u, but %s "
+                           "has %" PRIu64 " steps", step, o->resume_epoch,
+                           nc == 0 ? "an epoch"
+                           : i < nc ? "that cut of it"
+                                    : "what its earlier cuts left",
+                           steps);
+    ranks += w;
+    if (i == nc)
+      break;
+    cw[i] = w;
+    cs[i] = step;
+    ferry__span_t *sp;
+    uint32_t nsp;
+    n = ferry__disp_left_spans(ds->known_records, o->batch_size,
+                               o->pad_remainder, cw, cs, i + 1, &sp, &nsp);
+    ferry__free(sp);
+    if (n == UINT64_MAX)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+  }
+  /* A split is cut at rank boundaries and around what earlier cuts took:
+   * its parts must stay apart in their leases (ferry/lease.h). */
+  if (ranks * 3 + 3 > FERRY_LEASE_MAX_PARTS)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "resume: %" PRIu64 " ranks over the cuts of epoch "
+                         "%u (at most %u)", ranks, o->resume_epoch,
+                         (FERRY_LEASE_MAX_PARTS - 3) / 3);
+  return 0;
+}
+
 /* Issue 21: a ranked job needs every split's count (the quotas are cut
  * from the epoch's size before it starts), a name (its ranks are separate
  * processes) and at least one step per epoch. */
@@ -64,6 +129,10 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
   if (o->batch_size == 0)
     return ferry__seterr(err, FERRY_EINVAL,
                          "job options: world_size needs the batch size");
+  if (o->world_size > FERRY_DISP_MAX_WORLD_SIZE)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "job options: world_size %u (at most %u)",
+                         o->world_size, FERRY_DISP_MAX_WORLD_SIZE);
   if (rank >= o->world_size)
     return ferry__seterr(err, FERRY_EINVAL,
                          "rank %u out of range for world_size %u", rank,
@@ -85,16 +154,7 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
                          "no step under drop",
                          o->world_size, o->batch_size, round, ds->id,
                          ds->known_records);
-  /* Issue 22: a cursor's step lies inside its epoch. */
-  uint64_t steps = o->pad_remainder
-                       ? (ds->known_records + round - 1) / round
-                       : ds->known_records / round;
-  if (o->resume_step >= steps)
-    return ferry__seterr(err, FERRY_EINVAL,
-                         "resume: step %" PRIu64 " of epoch %u, but an "
-                         "epoch has %" PRIu64 " steps", o->resume_step,
-                         o->resume_epoch, steps);
-  return 0;
+  return check_resume(ds, o, err);
 }
 
 /* Issue 21: a client joining a ranked job (or an unranked one) agrees with
@@ -128,8 +188,12 @@ static bool resume_joins(const job_t *j, const Ferry__V1__JobOptions *o,
                          uint32_t rank) {
   if (j->world_size == 0 || j->resume_epoch != o->resume_epoch ||
       j->resume_step != o->resume_step || j->epoch != o->resume_epoch ||
-      rank >= j->world_size)
+      rank >= j->world_size || j->ncuts != o->n_resume_earlier)
     return false;
+  for (uint32_t i = 0; i < j->ncuts; i++)
+    if (j->cut_world[i] != o->resume_earlier[i]->world_size ||
+        j->cut_step[i] != o->resume_earlier[i]->step)
+      return false;
   for (size_t i = 0; i < j->nclients; i++)
     if (j->clients[i].active && j->clients[i].rank == (int64_t)rank)
       return false;
@@ -180,6 +244,10 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.pad_remainder = o->world_size > 0 && o->pad_remainder;
   m.resume_epoch = o->world_size > 0 ? o->resume_epoch : 0;
   m.resume_step = o->world_size > 0 ? o->resume_step : 0;
+  if (o->world_size > 0) {
+    m.n_resume_earlier = o->n_resume_earlier;
+    m.resume_earlier = o->resume_earlier;
+  }
   ENTRY(e, CREATE_JOB, create_job, m);
   if ((rc = ferry__disp_commit(d, &e, err)) != 0)
     return rc;
@@ -257,9 +325,34 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   resp->records_per_epoch = ds->known_records;
   resp->client_timeout_ms = d->cfg.client_timeout_ms;
   if (j->world_size > 0) {
-    resp->steps_per_epoch = ferry__disp_rank_steps(j);
-    resp->rank_records = ferry__disp_rank_quota(j, req->rank);
-    resp->dropped_per_epoch = ferry__disp_rank_dropped(j);
+    /* An epoch of the whole dataset, and the current one (issue 22: an
+     * epoch resumed with another world size shares only what its earlier
+     * cuts left). */
+    uint64_t n = ds->known_records;
+    resp->steps_per_epoch =
+        ferry__disp_cut_steps(n, j->world_size, j->batch, j->pad);
+    resp->rank_records =
+        ferry__disp_cut_quota(n, j->world_size, j->batch, j->pad, req->rank);
+    resp->dropped_per_epoch =
+        j->pad ? 0 : n - resp->steps_per_epoch * j->batch * j->world_size;
+    resp->epoch_steps = ferry__disp_rank_steps(j);
+    resp->epoch_rank_records = ferry__disp_rank_quota(j, req->rank);
+    if (j->ncuts > 0 && j->epoch == j->resume_epoch) {
+      Ferry__V1__CursorSegment *cs =
+          ferry__arena_alloc(a, j->ncuts * sizeof(*cs));
+      Ferry__V1__CursorSegment **cp =
+          ferry__arena_alloc(a, j->ncuts * sizeof(*cp));
+      if (cs == NULL || cp == NULL)
+        return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+      for (uint32_t i = 0; i < j->ncuts; i++) {
+        ferry__v1__cursor_segment__init(&cs[i]);
+        cs[i].world_size = j->cut_world[i];
+        cs[i].step = j->cut_step[i];
+        cp[i] = &cs[i];
+      }
+      resp->n_epoch_earlier = j->ncuts;
+      resp->epoch_earlier = cp;
+    }
     resp->epoch = j->epoch;
     resp->rank_taken = j->started && j->rank_taken != NULL
                            ? j->rank_taken[req->rank]

@@ -138,18 +138,19 @@ static worker_t *pick_worker(ferry_disp_t *d, const job_t *j, uint64_t client,
 }
 
 /* The row's next lease generation: one more than its current one, and at
- * least boot << 32, so that the first lease of a process is above every
- * lease an earlier process issued for the row without journaling it. */
+ * least the floor of this process and the row's part (ferry/lease.h), so
+ * that the first lease of a process is above every lease an earlier
+ * process issued for the row without journaling it, and two parts of a
+ * split never share a lease (a worker's task is (job, epoch, split,
+ * lease); a client keys a split's parts by it). */
 static uint64_t next_lease(const ferry_disp_t *d, const job_t *j,
                            const row_t *row) {
-  uint64_t floor = d->boot << 32;
-  /* The parts of a split (ranked jobs) lease from floors 2^24 apart, so
-   * that two parts on one worker never share a lease generation (a
-   * worker's task is (job, epoch, split, lease)). */
+  uint32_t part = 0;
   if (j->part_split != NULL) {
     uint32_t r = (uint32_t)(row - j->rows);
-    floor += (uint64_t)(r - j->split_part[j->part_split[r]]) << 24;
+    part = r - j->split_part[j->part_split[r]];
   }
+  uint64_t floor = ferry_lease_floor(d->boot, part);
   return row->lease + 1 > floor ? row->lease + 1 : floor;
 }
 

@@ -141,29 +141,28 @@ ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
   return NULL;
 }
 
-/* The worker part of a split's key: in distributed_epoch a split is one
- * entry whichever worker holds its lease (a re-leased copy replays the
- * same order and the received count drops the duplicates). */
-static uint64_t key_worker(const ferry_client_t *c, uint64_t worker) {
-  return c->ap.per_worker ? worker : 0;
+/* In distributed_epoch a split (or a part of one) is one entry whichever
+ * worker holds its lease (a re-leased copy replays the same order and the
+ * received count drops the duplicates). */
+uint64_t ferry__client_split_key(const ferry_client_t *c, uint64_t worker,
+                                 uint64_t lease) {
+  return c->ap.per_worker ? worker : ferry_lease_part(lease);
 }
 
 ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
-                                       uint32_t split, uint64_t worker) {
-  if (!c->ap.per_worker)
-    return ferry__client_split(c, epoch, split);
+                                       uint32_t split, uint64_t key) {
   for (size_t i = 0; i < c->n_splits; i++)
     if (c->splits[i].epoch == epoch && c->splits[i].split == split &&
-        c->splits[i].worker_id == worker)
+        c->splits[i].key == key)
       return &c->splits[i];
   return NULL;
 }
 
-/* Finds or adds the entry for (epoch, split, worker); NULL when out of
+/* Finds or adds the entry for (epoch, split, key); NULL when out of
  * memory. */
 static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
-                                 uint32_t split, uint64_t worker) {
-  ferry__split_t *s = ferry__client_split_of(c, epoch, split, worker);
+                                 uint32_t split, uint64_t key) {
+  ferry__split_t *s = ferry__client_split_of(c, epoch, split, key);
   if (s != NULL)
     return s;
   if (c->n_splits == c->cap_splits) {
@@ -178,7 +177,8 @@ static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
   memset(s, 0, sizeof(*s));
   s->epoch = epoch;
   s->split = split;
-  s->worker_id = worker;
+  s->key = key;
+  s->worker_id = c->ap.per_worker ? key : 0;
   return s;
 }
 
@@ -338,6 +338,8 @@ size_t ferry__client_progress_locked(ferry_client_t *c,
     prog[i].split = s->split;
     prog[i].delivered = s->delivered;
     prog[i].worker_id = s->worker_id;
+    /* The lease names the part of the split (ferry/lease.h). */
+    prog[i].lease = s->lease;
     if (s->restart == FERRY__RESTART_PENDING) {
       prog[i].restart = true;
       prog[i].lease = s->restart_lease;
@@ -545,6 +547,16 @@ static void maybe_flush_locked(ferry_client_t *c) {
 
 /* ---- Ranks: equal steps (issue 21) ------------------------------------- */
 
+uint64_t ferry__client_rk_steps(const ferry_client_t *c, uint32_t epoch) {
+  return c->has_ep && epoch == c->ep_epoch ? c->ep_steps
+                                           : c->steps_per_epoch;
+}
+
+uint64_t ferry__client_rk_records(const ferry_client_t *c, uint32_t epoch) {
+  return c->has_ep && epoch == c->ep_epoch ? c->ep_records
+                                           : c->rank_records;
+}
+
 /* A ranked job that pads (no drop_remainder): every rank hands out
  * steps_per_epoch batches per epoch, its last real one filled up and
  * then, if its real records ran out sooner, batches of no real record. */
@@ -568,7 +580,7 @@ static uint64_t queued_real_locked(const ferry_client_t *c, uint32_t e) {
 static bool pad_gate_locked(const ferry_client_t *c, uint32_t epoch) {
   return padding(c) && c->hb_seen && epoch > c->cur_epoch &&
          c->rk_handed + queued_real_locked(c, c->cur_epoch) <
-             c->steps_per_epoch;
+             ferry__client_rk_steps(c, c->cur_epoch);
 }
 
 /* Fills a closed, fully copied slot of fewer than batch_size real records
@@ -629,7 +641,7 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
   return true;
 }
 
-/* Reserves n records of (epoch, split, key worker kw) at the end of the
+/* Reserves n records of (epoch, split, key kw) at the end of the
  * fill slot, closing it when full; returns their first index in it. */
 static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
                                uint32_t split, uint64_t kw, uint32_t n) {
@@ -638,11 +650,11 @@ static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
   slot->size += n;
   ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
   if (last != NULL && last->epoch == epoch && last->split == split &&
-      last->worker_id == kw)
+      last->key == kw)
     last->count += n;
   else
     slot->segs[slot->n_segs++] = (ferry__seg_t){
-        .epoch = epoch, .split = split, .count = n, .worker_id = kw};
+        .epoch = epoch, .split = split, .count = n, .key = kw};
   if (slot->size == c->ap.batch_size)
     close_fill_locked(c);
   return base;
@@ -721,7 +733,8 @@ static void det_drop_held_locked(ferry_client_t *c, ferry__split_t *s) {
  * the epoch it is the next epoch's first. */
 static void det_advance_locked(ferry_client_t *c, uint64_t n) {
   c->det_next += n;
-  if (c->rank_records > 0 && c->det_next >= c->rank_records) {
+  uint64_t records = ferry__client_rk_records(c, c->det_epoch);
+  if (records > 0 && c->det_next >= records) {
     c->det_epoch++;
     c->det_next = 0;
   }
@@ -904,7 +917,7 @@ static bool det_feed_locked(ferry_client_t *c, bool may_wait,
     s->held = h->next;
     h->next = NULL;
     c->det_held -= h->count;
-    uint64_t kw = c->ap.per_worker ? s->worker_id : 0;
+    uint64_t kw = s->key;
     ferry_chunk_t hc = {.epoch = s->epoch, .split = s->split,
                         .lease = s->lease, .first = h->first,
                         .count = h->count, .labels = h->labels,
@@ -1032,7 +1045,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
    * a re-leased duplicate) would look like a new split. */
   if (c->hb_seen && ch->epoch < c->d_epochs_done)
     goto out;
-  uint64_t kw = key_worker(c, ch->worker_id);
+  uint64_t kw = ferry__client_split_key(c, ch->worker_id, ch->lease);
   ferry__split_t *s;
   /* Fenced: nothing is taken until the lease is renewed, and a split
    * still held must then come again from its delivered count. */
@@ -1170,7 +1183,7 @@ static void apply_locked(ferry_client_t *c,
   size_t known = c->n_splits;
   for (size_t i = 0; i < r->n_assignments; i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
-    uint64_t kw = key_worker(c, a->worker_id);
+    uint64_t kw = ferry__client_split_key(c, a->worker_id, a->lease);
     bool fresh = ferry__client_split_of(c, a->epoch, a->split, kw) == NULL;
     ferry__split_t *s = split_get(c, a->epoch, a->split, kw);
     if (s == NULL) {
@@ -1305,7 +1318,7 @@ static void account_locked(ferry_client_t *c, const ferry__slot_t *slot) {
   for (uint32_t i = 0; i < slot->n_segs; i++) {
     const ferry__seg_t *g = &slot->segs[i];
     ferry__split_t *s = ferry__client_split_of(c, g->epoch, g->split,
-                                                g->worker_id);
+                                                g->key);
     if (s == NULL)
       continue;
     s->delivered += g->count;
@@ -1351,7 +1364,8 @@ static bool rank_epoch_over_locked(const ferry_client_t *c, uint32_t e) {
  * record: fewer than steps_per_epoch handed out, in an epoch the job has
  * (num_epochs -1: forever). */
 static bool owes_pad_locked(const ferry_client_t *c) {
-  return padding(c) && c->rk_handed < c->steps_per_epoch &&
+  return padding(c) &&
+         c->rk_handed < ferry__client_rk_steps(c, c->cur_epoch) &&
          (c->num_epochs < 0 || c->cur_epoch < (uint64_t)c->num_epochs);
 }
 
@@ -1363,7 +1377,8 @@ static bool owes_pad_locked(const ferry_client_t *c) {
  * record of its tail cannot come again in this epoch, but for a client
  * declared lost meanwhile, whose acknowledgements stop). */
 static bool rank_done_locked(const ferry_client_t *c) {
-  return c->ranked && c->rk_handed >= c->steps_per_epoch &&
+  return c->ranked &&
+         c->rk_handed >= ferry__client_rk_steps(c, c->cur_epoch) &&
          (c->num_epochs < 0 || c->cur_epoch < (uint64_t)c->num_epochs) &&
          c->records_acked >= c->records &&
          rank_epoch_over_locked(c, c->cur_epoch);

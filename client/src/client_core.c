@@ -176,9 +176,15 @@ int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
   cur.epoch = c->cur_epoch;
   cur.step = c->rk_epoch == c->cur_epoch ? c->rk_handed : 0;
   pthread_mutex_unlock(&c->mu);
-  if (c->steps_per_epoch > 0 && cur.step >= c->steps_per_epoch) {
+  uint64_t steps = ferry__client_rk_steps(c, cur.epoch);
+  if (steps > 0 && cur.step >= steps) {
     cur.epoch++;
     cur.step = 0;
+  }
+  /* In an epoch resumed with another world size, its earlier cuts. */
+  if (c->has_ep && cur.epoch == c->ep_epoch) {
+    cur.ncuts = c->ep_ncuts;
+    memcpy(cur.cuts, c->ep_cuts, c->ep_ncuts * sizeof(cur.cuts[0]));
   }
   rc = ferry_cursor_encode(&cur, buf, cap, len);
   if (rc != 0)
@@ -188,7 +194,12 @@ int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
 }
 
 uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c) {
-  return c->ranked ? c->steps_per_epoch : 0;
+  if (!c->ranked)
+    return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&c->mu);
+  uint64_t steps = ferry__client_rk_steps(c, c->cur_epoch);
+  pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
+  return steps;
 }
 uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c) {
   return c->ranked ? c->dropped_per_epoch : 0;
@@ -328,6 +339,8 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   Ferry__V1__GetOrCreateJobRequest req =
       FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
   Ferry__V1__JobOptions jo = FERRY__V1__JOB_OPTIONS__INIT;
+  Ferry__V1__CursorSegment cuts[FERRY_CURSOR_MAX_CUTS];
+  Ferry__V1__CursorSegment *cut_ptrs[FERRY_CURSOR_MAX_CUTS];
   uint8_t *buf, *reply = NULL;
   size_t len, reply_len;
   req.dataset_id = c->dataset_id;
@@ -367,16 +380,24 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
                            "resume: the cursor is of dataset %s, this "
                            "client's is %s (another spec or other files)",
                            cur->dataset_id, c->dataset_id);
-    if (cur->world_size != c->rk_world || cur->batch_size != c->rk_batch ||
-        cur->pad != c->rk_pad)
+    if (cur->batch_size != c->rk_batch || cur->pad != c->rk_pad)
       return ferry__seterr(err, FERRY_EINVAL,
-                           "resume: the cursor was saved with world_size "
-                           "%u, batch %u, %s; this client has world_size "
-                           "%u, batch %u, %s (a change of world size is "
-                           "not supported yet)", cur->world_size,
-                           cur->batch_size, cur->pad ? "pad" : "drop",
-                           c->rk_world, c->rk_batch,
+                           "resume: the cursor was saved with batch %u, "
+                           "%s; this client has batch %u, %s (the world "
+                           "size may change at a resume, the batch size "
+                           "and the policy may not)", cur->batch_size,
+                           cur->pad ? "pad" : "drop", c->rk_batch,
                            c->rk_pad ? "pad" : "drop");
+    /* Another world size (elastic): what the cursor's ranks left of the
+     * epoch is cut anew among this job's ranks, from its step 0. */
+    bool recut = cur->world_size != c->rk_world;
+    if (recut && cur->ncuts >= FERRY_CURSOR_MAX_CUTS)
+      return ferry__seterr(err, FERRY_EINVAL,
+                           "resume: the cursor's epoch %u already changed "
+                           "world size %u times (at most %d in one epoch): "
+                           "resume with world_size %u",
+                           cur->epoch, cur->ncuts, FERRY_CURSOR_MAX_CUTS,
+                           cur->world_size);
     if (jo.shuffle && (!cur->shuffle || cur->seed != jo.shuffle_seed))
       return ferry__seterr(err, FERRY_EINVAL,
                            "resume: the cursor was saved %s; this client "
@@ -386,7 +407,16 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
                            (unsigned long long)jo.shuffle_seed);
     jo.resume = true;
     jo.resume_epoch = cur->epoch;
-    jo.resume_step = cur->step;
+    jo.resume_step = recut ? 0 : cur->step;
+    for (uint32_t i = 0; i < cur->ncuts + (recut ? 1 : 0); i++) {
+      ferry__v1__cursor_segment__init(&cuts[i]);
+      cuts[i].world_size =
+          i < cur->ncuts ? cur->cuts[i].world_size : cur->world_size;
+      cuts[i].step = i < cur->ncuts ? cur->cuts[i].step : cur->step;
+      cut_ptrs[i] = &cuts[i];
+    }
+    jo.n_resume_earlier = cur->ncuts + (recut ? 1 : 0);
+    jo.resume_earlier = cut_ptrs;
   }
   if ((buf = pack(&req.base, &len)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
@@ -410,6 +440,17 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->steps_per_epoch = r->steps_per_epoch;
   c->rank_records = r->rank_records;
   c->dropped_per_epoch = r->dropped_per_epoch;
+  /* Issue 22: an epoch resumed with another world size has its own
+   * steps (an older dispatcher sends none: every epoch is alike). */
+  c->has_ep = c->ranked && r->n_epoch_earlier > 0 &&
+              r->n_epoch_earlier <= FERRY_CURSOR_MAX_CUTS;
+  c->ep_epoch = r->epoch;
+  c->ep_steps = r->epoch_steps;
+  c->ep_records = r->epoch_rank_records;
+  c->ep_ncuts = c->has_ep ? (uint32_t)r->n_epoch_earlier : 0;
+  for (uint32_t i = 0; i < c->ep_ncuts; i++)
+    c->ep_cuts[i] = (ferry_cursor_cut_t){r->epoch_earlier[i]->world_size,
+                                         r->epoch_earlier[i]->step};
   /* A client taking over a rank mid-epoch owes only its remaining steps:
    * a batch the rank started counts as taken (only a padded last one is
    * short). */

@@ -24,6 +24,7 @@
 #include "ferry/cursor.h"
 #include "ferry/dlpack.h"
 #include "ferry/error.h"
+#include "ferry/lease.h"
 #include "ferry/rpc.h"
 #include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
@@ -40,7 +41,8 @@
  * (epoch, split, worker), as every worker produces its own copy. */
 typedef struct ferry__split_s {
   uint32_t epoch, split;
-  uint64_t worker_id; /* the lease holder (part of the key when per_worker) */
+  uint64_t worker_id; /* the lease holder */
+  uint64_t key;       /* ferry__client_split_key: the worker, or the part */
   bool has_total;
   uint64_t total;     /* records in the split, once known */
   uint64_t received;  /* next position expected (reserved in a slot) */
@@ -112,7 +114,7 @@ typedef struct ferry__dropped_s {
 typedef struct ferry__seg_s {
   uint32_t epoch, split;
   uint32_t count;
-  uint64_t worker_id; /* the split's key worker (0 unless per_worker) */
+  uint64_t key; /* the split entry's key (ferry__client_split_key) */
 } ferry__seg_t;
 
 typedef enum {
@@ -254,6 +256,15 @@ struct ferry_client_s {
   uint32_t rk_batch; /* the batch size the job was joined with */
   bool rk_pad;       /* padding, not drop_remainder */
   uint64_t steps_per_epoch, rank_records, dropped_per_epoch;
+  /* Issue 22, elastic: epoch ep_epoch (has_ep) was resumed with another
+   * world size: its own steps and this rank's records in it
+   * (ferry__client_rk_steps, _rk_records), and its earlier cuts, which
+   * the cursors of that epoch carry. */
+  bool has_ep;
+  uint32_t ep_epoch;
+  uint64_t ep_steps, ep_records;
+  uint32_t ep_ncuts;
+  ferry_cursor_cut_t ep_cuts[FERRY_CURSOR_MAX_CUTS];
   uint32_t rk_epoch;
   uint64_t rk_handed;
   /* Issue 22: deterministic order (options.order). Slots take the rank's
@@ -577,14 +588,24 @@ void ferry__client_fail_locked(ferry_client_t *c, int code, const char *fmt,
  * the epoch flushes. */
 uint32_t ferry__client_held_locked(const ferry_client_t *c);
 
-/* The split entry for (epoch, split, worker) or NULL: `worker` counts
- * only with ap.per_worker. Lock held. */
-ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
-                                       uint32_t split, uint64_t worker);
+/* The key of a split's entry besides (epoch, split): the worker under
+ * ap.per_worker (parallel_epochs), else the part of the split a lease is
+ * of (ferry/lease.h: an epoch resumed with another world size may give a
+ * rank two parts of one split; 0 for unranked jobs). */
+uint64_t ferry__client_split_key(const ferry_client_t *c, uint64_t worker,
+                                 uint64_t lease);
 
-/* The first split entry for (epoch, split), whatever its worker, or
- * NULL. Lock held. */
+/* The first split entry for (epoch, split), whatever its key, or NULL.
+ * Lock held. */
 ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
                                     uint32_t split);
+
+/* The split entry for (epoch, split, key) or NULL. Lock held. */
+ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
+                                       uint32_t split, uint64_t key);
+
+/* Issue 22: a rank's batches in `epoch`, and its real records in it. */
+uint64_t ferry__client_rk_steps(const ferry_client_t *c, uint32_t epoch);
+uint64_t ferry__client_rk_records(const ferry_client_t *c, uint32_t epoch);
 
 #endif /* FERRY_CLIENT_INTERNAL_H */

@@ -202,6 +202,7 @@ void fx_sign(Ferry__V1__ClientHeartbeatRequest *req) {
 }
 
 uint64_t fx_release_lease;
+const uint64_t *fx_prog_leases;
 uint64_t fx_unread_ms;
 
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
@@ -223,7 +224,8 @@ Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
     p[i].delivered = prog[4 * i + 2];
     p[i].worker_id = prog[4 * i + 3];
     p[i].release = fx_release_lease != 0;
-    p[i].lease = fx_release_lease;
+    p[i].lease = fx_prog_leases != NULL ? fx_prog_leases[i]
+                                        : fx_release_lease;
     pp[i] = &p[i];
   }
   req.job_id = job;

@@ -76,6 +76,9 @@ void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
 /* Unless 0 (the default), every progress report fx_client sends gives its
  * split up at this lease (SplitProgress.release). */
 extern uint64_t fx_release_lease;
+/* When set, fx_client's progress entry i names lease fx_prog_leases[i]
+ * (the part of its split it is about, issue 22). */
+extern const uint64_t *fx_prog_leases;
 
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,
                                               uint64_t client, uint32_t want,

@@ -243,6 +243,118 @@ def test_resume_from_a_cursor_gives_the_same_batches(make_cluster, data):
             "batches against %d)" % (r, c, len(tails[r]), len(ref[r][0])))
 
 
+def _records(client, n=None):
+    """The trainer's real records, batch by batch: [(epoch, [(id, sha256 of
+    the image)])], the next n batches when n is given."""
+    out = []
+    for b in client:
+        images = numpy.asarray(b.images)
+        ids = numpy.asarray(b.ids)
+        out.append((b.epoch, [(int(ids[i]),
+                               hashlib.sha256(images[i].tobytes()).hexdigest())
+                              for i in range(b.num_real)]))
+        del b, images, ids
+        if n is not None and len(out) >= n:
+            break
+    return out
+
+
+def _concat(stage, epoch):
+    """A stage's records of `epoch`: its ranks' in rank order, each
+    rank's in the order it got them."""
+    return [rec for batches in stage for (e, recs) in batches if e == epoch
+            for rec in recs]
+
+
+@pytest.mark.parametrize("worlds", [(8, 4), (4, 8), (4, 2, 3)],
+                         ids=["8-to-4", "4-to-8", "4-to-2-to-3"])
+def test_elastic_resume_continues_the_global_order(make_cluster, data,
+                                                   worlds):
+    """Points 4 and 5 (e): a cursor of W ranks resumed with another W. Each
+    stage's ranks read a random number of steps of epoch 0, save their
+    cursors (all equal) and leave; the next stage resumes with another
+    world size; the last reads to the end. The epoch's global order (any
+    W's ranks' records in rank order: the shares are contiguous) is a
+    reference run's: each stage's records are in that order, the last
+    stage's are exactly what is left of it, in order, each rank with the
+    same number of steps; no record comes twice, none is missing; every
+    record's bytes are the reference's; epoch 1 is whole."""
+    seed = seed_of_run()
+    rng = random.Random(seed)
+    cl = make_cluster(workers=2)
+    kw = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=True, seed=11,
+              order="deterministic", timeout=TIMEOUT)
+
+    def stage(job, w, resume, n):
+        clients = [ferry.Client(cl.addr, data.spec(), job_name=job, rank=r,
+                                world_size=w, resume=resume, **kw)
+                   for r in range(w)]
+        try:
+            steps = [c.steps_per_epoch for c in clients]
+
+            def rank(c):
+                got = _records(c, n)
+                return got, c.state_dict() if n is not None else None
+            outs = ferrytest.in_threads(
+                [lambda c=c: rank(c) for c in clients], 4 * TIMEOUT)
+        finally:
+            for c in clients:
+                c.close()
+        cursors = [o[1] for o in outs]
+        if n is not None:
+            assert all(x == cursors[0] for x in cursors), "cursors differ"
+            assert len(cursors[0]["cursor"]) <= 4096
+        assert len(set(steps)) == 1, "ranks disagree on steps: %s" % steps
+        return [o[0] for o in outs], cursors[0], steps[0]
+
+    ref = stage("elastic-ref-" + uuid.uuid4().hex[:8], worlds[0], None,
+                None)[0]
+    order = {e: _concat(ref, e) for e in range(EPOCHS)}
+    sha = {(e, i): h for e in order for (i, h) in order[e]}
+    for e in order:
+        ferrytest.assert_exactly_once(
+            collections.Counter(i for i, _ in order[e]), data.ids(),
+            "reference epoch %d" % e)
+    pos = {e: {i: k for k, (i, _) in enumerate(order[e])} for e in order}
+
+    job = "elastic-" + uuid.uuid4().hex[:8]
+    cursor, taken, stages = None, set(), []
+    for k, w in enumerate(worlds):
+        last = k == len(worlds) - 1
+        left = RECORDS - len(taken)
+        want = -(-left // (w * BATCH))  # pad: ceil
+        n = None if last else rng.randrange(1, want)
+        got, cursor, steps = stage(job, w, cursor, n)
+        print("stage %d: %d ranks, %d steps of what is left of epoch 0 "
+              "(%d records), %s" % (k, w, steps, left,
+                                    "to the end" if last else
+                                    "%d read" % n))
+        assert steps == want, "stage %d: %d steps, want %d" % (k, steps,
+                                                               want)
+        recs = _concat(got, 0)
+        ids = [i for i, _ in recs]
+        at = [pos[0][i] for i in ids]
+        assert at == sorted(at), "stage %d: out of the epoch's order" % k
+        assert not taken & set(ids), "stage %d: records again" % k
+        taken |= set(ids)
+        for r, batches in enumerate(got):
+            ep0 = [b for b in batches if b[0] == 0]
+            assert len(ep0) == (steps if last else n), (
+                "stage %d rank %d: %d batches of epoch 0" % (k, r, len(ep0)))
+        for e in range(EPOCHS):
+            for i, h in _concat(got, e):
+                assert h == sha[(e, i)], "epoch %d record %d: other bytes" % (
+                    e, i)
+        stages.append(ids)
+    last_ids = stages[-1]
+    earlier = set(i for ids in stages[:-1] for i in ids)
+    assert last_ids == [i for i, _ in order[0] if i not in earlier], \
+        "the last stage is not what was left of epoch 0, in order"
+    assert len(taken) == RECORDS and taken == set(data.ids())
+    assert [i for i, _ in _concat(got, 1)] == [i for i, _ in order[1]], \
+        "epoch 1 is not the global order"
+
+
 def test_refused_cursors_say_what_differs(cluster, data):
     kw = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=True, seed=11,
               order="deterministic", timeout=TIMEOUT)
@@ -255,9 +367,10 @@ def test_refused_cursors_say_what_differs(cluster, data):
     other = data.spec().replace("decode(raw", "decode( raw") + " | blur(3, 1)"
     with pytest.raises(ferry.Error, match="cursor is of dataset"):
         ferry.Client(cluster.addr, other, resume=good, **kw)
-    with pytest.raises(ferry.Error, match="world_size 1, batch 32"):
+    with pytest.raises(ferry.Error, match="batch 32, pad; this client "
+                       "has batch 16"):
         ferry.Client(cluster.addr, data.spec(), job_name="w2", rank=0,
-                     world_size=2, resume=good, **kw)
+                     world_size=2, resume=good, **dict(kw, batch_size=16))
     with pytest.raises(ferry.Error, match="another shuffle seed"):
         ferry.Client(cluster.addr, data.spec(), resume=good,
                      **dict(kw, seed=12))

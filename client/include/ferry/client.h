@@ -196,8 +196,12 @@ typedef struct ferry_client_options_s {
    * an uninterrupted run would have delivered next; each rank's records
    * before it are counted done and never read (the dispatcher starts
    * their splits at the cursor's position). Needs order deterministic and
-   * the cursor's dataset, shuffle seed, world_size, batch size and
-   * policy (FERRY_EINVAL naming what differs). A named job that runs
+   * the cursor's dataset, shuffle seed, batch size and policy (FERRY_EINVAL
+   * naming what differs). The world size may differ (elastic): what the
+   * cursor's ranks left of its epoch is then cut anew among this job's
+   * ranks, in the epoch's order, and that epoch has its own steps
+   * (ferry_client_steps_per_epoch); later epochs are whole. A named job
+   * that runs
    * from elsewhere (the run that died) is superseded: cancelled, its
    * clients told so, and made anew at the cursor; the ranks of one
    * restart join the same new job. NULL: no resume. */
@@ -384,11 +388,13 @@ FERRY_API void ferry_client_stats_sized(ferry_client_t *c,
 #define ferry_client_stats(c, out)                                          \
   ferry_client_stats_sized((c), (out), sizeof *(out))
 
-/* Ranks (options.world_size > 1): the batches every rank receives per
- * epoch, known from ferry_client_new on (learning-rate schedules and
- * Keras need it before the epoch starts), and the records of each epoch
- * that no rank receives (drop_remainder; 0 under padding). Both 0 for a
- * client without ranks. */
+/* Ranks (options.world_size > 1): the batches every rank receives in the
+ * trainer's current epoch, known from ferry_client_new on (learning-rate
+ * schedules and Keras need it before the epoch starts; the same in every
+ * epoch but one resumed with another world size, which shares only what
+ * the cursor's ranks left), and the records of each epoch that no rank
+ * receives (drop_remainder; 0 under padding). Both 0 for a client
+ * without ranks. */
 FERRY_API uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c);
 FERRY_API uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c);
 

@@ -1649,6 +1649,10 @@ static PyObject *client_get_steps_per_epoch(ClientObject *self,
                                             void *Py_UNUSED(c)) {
   if (self->world_size <= 1)
     Py_RETURN_NONE;
+  /* The current epoch's (an epoch resumed with another world size has
+   * its own); the last one known once the client is closed. */
+  if (self->c != NULL && self->pid == getpid())
+    self->steps_per_epoch = ferry_client_steps_per_epoch(self->c);
   return PyLong_FromUnsignedLongLong(self->steps_per_epoch);
 }
 static PyObject *client_get_dropped_per_epoch(ClientObject *self,

@@ -14,6 +14,16 @@
 
 #define FERRY_CURSOR_VERSION 1
 #define FERRY_CURSOR_MAX_BYTES 4096
+/* Changes of world size one epoch's cursor can carry. */
+#define FERRY_CURSOR_MAX_CUTS 16
+
+/* One cut of an epoch (a resume with another world size makes a new one):
+ * world_size ranks took their first `step` batches of what the cuts
+ * before it left. */
+typedef struct ferry_cursor_cut_s {
+  uint32_t world_size;
+  uint64_t step;
+} ferry_cursor_cut_t;
 
 typedef struct ferry_cursor_s {
   uint32_t version;
@@ -26,6 +36,10 @@ typedef struct ferry_cursor_s {
   uint32_t batch_size;
   bool pad;                 /* padding, not drop_remainder */
   uint64_t records_per_epoch;
+  /* The epoch's earlier cuts, oldest first; the current one is
+   * (world_size, step). */
+  uint32_t ncuts;
+  ferry_cursor_cut_t cuts[FERRY_CURSOR_MAX_CUTS];
 } ferry_cursor_t;
 
 /* Writes the cursor into buf (cap bytes); *len its size. FERRY_ERANGE

@@ -23,6 +23,18 @@ int ferry_cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
   m.batch_size = cur->batch_size;
   m.pad = cur->pad;
   m.records_per_epoch = cur->records_per_epoch;
+  Ferry__V1__CursorSegment segs[FERRY_CURSOR_MAX_CUTS];
+  Ferry__V1__CursorSegment *ptrs[FERRY_CURSOR_MAX_CUTS];
+  uint32_t nc = cur->ncuts < FERRY_CURSOR_MAX_CUTS ? cur->ncuts
+                                                   : FERRY_CURSOR_MAX_CUTS;
+  for (uint32_t i = 0; i < nc; i++) {
+    ferry__v1__cursor_segment__init(&segs[i]);
+    segs[i].world_size = cur->cuts[i].world_size;
+    segs[i].step = cur->cuts[i].step;
+    ptrs[i] = &segs[i];
+  }
+  m.n_earlier = nc;
+  m.earlier = ptrs;
   size_t n = ferry__v1__cursor__get_packed_size(&m);
   *len = sizeof(magic) + n;
   if (cap < *len)
@@ -62,6 +74,14 @@ int ferry_cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
     rc = ferry__seterr(err, FERRY_EINVAL,
                        "cursor: world_size %u, batch_size %u",
                        m->world_size, m->batch_size);
+  else if (m->n_earlier > FERRY_CURSOR_MAX_CUTS)
+    rc = ferry__seterr(err, FERRY_EINVAL,
+                       "cursor: %zu changes of world size in one epoch "
+                       "(at most %d)", m->n_earlier, FERRY_CURSOR_MAX_CUTS);
+  for (size_t i = 0; rc == 0 && i < m->n_earlier; i++)
+    if (m->earlier[i]->world_size == 0)
+      rc = ferry__seterr(err, FERRY_EINVAL,
+                         "cursor: earlier cut %zu has world_size 0", i);
   if (rc == 0) {
     cur->version = m->version;
     snprintf(cur->dataset_id, sizeof(cur->dataset_id), "%s", m->dataset_id);
@@ -73,6 +93,11 @@ int ferry_cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
     cur->batch_size = m->batch_size;
     cur->pad = m->pad;
     cur->records_per_epoch = m->records_per_epoch;
+    cur->ncuts = (uint32_t)m->n_earlier;
+    for (size_t i = 0; i < m->n_earlier; i++) {
+      cur->cuts[i].world_size = m->earlier[i]->world_size;
+      cur->cuts[i].step = m->earlier[i]->step;
+    }
   }
   ferry__v1__cursor__free_unpacked(m, &ferry__pb_allocator);
   return rc;
