@@ -266,8 +266,8 @@ def _concat(stage, epoch):
             for rec in recs]
 
 
-@pytest.mark.parametrize("worlds", [(8, 4), (4, 8), (4, 2, 3)],
-                         ids=["8-to-4", "4-to-8", "4-to-2-to-3"])
+@pytest.mark.parametrize("worlds", [(4, 2), (8, 4), (4, 8), (4, 2, 3)],
+                         ids=["4-to-2", "8-to-4", "4-to-8", "4-to-2-to-3"])
 def test_elastic_resume_continues_the_global_order(make_cluster, data,
                                                    worlds):
     """Points 4 and 5 (e): a cursor of W ranks resumed with another W. Each
