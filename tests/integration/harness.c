@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -367,6 +369,9 @@ int hx_spawn_marked(hx_proc_t **out, const char *name, char *const argv[],
       const char *at_ = strstr(line, marker);
       if (at_ != NULL) {
         snprintf(p->addr, sizeof(p->addr), "%s", at_ + strlen(marker));
+        /* The lines after it (read in the same chunk) for hx_read_line. */
+        p->npending = used - (size_t)(nl + 1 - line);
+        memcpy(p->pending, nl + 1, p->npending);
         *out = p;
         return 0;
       }
@@ -403,6 +408,124 @@ int hx_spawn_marked(hx_proc_t **out, const char *name, char *const argv[],
     }
     used += (size_t)k;
   }
+}
+
+int hx_read_line(hx_proc_t *p, const char *marker, int wait_ms, char *out,
+                 size_t cap) {
+  char line[sizeof(p->pending)];
+  size_t used = p->npending;
+  memcpy(line, p->pending, used);
+  p->npending = 0;
+  double deadline = hx_now_ms() + wait_ms;
+  int rc = -1;
+  for (;;) {
+    char *nl = memchr(line, '\n', used);
+    if (nl != NULL) {
+      *nl = '\0';
+      const char *at = strstr(line, marker);
+      size_t rest = used - (size_t)(nl + 1 - line);
+      if (at != NULL)
+        snprintf(out, cap, "%s", at + strlen(marker));
+      memmove(line, nl + 1, rest);
+      used = rest;
+      if (at != NULL) {
+        rc = 0;
+        break;
+      }
+      continue;
+    }
+    int left = (int)(deadline - hx_now_ms());
+    if (left <= 0 || used == sizeof(line) - 1 || p->out_fd < 0)
+      break;
+    struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
+    int r = poll(&pfd, 1, left);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      continue;
+    ssize_t k = read(p->out_fd, line + used, sizeof(line) - 1 - used);
+    if (k <= 0)
+      break;
+    used += (size_t)k;
+  }
+  /* Unread lines (or a partial one) stay for the next call. */
+  memcpy(p->pending, line, used);
+  p->npending = used;
+  return rc;
+}
+
+int hx_http_get(const char *hostport, const char *path, int wait_ms,
+                char **body) {
+  *body = NULL;
+  char host[64];
+  const char *colon = strrchr(hostport, ':');
+  if (colon == NULL || (size_t)(colon - hostport) >= sizeof(host))
+    return -1;
+  snprintf(host, sizeof(host), "%.*s", (int)(colon - hostport), hostport);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM};
+  struct addrinfo *ai = NULL;
+  if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || ai == NULL)
+    return -1;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  double deadline = hx_now_ms() + wait_ms;
+  struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
+  if (fd >= 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int ok = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+  freeaddrinfo(ai);
+  char req[512];
+  int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n",
+                   path, hostport);
+  if (!ok || n <= 0 || (size_t)n >= sizeof(req) ||
+      write(fd, req, (size_t)n) != n) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  size_t cap = 1 << 16, used = 0, max = 4u << 20;
+  char *buf = malloc(cap);
+  bool eof = false;
+  while (buf != NULL && !eof) {
+    int left = (int)(deadline - hx_now_ms());
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (left <= 0)
+      break;
+    int r = poll(&pfd, 1, left);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    if (used + 1 == cap) {
+      if (cap >= max)
+        break;
+      char *b = realloc(buf, cap * 2);
+      if (b == NULL)
+        break;
+      buf = b;
+      cap *= 2;
+    }
+    ssize_t k = read(fd, buf + used, cap - 1 - used);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      eof = true;
+    else
+      used += (size_t)k;
+  }
+  close(fd);
+  int code = -1;
+  if (buf != NULL) {
+    buf[used] = '\0';
+    const char *end = strstr(buf, "\r\n\r\n");
+    if (eof && end != NULL && sscanf(buf, "HTTP/%*s %d", &code) == 1) {
+      memmove(buf, end + 4, strlen(end + 4) + 1);
+      *body = buf;
+      return code;
+    }
+  }
+  free(buf);
+  return -1;
 }
 
 int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,

@@ -32,6 +32,10 @@ typedef struct hx_proc_s {
   char name[32];      /* "dispatcher", "worker1", ... */
   char log[512];      /* its stderr */
   char addr[64];      /* "127.0.0.1:PORT" from its listening line */
+  /* What its stdout said after the line hx_spawn waited for, not yet
+   * read by hx_read_line. */
+  char pending[512];
+  size_t npending;
 } hx_proc_t;
 
 /* Settings for hx_start_dispatcher / hx_start_worker; zero means the
@@ -131,6 +135,20 @@ int hx_spawn(hx_proc_t **out, const char *name, char *const argv[],
 int hx_spawn_marked(hx_proc_t **out, const char *name, char *const argv[],
                     const char *marker, int wait_ms, char *why,
                     size_t why_len);
+
+/* Reads the started process's stdout (after the line hx_spawn waited
+ * for) until a line containing `marker`, at most `wait_ms`, and copies
+ * the rest of that line into `out`: e.g. "metrics on http://" for the
+ * address a daemon started with --metrics-port 0 serves /metrics on.
+ * Returns 0, or -1 (timeout, or the process closed its stdout). */
+int hx_read_line(hx_proc_t *p, const char *marker, int wait_ms, char *out,
+                 size_t cap);
+
+/* HTTP/1.0 GET of `path` from `hostport` ("127.0.0.1:PORT"), at most
+ * `wait_ms` in all: returns the status code and the body in *body
+ * (malloc'ed, NUL-terminated; the first 4 MiB), or -1 (*body NULL). */
+int hx_http_get(const char *hostport, const char *path, int wait_ms,
+                char **body);
 
 /* Starts ferry-dispatcher / ferry-worker (paths from FERRY_IT_DISPATCHER /
  * FERRY_IT_WORKER, else the build tree) with `o` (may be NULL). */

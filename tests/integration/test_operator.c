@@ -10,7 +10,12 @@
  *   agreeing with the text; --version; exit 3 for an unreachable
  *   dispatcher;
  * - after a dispatcher restart, a worker that left before it is not listed
- *   as alive, and a drained worker stays drained.
+ *   as alive, and a drained worker stays drained;
+ * - issue 19: a job with no live client (finished, or its only client
+ *   killed) shows its last figures dated ("no live client; as of ...")
+ *   and "-" for batches/s and workers wanted, never a dead client's rate
+ *   as current; a trainer whose workers are all drained, stopped or lost
+ *   times out with an error that says so.
  * The random drain point prints its seed (FERRY_IT_SEED replays it). */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
@@ -37,7 +42,7 @@ extern char **environ;
 #define NEXT_TIMEOUT_MS 10000
 
 static hx_proc_t *D;
-static hx_proc_t *W[2];
+static hx_proc_t *W[3];
 
 static void reset(void) {
   D = NULL;
@@ -592,4 +597,313 @@ Test(operator, restart_lists_no_departed_worker_as_alive) {
   cr_assert_str_eq(s0, "drained", "%s", r.out);
   cr_assert_str_eq(s1, "lost", "%s", r.out);
   ctl_free(&r);
+}
+
+/* ---- Figures with no live client (issue 19) ----------------------------- */
+
+/* The last three columns (stall, batches/s, wanted) of the job's row in
+ * `ferryctl jobs` text. False when no row names the job. */
+static bool job_row(const char *text, const char *name, char cols[3][32]) {
+  char key[64];
+  snprintf(key, sizeof(key), " %s ", name);
+  for (const char *l = text; l != NULL && *l != '\0';) {
+    const char *nl = strchr(l, '\n');
+    char *line = strndup(l, nl != NULL ? (size_t)(nl - l) : strlen(l));
+    cr_assert_not_null(line);
+    if (strstr(line, key) != NULL) {
+      char *tok[32];
+      int n = 0;
+      for (char *t = strtok(line, " "); t != NULL && n < 32;
+           t = strtok(NULL, " "))
+        tok[n++] = t;
+      cr_assert_geq(n, 3, "%s", text);
+      for (int i = 0; i < 3; i++)
+        snprintf(cols[i], 32, "%s", tok[n - 3 + i]);
+      free(line);
+      return true;
+    }
+    free(line);
+    l = nl != NULL ? nl + 1 : NULL;
+  }
+  return false;
+}
+
+/* `ferryctl jobs` until the job's row shows batches/s "-" (`dash`) or a
+ * rate above 0, at most `ms`: the last row in cols, the output in *text
+ * (malloc'ed). */
+static bool jobs_until(const char *name, bool dash, int ms, char cols[3][32],
+                       char **text) {
+  const char *args[] = {"jobs", "--dispatcher", D->addr, NULL};
+  double until = hx_now_ms() + ms;
+  for (;;) {
+    ctl_t r = ctl(10000, args);
+    cr_assert_eq(r.status, 0, "jobs: %s", r.err);
+    bool listed = job_row(r.out, name, cols);
+    bool ok = listed && (dash ? strcmp(cols[1], "-") == 0
+                              : strcmp(cols[1], "-") != 0 &&
+                                    strtod(cols[1], NULL) > 0);
+    if (ok || hx_now_ms() > until) {
+      *text = strdup(r.out);
+      ctl_free(&r);
+      return ok;
+    }
+    ctl_free(&r);
+    usleep(100 * 1000);
+  }
+}
+
+/* The job's block of `ferryctl status` text: from its `job N "NAME"` line
+ * to the next job (malloc'ed), or NULL. */
+static char *job_block(const char *text, const char *name) {
+  char key[64];
+  snprintf(key, sizeof(key), "\"%s\"", name);
+  const char *at = strstr(text, key);
+  if (at == NULL)
+    return NULL;
+  while (at > text && at[-1] != '\n')
+    at--;
+  const char *end = strstr(at + 1, "\n  job ");
+  return strndup(at, end != NULL ? (size_t)(end - at + 1) : strlen(at));
+}
+
+/* A job's figures once it has no live client, in `ferryctl status`, `jobs`
+ * and `jobs --json`: the dated line and no current one, "-" for
+ * batches/s and wanted, live_clients 0. The dated stall in *stall_pct. */
+static void no_live_client_figures(const char *name, double *stall_pct) {
+  const char *sargs[] = {"status", "--dispatcher", D->addr, NULL};
+  ctl_t r = ctl(10000, sargs);
+  cr_assert_eq(r.status, 0, "status: %s", r.err);
+  char *block = job_block(r.out, name);
+  cr_assert_not_null(block, "job %s not in the status:\n%s", name, r.out);
+  fprintf(stderr, "%s", block);
+  cr_assert(strstr(block, "    no live client; as of the last report ") !=
+                NULL,
+            "no dated figures for job %s:\n%s", name, block);
+  const char *st = strstr(block, " ago: stall ");
+  cr_assert_not_null(st, "%s", block);
+  cr_assert_eq(sscanf(st, " ago: stall %lf%%", stall_pct), 1, "%s", block);
+  /* No figure shown as current: neither the current line nor a wanted
+   * worker count. */
+  cr_assert(strstr(block, "\n    stall ") == NULL &&
+                strstr(block, "workers wanted") == NULL,
+            "job %s shows figures as current:\n%s", name, block);
+  free(block);
+  ctl_free(&r);
+
+  char cols[3][32], *text = NULL;
+  cr_assert(jobs_until(name, true, 0, cols, &text),
+            "job %s: batches/s is not '-':\n%s", name, text);
+  cr_assert_str_eq(cols[2], "-", "job %s: workers wanted is not '-':\n%s",
+                   name, text);
+  double table_stall = -1;
+  cr_assert_eq(sscanf(cols[0], "%lf%%", &table_stall), 1,
+               "job %s: stall column '%s':\n%s", name, cols[0], text);
+  cr_assert_float_eq(table_stall, *stall_pct, 0.051, "%s", text);
+  free(text);
+
+  const char *jargs[] = {"jobs", "--json", "--dispatcher", D->addr, NULL};
+  r = ctl(10000, jargs);
+  char anchor[64];
+  snprintf(anchor, sizeof(anchor), "\"%s\"", name);
+  int64_t live = -1, ago = -1;
+  cr_assert(hx_json_int_after(r.out, anchor, "live_clients", &live) &&
+                hx_json_int_after(r.out, anchor, "figures_ms_ago", &ago),
+            "%s", r.out);
+  cr_assert_eq(live, 0, "%s", r.out);
+  cr_assert_gt(ago, 0, "%s", r.out);
+  ctl_free(&r);
+}
+
+/* A trainer's step: 1 ms of work per batch. */
+static void step_1ms(uint32_t batches, void *arg) {
+  (void)batches;
+  (void)arg;
+  struct timespec ts = {0, 1000000};
+  nanosleep(&ts, NULL);
+}
+
+Test(operator, a_finished_job_shows_its_last_figures_dated) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "f", 2, 400, 16, 16, 3), 0);
+  cluster(1, NULL);
+  char spec[1024];
+  hx_spec(&ds, "dilate(3)", 16, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.job_name = "ran-to-the-end";
+  o.num_epochs = 2;
+  ferry_client_t *c = it_new_client(&o);
+  for (int e = 0; e < 2; e++) {
+    hx_ids_t got = {0};
+    ferry_error_t err = {0};
+    int rc = hx_collect_epoch(c, &got, NULL, false, NEXT_TIMEOUT_MS,
+                              step_1ms, NULL, &err);
+    cr_assert_eq(rc, FERRY_EPOCH_END, "epoch %d: %d %s", e, rc, err.msg);
+    cr_assert_eq(got.n, 800, "epoch %d: %zu records", e, got.n);
+    hx_ids_free(&got);
+  }
+  /* What the trainer measured over its run; its goodbye reports it. */
+  ferry_client_stats_t st;
+  ferry_client_stats(c, &st);
+  ferry_client_free(c);
+  fprintf(stderr, "finished job: the trainer stalled %.1f%% over %.2f s\n",
+          st.stall_fraction * 100.0, st.total_seconds);
+
+  const char *jargs[] = {"jobs", "--json", "--dispatcher", D->addr, NULL};
+  ctl_t r = ctl(10000, jargs);
+  cr_assert(strstr(r.out, "\"state\": \"finished\"") != NULL, "%s", r.out);
+  ctl_free(&r);
+  double shown = -1;
+  no_live_client_figures("ran-to-the-end", &shown);
+  /* The whole run's stall as the trainer reported it, not an idle
+   * client's last interval (0.0%) nor a guess. */
+  cr_assert_float_eq(shown, st.stall_fraction * 100.0, 3.0,
+                     "ferryctl shows stall %.1f%%, the trainer measured "
+                     "%.1f%%", shown, st.stall_fraction * 100.0);
+  hx_dataset_free(&ds);
+}
+
+Test(operator, a_killed_clients_figures_are_not_shown_as_current) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "k", 4, 500, 8, 8, 3), 0);
+  cluster(1, NULL);
+  char spec[1024], out[600], why[512];
+  hx_spec(&ds, NULL, 16, spec, sizeof(spec));
+  snprintf(out, sizeof(out), "%s/killed.ids", hx_tmpdir());
+  /* Epochs without end, a 2 ms training step: live until killed. */
+  char *argv[] = {FERRY_IT_CLIENT_BIN, D->addr, spec, "killed-client", "-1",
+                  out, "2000", "-1", NULL};
+  hx_proc_t *p;
+  cr_assert_eq(hx_spawn_marked(&p, "killed-client", argv, "ready: ", 10000,
+                               why, sizeof(why)),
+               0, "%s", why);
+  /* While it reads, its figures are current: a rate, a worker count. */
+  char cols[3][32], *text = NULL;
+  bool live = jobs_until("killed-client", false, 10000, cols, &text);
+  if (!live)
+    hx_dump_logs();
+  cr_assert(live, "the client's figures never became current:\n%s", text);
+  cr_assert_str_neq(cols[2], "-", "%s", text);
+  fprintf(stderr, "killed client, live: stall %s, %s batches/s, wanted "
+          "%s\n", cols[0], cols[1], cols[2]);
+  free(text);
+
+  hx_stop(p, SIGKILL, 5000, NULL);
+  double killed = hx_now_ms();
+  /* A client's figures are current for max(2 s, 4 of its heartbeats). */
+  bool dated = jobs_until("killed-client", true, 10000, cols, &text);
+  cr_assert(dated, "10 s after the kill, the dead client's rate is still "
+            "shown as current:\n%s", text);
+  fprintf(stderr, "killed client: figures dated %.0f ms after the kill\n",
+          hx_now_ms() - killed);
+  free(text);
+  double shown = -1;
+  no_live_client_figures("killed-client", &shown);
+  hx_dataset_free(&ds);
+}
+
+/* ---- Every worker drained (issue 19) ------------------------------------ */
+
+/* `ferryctl workers --json` until the worker at `addr` is in `state`, at
+ * most `ms`. */
+static void worker_state_until(const char *addr, const char *want, int ms) {
+  const char *args[] = {"workers", "--json", "--dispatcher", D->addr, NULL};
+  double until = hx_now_ms() + ms;
+  char state[32];
+  for (;;) {
+    ctl_t r = ctl(10000, args);
+    worker_state(r.out, addr, state, sizeof(state));
+    bool ok = strcmp(state, want) == 0;
+    if (ok || hx_now_ms() > until) {
+      cr_assert(ok, "worker %s is '%s', not '%s' after %d ms:\n%s", addr,
+                state, want, ms, r.out);
+      ctl_free(&r);
+      return;
+    }
+    ctl_free(&r);
+    usleep(100 * 1000);
+  }
+}
+
+#define DRAINED_NEXT_MS 1500
+
+/* Takes what the client still has (bounded), then expects ferry_next to
+ * time out within DRAINED_NEXT_MS saying `why`. */
+static void next_times_out_saying(ferry_client_t *c, const char *why) {
+  double until = hx_now_ms() + 30000;
+  int rc;
+  ferry_error_t err = {0};
+  uint64_t late = 0;
+  for (;;) {
+    const ferry_batch_t *b = NULL;
+    memset(&err, 0, sizeof(err));
+    double t0 = hx_now_ms();
+    rc = ferry_next(c, &b, DRAINED_NEXT_MS, &err);
+    if (rc == 0) {
+      ferry_batch_release(c, b);
+      late++;
+    }
+    if (rc == FERRY_ETIMEDOUT) {
+      cr_assert_geq(hx_now_ms() - t0, DRAINED_NEXT_MS - 50.0);
+      break;
+    }
+    cr_assert(rc == 0 || rc == FERRY_EPOCH_END, "ferry_next: %d %s", rc,
+              err.msg);
+    cr_assert_lt(hx_now_ms(), until, "batches kept coming (%llu) with no "
+                 "worker serving", (unsigned long long)late);
+  }
+  fprintf(stderr, "after %llu more batches: %s\n", (unsigned long long)late,
+          err.msg);
+  char want[256];
+  snprintf(want, sizeof(want), "no batch within %d ms: %s", DRAINED_NEXT_MS,
+           why);
+  cr_assert(strstr(err.msg, want) != NULL, "'%s' does not say '%s'",
+            err.msg, want);
+}
+
+Test(operator, a_trainer_with_every_worker_drained_is_told_so) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "w", 8, 500, 8, 8, 3), 0);
+  const char *dargs[] = {"--records-per-split", "100", NULL};
+  cluster(2, dargs);
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.job_name = "drained-under-it";
+  o.num_epochs = -1;
+  ferry_client_t *c = it_new_client(&o);
+  const ferry_batch_t *b = NULL;
+  ferry_error_t err = {0};
+  int rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+  if (rc != 0)
+    hx_dump_logs();
+  cr_assert_eq(rc, 0, "the first batch: %d %s", rc, err.msg);
+  ferry_batch_release(c, b);
+
+  /* The operator drains both workers while the trainer reads. */
+  for (int i = 0; i < 2; i++) {
+    const char *dr[] = {"drain", W[i]->addr, "--dispatcher", D->addr,
+                        "--timeout", "20", NULL};
+    ctl_t r = ctl(30000, dr);
+    cr_assert_eq(r.status, 0, "drain %s: exit %d: %s%s", W[i]->addr,
+                 r.status, r.out, r.err);
+    ctl_free(&r);
+  }
+  next_times_out_saying(c, "no worker is serving this job: 2 draining, "
+                           "0 stopped, 0 lost");
+
+  /* One stops (SIGTERM: it leaves), the other dies (lost after the
+   * dispatcher's --worker-timeout-ms, 2 s here). */
+  cr_assert_eq(hx_stop(W[0], SIGTERM, 10000, NULL), 0,
+               "the drained worker did not exit 0 on SIGTERM");
+  worker_state_until(W[0]->addr, "left", 10000);
+  next_times_out_saying(c, "no worker is serving this job: 1 draining, "
+                           "1 stopped, 0 lost");
+  hx_stop(W[1], SIGKILL, 5000, NULL);
+  worker_state_until(W[1]->addr, "lost", 10000);
+  next_times_out_saying(c, "no worker is serving this job: 0 draining, "
+                           "1 stopped, 1 lost");
+  ferry_client_free(c);
+  hx_dataset_free(&ds);
 }

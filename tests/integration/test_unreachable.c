@@ -2,7 +2,8 @@
  * reach (a wrong --advertise here; a TLS certificate that does not name
  * the address fails the same way): the clients report them, the
  * dispatcher moves those clients' splits to other workers and shows the
- * worker as unreachable in GetStatus, ferryctl and /metrics, and a
+ * worker as unreachable in GetStatus, ferryctl and /metrics (the gauge
+ * ferry_worker_unreachable_clients, scraped over HTTP), and a
  * trainer that gets no batch is told why.
  *
  * The wrong address is 127.0.0.1 at a port this test holds bound without
@@ -35,10 +36,12 @@
 static hx_proc_t *D;
 static hx_proc_t *W[2];
 static int held_fd = -1;
+static char metrics_addr[128]; /* the dispatcher's /metrics, HOST:PORT */
 
 static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
+  metrics_addr[0] = '\0';
 }
 
 static void release_port(void) {
@@ -63,15 +66,23 @@ static void dead_address(char *out, size_t cap) {
   snprintf(out, cap, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
 }
 
-/* Starts a dispatcher (48 splits of 25 records over the dataset below)
- * and `good` workers, then one worker that advertises `bad`; waits until
- * all are alive. */
+/* Starts a dispatcher (48 splits of 25 records over the dataset below;
+ * /metrics on a port of its choosing, in metrics_addr) and `good`
+ * workers, then one worker that advertises `bad`; waits until all are
+ * alive. */
 static void cluster(int good, const char *bad) {
-  static const char *const dargs[] = {"--records-per-split", "25", NULL};
+  static const char *const dargs[] = {"--records-per-split", "25",
+                                      "--metrics-port", "0", NULL};
   hx_daemon_opts_t dopts = {0};
   dopts.extra_argv = dargs;
-  char why[512];
+  char why[512], url[128];
   it_cluster(&D, W, good, &dopts, NULL);
+  cr_assert_eq(hx_read_line(D, "metrics on http://", 5000, url, sizeof(url)),
+               0, "the dispatcher printed no metrics address");
+  char *slash = strchr(url, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  snprintf(metrics_addr, sizeof(metrics_addr), "%s", url);
   const char *wargs[] = {"--advertise", bad, NULL};
   hx_daemon_opts_t wopts = {0};
   wopts.extra_argv = wargs;
@@ -110,6 +121,47 @@ static char *ferryctl_until(const char *args, const char *want, int ms) {
     if (strstr(out, want) != NULL || hx_now_ms() > until)
       return out;
     free(out);
+    usleep(100 * 1000);
+  }
+}
+
+/* The dispatcher's ferry_worker_unreachable_clients for the worker at
+ * `addr` (its address label) in one scrape of /metrics: -1 when the
+ * worker has no sample; the whole scrape in *text (malloc'ed). */
+static int64_t unreachable_gauge(const char *addr, char **text) {
+  char *body = NULL;
+  int code = hx_http_get(metrics_addr, "/metrics", 5000, &body);
+  cr_assert_eq(code, 200, "GET http://%s/metrics: %d", metrics_addr, code);
+  char label[128];
+  snprintf(label, sizeof(label), "address=\"%s\"}", addr);
+  int64_t v = -1;
+  for (const char *l = body; l != NULL && *l != '\0';) {
+    const char *nl = strchr(l, '\n');
+    size_t len = nl != NULL ? (size_t)(nl - l) : strlen(l);
+    static const char name[] = "ferry_worker_unreachable_clients{";
+    if (strncmp(l, name, sizeof(name) - 1) == 0) {
+      char *line = strndup(l, len);
+      const char *at = strstr(line, label);
+      if (at != NULL)
+        v = strtoll(at + strlen(label), NULL, 10);
+      free(line);
+    }
+    l = nl != NULL ? nl + 1 : NULL;
+  }
+  *text = body;
+  return v;
+}
+
+/* Scrapes (bounded by `ms`) until the gauge of the worker at `addr` is
+ * `want`; returns the last value seen. */
+static int64_t unreachable_gauge_until(const char *addr, int64_t want,
+                                       int ms, char **text) {
+  double until = hx_now_ms() + ms;
+  for (;;) {
+    int64_t v = unreachable_gauge(addr, text);
+    if (v == want || hx_now_ms() > until)
+      return v;
+    free(*text);
     usleep(100 * 1000);
   }
 }
@@ -183,6 +235,18 @@ Test(unreachable, epochs_go_through_the_reachable_worker) {
   cr_assert(strstr(out, "\"unreachable_clients\": 1") != NULL, "%s", out);
   cr_assert(hx_json_valid(out), "%s", out);
   free(out);
+  /* And /metrics, what alerts read: 1 for the unreachable worker (its
+   * advertised address as the label), 0 for the good one. */
+  char *prom = NULL;
+  int64_t g = unreachable_gauge_until(bad, 1, 2000, &prom);
+  cr_assert_eq(g, 1, "ferry_worker_unreachable_clients of %s is %lld, not "
+               "1:\n%s", bad, (long long)g, prom);
+  free(prom);
+  g = unreachable_gauge(W[0]->addr, &prom);
+  cr_assert_eq(g, 0, "ferry_worker_unreachable_clients of the good worker "
+               "%s is %lld, not 0:\n%s", W[0]->addr, (long long)g, prom);
+  free(prom);
+  cr_log_info("/metrics: ferry_worker_unreachable_clients 1 for %s", bad);
 
   /* The job runs on through the good worker. */
   epoch_exactly_once(c, &ds, expected, n, epoch + 1);
@@ -202,6 +266,11 @@ Test(unreachable, epochs_go_through_the_reachable_worker) {
   out = ferryctl("workers");
   cr_assert(strstr(out, "unreachable by") == NULL, "%s", out);
   free(out);
+  /* The gauge falls back to 0 (the worker is alive, so still listed). */
+  g = unreachable_gauge_until(bad, 0, 2000, &prom);
+  cr_assert_eq(g, 0, "ferry_worker_unreachable_clients of %s is %lld once "
+               "the client left:\n%s", bad, (long long)g, prom);
+  free(prom);
   free(expected);
   hx_dataset_free(&ds);
 }

@@ -221,6 +221,47 @@ Test(options, bounds_print_as_integers_and_sizes) {
             "%s", err.msg);
 }
 
+/* The same on the real ferry-dispatcher --help (the test above uses a
+ * table of its own; the dispatcher's flag is an INT, not a SIZE): the
+ * --snapshot-bytes range is an integer (or an exact binary size), and no
+ * bound of any flag prints in e+ notation. FERRY_IT_DISPATCHER names
+ * another binary. */
+Test(options, dispatcher_help_prints_snapshot_bytes_range_as_an_integer) {
+  const char *bin = getenv("FERRY_IT_DISPATCHER");
+  char cmd[1024];
+  snprintf(cmd, sizeof(cmd), "%s --help 2>&1",
+           bin != NULL && *bin != '\0'
+               ? bin
+               : FERRY_BINARY_DIR "/dispatcher/ferry-dispatcher");
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p, "%s", cmd);
+  static char out[1 << 16];
+  size_t n = fread(out, 1, sizeof(out) - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  cr_assert_eq(st, 0, "%s: status %d:\n%s", cmd, st, out);
+  const char *line = strstr(out, "\n  --snapshot-bytes ");
+  cr_assert_not_null(line, "no --snapshot-bytes in --help:\n%s", out);
+  line++;
+  size_t len = strcspn(line, "\n");
+  char *l = strndup(line, len);
+  cr_assert_not_null(l);
+  const char *open = strstr(l, " [0..");
+  cr_assert_not_null(open, "no range: %s", l);
+  char range[64] = "";
+  cr_assert_eq(sscanf(open, " [%63[^]]]", range), 1, "%s", l);
+  cr_assert(strcmp(range, "0..1125899906842624") == 0 ||
+                strcmp(range, "0..1 PiB") == 0,
+            "--snapshot-bytes range [%s], not [0..1125899906842624] or "
+            "[0..1 PiB]: %s", range, l);
+  free(l);
+  /* A digit, e+, a digit: a bound in %g's exponent notation. */
+  for (const char *e = strstr(out, "e+"); e != NULL; e = strstr(e + 1, "e+"))
+    cr_assert(e == out || e[-1] < '0' || e[-1] > '9' || e[2] < '0' ||
+                  e[2] > '9',
+              "e+ notation in --help: %.40s", e > out + 20 ? e - 20 : out);
+}
+
 /* ---- HOST:PORT (ferry/hostport.h) ---------------------------------------- */
 
 static void addr_ok(const char *s, unsigned flags, const char *host,
