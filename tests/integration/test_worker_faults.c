@@ -10,6 +10,7 @@
  * against the dataset's multiset. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -523,6 +524,241 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
     hx_dump_logs();
   cr_assert_gt(gave_back + given_up + restarted, 0, "worker2 never held a split: the "
                "test did not test anything");
+  hx_ids_free(&got);
+  ferry_client_free(c);
+  hx_dataset_free(&ds);
+}
+
+/* (f) The worker's own path (issue 20, item 5): a job on two workers whose
+ * client stream to worker 2 is open and has delivered records; then worker
+ * 2 runs out of descriptors. Its limit (prlimit) is cut to the lowest
+ * descriptor number it holds for anything but a shard, so every shard it
+ * opens from then on fails with EMFILE (a shard's descriptor freed later
+ * sits above the limit and cannot be reused), while its client stream and
+ * its dispatcher connection, already open, keep working. Each task there
+ * gives its split back (TaskProgress.worker_fault) and the dispatcher
+ * moves the split ("cannot run job ... giving it to another worker"):
+ * under policy fail the job must not fail, and the epoch ends once with
+ * every record exactly once. Without the worker_fault path the failed open
+ * is the data's error and the job fails. When the limit is cut (0 to 100
+ * ms after the first record from one of worker 2's splits) comes from the
+ * printed seed. */
+typedef struct {
+  const hx_dataset_t *ds;
+  const hx_ids_t *got;
+  pid_t w2;
+  const char *w2_log;
+  unsigned seed;
+  bool capped;     /* worker 2's limit is cut */
+  int limit;       /* the limit set */
+  int open_shards; /* shard descriptors it held then */
+  uint32_t at_batch;
+  size_t at_records;
+  double at_ms;
+} fd_cut_t;
+
+/* The dataset file `path` names (-1: none). */
+static int ds_file_index(const hx_dataset_t *ds, const char *path, size_t n) {
+  for (int i = 0; i < ds->nfiles; i++)
+    if (strlen(ds->files[i]) == n && strncmp(ds->files[i], path, n) == 0)
+      return i;
+  return -1;
+}
+
+/* The lowest descriptor number `pid` does not hold for anything but one of
+ * the dataset's shards (-1 on error); *shards gets the shards it holds. */
+#define FD_SCAN_MAX 4096
+static int lowest_non_shard_free(pid_t pid, const hx_dataset_t *ds,
+                                 int *shards) {
+  static bool held[FD_SCAN_MAX];
+  memset(held, 0, sizeof(held));
+  *shards = 0;
+  char dir[64];
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return -1;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    int fd = atoi(e->d_name);
+    char path[600], target[700];
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    if (n < 0)
+      continue; /* closed meanwhile */
+    if (ds_file_index(ds, target, (size_t)n) >= 0) {
+      (*shards)++;
+      continue;
+    }
+    if (fd >= 0 && fd < FD_SCAN_MAX)
+      held[fd] = true;
+  }
+  closedir(d);
+  for (int fd = 0; fd < FD_SCAN_MAX; fd++)
+    if (!held[fd])
+      return fd;
+  return -1;
+}
+
+/* After each batch until the limit is cut: once worker 2's log shows the
+ * client's stream open there and the client holds a record of a split
+ * leased to worker 2, wait 0 to 100 ms (seeded) and cut its limit. */
+static void cut_fds_once_streaming(uint32_t batches, void *arg) {
+  fd_cut_t *s = arg;
+  if (s->capped)
+    return;
+  char *log = slurp(s->w2_log);
+  if (log == NULL)
+    return;
+  bool streaming = strstr(log, "stream open: job") != NULL;
+  bool *leased = calloc((size_t)s->ds->nfiles, sizeof(bool));
+  cr_assert_not_null(leased);
+  /* "task job J epoch E split S lease L from START: FILE" */
+  for (const char *q = log; (q = strstr(q, "task job ")) != NULL; q++) {
+    const char *eol = strchr(q, '\n');
+    const char *from = strstr(q, " from ");
+    const char *colon = from != NULL ? strstr(from, ": ") : NULL;
+    if (eol == NULL || colon == NULL || colon > eol)
+      continue;
+    int f = ds_file_index(s->ds, colon + 2, (size_t)(eol - colon - 2));
+    if (f >= 0)
+      leased[f] = true;
+  }
+  free(log);
+  bool delivered = false;
+  for (size_t i = 0; i < s->got->n && !delivered; i++) {
+    int f = (int)(s->got->ids[i] >> 40);
+    delivered = f >= 0 && f < s->ds->nfiles && leased[f];
+  }
+  free(leased);
+  if (!streaming || !delivered)
+    return;
+  usleep((useconds_t)(rand_r(&s->seed) % 101) * 1000);
+  int shards = 0;
+  int low = lowest_non_shard_free(s->w2, s->ds, &shards);
+  cr_assert_gt(low, 2, "worker2's descriptors could not be read");
+  struct rlimit rl = {(rlim_t)low, (rlim_t)low};
+  cr_assert_eq(prlimit(s->w2, RLIMIT_NOFILE, &rl, NULL), 0, "prlimit: %s",
+               strerror(errno));
+  s->capped = true;
+  s->limit = low;
+  s->open_shards = shards;
+  s->at_batch = batches;
+  s->at_records = s->got->n;
+  s->at_ms = hx_now_ms();
+}
+
+Test(worker_faults, worker_out_of_descriptors_mid_stream_gives_splits_back,
+     .timeout = 120) {
+  unsigned seed =
+      hx_seed("worker_out_of_descriptors_mid_stream_gives_splits_back");
+  hx_dataset_t ds;
+  /* 32 files of 200 records: one split each, spread over both workers,
+   * most of them leased after the limit is cut. */
+  cr_assert_eq(hx_make_dataset(&ds, "fdm", 32, 200, 8, 8, 3), 0);
+  /* Debug: worker 2's log names each task's file and the stream's open. */
+  const char *const wargv[] = {"--log-level", "debug", NULL};
+  hx_daemon_opts_t wo = {.threads = 1, .extra_argv = wargv};
+  cluster(2, &wo);
+
+  char spec[1024];
+  hx_spec(&ds, NULL, 32, spec, sizeof(spec));
+  ferry_client_options_t o;
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 1; /* policy fail: a worker's fault must not fail it */
+  ferry_client_t *c = it_new_client(&o);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  fd_cut_t cut = {.ds = &ds, .got = &got, .w2 = W[1]->pid,
+                  .w2_log = W[1]->log, .seed = seed};
+  double t0 = hx_now_ms();
+  int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS,
+                            cut_fds_once_streaming, &cut, &err);
+  double ms = hx_now_ms() - t0;
+  if (rc != FERRY_EPOCH_END || !cut.capped)
+    hx_dump_logs();
+  cr_assert_eq(rc, FERRY_EPOCH_END,
+               "ferry_next returned %d (%s) after %zu records (worker2 "
+               "capped: %d, seed %u): %s",
+               rc, rc < 0 ? ferry_strerror(rc) : "", got.n, cut.capped, seed,
+               err.msg);
+  cr_assert(cut.capped, "worker2 never streamed a record to the client: "
+            "its limit was never cut (seed %u)", seed);
+  /* Once: the next call says the job has ended, not another epoch. */
+  const ferry_batch_t *b = NULL;
+  rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+  cr_assert_eq(rc, FERRY_END, "after the epoch: %d (%s) %s", rc,
+               rc < 0 ? ferry_strerror(rc) : "", err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(&ds, false, &n);
+  char why[256];
+  bool same = hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why));
+  free(want);
+  cr_assert(same, "%s (seed %u)", why, seed);
+  cr_expect(!got.bad_pixels, "record %#llx has wrong pixels or label",
+            (unsigned long long)got.bad_pixel_id);
+
+  int st = 0;
+  char *json = hx_ferryctl_status_json(D->addr, &st);
+  cr_assert_not_null(json);
+  cr_assert_null(strstr(json, "\"failed\""), "a job failed: %s", json);
+  free(json);
+
+  /* The worker's own path ran: worker 2 gave splits back after the cut,
+   * and the dispatcher moved them as worker faults. */
+  char *log = slurp(W[1]->log);
+  cr_assert_not_null(log);
+  int gave_back = count_of(log, "giving the split back");
+  int emfile = count_of(log, "Too many open files");
+  free(log);
+  log = slurp(D->log);
+  cr_assert_not_null(log);
+  unsigned long long id2 = 0;
+  for (const char *q = log; (q = strstr(q, "worker ")) != NULL; q++) {
+    char at[80];
+    unsigned long long id;
+    if (sscanf(q, "worker %llu registered at %79s", &id, at) == 2 &&
+        strcmp(at, W[1]->addr) == 0)
+      id2 = id;
+  }
+  cr_assert_neq(id2, 0, "worker2's registration is not in the log");
+  char moved_on[96], w2[96];
+  snprintf(moved_on, sizeof(moved_on), "worker %llu cannot run job", id2);
+  snprintf(w2, sizeof(w2), "on worker %llu)", id2);
+  int moved = 0, restarted = 0, given_up = 0;
+  for (const char *q = log; (q = strstr(q, moved_on)) != NULL; q++) {
+    const char *eol = strchr(q, '\n');
+    const char *g = strstr(q, "giving it to another worker");
+    moved += g != NULL && (eol == NULL || g < eol);
+  }
+  for (const char *q = log; (q = strstr(q, w2)) != NULL; q++) {
+    const char *bol = q;
+    while (bol > log && bol[-1] != '\n')
+      bol--;
+    const char *gu = strstr(bol, "took no record");
+    const char *rs = strstr(bol, "restarts epoch");
+    given_up += gu != NULL && gu < q;
+    restarted += rs != NULL && rs < q;
+  }
+  free(log);
+  fprintf(stderr,
+          "worker2 (pid %d) capped at RLIMIT_NOFILE %d (%d shard(s) open) "
+          "after batch %u, %zu records, %.0f ms into the epoch; worker2 "
+          "gave %d split(s) back (%d EMFILE lines), the dispatcher moved %d "
+          "as worker faults; %d of worker2's splits given up at the "
+          "client's word, %d restarted elsewhere; %zu records, each once, "
+          "in %.0f ms (seed %u)\n",
+          (int)W[1]->pid, cut.limit, cut.open_shards, cut.at_batch,
+          cut.at_records, cut.at_ms - t0, gave_back, emfile, moved,
+          given_up, restarted, got.n, ms, seed);
+  if (gave_back == 0 || moved == 0)
+    hx_dump_logs();
+  cr_assert_gt(gave_back, 0, "worker2 opened no shard after its limit was "
+               "cut: the worker's fault path did not run (seed %u)", seed);
+  cr_assert_gt(moved, 0, "the dispatcher moved none of worker2's splits as "
+               "a worker fault (seed %u)", seed);
   hx_ids_free(&got);
   ferry_client_free(c);
   hx_dataset_free(&ds);
