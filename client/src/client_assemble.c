@@ -738,37 +738,6 @@ static void det_advance_locked(ferry_client_t *c, uint64_t n) {
     c->det_epoch++;
     c->det_next = 0;
   }
-  if (c->det_waiters > 0)
-    pthread_cond_broadcast(&c->space_cv); /* det_wait_turn_locked */
-}
-
-/* Waits, at most FERRY__DET_WAIT_MS, while the records of ch from its
- * split's received position are not the rank's next yet but later ones
- * of its epoch. Records that arrive before their turn are otherwise
- * copied aside and copied again into a slot; a reader that waits instead
- * leaves the rest of its stream where it is (in the worker's chunk pool,
- * which goes on producing into it) and copies the chunk once. Bounded,
- * because the records next may be behind this chunk in the same stream
- * (a worker running two of this client's splits at once): then the
- * chunk is held as before. */
-static void det_wait_turn_locked(ferry_client_t *c, const ferry_chunk_t *ch,
-                                 uint64_t kw, const bool *stop) {
-  struct timespec deadline = ferry__client_deadline(FERRY__DET_WAIT_MS);
-  uint64_t fences = c->fences;
-  for (;;) {
-    ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
-    if (s == NULL || c->fences != fences || c->stopping ||
-        c->fail_code != 0 || (stop != NULL && *stop) || s->held != NULL ||
-        s->received != s->assembled || s->received < ch->first ||
-        ch->epoch != c->det_epoch ||
-        det_pos(s, s->received) <= c->det_next)
-      return;
-    c->det_waiters++;
-    int rc = pthread_cond_timedwait(&c->space_cv, &c->mu, &deadline);
-    c->det_waiters--;
-    if (rc == ETIMEDOUT)
-      return;
-  }
 }
 
 /* Whether a slot of `epoch` can be had now without waiting. */
@@ -841,13 +810,14 @@ static void det_hold_locked(ferry_client_t *c, const ferry_chunk_t *ch,
   ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
   if (s == NULL || s->received >= end || s->received < ch->first)
     return;
-  /* Fenced meanwhile (this reader waited for its turn or for a slot
+  /* Fenced meanwhile (this reader waited for a slot in det_place_locked
    * after the chunk was checked): nothing is taken until the lease is
    * renewed. The fence asked for this split again from its delivered
    * count. A block held now would outlive the fence that should have
    * dropped it, and det_feed_locked, finding the client fenced, would
    * free it with `received` past records nobody has: the rank waited
-   * for them for ever (chaos seed 32006). */
+   * for them for ever (chaos seed 32006, found with readers that also
+   * waited for their turn). */
   if (lease_lapsed_locked(c))
     return;
   size_t rb = c->record_bytes;
@@ -1025,7 +995,6 @@ static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
   }
   if (s->received >= end)
     return;
-  det_wait_turn_locked(c, ch, kw, stop);
   det_place_locked(c, ch, src, kw, end, true, true, stop);
   det_hold_locked(c, ch, src, kw, end);
 }

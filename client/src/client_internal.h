@@ -224,10 +224,6 @@ typedef struct ferry__asm_params_s {
   ferry_layout_t layout;
 } ferry__asm_params_t;
 
-/* Issue 22: how long a reader whose chunk is not the rank's next waits
- * for its turn before copying it aside (client_assemble.c). */
-#define FERRY__DET_WAIT_MS 50
-
 struct ferry_client_s {
   ferry_client_options_t opts; /* strings below are owned copies */
   char *dispatcher, *spec_text, *dataset_id_opt, *job_name, *augment_text;
@@ -286,7 +282,6 @@ struct ferry_client_s {
   ferry_cursor_t resume;
   uint32_t det_epoch;
   uint64_t det_next;
-  uint32_t det_waiters; /* readers in det_wait_turn_locked (space_cv) */
   bool det_feeding;
   uint64_t det_held, det_held_peak;
   uint8_t *pad_image;
