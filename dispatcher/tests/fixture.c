@@ -323,3 +323,22 @@ uint8_t *fx_status_bytes(ferry_disp_t *d, int64_t now, size_t *len) {
   protobuf_c_message_pack(&s->base, buf);
   return buf;
 }
+
+void fx_replay_matches(ferry_disp_t *d, int64_t now) {
+  ferry_error_t err = {0};
+  size_t len1, len2;
+  uint8_t *s1 = fx_status_bytes(d, now, &len1);
+  ferry_disp_config_t cfg;
+  ferry_disp_t *r2;
+  ferry__disp_config_init(&cfg);
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &r2), 0);
+  for (size_t i = 0; i < fx_entries.n; i++)
+    cr_assert_eq(ferry__disp_apply(r2, fx_entries.e[i], fx_entries.len[i],
+                                   now, &err),
+                 0, "%s", err.msg);
+  ferry__disp_replayed(r2, now);
+  uint8_t *s2 = fx_status_bytes(r2, now, &len2);
+  cr_assert_eq(len1, len2);
+  cr_assert_eq(memcmp(s1, s2, len1), 0, "the replay gives the same status");
+  ferry__disp_free(r2);
+}

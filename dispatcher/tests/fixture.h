@@ -113,4 +113,8 @@ Ferry__V1__GetStatusResponse *fx_status(ferry_disp_t *d, int64_t now);
  * zeroed, serialized: equal for equal journaled state. */
 uint8_t *fx_status_bytes(ferry_disp_t *d, int64_t now, size_t *len);
 
+/* Replays every entry d committed (fx_entries) into a new state and
+ * asserts its status at `now` is d's, byte for byte. */
+void fx_replay_matches(ferry_disp_t *d, int64_t now);
+
 #endif /* FERRY_DISPATCHER_TEST_FIXTURE_H */

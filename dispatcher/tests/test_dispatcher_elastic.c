@@ -211,25 +211,6 @@ static int join(const char *ds, uint32_t w, uint32_t b, bool pad,
   return fx_job_req(D, &req, out, 0, err);
 }
 
-static void replay_matches(int64_t t) {
-  ferry_error_t err = {0};
-  size_t len1, len2;
-  uint8_t *s1 = fx_status_bytes(D, t, &len1);
-  ferry_disp_config_t cfg;
-  ferry_disp_t *r2;
-  ferry__disp_config_init(&cfg);
-  cr_assert_eq(ferry__disp_new(&cfg, 0, &r2), 0);
-  for (size_t i = 0; i < fx_entries.n; i++)
-    cr_assert_eq(ferry__disp_apply(r2, fx_entries.e[i], fx_entries.len[i], t,
-                                   &err),
-                 0, "%s", err.msg);
-  ferry__disp_replayed(r2, t);
-  uint8_t *s2 = fx_status_bytes(r2, t, &len2);
-  cr_assert_eq(len1, len2);
-  cr_assert_eq(memcmp(s1, s2, len1), 0, "the replay gives the same status");
-  ferry__disp_free(r2);
-}
-
 /* One resumed job: cuts cw/cs (the last one the cursor's own, when
  * `recut`), then w2 ranks from step `step` of what they left. */
 static void run_elastic(unsigned seed) {
@@ -313,7 +294,7 @@ static void run_elastic(unsigned seed) {
     for (uint32_t r = 0; r < w2; r++)
       last = beat(&k[r], r, t);
     if (it == 5)
-      replay_matches(t);
+      fx_replay_matches(D, t);
     if (last->state == FERRY__V1__JOB_STATE__JOB_STATE_FINISHED)
       break;
   }

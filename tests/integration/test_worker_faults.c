@@ -417,6 +417,21 @@ static int lowest_free_fd(pid_t pid) {
   return -1;
 }
 
+
+/* The log's lines in which `what` comes before `tag` (e.g. "restarts
+ * epoch ... (lease L on worker N)"). */
+static int lines_saying(const char *log, const char *tag, const char *what) {
+  int n = 0;
+  for (const char *q = log; (q = strstr(q, tag)) != NULL; q++) {
+    const char *bol = q;
+    while (bol > log && bol[-1] != '\n')
+      bol--;
+    const char *w = strstr(bol, what);
+    n += w != NULL && w < q;
+  }
+  return n;
+}
+
 Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
      .timeout = 120) {
   hx_dataset_t ds;
@@ -506,16 +521,8 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
   /* The dispatcher's lines for a split leaving worker 2 at its client's
    * word: given up ("took no record") or restarted (the stream to it
    * broke), both "(lease L on worker N)". */
-  int given_up = 0, restarted = 0;
-  for (const char *q = log; (q = strstr(q, w2)) != NULL; q++) {
-    const char *bol = q;
-    while (bol > log && bol[-1] != '\n')
-      bol--;
-    const char *gu = strstr(bol, "took no record");
-    const char *rs = strstr(bol, "restarts epoch");
-    given_up += gu != NULL && gu < q;
-    restarted += rs != NULL && rs < q;
-  }
+  int given_up = lines_saying(log, w2, "took no record");
+  int restarted = lines_saying(log, w2, "restarts epoch");
   free(log);
   fprintf(stderr, "worker2 gave %d split(s) back; the client gave %d of "
           "worker2's up and restarted %d; %zu records, each once\n",
@@ -727,21 +734,14 @@ Test(worker_faults, worker_out_of_descriptors_mid_stream_gives_splits_back,
   char moved_on[96], w2[96];
   snprintf(moved_on, sizeof(moved_on), "worker %llu cannot run job", id2);
   snprintf(w2, sizeof(w2), "on worker %llu)", id2);
-  int moved = 0, restarted = 0, given_up = 0;
+  int moved = 0;
   for (const char *q = log; (q = strstr(q, moved_on)) != NULL; q++) {
     const char *eol = strchr(q, '\n');
     const char *g = strstr(q, "giving it to another worker");
     moved += g != NULL && (eol == NULL || g < eol);
   }
-  for (const char *q = log; (q = strstr(q, w2)) != NULL; q++) {
-    const char *bol = q;
-    while (bol > log && bol[-1] != '\n')
-      bol--;
-    const char *gu = strstr(bol, "took no record");
-    const char *rs = strstr(bol, "restarts epoch");
-    given_up += gu != NULL && gu < q;
-    restarted += rs != NULL && rs < q;
-  }
+  int given_up = lines_saying(log, w2, "took no record");
+  int restarted = lines_saying(log, w2, "restarts epoch");
   free(log);
   fprintf(stderr,
           "worker2 (pid %d) capped at RLIMIT_NOFILE %d (%d shard(s) open) "
