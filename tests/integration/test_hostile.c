@@ -3,16 +3,30 @@
  * outside the root, probes for files with globs, names a FIFO, or names a
  * secret file inside the root hoping to read it back through the error
  * text. Each attack must do no harm, and the cluster must then still
- * serve a real job exactly once. */
+ * serve a real job exactly once.
+ *
+ * Issue 20, end to end: the warning about metrics on a public address,
+ * the daemons' --handshake-timeout-ms and --idle-connection-ms on raw
+ * connections, and a JPEG over the worker's --jpeg-max-pixels under
+ * policies fail and skip. */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <turbojpeg.h>
 #include <unistd.h>
 
+#include "ferry/tfrecord.h"
+#include "ferry/varint.h"
 #include "harness.h"
 
 static hx_proc_t *D, *W;
@@ -155,4 +169,390 @@ Test(hostile, error_text_quotes_no_file_bytes) {
             "the error quotes file bytes: %s", err.msg);
   fprintf(stderr, "secret file: the caller saw \"%s\"\n", err.msg);
   still_serves();
+}
+
+/* ---- Issue 20, point 6: the metrics server's warning ---------------------
+ * A daemon whose metrics server (plain HTTP) binds a non-loopback address
+ * says so in its log, naming the address, the port and --metrics-host; on
+ * loopback (the harness's --host 127.0.0.1, the default metrics host) it
+ * says nothing. */
+
+/* The daemon's "metrics on http://HOST:PORT/metrics" line: HOST:PORT. */
+static void metrics_hostport(hx_proc_t *p, char *out, size_t cap) {
+  char url[128];
+  cr_assert_eq(hx_read_line(p, "metrics on http://", 5000, url, sizeof(url)),
+               0, "%s printed no metrics line", p->name);
+  char *slash = strchr(url, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  cr_assert_lt(strlen(url), cap);
+  memcpy(out, url, strlen(url) + 1);
+}
+
+/* The warning in p's log for metrics on HOSTPORT (host `host`): present
+ * or absent as `want`. */
+static void expect_metrics_warning(hx_proc_t *p, const char *hostport,
+                                   const char *host, bool want) {
+  char line[512];
+  snprintf(line, sizeof(line),
+           "PLAIN HTTP metrics on %s (--metrics-host %s)", hostport, host);
+  /* The warning is logged (stderr, unbuffered) before the metrics line
+   * is printed on stdout, which the caller has read. */
+  char *log = hx_slurp(p->log);
+  cr_assert_not_null(log);
+  if (want)
+    cr_assert(strstr(log, line) != NULL &&
+                  strstr(log, "use --metrics-host 127.0.0.1") != NULL,
+              "%s: no warning \"%s\" in its log:\n%s", p->name, line, log);
+  else
+    cr_assert(strstr(log, "PLAIN HTTP metrics") == NULL,
+              "%s warns about metrics on loopback:\n%s", p->name, log);
+  free(log);
+}
+
+Test(hostile, metrics_on_a_public_address_are_warned_about) {
+  char why[512], dhp[128], whp[128];
+  hx_proc_t *d, *w;
+  const char *pub[] = {"--metrics-host", "0.0.0.0", "--metrics-port", "0",
+                       NULL};
+  hx_daemon_opts_t o = {.extra_argv = pub};
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_start_worker(&w, d->addr, &o, why, sizeof(why)), 0, "%s",
+               why);
+  metrics_hostport(d, dhp, sizeof(dhp));
+  metrics_hostport(w, whp, sizeof(whp));
+  cr_assert(strncmp(dhp, "0.0.0.0:", 8) == 0 &&
+                strncmp(whp, "0.0.0.0:", 8) == 0,
+            "metrics on %s and %s", dhp, whp);
+  expect_metrics_warning(d, dhp, "0.0.0.0", true);
+  expect_metrics_warning(w, whp, "0.0.0.0", true);
+  /* The warned-about server does serve. */
+  char local[200];
+  char *body = NULL;
+  snprintf(local, sizeof(local), "127.0.0.1:%s", strchr(dhp, ':') + 1);
+  cr_assert_eq(hx_http_get(local, "/healthz", 5000, &body), 200);
+  free(body);
+  hx_stop(w, SIGTERM, 3000, NULL);
+  hx_stop(d, SIGTERM, 3000, NULL);
+
+  /* Loopback (metrics on --host 127.0.0.1): no warning. */
+  const char *lo[] = {"--metrics-port", "0", NULL};
+  o.extra_argv = lo;
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_start_worker(&w, d->addr, &o, why, sizeof(why)), 0, "%s",
+               why);
+  metrics_hostport(d, dhp, sizeof(dhp));
+  metrics_hostport(w, whp, sizeof(whp));
+  cr_assert(strncmp(dhp, "127.0.0.1:", 10) == 0 &&
+                strncmp(whp, "127.0.0.1:", 10) == 0,
+            "metrics on %s and %s", dhp, whp);
+  expect_metrics_warning(d, dhp, "127.0.0.1", false);
+  expect_metrics_warning(w, whp, "127.0.0.1", false);
+}
+
+/* ---- Issue 20, point 5: the daemons' connection limits -------------------
+ * Raw TCP connections to the dispatcher's gRPC port: one that never
+ * finishes the HTTP/2 preface is closed after --handshake-timeout-ms, one
+ * that finishes it and never calls after --idle-connection-ms. Under the
+ * defaults (10 s, 20 s) both are still open after 1.5 s. */
+
+/* A TCP connection to "127.0.0.1:PORT". */
+static int connect_to(const char *hostport) {
+  const char *colon = strrchr(hostport, ':');
+  cr_assert_not_null(colon, "%s", hostport);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)atoi(colon + 1))};
+  cr_assert_eq(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr), 1);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "%s",
+               strerror(errno));
+  return fd;
+}
+
+/* Reads (and drops) what the server sends until it closes the
+ * connection (EOF or ECONNRESET), at most `wait_ms`: the time from
+ * `t0` to the close, or -1 when it is still open. *got gets the bytes
+ * read. */
+static double closed_after(int fd, double t0, int wait_ms, size_t *got) {
+  char buf[4096];
+  double deadline = hx_now_ms() + wait_ms;
+  *got = 0;
+  for (;;) {
+    int left = (int)(deadline - hx_now_ms());
+    if (left <= 0)
+      return -1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int pr = poll(&p, 1, left);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr <= 0)
+      return -1;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      *got += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n == 0 || errno == ECONNRESET)
+      return hx_now_ms() - t0;
+    cr_assert_fail("read: %s", strerror(errno));
+  }
+}
+
+/* The client's HTTP/2 connection preface and an empty SETTINGS frame. */
+static void send_preface(int fd) {
+  static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  static const uint8_t settings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+  cr_assert_eq(write(fd, preface, 24), 24);
+  cr_assert_eq(write(fd, settings, 9), 9);
+}
+
+/* `ferryctl status` against `addr` succeeds. */
+static void status_works(const char *addr) {
+  int st = -1;
+  char *json = hx_ferryctl_status_json(addr, &st);
+  cr_assert_not_null(json, "cannot run %s", hx_ferryctl_bin());
+  cr_assert_eq(st, 0, "ferryctl status exited %d:\n%s", st, json);
+  cr_assert(hx_json_valid(json), "%s", json);
+  free(json);
+}
+
+Test(hostile, a_connection_that_never_finishes_its_handshake_is_closed) {
+  char why[512];
+  hx_proc_t *d;
+  const char *extra[] = {"--handshake-timeout-ms", "300", NULL};
+  hx_daemon_opts_t o = {.extra_argv = extra};
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  /* One socket sends nothing, one half the preface. */
+  double t0 = hx_now_ms();
+  int silent = connect_to(d->addr);
+  int partial = connect_to(d->addr);
+  cr_assert_eq(write(partial, "PRI * HTTP/2.0\r\n", 16), 16);
+  status_works(d->addr); /* a real client meanwhile */
+  size_t got;
+  double a = closed_after(silent, t0, 5000, &got);
+  double b = closed_after(partial, t0, 5000, &got);
+  fprintf(stderr, "handshake timeout 300 ms: silent closed after %.0f ms, "
+          "partial preface after %.0f ms\n", a, b);
+  cr_assert(a >= 0, "a silent connection still open after 5 s");
+  cr_assert(b >= 0, "a half-sent preface still open after 5 s");
+  cr_assert_geq(a, 250, "closed after %.0f ms, before the timeout", a);
+  close(silent);
+  close(partial);
+  status_works(d->addr);
+  hx_stop(d, SIGTERM, 3000, NULL);
+
+  /* The default (10 s): the same connection still open after 1.5 s. */
+  cr_assert_eq(hx_start_dispatcher(&d, NULL, why, sizeof(why)), 0, "%s", why);
+  silent = connect_to(d->addr);
+  a = closed_after(silent, hx_now_ms(), 1500, &got);
+  cr_assert(a < 0, "closed after %.0f ms under the default timeout", a);
+  close(silent);
+}
+
+Test(hostile, a_connection_that_never_calls_is_closed_when_idle) {
+  char why[512];
+  hx_proc_t *d;
+  const char *extra[] = {"--idle-connection-ms", "300", NULL};
+  hx_daemon_opts_t o = {.extra_argv = extra};
+  cr_assert_eq(hx_start_dispatcher(&d, &o, why, sizeof(why)), 0, "%s", why);
+  double t0 = hx_now_ms();
+  int fd = connect_to(d->addr);
+  send_preface(fd); /* the handshake is done: only the idle rule applies */
+  status_works(d->addr);
+  size_t got;
+  double a = closed_after(fd, t0, 5000, &got);
+  fprintf(stderr, "idle connection 300 ms: closed after %.0f ms (%zu bytes "
+          "read)\n", a, got);
+  cr_assert(a >= 0, "an idle connection still open after 5 s");
+  /* The server answered the preface (its SETTINGS, then a GOAWAY). */
+  cr_assert_geq(got, 9, "the server sent %zu bytes", got);
+  cr_assert_geq(a, 250, "closed after %.0f ms, before the limit", a);
+  close(fd);
+  status_works(d->addr);
+  hx_stop(d, SIGTERM, 3000, NULL);
+
+  /* The default (20 s): still open after 1.5 s. */
+  cr_assert_eq(hx_start_dispatcher(&d, NULL, why, sizeof(why)), 0, "%s", why);
+  fd = connect_to(d->addr);
+  send_preface(fd);
+  a = closed_after(fd, hx_now_ms(), 1500, &got);
+  cr_assert(a < 0, "closed after %.0f ms under the default idle limit", a);
+  cr_assert_geq(got, 9, "the server sent %zu bytes", got);
+  close(fd);
+}
+
+/* ---- Issue 20, point 7: a JPEG over --jpeg-max-pixels --------------------
+ * A dataset of 8x8 JPEGs, one of which (file 1, record 7) is 32x32 (1024
+ * pixels), served by a worker with --jpeg-max-pixels 256. */
+
+#define JPG_FILES 2
+#define JPG_PER_FILE 20
+#define JPG_BAD_FILE 1
+#define JPG_BAD_REC 7
+
+static uint8_t *jpeg_of(int side, unsigned long *len) {
+  uint8_t px[32 * 32 * 3];
+  for (int i = 0; i < side * side * 3; i++)
+    px[i] = (uint8_t)(i * 7);
+  tjhandle t = tjInitCompress();
+  cr_assert_not_null(t);
+  uint8_t *out = NULL;
+  *len = 0;
+  cr_assert_eq(tjCompress2(t, px, side, 0, side, TJPF_RGB, &out, len,
+                           TJSAMP_444, 90, 0),
+               0, "%s", tjGetErrorStr2(t));
+  tjDestroy(t);
+  return out;
+}
+
+/* A map entry of Features: `key` to a BytesList{bytes} (kind 1) or an
+ * Int64List{v} (kind 3), as the harness writes them. */
+static size_t jpg_feature(uint8_t *p, const char *key, int kind,
+                          const uint8_t *bytes, size_t blen, int64_t v) {
+  size_t klen = strlen(key), list_len;
+  if (kind == 1)
+    list_len = 1 + ferry_varint_len(blen) + blen;
+  else
+    list_len = 1 + ferry_varint_len(ferry_varint_len((uint64_t)v)) +
+               ferry_varint_len((uint64_t)v);
+  size_t feat_len = 1 + ferry_varint_len(list_len) + list_len;
+  size_t entry_len = 1 + ferry_varint_len(klen) + klen + 1 +
+                     ferry_varint_len(feat_len) + feat_len;
+  size_t n = 0;
+  p[n++] = 0x0a;
+  n += ferry_varint_put(p + n, entry_len);
+  p[n++] = 0x0a;
+  n += ferry_varint_put(p + n, klen);
+  memcpy(p + n, key, klen);
+  n += klen;
+  p[n++] = 0x12;
+  n += ferry_varint_put(p + n, feat_len);
+  p[n++] = kind == 1 ? 0x0a : 0x1a;
+  n += ferry_varint_put(p + n, list_len);
+  p[n++] = 0x0a;
+  if (kind == 1) {
+    n += ferry_varint_put(p + n, blen);
+    memcpy(p + n, bytes, blen);
+    n += blen;
+  } else {
+    n += ferry_varint_put(p + n, ferry_varint_len((uint64_t)v));
+    n += ferry_varint_put(p + n, (uint64_t)v);
+  }
+  return n;
+}
+
+/* Writes the dataset; `ds` gets what hx_expected_ids needs (the big
+ * record as its one "corrupt" record). */
+static void make_jpeg_dataset(hx_dataset_t *ds) {
+  memset(ds, 0, sizeof(*ds));
+  snprintf(ds->dir, sizeof(ds->dir), "%s/jpegs", hx_tmpdir());
+  cr_assert(mkdir(ds->dir, 0755) == 0 || errno == EEXIST);
+  snprintf(ds->glob, sizeof(ds->glob), "%s/data-*.tfrecord", ds->dir);
+  ds->nfiles = JPG_FILES;
+  ds->per_file = JPG_PER_FILE;
+  ds->h = ds->w = 8;
+  ds->c = 3;
+  ds->corrupt[0] = ((uint64_t)JPG_BAD_FILE << 40) | JPG_BAD_REC;
+  ds->ncorrupt = 1;
+  unsigned long small_len, big_len;
+  uint8_t *small = jpeg_of(8, &small_len), *big = jpeg_of(32, &big_len);
+  uint8_t feats[8192], rec[8192];
+  for (int f = 0; f < JPG_FILES; f++) {
+    char path[700];
+    snprintf(path, sizeof(path), "%s/data-%03d.tfrecord", ds->dir, f);
+    ferry_tfr_writer_t *wr;
+    ferry_error_t err = {0};
+    cr_assert_eq(ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &wr,
+                                       &err),
+                 0, "%s", err.msg);
+    for (int r = 0; r < JPG_PER_FILE; r++) {
+      bool bad = f == JPG_BAD_FILE && r == JPG_BAD_REC;
+      size_t n = jpg_feature(feats, "image", 1, bad ? big : small,
+                             bad ? big_len : small_len, 0);
+      n += jpg_feature(feats + n, "label", 3, NULL, 0, (f * 7 + r) % 10);
+      size_t m = 0;
+      rec[m++] = 0x0a; /* Example{1: Features} */
+      m += ferry_varint_put(rec + m, n);
+      memcpy(rec + m, feats, n);
+      m += n;
+      cr_assert_eq(ferry_tfr_writer_write(wr, rec, m, &err), 0, "%s",
+                   err.msg);
+    }
+    cr_assert_eq(ferry_tfr_writer_close(wr, &err), 0, "%s", err.msg);
+  }
+  tjFree(small);
+  tjFree(big);
+}
+
+static void jpeg_limited_cluster(hx_dataset_t *ds) {
+  char why[512];
+  make_jpeg_dataset(ds);
+  const char *extra[] = {"--jpeg-max-pixels", "256", NULL};
+  hx_daemon_opts_t wo = {.extra_argv = extra};
+  cr_assert_eq(hx_start_dispatcher(&D, NULL, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_start_worker(&W, D->addr, &wo, why, sizeof(why)), 0, "%s",
+               why);
+  cr_assert_eq(hx_wait_workers(D->addr, 1, 10000), 1);
+}
+
+static ferry_client_t *jpeg_client(const hx_dataset_t *ds, int policy) {
+  char spec[1024];
+  ferry_client_options_t o;
+  ferry_client_t *c = NULL;
+  ferry_error_t err = {0};
+  /* resize: without the limit the big image is a good record (as 8x8). */
+  snprintf(spec, sizeof(spec), "tfrecord(\"%s\") | decode(jpeg) | "
+           "resize(8, 8) | batch(4)", ds->glob);
+  hx_client_options(&o, D->addr, spec);
+  o.num_epochs = 1;
+  o.error_policy = policy;
+  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+  return c;
+}
+
+Test(hostile, a_jpeg_over_max_pixels_fails_the_job_naming_file_and_record) {
+  hx_dataset_t ds;
+  jpeg_limited_cluster(&ds);
+  ferry_client_t *c = jpeg_client(&ds, FERRY_ON_ERROR_FAIL);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  int rc = hx_collect_epoch(c, &got, NULL, false, 10000, NULL, NULL, &err);
+  fprintf(stderr, "jpeg over the limit, policy fail: %d \"%s\"\n", rc,
+          err.msg);
+  cr_assert(rc != FERRY_EPOCH_END && rc != FERRY_END && rc != FERRY_ETIMEDOUT,
+            "the job gave %d after %zu records: %s", rc, got.n, err.msg);
+  char rec[64];
+  snprintf(rec, sizeof(rec), "record %d at byte offset", JPG_BAD_REC);
+  cr_assert(strstr(err.msg, "data-001.tfrecord") != NULL &&
+                strstr(err.msg, rec) != NULL &&
+                strstr(err.msg, "32x32") != NULL &&
+                strstr(err.msg, "1024 pixels") != NULL &&
+                strstr(err.msg, "--jpeg-max-pixels 256") != NULL,
+            "the error does not name the file, record, size and limit: %s",
+            err.msg);
+  hx_ids_free(&got);
+  ferry_client_free(c);
+}
+
+Test(hostile, a_jpeg_over_max_pixels_is_skipped_under_policy_skip) {
+  hx_dataset_t ds;
+  jpeg_limited_cluster(&ds);
+  ferry_client_t *c = jpeg_client(&ds, FERRY_ON_ERROR_SKIP);
+  hx_ids_t got = {0};
+  ferry_error_t err = {0};
+  cr_assert_eq(hx_collect_epoch(c, &got, NULL, false, 10000, NULL, NULL,
+                                &err),
+               FERRY_EPOCH_END, "%s", err.msg);
+  size_t n;
+  uint64_t *want = hx_expected_ids(&ds, true, &n);
+  cr_assert_eq(n, JPG_FILES * JPG_PER_FILE - 1);
+  char why[256];
+  cr_assert(hx_same_multiset(got.ids, got.n, want, n, why, sizeof(why)),
+            "%s", why);
+  free(want);
+  hx_ids_free(&got);
+  ferry_client_free(c);
 }
