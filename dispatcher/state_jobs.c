@@ -244,7 +244,7 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.pad_remainder = o->world_size > 0 && o->pad_remainder;
   m.resume_epoch = o->world_size > 0 ? o->resume_epoch : 0;
   m.resume_step = o->world_size > 0 ? o->resume_step : 0;
-  if (o->world_size > 0) {
+  if (o->world_size > 0 && o->resume) {
     m.n_resume_earlier = o->n_resume_earlier;
     m.resume_earlier = o->resume_earlier;
   }
