@@ -80,6 +80,10 @@ typedef struct ferry_disp_config_s {
                                            entries in one heartbeat */
 #define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */
 #define FERRY_DISP_MAX_WORLD_SIZE 8192  /* ranks of a job (issue 21) */
+/* Rows bound to a client that has not read yet (issue 20): a client that
+ * asks for splits and never opens a stream holds no more than this many
+ * tasks on the workers, however many it asks for. */
+#define FERRY_DISP_UNREAD_ROWS 16
 #define FERRY_DISP_MAX_ERROR_LEN 4096   /* a task's error text */
 #define FERRY_DISP_MAX_UNREACHABLE 64   /* unreachable workers a client
                                            lists in one heartbeat */

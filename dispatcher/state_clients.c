@@ -55,6 +55,10 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
       v = j->row_end[r];
     if (v <= row->delivered)
       continue;
+    /* It acknowledged records: it reads (ferry__disp_bind_rows). */
+    client_t *cl = ferry__disp_find_client(j, client);
+    if (cl != NULL)
+      cl->proven = true;
     ferry__v1__journal_row_delivered__init(&rows[m.n_rows]);
     rows[m.n_rows].row = (uint32_t)r;
     rows[m.n_rows].delivered = v;

@@ -141,6 +141,11 @@ typedef struct client_s {
   /* Issue 21: the rank it holds in a job of world_size > 0 (journaled);
    * -1: none. */
   int64_t rank;
+  /* Volatile (issue 20): it has read: a worker produced records of one of
+   * its splits (a task starts only while its client has a stream open)
+   * or it acknowledged records. Until then it is bound at most
+   * FERRY_DISP_UNREAD_ROWS rows (ferry__disp_bind_rows). */
+  bool proven;
 } client_t;
 
 typedef struct job_s {

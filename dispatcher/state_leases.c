@@ -334,10 +334,31 @@ static void bind_rank_rows(ferry_disp_t *d, job_t *j, const client_t *c,
   }
 }
 
+/* Issue 20: a client that has not read yet (client_t.proven) is bound
+ * at most FERRY_DISP_UNREAD_ROWS rows: asking for splits without ever
+ * opening a stream holds no more of the workers than that. A client
+ * that reads proves it at the next worker heartbeat after its first
+ * stream opens (its tasks produce), so a small cap delays no one: its
+ * first splits' streams open at once. */
+static uint32_t unread_cap(const job_t *j, const client_t *c, uint32_t want) {
+  if (c == NULL || c->proven)
+    return want;
+  uint32_t held = 0;
+  for (uint32_t k = 0; k < j->nactive; k++) {
+    const row_t *row = &j->rows[j->active[k].row];
+    held += row->client == c->id && !row->done;
+  }
+  if (held >= FERRY_DISP_UNREAD_ROWS)
+    return 0;
+  return want < FERRY_DISP_UNREAD_ROWS - held ? want
+                                              : FERRY_DISP_UNREAD_ROWS - held;
+}
+
 void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
                            uint32_t want) {
   if (!RUNNING(j) || !j->started)
     return;
+  want = unread_cap(j, ferry__disp_find_client(j, client), want);
   if (j->world_size > 0) {
     const client_t *c = ferry__disp_find_client(j, client);
     ferry__disp_recount(d);

@@ -91,6 +91,13 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       continue;
     }
     r = (uint32_t)(row - j->rows);
+    /* Produced: its client has a stream open (a task starts only then),
+     * so it reads (issue 20, ferry__disp_bind_rows). */
+    if (t->produced > 0 && row->client != 0) {
+      client_t *rc = ferry__disp_find_client(j, row->client);
+      if (rc != NULL)
+        rc->proven = true;
+    }
     /* Its client has had no stream here for --client-idle-ms: the next
      * answer tells it, and it may give the split up (release_rows). A
      * stream open again lifts the mark. */

@@ -2424,3 +2424,34 @@ Test(dispatcher, dead_clients_rate_is_not_a_current_one) {
   cr_assert_eq(fx_status(D, 6900)->jobs[0]->live_clients, 1);
   cr_assert_eq(fx_status(D, 7100)->jobs[0]->live_clients, 0);
 }
+
+/* Issue 20: a client that asks for every split and never reads (opens no
+ * stream: its tasks never produce) is bound FERRY_DISP_UNREAD_ROWS rows
+ * at most; once a worker produced records of one of its splits, or it
+ * acknowledged records, it gets what it asks for. */
+Test(dispatcher, a_client_that_has_not_read_is_bound_few_rows) {
+  const char *id = dataset(40);
+  Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
+                                                    false, 0);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__GetOrCreateJobResponse *k = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c;
+  c = fx_client(D, j->job_id, j->client_id, 4096, NULL, 0, false, 10);
+  cr_assert_eq(c->n_assignments, FERRY_DISP_UNREAD_ROWS);
+  c = fx_client(D, j->job_id, j->client_id, 4096, NULL, 0, false, 20);
+  cr_assert_eq(c->n_assignments, FERRY_DISP_UNREAD_ROWS,
+               "asking again got more without reading");
+  /* A worker produced records of one of its splits: it reads. */
+  fx_task_t t = TASK(j->job_id, 0, c->assignments[0]->split,
+                     c->assignments[0]->lease);
+  t.produced = 5;
+  w = fx_worker(D, w->worker_id, "w", &t, 1, false, 30);
+  c = fx_client(D, j->job_id, j->client_id, 4096, NULL, 0, false, 40);
+  cr_assert_eq(c->n_assignments, 40, "a client that reads gets the rest");
+  /* The other job's client proves itself by acknowledging. */
+  c = fx_client(D, k->job_id, k->client_id, 4096, NULL, 0, false, 50);
+  cr_assert_eq(c->n_assignments, FERRY_DISP_UNREAD_ROWS);
+  uint64_t prog[4] = {0, c->assignments[0]->split, 2, 0};
+  c = fx_client(D, k->job_id, k->client_id, 4096, prog, 1, false, 60);
+  cr_assert_eq(c->n_assignments, 40);
+}

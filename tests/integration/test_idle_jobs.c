@@ -371,3 +371,89 @@ Test(idle_jobs, a_client_that_never_reads_loses_its_splits) {
   hx_ids_free(&got);
   hx_dataset_free(&ds);
 }
+
+/* The report's own shape at scale: N clients that are not libferry, each
+ * in a job of its own over a dataset of many splits, heartbeat every 50
+ * ms asking for 4 more splits and never open a stream, next to a real
+ * job on the same two workers. A client that has not read is bound at
+ * most FERRY_DISP_UNREAD_ROWS rows (dispatcher), so each holds that many
+ * unstarted tasks at most. Checked: no client held more, no worker was
+ * declared lost, each worker's VmRSS within rest + buffer + 32 MiB, and
+ * the real job's records/s at least half of alone. Before the cap, 100
+ * such jobs grew each worker by 24-39 MB in 15 s, got workers declared
+ * lost and left the real job 0.20 of alone. FERRY_IT_HOSTILE_JOBS sets N
+ * (default 100). */
+/* The dispatcher's FERRY_DISP_UNREAD_ROWS (dispatcher/state.h, which
+ * this program does not build against). */
+#define UNREAD_ROWS 16
+
+Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
+  int n = 100;
+  const char *env = getenv("FERRY_IT_HOSTILE_JOBS");
+  if (env != NULL && atoi(env) > 0)
+    n = atoi(env);
+  hx_daemon_opts_t wo = {.threads = 1, .buffer_bytes = WORKER_BUFFER};
+  hx_dataset_t hds, real;
+  cr_assert_eq(hx_make_dataset(&hds, "hostile", 400, 10, 8, 8, 3), 0);
+  cr_assert_eq(hx_make_dataset(&real, "real", 8, 3000, 32, 32, 3), 0);
+  it_cluster(&D, W, 2, NULL, &wo);
+  char spec[1024], spec_real[1024];
+  hx_spec(&hds, NULL, 32, spec, sizeof(spec));
+  hx_spec(&real, NULL, 32, spec_real, sizeof(spec_real));
+  double alone = measure(spec_real, &real, "alone");
+  long rest[2], peak[2] = {0, 0};
+  for (int i = 0; i < 2; i++)
+    rest[i] = hx_status_kib(W[i]->pid, "VmRSS");
+  long rest_max = rest[0] > rest[1] ? rest[0] : rest[1];
+  long bound = rest_max + (long)(WORKER_BUFFER >> 10) + WORKER_CONSTANT_KIB;
+  hostile_t *h = calloc((size_t)n, sizeof(*h));
+  char(*names)[32] = calloc((size_t)n, 32);
+  cr_assert(h != NULL && names != NULL);
+  for (int i = 0; i < n; i++) {
+    snprintf(names[i], 32, "hostile%d", i);
+    h[i] = (hostile_t){.dispatcher = D->addr, .spec = spec,
+                       .job_name = names[i]};
+    cr_assert_eq(pthread_create(&h[i].th, NULL, hostile_main, &h[i]), 0);
+  }
+  /* Long enough for every one to have asked many times over. */
+  for (int i = 0; i < 30; i++) {
+    usleep(100 * 1000);
+    rss_max(peak);
+  }
+  double busy = measure(spec_real, &real, "next to jobs that never read");
+  long top = rss_max(peak);
+  uint32_t most = 0, beats = 0, errors = 0;
+  for (int i = 0; i < n; i++) {
+    h[i].stop = true;
+    pthread_join(h[i].th, NULL);
+    most = h[i].held > most ? h[i].held : most;
+    beats += h[i].beats;
+    errors += h[i].errors;
+  }
+  int lost = 0;
+  FILE *f = fopen(D->log, "r");
+  char line[1024];
+  while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+    lost += strstr(line, ") lost: no heartbeat") != NULL;
+  if (f != NULL)
+    fclose(f);
+  fprintf(stderr,
+          "%d jobs that never read (%u heartbeats, %u errors): each held at "
+          "most %u splits; workers lost %d; worker VmRSS at rest %ld / %ld "
+          "KiB, peak %ld / %ld KiB (bound %ld); real job %.0f records/s "
+          "alone, %.0f next to them (ratio %.2f)\n",
+          n, beats, errors, most, lost, rest[0], rest[1], peak[0], peak[1],
+          bound, alone, busy, busy / alone);
+  free(h);
+  free(names);
+  cr_assert_gt(most, 0, "no job that never reads got a split");
+  cr_assert_leq(most, UNREAD_ROWS,
+                "a client that never read held %u splits", most);
+  cr_assert_eq(lost, 0, "workers declared lost next to them");
+  cr_assert_leq(top, bound, "worker VmRSS %ld KiB over %ld KiB", top, bound);
+  cr_assert_geq(busy, 0.5 * alone,
+                "real job: %.0f records/s alone, %.0f next to %d jobs that "
+                "never read", alone, busy, n);
+  hx_dataset_free(&real);
+  hx_dataset_free(&hds);
+}
