@@ -400,7 +400,11 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
   char spec[1024], spec_real[1024];
   hx_spec(&hds, NULL, 32, spec, sizeof(spec));
   hx_spec(&real, NULL, 32, spec_real, sizeof(spec_real));
+  /* The cores are shared (ctest runs two tests at once): the better of
+   * two clients' runs, each time. */
   double alone = measure(spec_real, &real, "alone");
+  double again = measure(spec_real, &real, "alone");
+  alone = again > alone ? again : alone;
   long rest[2], peak[2] = {0, 0};
   for (int i = 0; i < 2; i++)
     rest[i] = hx_status_kib(W[i]->pid, "VmRSS");
@@ -421,6 +425,9 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
     rss_max(peak);
   }
   double busy = measure(spec_real, &real, "next to jobs that never read");
+  rss_max(peak);
+  again = measure(spec_real, &real, "next to jobs that never read");
+  busy = again > busy ? again : busy;
   long top = rss_max(peak);
   uint32_t most = 0, beats = 0, errors = 0;
   for (int i = 0; i < n; i++) {
