@@ -708,10 +708,9 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
 
 /* ---- Datasets ------------------------------------------------------------ */
 
-/* One map entry of Features: key and a Feature holding either bytes
- * (kind 1) or one int64 (kind 3). Returns the bytes written. */
-static size_t put_feature(uint8_t *p, const char *key, int kind,
-                          const uint8_t *bytes, size_t blen, int64_t v) {
+/* harness.h. */
+size_t hx_put_feature(uint8_t *p, const char *key, int kind,
+                      const uint8_t *bytes, size_t blen, int64_t v) {
   size_t klen = strlen(key);
   /* The list: BytesList{1: bytes} or Int64List{1: packed [v]}. */
   size_t list_len;
@@ -796,9 +795,9 @@ int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
     for (int r = 0; r < per_file; r++) {
       fill_pixels(px, img, f, r);
       size_t n = 0;
-      n += put_feature(feats + n, "image", 1, px, img, 0);
-      n += put_feature(feats + n, "label", 3, NULL, 0, label_of(f, r));
-      n += put_feature(feats + n, "id", 3, NULL, 0,
+      n += hx_put_feature(feats + n, "image", 1, px, img, 0);
+      n += hx_put_feature(feats + n, "label", 3, NULL, 0, label_of(f, r));
+      n += hx_put_feature(feats + n, "id", 3, NULL, 0,
                        (int64_t)f * per_file + r);
       /* Example{1: Features} */
       size_t m = 0;

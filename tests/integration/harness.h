@@ -150,6 +150,12 @@ int hx_read_line(hx_proc_t *p, const char *marker, int wait_ms, char *out,
 int hx_http_get(const char *hostport, const char *path, int wait_ms,
                 char **body);
 
+/* One map entry of tf.train.Features at p: `key` and a Feature holding
+ * either bytes (kind 1) or one int64 (kind 3), as hx_make_dataset writes
+ * them. Returns the bytes written. */
+size_t hx_put_feature(uint8_t *p, const char *key, int kind,
+                      const uint8_t *bytes, size_t blen, int64_t v);
+
 /* Starts ferry-dispatcher / ferry-worker (paths from FERRY_IT_DISPATCHER /
  * FERRY_IT_WORKER, else the build tree) with `o` (may be NULL). */
 int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,

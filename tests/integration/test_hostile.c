@@ -408,42 +408,6 @@ static uint8_t *jpeg_of(int side, unsigned long *len) {
   return out;
 }
 
-/* A map entry of Features: `key` to a BytesList{bytes} (kind 1) or an
- * Int64List{v} (kind 3), as the harness writes them. */
-static size_t jpg_feature(uint8_t *p, const char *key, int kind,
-                          const uint8_t *bytes, size_t blen, int64_t v) {
-  size_t klen = strlen(key), list_len;
-  if (kind == 1)
-    list_len = 1 + ferry_varint_len(blen) + blen;
-  else
-    list_len = 1 + ferry_varint_len(ferry_varint_len((uint64_t)v)) +
-               ferry_varint_len((uint64_t)v);
-  size_t feat_len = 1 + ferry_varint_len(list_len) + list_len;
-  size_t entry_len = 1 + ferry_varint_len(klen) + klen + 1 +
-                     ferry_varint_len(feat_len) + feat_len;
-  size_t n = 0;
-  p[n++] = 0x0a;
-  n += ferry_varint_put(p + n, entry_len);
-  p[n++] = 0x0a;
-  n += ferry_varint_put(p + n, klen);
-  memcpy(p + n, key, klen);
-  n += klen;
-  p[n++] = 0x12;
-  n += ferry_varint_put(p + n, feat_len);
-  p[n++] = kind == 1 ? 0x0a : 0x1a;
-  n += ferry_varint_put(p + n, list_len);
-  p[n++] = 0x0a;
-  if (kind == 1) {
-    n += ferry_varint_put(p + n, blen);
-    memcpy(p + n, bytes, blen);
-    n += blen;
-  } else {
-    n += ferry_varint_put(p + n, ferry_varint_len((uint64_t)v));
-    n += ferry_varint_put(p + n, (uint64_t)v);
-  }
-  return n;
-}
-
 /* Writes the dataset; `ds` gets what hx_expected_ids needs (the big
  * record as its one "corrupt" record). */
 static void make_jpeg_dataset(hx_dataset_t *ds) {
@@ -470,9 +434,9 @@ static void make_jpeg_dataset(hx_dataset_t *ds) {
                  0, "%s", err.msg);
     for (int r = 0; r < JPG_PER_FILE; r++) {
       bool bad = f == JPG_BAD_FILE && r == JPG_BAD_REC;
-      size_t n = jpg_feature(feats, "image", 1, bad ? big : small,
+      size_t n = hx_put_feature(feats, "image", 1, bad ? big : small,
                              bad ? big_len : small_len, 0);
-      n += jpg_feature(feats + n, "label", 3, NULL, 0, (f * 7 + r) % 10);
+      n += hx_put_feature(feats + n, "label", 3, NULL, 0, (f * 7 + r) % 10);
       size_t m = 0;
       rec[m++] = 0x0a; /* Example{1: Features} */
       m += ferry_varint_put(rec + m, n);
