@@ -171,6 +171,20 @@ dataset_t *ferry__disp_find_dataset(ferry_disp_t *d, const char *id) {
 }
 
 job_t *ferry__disp_find_job(ferry_disp_t *d, uint64_t id) {
+  /* Jobs are appended as they are created, with rising ids, and removed
+   * in place: the array stays sorted by id, and every client heartbeat
+   * looks its job up here. A binary search, and a linear scan as the
+   * fallback should that order ever not hold. */
+  size_t lo = 0, hi = d->njobs;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (d->jobs[mid]->id == id)
+      return d->jobs[mid];
+    if (d->jobs[mid]->id < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   for (size_t i = 0; i < d->njobs; i++)
     if (d->jobs[i]->id == id)
       return d->jobs[i];

@@ -365,10 +365,10 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     ferry__disp_record_unreachable(d, j, c, req);
   if (req->leaving && c->active)
     ferry__disp_emit_client_left(d, j, c->id, false);
-  ferry__disp_schedule(d);
+  ferry__disp_schedule_job(d, j);
   if (!req->leaving && c->active && !c->no_renew) {
     ferry__disp_bind_rows(d, j, c->id, req->want_splits);
-    ferry__disp_schedule(d);
+    ferry__disp_schedule_job(d, j);
   }
   resp->incarnation = c->incarnation;
   /* A client still lost here could not rejoin (its job no longer runs):

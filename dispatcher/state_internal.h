@@ -474,8 +474,18 @@ void ferry__disp_recount(ferry_disp_t *d);
  * timeout declares it lost. */
 bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w);
 
-/* Epoch transitions and pending leases of every running job. */
+/* Epoch transitions and pending leases of every running job: after a
+ * change that may touch any job (a worker's heartbeat, loss or drain,
+ * the tick's expiries and the passing of time). */
 void ferry__disp_schedule(ferry_disp_t *d);
+
+/* The same for job `j` alone: after a change inside `j` (its clients'
+ * heartbeats, a join). A client's heartbeat costs the rows of its own
+ * job, not of every job: 500 jobs that heartbeat 20 times a second
+ * otherwise spent the dispatcher's core walking each other's rows. Rows
+ * of other jobs that wait for a worker, or for a backoff to pass, are
+ * leased at the next tick (TICK_MS) or worker heartbeat. */
+void ferry__disp_schedule_job(ferry_disp_t *d, job_t *j);
 
 /* Issue 21: FERRY_EINVAL naming both clients when a
  * live client other than `client` holds `rank` in `j`; else 0. */

@@ -318,7 +318,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
     return rc;
   resp->client_secret.data = secret;
   resp->client_secret.len = FERRY_CLIENT_SECRET_BYTES;
-  ferry__disp_schedule(d);
+  ferry__disp_schedule_job(d, j);
   resp->job_id = j->id;
   resp->client_id = client;
   resp->num_epochs = j->num_epochs;

@@ -277,16 +277,23 @@ static void advance(ferry_disp_t *d, job_t *j) {
   }
 }
 
+static void schedule_one(ferry_disp_t *d, job_t *j) {
+  if (!RUNNING(j))
+    return;
+  advance(d, j);
+  if (RUNNING(j))
+    lease_pending(d, j);
+}
+
 void ferry__disp_schedule(ferry_disp_t *d) {
   ferry__disp_recount(d);
-  for (size_t i = 0; i < d->njobs; i++) {
-    job_t *j = d->jobs[i];
-    if (!RUNNING(j))
-      continue;
-    advance(d, j);
-    if (RUNNING(j))
-      lease_pending(d, j);
-  }
+  for (size_t i = 0; i < d->njobs; i++)
+    schedule_one(d, d->jobs[i]);
+}
+
+void ferry__disp_schedule_job(ferry_disp_t *d, job_t *j) {
+  ferry__disp_recount(d);
+  schedule_one(d, j);
 }
 
 uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank) {

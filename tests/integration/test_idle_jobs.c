@@ -435,6 +435,9 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
     pthread_join(h[i].th, NULL);
     most = h[i].held > most ? h[i].held : most;
     beats += h[i].beats;
+    if (h[i].errors > 0 && errors == 0)
+      fprintf(stderr, "%s: %u errors, the first: %s\n", names[i],
+              h[i].errors, h[i].err);
     errors += h[i].errors;
   }
   int lost = 0;
