@@ -379,11 +379,25 @@ static bool wait_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
  * call stays open meanwhile. A client cancel or the daemon stopping answers
  * it at once; its work then ends early and commits nothing. */
 
+/* A call for a dataset that another call is registering (the same
+ * fingerprint and split size): it waits for that one's outcome instead
+ * of scanning the same files again. Every rank of a data-parallel job
+ * registers the job's dataset as it starts; 500 ranks at once would
+ * otherwise run 500 scans, and all but FERRY_DISP_MAX_REGISTERING of
+ * them be refused. */
+typedef struct reg_follower_s {
+  struct reg_follower_s *next;
+  ferry_rpc_call_t *call; /* NULL once answered */
+  ferry_disp_regcall_t *p;
+} reg_follower_t;
+
 struct ferry_disp_regcall_s {
   ferry_disp_regcall_t *next;
   ferry_disp_service_t *svc;
   ferry_rpc_call_t *call; /* NULL once answered */
   ferry_disp_reg_t *reg;
+  reg_follower_t *followers;
+  uint32_t nfollowers;
   uv_work_t work;
   bool queued;   /* the work is on the pool (uv_cancel may be called) */
   bool scanning; /* the work is the scan (else the expansion) */
@@ -398,8 +412,30 @@ static void reg_free(ferry_disp_regcall_t *p) {
       svc->n_registering--;
       break;
     }
+  while (p->followers != NULL) {
+    reg_follower_t *f = p->followers;
+    p->followers = f->next;
+    ferry__free(f);
+  }
   ferry__disp_reg_free(p->reg);
   ferry__free(p);
+}
+
+/* True while a call waits for the registration's outcome. */
+static bool reg_waited(const ferry_disp_regcall_t *p) {
+  if (p->call != NULL)
+    return true;
+  for (const reg_follower_t *f = p->followers; f != NULL; f = f->next)
+    if (f->call != NULL)
+      return true;
+  return false;
+}
+
+/* Nobody waits any more: the work stops early and commits nothing. */
+static void reg_stop_work(ferry_disp_regcall_t *p) {
+  ferry__disp_reg_cancel(p->reg);
+  if (p->queued)
+    uv_cancel((uv_req_t *)&p->work);
 }
 
 static void reg_expand_work(uv_work_t *w) {
@@ -416,18 +452,59 @@ static void reg_scan_work(uv_work_t *w) {
  * or stops early, and its after callback frees `p`. */
 static void reg_abandon(ferry_disp_regcall_t *p, int status,
                         const char *msg) {
-  if (p->call == NULL)
+  if (!reg_waited(p))
     return;
-  ferry_rpc_reply_error(p->call, status, msg);
-  p->call = NULL;
-  ferry__disp_reg_cancel(p->reg);
-  if (p->queued)
-    uv_cancel((uv_req_t *)&p->work);
+  if (p->call != NULL) {
+    ferry_rpc_reply_error(p->call, status, msg);
+    p->call = NULL;
+  }
+  for (reg_follower_t *f = p->followers; f != NULL; f = f->next)
+    if (f->call != NULL) {
+      ferry_rpc_call_on_cancel(f->call, NULL, NULL);
+      ferry_rpc_reply_error(f->call, status, msg);
+      f->call = NULL;
+    }
+  reg_stop_work(p);
 }
 
+/* The first caller went away: the registration goes on while another
+ * call waits for it. */
 static void on_reg_cancel(ferry_rpc_call_t *call, void *arg) {
+  ferry_disp_regcall_t *p = arg;
   (void)call;
-  reg_abandon(arg, FERRY_RPC_CANCELLED, "the call was cancelled");
+  if (p->call == NULL)
+    return;
+  ferry_rpc_reply_error(p->call, FERRY_RPC_CANCELLED,
+                        "the call was cancelled");
+  p->call = NULL;
+  if (!reg_waited(p))
+    reg_stop_work(p);
+}
+
+static void on_follower_cancel(ferry_rpc_call_t *call, void *arg) {
+  reg_follower_t *f = arg;
+  (void)call;
+  if (f->call == NULL)
+    return;
+  ferry_rpc_reply_error(f->call, FERRY_RPC_CANCELLED,
+                        "the call was cancelled");
+  f->call = NULL;
+  if (!reg_waited(f->p))
+    reg_stop_work(f->p);
+}
+
+/* Answers *call (if still open) with the registration's outcome. */
+static void reg_answer(ferry_disp_service_t *svc, ferry_rpc_call_t **call,
+                       int rc, const Ferry__V1__RegisterDatasetResponse *resp,
+                       ferry_arena_t *a, const ferry_error_t *err) {
+  if (*call == NULL)
+    return;
+  ferry_rpc_call_on_cancel(*call, NULL, NULL);
+  if (rc != 0)
+    answer_error(svc, *call, ferry_rpc_status_from_err(rc), err->msg);
+  else
+    answer(svc, *call, &resp->base, a);
+  *call = NULL;
 }
 
 /* Loop: after the expansion (reuse, then queue the scan) or the scan
@@ -442,9 +519,9 @@ static void reg_after(uv_work_t *w, int status) {
   int rc;
 
   p->queued = false;
-  if (p->call != NULL && status != 0)
+  if (status != 0)
     reg_abandon(p, FERRY_RPC_UNAVAILABLE, "dispatcher: shutting down");
-  if (p->call == NULL) {
+  if (!reg_waited(p)) {
     reg_free(p);
     return;
   }
@@ -467,15 +544,13 @@ static void reg_after(uv_work_t *w, int status) {
   }
   rc = ferry__disp_reg_finish(svc->state, p->reg, &resp, &a,
                               ferry__disp_now_ms(), &err);
-  /* `p` is freed below while the answer may be held (group commit): a
-   * cancel from here on must not reach it. */
-  ferry_rpc_call_on_cancel(p->call, NULL, NULL);
-  /* What the call changed is durable before anyone hears of it. */
-  if (rc != 0)
-    answer_error(svc, p->call, ferry_rpc_status_from_err(rc), err.msg);
-  else
-    answer(svc, p->call, &resp.base, &a);
-  p->call = NULL;
+  /* `p` is freed below while the answers may be held (group commit): a
+   * cancel from here on must not reach them. What the call changed is
+   * durable before anyone hears of it; the calls that followed it hear
+   * the same. */
+  reg_answer(svc, &p->call, rc, &resp, &a, &err);
+  for (reg_follower_t *f = p->followers; f != NULL; f = f->next)
+    reg_answer(svc, &f->call, rc, &resp, &a, &err);
   if (rc != 0)
     FERRY_LOG(FERRY_LOG_DEBUG, "%s: %s", methods[0].name, err.msg);
   ferry__arena_free(&a);
@@ -493,15 +568,43 @@ static int reg_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   ferry_disp_regcall_t *p;
   int rc;
 
-  if (svc->n_registering >= FERRY_DISP_MAX_REGISTERING)
-    return ferry__seterr(err, FERRY_ENOSPC,
-                         "the dispatcher is registering %d datasets (its "
-                         "limit); try again later",
-                         FERRY_DISP_MAX_REGISTERING);
   rc = ferry__disp_reg_begin(svc->state, req, resp, a, ferry__disp_now_ms(),
                              &r, err);
   if (rc != 0 || r == NULL)
     return rc;
+  for (p = svc->registering; p != NULL; p = p->next)
+    if (ferry__disp_reg_same(p->reg, r) && reg_waited(p))
+      break;
+  if (p != NULL) {
+    reg_follower_t *f;
+    ferry__disp_reg_free(r);
+    if (p->nfollowers >= FERRY_DISP_MAX_REG_FOLLOWERS)
+      return ferry__seterr(err, FERRY_ENOSPC,
+                           "%u calls wait for dataset %s's registration "
+                           "(the limit); try again later",
+                           p->nfollowers, ferry__disp_reg_id(p->reg));
+    if ((f = ferry__calloc(1, sizeof(*f))) == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    f->call = call;
+    f->p = p;
+    f->next = p->followers;
+    p->followers = f;
+    p->nfollowers++;
+    FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: a registration in progress "
+              "answers this call too", ferry__disp_reg_id(p->reg));
+    *later = true;
+    ferry_rpc_call_on_cancel(call, on_follower_cancel, f);
+    return 0;
+  }
+  if (svc->n_registering >= FERRY_DISP_MAX_REGISTERING) {
+    ferry__disp_reg_free(r);
+    return ferry__seterr(err, FERRY_ENOSPC,
+                         "the dispatcher is registering %d datasets (its "
+                         "limit); try again later",
+                         FERRY_DISP_MAX_REGISTERING);
+  }
+  FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: expanding and scanning its files",
+            ferry__disp_reg_id(r));
   if ((p = ferry__calloc(1, sizeof(*p))) == NULL) {
     ferry__disp_reg_free(r);
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");

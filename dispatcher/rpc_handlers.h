@@ -43,6 +43,10 @@ typedef struct ferry_disp_held_s ferry_disp_held_t;
  * RESOURCE_EXHAUSTED (each holds a spec and, scanned, its splits). */
 #define FERRY_DISP_MAX_REGISTERING 64
 
+/* Calls that wait for one registration in progress of the same dataset
+ * (each a few dozen bytes); more are refused with RESOURCE_EXHAUSTED. */
+#define FERRY_DISP_MAX_REG_FOLLOWERS 4096
+
 struct ferry_disp_service_s {
   ferry_disp_t *state;
   ferry_journal_t *journal; /* NULL: no journal (tests) */

@@ -164,6 +164,15 @@ int ferry__disp_reg_begin(ferry_disp_t *d,
                           ferry_arena_t *a, int64_t now_ms,
                           ferry_disp_reg_t **out, ferry_error_t *err);
 
+/* True when `a` and `b` register the same dataset (fingerprint and split
+ * size): one scan answers both. Loop; what it reads is set by
+ * ferry__disp_reg_begin and never changes. */
+bool ferry__disp_reg_same(const ferry_disp_reg_t *a,
+                          const ferry_disp_reg_t *b);
+
+/* The dataset id `r` registers. */
+const char *ferry__disp_reg_id(const ferry_disp_reg_t *r);
+
 /* Any thread. Checks the patterns against the data roots, expands them,
  * checks the file count, every file's root and UTF-8 name, and stats the
  * files. */

@@ -170,14 +170,19 @@ int ferry__disp_reg_begin(ferry_disp_t *d,
   }
   if ((rc = dataset_room(d, err)) != 0)
     goto fail;
-  FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: expanding and scanning its files",
-            r->id);
   *out = r;
   return 0;
 fail:
   ferry__disp_reg_free(r);
   return rc;
 }
+
+bool ferry__disp_reg_same(const ferry_disp_reg_t *a,
+                          const ferry_disp_reg_t *b) {
+  return a->per == b->per && strcmp(a->id, b->id) == 0;
+}
+
+const char *ferry__disp_reg_id(const ferry_disp_reg_t *r) { return r->id; }
 
 void ferry__disp_reg_reuse(ferry_disp_t *d, ferry_disp_reg_t *r) {
   if (r->rc != 0)

@@ -535,23 +535,27 @@ static uint8_t *register_request(const char *pattern, size_t *n) {
 }
 
 /* Whether the daemon's log holds `what` (it logs at debug level). */
-static bool log_has(const char *what) {
+/* How many times the daemon's log says `what`. */
+static int log_count(const char *what) {
   char path[128], *buf;
   size_t n;
-  bool has;
+  int count = 0;
   FILE *f;
   snprintf(path, sizeof(path), "%s/stderr.log", fx_dir);
   if ((f = fopen(path, "r")) == NULL)
-    return false;
+    return 0;
   buf = malloc(16 << 20);
   cr_assert_not_null(buf);
   n = fread(buf, 1, (16 << 20) - 1, f);
   fclose(f);
   buf[n] = '\0';
-  has = strstr(buf, what) != NULL;
+  for (const char *p = buf; (p = strstr(p, what)) != NULL; p += strlen(what))
+    count++;
   free(buf);
-  return has;
+  return count;
 }
+
+static bool log_has(const char *what) { return log_count(what) > 0; }
 
 Test(daemon, a_slow_scan_does_not_block_other_calls) {
   daemon_t d;
@@ -649,6 +653,68 @@ Test(daemon, a_slow_scan_does_not_block_other_calls) {
   cr_assert_lt(r2.ms, 1500.0);
   free(r2.buf);
   ferry_rpc_channel_free(ch);
+  ferry_rpc_shutdown();
+}
+
+/* Every rank of a data-parallel job registers its dataset as it starts:
+ * 200 calls at once for one dataset that needs a (slow) scan, over three
+ * times FERRY_DISP_MAX_REGISTERING. One scan runs; every call gets the
+ * dataset, the first one's caller giving up meanwhile included (it stops
+ * nobody's registration). */
+Test(daemon, concurrent_registrations_of_one_dataset_share_a_scan) {
+  enum { CALLS = 200 };
+  daemon_t d;
+  pthread_t th[CALLS];
+  reg_t *r = calloc(CALLS, sizeof(*r));
+  struct timespec t0;
+  size_t n;
+
+  cr_assert_not_null(r);
+  fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
+  ferry_rpc_init();
+  setenv("FERRY_DISP_SCAN_DELAY_MS", "1000", 1);
+  start(&d);
+  unsetenv("FERRY_DISP_SCAN_DELAY_MS");
+  ferry_rpc_channel_t *ch = channel(&d);
+  uint8_t *buf = register_request("d.tfrecord", &n);
+  /* The first caller gives up before the scan ends. */
+  r[0] = (reg_t){.ch = ch, .buf = buf, .n = n, .timeout_ms = 300};
+  atomic_init(&r[0].done, false);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(pthread_create(&th[0], NULL, reg_run, &r[0]), 0);
+  while (!log_has("expanding and scanning its files"))
+    cr_assert_lt(ms_since(&t0), (double)WAIT_MS, "the scan never started");
+  for (int i = 1; i < CALLS; i++) {
+    r[i] = (reg_t){.ch = ch, .buf = buf, .n = n};
+    atomic_init(&r[i].done, false);
+    cr_assert_eq(pthread_create(&th[i], NULL, reg_run, &r[i]), 0);
+  }
+  int ok = 0;
+  double slowest = 0;
+  for (int i = 0; i < CALLS; i++) {
+    pthread_join(th[i], NULL);
+    if (i == 0)
+      continue;
+    cr_expect_eq(r[i].rc, 0, "call %d: %s", i, r[i].err.msg);
+    ok += r[i].rc == 0 && r[i].records == 20;
+    slowest = r[i].ms > slowest ? r[i].ms : slowest;
+  }
+  cr_assert_eq(r[0].rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%d %s", r[0].rc,
+               r[0].err.msg);
+  int scans = log_count("expanding and scanning its files");
+  fprintf(stderr, "%d concurrent registrations of one dataset: %d answered "
+          "with its 20 records, the slowest in %.0f ms; %d scan(s)\n",
+          CALLS - 1, ok, slowest, scans);
+  cr_assert_eq(ok, CALLS - 1);
+  cr_assert_eq(scans, 1, "%d scans of one dataset", scans);
+  cr_assert_lt(slowest, (double)WAIT_MS);
+  Ferry__V1__GetStatusResponse *s = status(ch);
+  cr_assert_eq(s->datasets, 1);
+  ferry__v1__get_status_response__free_unpacked(s, NULL);
+  free(buf);
+  free(r);
+  ferry_rpc_channel_free(ch);
+  stop(&d);
   ferry_rpc_shutdown();
 }
 
