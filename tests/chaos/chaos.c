@@ -402,24 +402,6 @@ static bool job_finished(run_t *r, int job) {
   return r->s->det;
 }
 
-/* Waits (at most 1 s) until /proc says the process is stopped. */
-static void wait_stopped(pid_t pid) {
-  char path[64], buf[256];
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  double end = hx_now_ms() + 1000;
-  do {
-    FILE *f = fopen(path, "r");
-    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f != NULL)
-      fclose(f);
-    buf[n] = '\0';
-    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
-    if (rp == NULL || (rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')))
-      return;
-    usleep(200); /* the stop takes effect within microseconds */
-  } while (hx_now_ms() < end);
-}
-
 static int apply(run_t *r, action_t *a, action_t *undo_of) {
   const event_t *e = a->e;
   switch (e->kind) {
@@ -513,11 +495,10 @@ static int apply(run_t *r, action_t *a, action_t *undo_of) {
       if (c == NULL || c->stopped)
         return 0;
       a->pid = c->p->pid;
-      kill(c->p->pid, SIGSTOP);
       c->stopped = true;
       /* The fault's time: once it is stopped (kill() returns before; seed
        * 12007 logged a batch 0.2 ms after it). */
-      wait_stopped(c->p->pid);
+      hx_stop_process(c->p->pid);
       if (c->nfaults < MAX_FAULTS)
         c->faults[c->nfaults++] = (cfault_t){hx_now_ms(), 0};
       return 0;

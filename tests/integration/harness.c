@@ -1300,6 +1300,25 @@ long hx_client_log_batches(const char *path) {
   return k;
 }
 
+void hx_stop_process(pid_t pid) {
+  char path[64], buf[256];
+  if (kill(pid, SIGSTOP) != 0)
+    return;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  double end = hx_now_ms() + 1000;
+  do {
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f != NULL)
+      fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    if (rp == NULL || (rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')))
+      return;
+    usleep(200); /* the stop takes effect within microseconds */
+  } while (hx_now_ms() < end);
+}
+
 uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms) {
   uint64_t acked = 0;
   for (size_t i = 0; i < l->n && l->v[i].t_ms <= t_ms; i++)

@@ -344,6 +344,12 @@ void hx_client_log_free(hx_client_log_t *l);
 /* Batches in an it_client output file so far. */
 long hx_client_log_batches(const char *path);
 
+/* Sends SIGSTOP to `pid` and returns once it is stopped (at most 1 s):
+ * kill() returns before the stop takes effect, and the process may take
+ * and log a batch in between. The time after this is the fault's time
+ * for hx_in_unacked_tail, as is the time after hx_stop of a SIGKILL. */
+void hx_stop_process(pid_t pid);
+
 /* records_acked noted with the last batch logged at or before `t_ms` (a
  * lower bound of what the dispatcher had acknowledged then). */
 uint64_t hx_acked_at(const hx_client_log_t *l, double t_ms);
