@@ -384,6 +384,55 @@ Test(hostile, a_connection_that_never_calls_is_closed_when_idle) {
   close(fd);
 }
 
+/* The worker's gRPC port under the same flags: 20 silent connections, 20
+ * half prefaces and 20 that finish the preface and never call, all
+ * closed within the bounds; meanwhile and afterwards the worker serves a
+ * real job, every record once (its streams are calls in flight, which
+ * neither limit cuts). */
+Test(hostile, the_workers_connection_limits_close_idle_peers) {
+  enum { EACH = 20 };
+  char why[512];
+  cr_assert_eq(hx_make_dataset(&DS, "limits", 2, 200, 8, 8, 3), 0);
+  const char *extra[] = {"--handshake-timeout-ms", "300",
+                         "--idle-connection-ms", "600", NULL};
+  hx_daemon_opts_t wo = {.extra_argv = extra};
+  cr_assert_eq(hx_start_dispatcher(&D, NULL, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(hx_start_worker(&W, D->addr, &wo, why, sizeof(why)), 0, "%s",
+               why);
+  cr_assert_eq(hx_wait_workers(D->addr, 1, 10000), 1);
+  int fds[3 * EACH];
+  double t0 = hx_now_ms();
+  for (int i = 0; i < EACH; i++) {
+    fds[i] = connect_to(W->addr);
+    fds[EACH + i] = connect_to(W->addr);
+    cr_assert_eq(write(fds[EACH + i], "PRI * HTTP/2.0\r\n", 16), 16);
+    fds[2 * EACH + i] = connect_to(W->addr);
+    send_preface(fds[2 * EACH + i]);
+  }
+  still_serves();
+  double slowest[3] = {0, 0, 0}, fastest[3] = {1e9, 1e9, 1e9};
+  for (int i = 0; i < 3 * EACH; i++) {
+    size_t got;
+    double a = closed_after(fds[i], t0, 5000, &got);
+    int kind = i / EACH;
+    cr_assert(a >= 0, "worker: connection %d (%s) still open after 5 s", i,
+              kind == 0 ? "silent" : kind == 1 ? "half a preface"
+                                               : "preface, no call");
+    slowest[kind] = a > slowest[kind] ? a : slowest[kind];
+    fastest[kind] = a < fastest[kind] ? a : fastest[kind];
+    close(fds[i]);
+  }
+  fprintf(stderr, "worker, handshake timeout 300 ms and idle 600 ms: %d "
+          "silent closed after %.0f-%.0f ms, %d half prefaces after "
+          "%.0f-%.0f ms, %d idle after %.0f-%.0f ms\n", EACH, fastest[0],
+          slowest[0], EACH, fastest[1], slowest[1], EACH, fastest[2],
+          slowest[2]);
+  cr_assert_geq(fastest[0], 250, "closed before the handshake timeout");
+  cr_assert_geq(fastest[2], 550, "closed before the idle limit");
+  still_serves();
+  hx_dataset_free(&DS);
+}
+
 /* ---- Issue 20, point 7: a JPEG over --jpeg-max-pixels --------------------
  * A dataset of 8x8 JPEGs, one of which (file 1, record 7) is 32x32 (1024
  * pixels), served by a worker with --jpeg-max-pixels 256. */
