@@ -401,6 +401,14 @@ static void free_discarded_locked(ferry_client_t *c, ferry__slot_t *s) {
   pthread_cond_broadcast(&c->space_cv);
 }
 
+/* Deterministic order: the offsets of a slot reserved so far. */
+static void det_clear_slot(const ferry_client_t *c, ferry__slot_t *s) {
+  s->det_at = 0;
+  if (c->det && s->det_bits != NULL)
+    memset(s->det_bits, 0,
+           (c->ap.batch_size + 63) / 64 * sizeof(*s->det_bits));
+}
+
 /* ---- Fencing ----------------------------------------------------------- */
 
 void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
@@ -434,6 +442,7 @@ void ferry__client_fence_locked(ferry_client_t *c, bool drop_splits,
   }
   if (drop_splits)
     c->n_splits = 0;
+  c->det_ahead_recs = 0; /* their slots were dropped with the rest */
   c->fenced = true;
   c->fences++;
   FERRY_LOG(FERRY_LOG_WARN,
@@ -534,6 +543,10 @@ static void prepare_unlocked(ferry_client_t *c, ferry__slot_t *s) {
 static void maybe_flush_locked(ferry_client_t *c) {
   if (c->fill < 0 || !c->hb_seen)
     return;
+  /* Records placed ahead wait for the positions before them: the epoch
+   * still brings those (det_skip_locked fences if it cannot). */
+  if (c->det_ahead_recs > 0)
+    return;
   ferry__slot_t *slot = &c->slots[c->fill];
   uint32_t e = slot->epoch;
   if (!(c->d_epoch > e || (c->d_epoch == e && c->d_exhausted)))
@@ -623,6 +636,7 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       s->padded = s->pad_only = false;
       s->num_real = 0;
       s->det_has_first = false;
+      det_clear_slot(c, s);
       s->prepared = c->stg_mode == FERRY__STG_RAW;
       s->preparing = false;
       c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
@@ -641,13 +655,10 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
   return true;
 }
 
-/* Reserves n records of (epoch, split, key kw) at the end of the
- * fill slot, closing it when full; returns their first index in it. */
-static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
-                               uint32_t split, uint64_t kw, uint32_t n) {
-  ferry__slot_t *slot = &c->slots[c->fill];
-  uint32_t base = slot->size;
-  slot->size += n;
+/* Counts n records of (epoch, split, key kw) in the slot's segments
+ * (what handing it out adds to their splits' delivered counts). */
+static void add_seg(ferry__slot_t *slot, uint32_t epoch, uint32_t split,
+                    uint64_t kw, uint32_t n) {
   ferry__seg_t *last = slot->n_segs ? &slot->segs[slot->n_segs - 1] : NULL;
   if (last != NULL && last->epoch == epoch && last->split == split &&
       last->key == kw)
@@ -655,6 +666,16 @@ static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
   else
     slot->segs[slot->n_segs++] = (ferry__seg_t){
         .epoch = epoch, .split = split, .count = n, .key = kw};
+}
+
+/* Reserves n records of (epoch, split, key kw) at the end of the
+ * fill slot, closing it when full; returns their first index in it. */
+static uint32_t reserve_locked(ferry_client_t *c, uint32_t epoch,
+                               uint32_t split, uint64_t kw, uint32_t n) {
+  ferry__slot_t *slot = &c->slots[c->fill];
+  uint32_t base = slot->size;
+  slot->size += n;
+  add_seg(slot, epoch, split, kw, n);
   if (slot->size == c->ap.batch_size)
     close_fill_locked(c);
   return base;
@@ -752,6 +773,96 @@ static bool slot_free_locked(const ferry_client_t *c, uint32_t epoch) {
   return false;
 }
 
+/* Positions are about to be skipped while records sit at offsets that
+ * assumed they would come: the client fences (every batch not handed out
+ * is dropped and its splits asked for again from what the trainer got)
+ * and places nothing ahead from now on. Returns whether it did. Not
+ * expected where det_ahead is on (no policy skip; a job whose records
+ * stop short fails), but a wrong batch must never be handed out. */
+static bool det_unplace_locked(ferry_client_t *c) {
+  if (c->det_ahead_recs == 0)
+    return false;
+  c->det_ahead = false;
+  ferry__client_fence_locked(c, false,
+                             "deterministic order: positions the client "
+                             "placed records after will not come");
+  return true;
+}
+
+static bool det_bit(const ferry__slot_t *s, uint32_t i) {
+  return (s->det_bits[i / 64] >> (i % 64)) & 1;
+}
+
+/* How many offsets from `at` on are free, up to the batch's end. */
+static uint32_t det_free_run(const ferry_client_t *c, const ferry__slot_t *s,
+                             uint32_t at) {
+  uint32_t i = at;
+  while (i < c->ap.batch_size && !det_bit(s, i))
+    i++;
+  return i - at;
+}
+
+/* Reserves offsets [at, at + n) of the slot for n records of (epoch,
+ * split, key kw). */
+static void det_reserve(ferry__slot_t *s, uint32_t epoch, uint32_t split,
+                        uint64_t kw, uint32_t at, uint32_t n) {
+  for (uint32_t i = at; i < at + n; i++)
+    s->det_bits[i / 64] |= 1ull << (i % 64);
+  s->size += n;
+  add_seg(s, epoch, split, kw, n);
+}
+
+/* After the next position moved: offsets placed ahead that it reached
+ * are passed over (det_next moves past them), a full fill slot closes,
+ * and the slot queued after it, if one was taken ahead, becomes the fill
+ * slot. */
+static void det_settle_locked(ferry_client_t *c) {
+  uint32_t b = c->ap.batch_size;
+  while (c->fill >= 0) {
+    ferry__slot_t *f = &c->slots[c->fill];
+    uint32_t run = 0;
+    while (f->det_at + run < b && det_bit(f, f->det_at + run))
+      run++;
+    if (run > 0) {
+      f->det_at += run;
+      c->det_ahead_recs -= run;
+      det_advance_locked(c, run);
+    }
+    if (f->size < b)
+      return;
+    uint32_t qi = 0;
+    while (qi < c->qlen && c->queue[(c->qhead + qi) % c->ap.prefetch] !=
+                               (uint32_t)c->fill)
+      qi++;
+    close_fill_locked(c);
+    if (qi + 1 >= c->qlen)
+      return;
+    uint32_t next = c->queue[(c->qhead + qi + 1) % c->ap.prefetch];
+    ferry__slot_t *a = &c->slots[next];
+    if (a->state != FERRY__SLOT_FILLING)
+      return;
+    if (a->epoch != c->det_epoch || a->det_first != c->det_next) {
+      det_unplace_locked(c); /* never a batch out of its place */
+      return;
+    }
+    c->fill = (int)next;
+  }
+}
+
+/* Prepares a queued slot that closed with every copy done (closed by
+ * det_settle_locked after its last copy: no copier saw it close). */
+static void det_prepare_closed_locked(ferry_client_t *c) {
+  for (uint32_t i = 0; i < c->qlen; i++) {
+    ferry__slot_t *s = &c->slots[c->queue[(c->qhead + i) % c->ap.prefetch]];
+    if (s->state == FERRY__SLOT_CLOSED && s->copied == s->size &&
+        !s->prepared && !s->preparing && !s->drop && s->size > 0) {
+      pad_partial_locked(c, s);
+      prepare_unlocked(c, s);
+      return; /* the lock was dropped: the queue may have moved */
+    }
+  }
+}
+
 /* Moves records of ch (split key kw) into slots while they are the rank's
  * next: from the split's `assembled` position up to `end`. A chunk off a
  * stream (from_net) moves `received` along; a held block's records were
@@ -788,18 +899,161 @@ static uint64_t det_place_locked(ferry_client_t *c, const ferry_chunk_t *ch,
       slot->det_first = c->det_next;
     }
     uint64_t off = s->assembled - ch->first;
-    uint32_t n = c->ap.batch_size - slot->size;
+    uint32_t base = slot->det_at;
+    /* Up to the first offset placed ahead (det_settle_locked keeps
+     * det_at on a free one). */
+    uint32_t n = det_free_run(c, slot, base);
     if (n > end - s->assembled)
       n = (uint32_t)(end - s->assembled);
-    uint32_t base = reserve_locked(c, ch->epoch, ch->split, kw, n);
+    if (n == 0)
+      break;
+    det_reserve(slot, ch->epoch, ch->split, kw, base, n);
+    slot->det_at += n;
     s->assembled += n;
     if (from_net)
       s->received = s->assembled;
     det_advance_locked(c, n);
     moved += n;
+    det_settle_locked(c);
     copy_in_locked(c, slot, ch, src, off, base, n);
+    det_prepare_closed_locked(c);
   }
   return moved;
+}
+
+/* Takes a free slot, without waiting, for the whole batch of `epoch`
+ * that starts at the rank's position `start`, after the slots queued
+ * (records placed ahead, det_ahead_locked). NULL when none is free. */
+static ferry__slot_t *det_take_ahead_locked(ferry_client_t *c,
+                                            uint32_t epoch, uint64_t start) {
+  if (pad_gate_locked(c, epoch))
+    return NULL;
+  for (uint32_t i = 0; i < c->ap.prefetch; i++) {
+    ferry__slot_t *s = &c->slots[i];
+    if (s->state != FERRY__SLOT_FREE)
+      continue;
+    s->state = FERRY__SLOT_FILLING;
+    s->size = s->copied = s->n_segs = 0;
+    s->epoch = epoch;
+    s->drop = false;
+    s->padded = s->pad_only = false;
+    s->num_real = 0;
+    s->det_has_first = true;
+    s->det_first = start;
+    det_clear_slot(c, s);
+    s->prepared = c->stg_mode == FERRY__STG_RAW;
+    s->preparing = false;
+    c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
+    c->qlen++;
+    return s;
+  }
+  return NULL;
+}
+
+/* Where the rank's position p of epoch `epoch` (after det_next, before
+ * the epoch's `records`) goes: *slot and *at, in the fill slot past its
+ * next offset or in a whole batch queued after it (taken now if a slot
+ * is free). Returns false when it has no slot now. */
+static bool det_locate_locked(ferry_client_t *c, uint32_t epoch, uint64_t p,
+                              uint64_t records, ferry__slot_t **slot,
+                              uint32_t *at) {
+  uint32_t b = c->ap.batch_size;
+  if (c->fill < 0) {
+    if (!slot_free_locked(c, epoch) || !take_slot_locked(c, epoch, NULL))
+      return false;
+  }
+  ferry__slot_t *f = &c->slots[c->fill];
+  if (f->epoch != epoch)
+    return false;
+  if (!f->det_has_first) {
+    f->det_has_first = true;
+    f->det_first = c->det_next;
+  }
+  uint64_t off = f->det_at + (p - c->det_next);
+  if (off < b) {
+    *slot = f;
+    *at = (uint32_t)off;
+    return true;
+  }
+  /* The batches after the fill slot, each whole and inside the epoch. */
+  uint64_t start = c->det_next + (b - f->det_at);
+  uint32_t qi = 0;
+  while (qi < c->qlen && c->queue[(c->qhead + qi) % c->ap.prefetch] !=
+                             (uint32_t)c->fill)
+    qi++;
+  uint64_t last = start + (p - start) / b * b; /* p's batch */
+  if (last + b > records)
+    return false;
+  /* The slots up to p's batch that are not queued yet must all be free:
+   * a batch between the fill slot and p's is taken empty, for the
+   * records of the splits between. */
+  uint64_t batches = (last - start) / b + 1;
+  uint32_t queued = c->qlen - (qi + 1), free = 0;
+  for (uint32_t i = 0; i < c->ap.prefetch; i++)
+    free += c->slots[i].state == FERRY__SLOT_FREE;
+  if (batches > (uint64_t)queued + free)
+    return false;
+  for (uint32_t k = qi + 1;; k++, start += b) {
+    ferry__slot_t *a;
+    if (k < c->qlen) {
+      a = &c->slots[c->queue[(c->qhead + k) % c->ap.prefetch]];
+      if (a->state != FERRY__SLOT_FILLING || a->epoch != epoch ||
+          !a->det_has_first || a->det_first != start)
+        return false;
+    } else if ((a = det_take_ahead_locked(c, epoch, start)) == NULL) {
+      return false;
+    }
+    if (p < start + b) {
+      *slot = a;
+      *at = (uint32_t)(p - start);
+      return true;
+    }
+  }
+}
+
+/* Places records [received, end) of ch, which come before their turn,
+ * straight into the slots their positions map to (det_locate_locked),
+ * while det_ahead holds and they have a slot; the rest is held
+ * (det_hold_locked). Every position before them comes (not under
+ * policy skip, and det_skip_locked fences if one does not), so the
+ * position of each offset is known when they arrive. Returns the records
+ * placed. */
+static uint64_t det_ahead_locked(ferry_client_t *c, const ferry_chunk_t *ch,
+                                 const ferry_chunk_src_t *src, uint64_t kw,
+                                 uint64_t end) {
+  uint64_t placed = 0, fences = c->fences;
+  for (;;) {
+    ferry__split_t *s = ferry__client_split_of(c, ch->epoch, ch->split, kw);
+    if (!c->det_ahead || c->fences != fences || s == NULL ||
+        s->received >= end || s->received < ch->first ||
+        s->received != s->assembled || ch->epoch != c->det_epoch ||
+        lease_lapsed_locked(c))
+      break;
+    uint64_t p = det_pos(s, s->received);
+    uint64_t records = ferry__client_rk_records(c, ch->epoch);
+    if (p <= c->det_next || records == 0 || p >= records)
+      break;
+    ferry__slot_t *slot;
+    uint32_t at;
+    if (!det_locate_locked(c, ch->epoch, p, records, &slot, &at))
+      break;
+    uint32_t n = det_free_run(c, slot, at);
+    if (n > end - s->received)
+      n = (uint32_t)(end - s->received);
+    if (n > records - p)
+      n = (uint32_t)(records - p);
+    if (n == 0)
+      break;
+    uint64_t off = s->received - ch->first;
+    det_reserve(slot, ch->epoch, ch->split, kw, at, n);
+    s->received += n;
+    s->assembled = s->received;
+    c->det_ahead_recs += n;
+    c->det_ahead_total += n;
+    placed += n;
+    copy_in_locked(c, slot, ch, src, off, at, n);
+  }
+  return placed;
 }
 
 /* Keeps the records [received, end) of ch, which are not the rank's next
@@ -886,11 +1140,13 @@ static bool det_skip_locked(ferry_client_t *c) {
       continue;
     }
     if (det_pos(t, t->assembled) <= c->det_next && c->det_next < t->det_end) {
+      if (det_unplace_locked(c))
+        return false;
       det_advance_locked(c, t->det_end - c->det_next);
       return true;
     }
   }
-  if (!rest || c->det_next == 0)
+  if (!rest || c->det_next == 0 || det_unplace_locked(c))
     return false;
   c->det_epoch++;
   c->det_next = 0;
@@ -996,6 +1252,7 @@ static void det_chunk_locked(ferry_client_t *c, const ferry_chunk_t *ch,
   if (s->received >= end)
     return;
   det_place_locked(c, ch, src, kw, end, true, true, stop);
+  det_ahead_locked(c, ch, src, kw, end);
   det_hold_locked(c, ch, src, kw, end);
 }
 
@@ -1580,9 +1837,13 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
       break;
     }
     /* Deterministic order: held records that became the next (an
-     * answer ended a split short or the epoch) go into free slots. */
-    if (det_feed_locked(c, false, NULL))
+     * answer ended a split short or the epoch) go into free slots; the
+     * epoch's last records among them may leave its short last batch
+     * to flush (no reader comes again to do it). */
+    if (det_feed_locked(c, false, NULL)) {
+      maybe_flush_locked(c);
       continue;
+    }
     if (timeout_ms == 0) {
       rc = ferry__seterr(err, FERRY_ETIMEDOUT, "client: no batch ready");
       break;
@@ -1703,6 +1964,7 @@ void ferry_client_stats_sized(ferry_client_t *c, ferry_client_stats_t *user,
       out->total_seconds > 0 ? out->wait_seconds / out->total_seconds : 0;
   out->records_acked = c->records_acked;
   out->held_records_peak = c->det_held_peak;
+  out->records_placed_ahead = c->det_ahead_total;
   for (size_t i = 0; i < c->n_workers; i++)
     if (!c->workers[i]->ended)
       out->workers++;

@@ -1312,6 +1312,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->opts = *opts;
   c->networked = true;
   c->det = opts->order == FERRY_ORDER_DETERMINISTIC;
+  c->det_ahead = c->det && opts->error_policy != FERRY_ON_ERROR_SKIP;
   c->resume = resume_cur;
   c->has_resume = has_resume;
   /* The caller's buffer is not ours to keep: the cursor was copied. */

@@ -162,9 +162,14 @@ typedef struct ferry__slot_s {
   bool padded;
   bool pad_only;
   /* Issue 22: the rank's position of the slot's first record (epoch
-   * `epoch`), once one was reserved in it. */
+   * `epoch`), once one was reserved in it. Deterministic order places
+   * records at their offsets, not only at the end: det_bits marks the
+   * offsets reserved (batch_size bits), det_at is the offset of the
+   * rank's next position while the slot is the fill slot. */
   bool det_has_first;
   uint64_t det_first;
+  uint64_t *det_bits;
+  uint32_t det_at;
   ferry__dl_t dl;
 } ferry__slot_t;
 
@@ -284,6 +289,14 @@ struct ferry_client_s {
   uint64_t det_next;
   bool det_feeding;
   uint64_t det_held, det_held_peak;
+  /* Records that come before their turn go straight into the slots
+   * their positions map to (the fill slot past det_at, whole batches
+   * after it) while det_ahead: only where no position before them can be
+   * skipped (not under policy skip; the rank's records per epoch known).
+   * det_ahead_recs: placed so and not yet reached by det_next;
+   * det_ahead_total: placed so since the start. */
+  bool det_ahead;
+  uint64_t det_ahead_recs, det_ahead_total;
   uint8_t *pad_image;
   int64_t pad_label;
   uint64_t pad_id;

@@ -117,8 +117,10 @@ int ferry__staging_alloc(ferry_client_t *c, ferry_error_t *err) {
     s->labels = ferry__calloc(ap->batch_size, sizeof(*s->labels));
     s->ids = ferry__calloc(ap->batch_size, sizeof(*s->ids));
     s->segs = ferry__calloc(ap->batch_size, sizeof(*s->segs));
+    s->det_bits = ferry__calloc((ap->batch_size + 63) / 64, sizeof(uint64_t));
     if (s->images == NULL || s->labels == NULL || s->ids == NULL ||
-        s->segs == NULL || (c->stg_mode == FERRY__STG_CPU && s->out == NULL))
+        s->segs == NULL || s->det_bits == NULL ||
+        (c->stg_mode == FERRY__STG_CPU && s->out == NULL))
       return ferry__seterr(err, FERRY_ENOMEM,
                            "client: out of memory for %u batch slots",
                            ap->prefetch);
@@ -154,6 +156,8 @@ void ferry__staging_free(ferry_client_t *c) {
     ferry__free(s->labels);
     ferry__free(s->ids);
     ferry__free(s->segs);
+    ferry__free(s->det_bits);
+    s->det_bits = NULL;
     s->images = NULL;
     s->out = NULL;
     s->labels = NULL;

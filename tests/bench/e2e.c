@@ -207,8 +207,9 @@ static uint64_t service_epoch(const char *dispatcher, const char *spec,
   ferry_client_stats(c, &st);
   *stall = st.stall_fraction;
   if (order == FERRY_ORDER_DETERMINISTIC)
-    printf("  deterministic order, %s: at most %llu records (%.1f MiB) "
-           "held for their turn\n", transport,
+    printf("  deterministic order, %s: %llu records placed in their "
+           "batches before their turn, at most %llu (%.1f MiB) held for "
+           "it\n", transport, (unsigned long long)st.records_placed_ahead,
            (unsigned long long)st.held_records_peak,
            (double)st.held_records_peak * IMG / (1 << 20));
   ferry_client_free(c);

@@ -43,7 +43,8 @@ def test_numpy_values_equal_the_files(cluster, small):
     assert st["batches"] == 11 and st["records"] == 1000
     for k in ("bytes", "wait_seconds", "total_seconds", "stall_fraction",
               "batches_per_second", "records_per_second", "workers",
-              "records_acked", "held_records_peak", "held"):
+              "records_acked", "held_records_peak", "records_placed_ahead",
+              "held"):
         assert k in st, k
     assert 0.0 <= st["stall_fraction"] <= 1.0
 

@@ -264,6 +264,10 @@ typedef struct ferry_client_stats_s {
    * in host memory for their turn at once (at most splits_in_flight
    * splits' records), of record_bytes each. */
   uint64_t held_records_peak;
+  /* Deterministic order: records that arrived before their turn and went
+   * straight into the batch they belong to (a batch taken ahead of the
+   * one filling, within prefetch), not held aside. */
+  uint64_t records_placed_ahead;
 } ferry_client_stats_t;
 
 /* The smallest struct_size ferry_client_new accepts: the options of the

@@ -1588,6 +1588,8 @@ static PyObject *client_stats(ClientObject *self, PyObject *Py_UNUSED(a)) {
                PyLong_FromUnsignedLongLong(st.records_acked)) < 0 ||
       dict_set(d, "held_records_peak",
                PyLong_FromUnsignedLongLong(st.held_records_peak)) < 0 ||
+      dict_set(d, "records_placed_ahead",
+               PyLong_FromUnsignedLongLong(st.records_placed_ahead)) < 0 ||
       dict_set(d, "held", PyLong_FromSsize_t(self->live)) < 0) {
     Py_DECREF(d);
     return NULL;
@@ -1705,7 +1707,8 @@ static PyMethodDef client_methods[] = {
      "total_seconds, stall_fraction (wait / total), batches_per_second, "
      "records_per_second, workers (streams open), records_acked, "
      "held_records_peak (order='deterministic': the most records that "
-     "waited for their turn at once), held "
+     "waited for their turn at once), records_placed_ahead (records that "
+     "came before their turn and went straight into their batch), held "
      "(batches currently held by Python objects). After close(), the "
      "counters as they were when the client was freed."},
     {"close", (PyCFunction)client_close, METH_NOARGS,
