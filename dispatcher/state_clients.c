@@ -329,11 +329,14 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
       (rc = ferry__disp_check_rank(j, c->id, c->rank, err)) != 0)
     return rc;
   if (!c->active && !req->leaving && RUNNING(j)) {
+    bool fenced = c->no_renew; /* lost for not reading */
     if ((rc = ferry__disp_emit_client_joined(
              d, j, req->client_id, c->has_secret ? c->secret : NULL, c->rank,
              err)) != 0)
       return rc;
     c = ferry__disp_find_client(j, req->client_id);
+    if (fenced)
+      c->rejoin_wait_until = now_ms + d->cfg.client_timeout_ms;
   }
   ferry__disp_stop_renewing_if_stalled(
       d, j, c, req->stalled_ms, "its streams (its trainer holds every batch)");

@@ -146,6 +146,13 @@ typedef struct client_s {
    * or it acknowledged records. Until then it is bound at most
    * FERRY_DISP_UNREAD_ROWS rows (ferry__disp_bind_rows). */
   bool proven;
+  /* Volatile (issue 20): a client lost after its lease stopped being
+   * renewed for not reading, back with a new incarnation, is bound
+   * nothing until this time while another client of its job can take
+   * the rows (ferry__disp_bind_rows): else a client that asks in every
+   * heartbeat and never reads took back, within milliseconds of its
+   * loss, the rows its loss had just freed for the others. */
+  int64_t rejoin_wait_until;
 } client_t;
 
 typedef struct job_s {

@@ -361,13 +361,30 @@ static uint32_t unread_cap(const job_t *j, const client_t *c, uint32_t want) {
                                               : FERRY_DISP_UNREAD_ROWS - held;
 }
 
+/* Issue 20: whether `c`, back after it was lost for not reading, must
+ * wait (client_t.rejoin_wait_until) because another live client of its
+ * job can take the rows (a rank's rows are its own: never). */
+static bool rejoin_waits(const ferry_disp_t *d, const job_t *j,
+                         const client_t *c) {
+  if (c == NULL || j->world_size > 0 || d->now >= c->rejoin_wait_until)
+    return false;
+  for (size_t i = 0; i < j->nclients; i++) {
+    const client_t *o = &j->clients[i];
+    if (o->id != c->id && o->active && !o->no_renew)
+      return true;
+  }
+  return false;
+}
+
 void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
                            uint32_t want) {
   if (!RUNNING(j) || !j->started)
     return;
-  want = unread_cap(j, ferry__disp_find_client(j, client), want);
+  const client_t *c = ferry__disp_find_client(j, client);
+  if (rejoin_waits(d, j, c))
+    return;
+  want = unread_cap(j, c, want);
   if (j->world_size > 0) {
-    const client_t *c = ferry__disp_find_client(j, client);
     ferry__disp_recount(d);
     if (c != NULL)
       bind_rank_rows(d, j, c, want);
