@@ -615,6 +615,24 @@ static void pad_partial_locked(ferry_client_t *c, ferry__slot_t *s) {
   s->size = s->copied = b;
 }
 
+/* Makes free slot i an empty slot of `epoch` taking records, queued
+ * after the others. */
+static void open_slot_locked(ferry_client_t *c, uint32_t i, uint32_t epoch) {
+  ferry__slot_t *s = &c->slots[i];
+  s->state = FERRY__SLOT_FILLING;
+  s->size = s->copied = s->n_segs = 0;
+  s->epoch = epoch;
+  s->drop = false;
+  s->padded = s->pad_only = false;
+  s->num_real = 0;
+  s->det_has_first = false;
+  det_clear_slot(c, s);
+  s->prepared = c->stg_mode == FERRY__STG_RAW;
+  s->preparing = false;
+  c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
+  c->qlen++;
+}
+
 /* Makes c->fill a slot of `epoch` taking reservations, waiting for a free
  * slot if needed. Returns false when the client stops or failed. */
 static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
@@ -626,21 +644,9 @@ static bool take_slot_locked(ferry_client_t *c, uint32_t epoch,
       return false;
     for (uint32_t i = 0; i < c->ap.prefetch && !pad_gate_locked(c, epoch);
          i++) {
-      ferry__slot_t *s = &c->slots[i];
-      if (s->state != FERRY__SLOT_FREE)
+      if (c->slots[i].state != FERRY__SLOT_FREE)
         continue;
-      s->state = FERRY__SLOT_FILLING;
-      s->size = s->copied = s->n_segs = 0;
-      s->epoch = epoch;
-      s->drop = false;
-      s->padded = s->pad_only = false;
-      s->num_real = 0;
-      s->det_has_first = false;
-      det_clear_slot(c, s);
-      s->prepared = c->stg_mode == FERRY__STG_RAW;
-      s->preparing = false;
-      c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
-      c->qlen++;
+      open_slot_locked(c, i, epoch);
       c->fill = (int)i;
       /* A slot was taken: whoever still waits starts a new stall. */
       c->space_wait_since = c->space_waiters > 0 ? ferry__client_now() : 0;
@@ -932,19 +938,9 @@ static ferry__slot_t *det_take_ahead_locked(ferry_client_t *c,
     ferry__slot_t *s = &c->slots[i];
     if (s->state != FERRY__SLOT_FREE)
       continue;
-    s->state = FERRY__SLOT_FILLING;
-    s->size = s->copied = s->n_segs = 0;
-    s->epoch = epoch;
-    s->drop = false;
-    s->padded = s->pad_only = false;
-    s->num_real = 0;
+    open_slot_locked(c, i, epoch);
     s->det_has_first = true;
     s->det_first = start;
-    det_clear_slot(c, s);
-    s->prepared = c->stg_mode == FERRY__STG_RAW;
-    s->preparing = false;
-    c->queue[(c->qhead + c->qlen) % c->ap.prefetch] = i;
-    c->qlen++;
     return s;
   }
   return NULL;

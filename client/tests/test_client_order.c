@@ -19,15 +19,21 @@
 #define W 2
 #define C 1
 
-static ferry_client_t *det_client(uint32_t batch, uint64_t records) {
+/* The assembler with `prefetch` slots, switched to the rules of a
+ * deterministic rank (W = 1) of `records` records per epoch; `ahead`:
+ * records before their turn may go straight into their batch (as
+ * ferry_client_new sets it without policy skip), else they are held. */
+static ferry_client_t *order_client(uint32_t batch, uint64_t records,
+                                    uint32_t prefetch, bool ahead) {
   ferry__asm_params_t ap = {.batch_size = batch, .height = H, .width = W,
-                            .channels = C, .prefetch = 4};
+                            .channels = C, .prefetch = prefetch};
   ferry_client_t *c;
   ferry_error_t err = {0};
   cr_assert_eq(ferry__client_new_local(&ap, &c, &err), 0, "%s", err.msg);
   c->networked = true;
   c->ranked = true;
   c->det = true;
+  c->det_ahead = ahead;
   c->rk_world = 1;
   c->rk_batch = batch;
   c->rk_pad = true;
@@ -37,20 +43,28 @@ static ferry_client_t *det_client(uint32_t batch, uint64_t records) {
   return c;
 }
 
-/* An answer for epoch 0 binding splits 0..n-1 of `per` records each, in
- * the rank's order split 0 first; `incarnation` as the dispatcher says. */
-static void beat(ferry_client_t *c, uint32_t n, uint64_t per,
-                 bool exhausted, uint64_t incarnation) {
+static ferry_client_t *det_client(uint32_t batch, uint64_t records) {
+  return order_client(batch, records, 4, false);
+}
+
+/* An answer binding splits 0..n-1 of sizes[i] records, in the rank's
+ * order split 0 first, each on worker 1 + i; `incarnation` as the
+ * dispatcher says. */
+static void beat_sizes(ferry_client_t *c, uint32_t n, const uint32_t *sizes,
+                       bool exhausted, uint64_t incarnation) {
   Ferry__V1__ClientHeartbeatResponse r =
       FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
-  Ferry__V1__Assignment a[4], *pa[4];
+  Ferry__V1__Assignment a[8], *pa[8];
+  uint64_t at = 0;
+  cr_assert_leq(n, 8);
   for (uint32_t i = 0; i < n; i++) {
     ferry__v1__assignment__init(&a[i]);
     a[i].split = i;
-    a[i].num_records = per;
+    a[i].num_records = sizes[i];
     a[i].worker_id = 1 + i;
     a[i].lease = 3;
-    a[i].rank_index = i * per;
+    a[i].rank_index = at;
+    at += sizes[i];
     pa[i] = &a[i];
   }
   r.n_assignments = n;
@@ -60,6 +74,15 @@ static void beat(ferry_client_t *c, uint32_t n, uint64_t per,
   r.epoch_exhausted = exhausted;
   r.incarnation = incarnation;
   ferry__client_apply_heartbeat(c, &r);
+}
+
+/* beat_sizes with n splits of `per` records each. */
+static void beat(ferry_client_t *c, uint32_t n, uint64_t per,
+                 bool exhausted, uint64_t incarnation) {
+  uint32_t sizes[8];
+  for (uint32_t i = 0; i < n && i < 8; i++)
+    sizes[i] = (uint32_t)per;
+  beat_sizes(c, n, sizes, exhausted, incarnation);
 }
 
 static int feed(ferry_client_t *c, uint32_t split, uint64_t first,
@@ -161,55 +184,6 @@ Test(client_order, held_records_are_freed_with_the_client) {
  * Records that come before their turn go straight into the batch their
  * position maps to when a slot is free for it, not through a held copy. */
 
-/* det_client with placement ahead on, as ferry_client_new sets it (no
- * policy skip). */
-static ferry_client_t *ahead_client(uint32_t batch, uint64_t records,
-                                    uint32_t prefetch) {
-  ferry__asm_params_t ap = {.batch_size = batch, .height = H, .width = W,
-                            .channels = C, .prefetch = prefetch};
-  ferry_client_t *c;
-  ferry_error_t err = {0};
-  cr_assert_eq(ferry__client_new_local(&ap, &c, &err), 0, "%s", err.msg);
-  c->networked = true;
-  c->ranked = true;
-  c->det = true;
-  c->det_ahead = true;
-  c->rk_world = 1;
-  c->rk_batch = batch;
-  c->steps_per_epoch = (records + batch - 1) / batch;
-  c->rank_records = records;
-  c->num_epochs = 1;
-  return c;
-}
-
-/* An answer binding splits 0..n-1 of sizes[i] records, in the rank's
- * order split 0 first, each on worker 1 + i. */
-static void beat_sizes(ferry_client_t *c, uint32_t n, const uint32_t *sizes,
-                       uint64_t incarnation) {
-  Ferry__V1__ClientHeartbeatResponse r =
-      FERRY__V1__CLIENT_HEARTBEAT_RESPONSE__INIT;
-  Ferry__V1__Assignment a[8], *pa[8];
-  uint64_t at = 0;
-  cr_assert_leq(n, 8);
-  for (uint32_t i = 0; i < n; i++) {
-    ferry__v1__assignment__init(&a[i]);
-    a[i].split = i;
-    a[i].num_records = sizes[i];
-    a[i].worker_id = 1 + i;
-    a[i].lease = 3;
-    a[i].rank_index = at;
-    at += sizes[i];
-    pa[i] = &a[i];
-  }
-  r.n_assignments = n;
-  r.assignments = pa;
-  r.error = (char *)"";
-  r.state = FERRY__V1__JOB_STATE__JOB_STATE_RUNNING;
-  r.epoch_exhausted = true;
-  r.incarnation = incarnation;
-  ferry__client_apply_heartbeat(c, &r);
-}
-
 /* Checks batch `b` holds the records at rank positions [first, first +
  * b->size) of splits of `sizes`: ids, labels and every pixel. */
 static void check_batch(const ferry_batch_t *b, const uint32_t *sizes,
@@ -241,9 +215,9 @@ Test(client_order, records_before_their_turn_go_into_their_batches) {
    * entirely. Its positions 6-11 go into batch 1 (offsets 2-3) and batch
    * 2 (offsets 0-3), taken ahead of batch 0; nothing is held. */
   uint32_t sizes[2] = {6, 6};
-  ferry_client_t *c = ahead_client(4, 12, 4);
+  ferry_client_t *c = order_client(4, 12, 4, true);
   const ferry_batch_t *b;
-  beat_sizes(c, 2, sizes, 0);
+  beat_sizes(c, 2, sizes, true, 0);
   cr_assert_eq(feed(c, 1, 0, 6, true), 0);
   cr_assert_eq(held(c), 0);
   cr_assert_eq(ahead_total(c), 6);
@@ -269,9 +243,9 @@ Test(client_order, records_beyond_the_free_slots_are_held) {
    * Split 1 (positions 6-11) fills batch 1's offsets 2-3 and the rest,
    * batch 2's, waits aside. */
   uint32_t sizes[2] = {6, 6};
-  ferry_client_t *c = ahead_client(4, 12, 2);
+  ferry_client_t *c = order_client(4, 12, 2, true);
   const ferry_batch_t *b;
-  beat_sizes(c, 2, sizes, 0);
+  beat_sizes(c, 2, sizes, true, 0);
   cr_assert_eq(feed(c, 1, 0, 6, true), 0);
   cr_assert_eq(ahead_total(c), 2);
   cr_assert_eq(held(c), 4);
@@ -296,21 +270,21 @@ Test(client_order, a_fence_drops_what_was_placed_ahead) {
    * the batches taken ahead are dropped with the rest, the next position
    * goes back to 4, and what comes again makes the same batches. */
   uint32_t sizes[2] = {6, 6};
-  ferry_client_t *c = ahead_client(4, 12, 4);
+  ferry_client_t *c = order_client(4, 12, 4, true);
   const ferry_batch_t *b;
-  beat_sizes(c, 2, sizes, 0);
+  beat_sizes(c, 2, sizes, true, 0);
   cr_assert_eq(feed(c, 1, 0, 6, true), 0);
   cr_assert_eq(feed(c, 0, 0, 4, false), 0);
   cr_assert_eq(ferry_next(c, &b, 1000, NULL), 0);
   check_batch(b, sizes, 0, "before the fence");
   ferry_batch_release(c, b);
-  beat_sizes(c, 2, sizes, 1);
+  beat_sizes(c, 2, sizes, true, 1);
   pthread_mutex_lock(&c->mu);
   cr_assert_eq(c->det_next, 4, "the first record not handed out");
   cr_assert_eq(c->det_ahead_recs, 0);
   cr_assert_eq(c->qlen, 0, "the batches taken ahead were dropped");
   pthread_mutex_unlock(&c->mu);
-  beat_sizes(c, 2, sizes, 1);
+  beat_sizes(c, 2, sizes, true, 1);
   cr_assert_eq(feed(c, 1, 0, 6, true), 0);
   cr_assert_eq(feed(c, 0, 0, 6, true), 0);
   for (int k = 1; k < 3; k++) {
@@ -395,8 +369,8 @@ Test(client_order, random_arrival_gives_the_rank_order) {
       total += sizes[i] = 1 + (uint32_t)(rand_r(&seed) % 13);
     uint32_t batch = 1 + (uint32_t)(rand_r(&seed) % 7);
     uint32_t prefetch = 2 + (uint32_t)(rand_r(&seed) % 4);
-    ferry_client_t *c = ahead_client(batch, total, prefetch);
-    beat_sizes(c, n, sizes, 0);
+    ferry_client_t *c = order_client(batch, total, prefetch, true);
+    beat_sizes(c, n, sizes, true, 0);
     consumer_t t = {.c = c, .sizes = sizes, .batch = batch,
                     .n = (uint32_t)((total + batch - 1) / batch),
                     .total = total};
