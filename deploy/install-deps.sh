@@ -44,6 +44,9 @@ packages=(
   # refuses a hybrid cgroup layout; yamllint for deploy/k8s.
   podman buildah debootstrap netavark aardvark-dns uidmap iptables runc
   yamllint
+  # tests/integration/partitions: hosts in network namespaces joined by a
+  # bridge (ip), cut apart by iptables rules inside them.
+  iproute2
   # sd_notify in the daemons; systemd-analyze verify for deploy/systemd.
   libsystemd-dev systemd
   # The daemons' /metrics server; promtool and a real Prometheus for

@@ -533,11 +533,14 @@ int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,
   return hx_start_dispatcher_at(out, o, 0, NULL, why, why_len);
 }
 
-/* Issue 8: argv = base, then extra, then tail (each NULL-terminated, the
- * last two may be NULL), cut to `cap` - 1 entries. */
-static void hx_join_argv(char **argv, size_t cap, char *const *base,
-                         const char *const *extra, char *const *tail) {
+/* argv = prefix, base, extra, then tail (each NULL-terminated; all but
+ * base may be NULL), cut to `cap` - 1 entries. */
+static void hx_join_argv(char **argv, size_t cap, char *const *prefix,
+                         char *const *base, const char *const *extra,
+                         char *const *tail) {
   size_t n = 0;
+  for (size_t i = 0; prefix != NULL && prefix[i] != NULL && n + 1 < cap; i++)
+    argv[n++] = prefix[i];
   for (size_t i = 0; base[i] != NULL && n + 1 < cap; i++)
     argv[n++] = base[i];
   for (size_t i = 0; extra != NULL && extra[i] != NULL && n + 1 < cap; i++)
@@ -575,7 +578,7 @@ int hx_start_dispatcher_at(hx_proc_t **out, const hx_daemon_opts_t *o,
                   "--client-timeout-ms", ct, "--heartbeat-ms", hb,
                   "--client-stall-ms", st, NULL};
   char *argv[64];
-  hx_join_argv(argv, 64, base, d.extra_argv, NULL);
+  hx_join_argv(argv, 64, d.prefix_argv, base, d.extra_argv, NULL);
   char name[32];
   snprintf(name, sizeof(name), "dispatcher%d", count);
   return hx_spawn(out, name, argv, 10000, why, why_len);
@@ -598,7 +601,8 @@ int hx_start_worker(hx_proc_t **out, const char *dispatcher,
                   "--buffer-bytes", bb, "--heartbeat-ms", hb, NULL};
   char *adv[] = {"--advertise", (char *)d.host, NULL};
   char *argv[64];
-  hx_join_argv(argv, 64, base, d.extra_argv, d.host ? adv : NULL);
+  hx_join_argv(argv, 64, d.prefix_argv, base, d.extra_argv,
+               d.host ? adv : NULL);
   static int count;
   char name[32];
   snprintf(name, sizeof(name), "worker%d", ++count);

@@ -52,6 +52,9 @@ typedef struct hx_daemon_opts_s {
   const char *const *extra_argv; /* issue 8: more flags for the daemon
                                     (NULL-terminated; NULL: none), e.g.
                                     --tls-cert FILE */
+  char *const *prefix_argv; /* issue 23: what runs the daemon
+                               (NULL-terminated; NULL: none), e.g. `ip
+                               netns exec NS` (netns.h's hx_net_argv) */
 } hx_daemon_opts_t;
 
 /* A generated dataset: nfiles files of `per_file` records each, named
