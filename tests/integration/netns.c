@@ -231,3 +231,27 @@ int hx_net_heal(const hx_net_t *n, const char *host) {
   return sh(NULL, 0, "ip netns exec %s iptables -w -F", n->ns[i]) == 0 ? 0
                                                                        : -1;
 }
+
+int hx_net_shape(const hx_net_t *n, const char *host, unsigned mbit) {
+  int i = host_index(n, host);
+  if (i < 0)
+    return -1;
+  char why[512];
+  int rc;
+  if (mbit == 0) {
+    rc = sh(why, sizeof(why), "ip netns exec %s-sw tc qdisc del dev %sb%d "
+            "root", n->prefix, n->prefix, i);
+  } else {
+    /* The bucket holds at least 10 ms of the rate (the kernel's timer
+     * granularity) and 64 KiB. */
+    unsigned long burst = (unsigned long)mbit * 1000000 / 8 / 100;
+    if (burst < 65536)
+      burst = 65536;
+    rc = sh(why, sizeof(why), "ip netns exec %s-sw tc qdisc replace dev "
+            "%sb%d root tbf rate %umbit burst %lu latency 100ms",
+            n->prefix, n->prefix, i, mbit, burst);
+  }
+  if (rc != 0)
+    fprintf(stderr, "hx_net_shape: %s\n", why);
+  return rc == 0 ? 0 : -1;
+}

@@ -58,4 +58,9 @@ int hx_net_cut(const hx_net_t *n, const char *host, const char *peer,
 /* Removes every rule hx_net_cut added in `host`'s namespace. */
 int hx_net_heal(const hx_net_t *n, const char *host);
 
+/* Caps what reaches `host` from the others at `mbit` Mbit/s (a token
+ * bucket on its switch port, as a narrow link to that host); 0 removes
+ * the cap. Returns 0 or -1. */
+int hx_net_shape(const hx_net_t *n, const char *host, unsigned mbit);
+
 #endif

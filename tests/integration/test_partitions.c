@@ -15,6 +15,9 @@
  * reach the trainer once (where the trainer lost the dispatcher, again
  * only from its unacknowledged tail), and the job must end within a
  * stated bound of the heal (docs/ARCHITECTURE.md, "Network faults").
+ * And narrow links: what reaches the trainer capped at 100 Mbit/s and at
+ * 1 Gbit/s, Ferry's delivery at least 0.8 of a bare TCP stream's over
+ * the same link in the same run.
  *
  * Skips, saying why, where namespaces cannot be made (not root, no ip or
  * iptables). */
@@ -50,9 +53,9 @@ static void teardown(void) {
 
 HX_SUITE(partitions, 300, NULL, teardown);
 
-/* Makes the hosts (or skips) and starts the dispatcher and both workers
- * in them. */
-static void cluster(void) {
+/* Makes the hosts (or skips), starts the dispatcher and both workers in
+ * them, and writes the dataset (side x side x 3 images). */
+static void cluster_of(int side) {
   static const char *const hosts[] = {"dispatcher", "worker1", "worker2",
                                       "trainer"};
   char why[1024];
@@ -85,18 +88,23 @@ static void cluster(void) {
     cr_assert_eq(hx_start_worker(&W[i], DADDR, &w, why, sizeof(why)), 0,
                  "%s", why);
   }
-  cr_assert_eq(hx_make_dataset(&DS, "data", FILES, PER_FILE, 8, 8, 3), 0);
+  cr_assert_eq(hx_make_dataset(&DS, "data", FILES, PER_FILE, side, side, 3),
+               0);
   hx_spec(&DS, NULL, BATCH, SPEC, sizeof(SPEC));
 }
 
-/* Starts the trainer process in its host: it_client joining `job`, a
- * training step of `step_us` per batch (0: STEP_US). */
-static hx_proc_t *start_trainer(const char *job, int step_us, char *out,
-                                size_t cap) {
+static void cluster(void) { cluster_of(8); }
+
+/* Starts the trainer process in its host: it_client joining `job` for
+ * `epochs` epochs (0: EPOCHS), a training step of `step_us` per batch
+ * (0: STEP_US; < 0: none). */
+static hx_proc_t *start_trainer_for(const char *job, int epochs_n,
+                                    int step_us, char *out, size_t cap) {
   char epochs[16], step[16], why[1024], *argv[24];
   snprintf(out, cap, "%s/%s.ids", hx_tmpdir(), job);
-  snprintf(epochs, sizeof(epochs), "%d", EPOCHS);
-  snprintf(step, sizeof(step), "%d", step_us > 0 ? step_us : STEP_US);
+  snprintf(epochs, sizeof(epochs), "%d", epochs_n > 0 ? epochs_n : EPOCHS);
+  snprintf(step, sizeof(step), "%d",
+           step_us > 0 ? step_us : step_us < 0 ? 0 : STEP_US);
   char *cmd[] = {FERRY_IT_CLIENT_BIN, DADDR, SPEC, (char *)job, epochs, out,
                  step, "-1", NULL};
   cr_assert_not_null(hx_net_argv(&NET, "trainer", cmd, argv, 24));
@@ -105,6 +113,11 @@ static hx_proc_t *start_trainer(const char *job, int step_us, char *out,
                                sizeof(why)),
                0, "%s", why);
   return p;
+}
+
+static hx_proc_t *start_trainer(const char *job, int step_us, char *out,
+                                size_t cap) {
+  return start_trainer_for(job, 0, step_us, out, cap);
 }
 
 /* Waits (bounded) for the trainer to exit 0; returns the milliseconds
@@ -125,8 +138,8 @@ static double finish(hx_proc_t *p, double t0, const char *what) {
  * a second copy only of a record of its unacknowledged tail at
  * `fault_ms` (docs/ARCHITECTURE.md, "Exactly once"). Returns the
  * second copies. */
-static size_t exactly_once(const char *out, double fault_ms,
-                           const char *what) {
+static size_t exactly_once_for(const char *out, uint32_t epochs,
+                               double fault_ms, const char *what) {
   hx_client_log_t l;
   char why[700];
   size_t dups = 0;
@@ -134,7 +147,7 @@ static size_t exactly_once(const char *out, double fault_ms,
                why);
   size_t n;
   uint64_t *want = hx_expected_ids(&DS, false, &n);
-  for (uint32_t e = 0; e < EPOCHS; e++) {
+  for (uint32_t e = 0; e < epochs; e++) {
     uint64_t *got = malloc((l.n + 1) * sizeof(uint64_t));
     size_t k = 0;
     for (size_t i = 0; i < l.n; i++) {
@@ -161,6 +174,11 @@ static size_t exactly_once(const char *out, double fault_ms,
   free(want);
   hx_client_log_free(&l);
   return dups;
+}
+
+static size_t exactly_once(const char *out, double fault_ms,
+                           const char *what) {
+  return exactly_once_for(out, EPOCHS, fault_ms, what);
 }
 
 /* How many times the file at `path` says `needle`. */
@@ -355,3 +373,102 @@ Test(partitions, a_flapping_link_between_trainer_and_worker) {
                    .bound_ms = 30000};
   run(&sc);
 }
+
+/* ---- Narrow links (issue 23, point 3) ------------------------------------
+ * What reaches the trainer is capped (a token bucket on its switch port);
+ * Ferry's delivery over the capped link is compared with a bare TCP
+ * stream from worker1 to the trainer over the same link in the same run:
+ * at least 0.8 of it. */
+
+#define PYTHON "/usr/bin/python3"
+
+/* A bare TCP stream of `mib` MiB from `from` to `to`: its rate in MB/s
+ * (from the receiver's first byte to its last). */
+static double tcp_rate(const char *from, const char *to, int mib) {
+  static const char recv_py[] =
+      "import socket,sys,time\n"
+      "s=socket.socket(); s.bind((sys.argv[1],0)); s.listen(1)\n"
+      "print('listening on %s:%d' % (sys.argv[1], s.getsockname()[1]),"
+      " flush=True)\n"
+      "c,_=s.accept(); n=0; t0=None\n"
+      "while True:\n"
+      "  b=c.recv(1<<20)\n"
+      "  if not b: break\n"
+      "  t0=t0 or time.monotonic(); n+=len(b)\n"
+      "print('received %d bytes in %.6f s' % (n, time.monotonic()-t0),"
+      " flush=True)\n";
+  static const char send_py[] =
+      "import socket,sys\n"
+      "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
+      "b=b'x'*(1<<20)\n"
+      "for _ in range(int(sys.argv[3])): s.sendall(b)\n"
+      "s.close()\n";
+  char why[1024], *argv[16], *sargv[16], count[16];
+  char *rcmd[] = {PYTHON, "-c", (char *)recv_py,
+                  (char *)hx_net_addr(&NET, to), NULL};
+  hx_proc_t *r;
+  cr_assert_not_null(hx_net_argv(&NET, to, rcmd, argv, 16));
+  cr_assert_eq(hx_spawn(&r, "tcp-receiver", argv, 10000, why, sizeof(why)), 0,
+               "%s", why);
+  const char *port = strrchr(r->addr, ':');
+  cr_assert_not_null(port);
+  snprintf(count, sizeof(count), "%d", mib);
+  char *scmd[] = {PYTHON, "-c", (char *)send_py,
+                  (char *)hx_net_addr(&NET, to), (char *)port + 1, count,
+                  NULL};
+  cr_assert_not_null(hx_net_argv(&NET, from, scmd, sargv, 16));
+  hx_run_t run;
+  cr_assert_eq(hx_run_capture(sargv, 120000, &run), 0);
+  cr_assert_eq(run.status, 0, "the TCP sender failed: %s", run.err);
+  hx_run_free(&run);
+  char line[256];
+  cr_assert_eq(hx_read_line(r, "received ", 30000, line, sizeof(line)), 0);
+  unsigned long long bytes = 0;
+  double secs = 0;
+  cr_assert_eq(sscanf(line, "%llu bytes in %lf s", &bytes, &secs), 2, "%s",
+               line);
+  hx_stop(r, SIGTERM, 5000, NULL);
+  hx_forget(r);
+  return secs > 0 ? (double)bytes / secs / 1e6 : 0;
+}
+
+/* The trainer's rate in MB/s over its log, from its first batch to its
+ * last (records after the first batch). */
+static double trainer_rate(const char *out) {
+  hx_client_log_t l;
+  char why[700];
+  cr_assert_eq(hx_read_client_log(out, false, &l, why, sizeof(why)), 0, "%s",
+               why);
+  size_t rec = (size_t)DS.h * DS.w * DS.c, first = 0;
+  while (first + 1 < l.n && l.v[first + 1].t_ms == l.v[first].t_ms)
+    first++; /* the records of the first batch */
+  double ms = l.v[l.n - 1].t_ms - l.v[first].t_ms;
+  double rate = ms > 0 ? (double)(l.n - first - 1) * rec / (ms * 1e3) : 0;
+  hx_client_log_free(&l);
+  return rate;
+}
+
+static void capped(unsigned mbit, int epochs) {
+  cluster_of(64); /* 12 KiB records: the link, not the CPU, bounds it */
+  cr_assert(workers_registered(2, 15000), "the workers did not register");
+  cr_assert_eq(hx_net_shape(&NET, "trainer", mbit), 0);
+  double tcp = tcp_rate("worker1", "trainer", (int)(mbit / 8 + 8));
+  char out[700], job[32];
+  snprintf(job, sizeof(job), "capped%u", mbit);
+  double t0 = hx_now_ms();
+  hx_proc_t *t = start_trainer_for(job, epochs, -1, out, sizeof(out));
+  finish(t, t0, job);
+  exactly_once_for(out, (uint32_t)epochs, 0, job);
+  hx_forget(t);
+  double ferry = trainer_rate(out);
+  fprintf(stderr, "link to the trainer capped at %u Mbit/s: a bare TCP "
+          "stream %.1f MB/s, Ferry %.1f MB/s (%d epochs of %.1f MB; ratio "
+          "%.2f)\n", mbit, tcp, ferry, epochs,
+          (double)FILES * PER_FILE * DS.h * DS.w * DS.c / 1e6, ferry / tcp);
+  cr_assert_geq(ferry, 0.8 * tcp, "Ferry %.1f MB/s over a link where TCP "
+                "makes %.1f MB/s", ferry, tcp);
+}
+
+Test(partitions, a_100_mbit_link_to_the_trainer_is_filled) { capped(100, 1); }
+
+Test(partitions, a_1_gbit_link_to_the_trainer_is_filled) { capped(1000, 3); }
