@@ -240,8 +240,9 @@ static void heal_all(const scenario_t *sc) {
 /* The cluster, the job uncut (the baseline), then the job with the
  * partition at a random batch of its first epoch: every record of every
  * epoch once (or, where the trainer is fenced, again only from its
- * unacknowledged tail), no worker declared lost unless the dispatcher
- * lost it, and the end within sc->bound_ms of the heal. */
+ * unacknowledged tail), and the end within sc->bound_ms of the heal.
+ * The sleeps are the partition's length and the link's up time, not
+ * waits for an event. */
 static void run(const scenario_t *sc) {
   unsigned seed = hx_seed(sc->name);
   cluster();
