@@ -1442,6 +1442,18 @@ out:
 
 /* ---- Running programs ---------------------------------------------------- */
 
+size_t hx_count_lines(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  char line[2048];
+  size_t n = 0;
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof(line), f) != NULL)
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
 char *hx_slurp(const char *path) {
   enum { CAP = 1 << 20 };
   FILE *f = fopen(path, "r");

@@ -108,6 +108,10 @@ int hx_run_capture(char *const *argv, int wait_ms, hx_run_t *r);
 char *hx_slurp(const char *path);
 void hx_run_free(hx_run_t *r);
 
+/* How many lines of the file at `path` (a daemon's log) contain
+ * `needle`; 0 when it cannot be read. */
+size_t hx_count_lines(const char *path, const char *needle);
+
 /* Makes the tests' certificates with make_certs.sh (`script`) in
  * hx_tmpdir()/certs. Returns 0, 77 when openssl is missing, else the
  * script's exit status. */

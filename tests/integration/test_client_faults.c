@@ -419,18 +419,6 @@ static off_t file_size(const char *path) {
   return stat(path, &st) == 0 ? st.st_size : -1;
 }
 
-static size_t count_in_file(const char *path, const char *needle) {
-  FILE *f = fopen(path, "r");
-  char line[2048];
-  size_t n = 0;
-  if (f == NULL)
-    return 0;
-  while (fgets(line, sizeof(line), f) != NULL)
-    n += strstr(line, needle) != NULL;
-  fclose(f);
-  return n;
-}
-
 /* Runs the job with all clients to the end; returns the journal growth. */
 static off_t whole_job(const char *job, hx_proc_t *kill_worker,
                        unsigned *seed) {
@@ -473,9 +461,10 @@ Test(client_faults, worker_killed_costs_bounded_releases_and_journal) {
   unsigned seed = hx_seed("worker-kill");
   cluster();
   off_t base = whole_job("base", NULL, &seed);
-  size_t restarts_before = count_in_file(D->log, "restarts epoch");
+  size_t restarts_before = hx_count_lines(D->log, "restarts epoch");
   off_t faulted = whole_job("faulted", W[0], &seed);
-  size_t restarts = count_in_file(D->log, "restarts epoch") - restarts_before;
+  size_t restarts =
+      hx_count_lines(D->log, "restarts epoch") - restarts_before;
   fprintf(stderr,
           "worker kill: journal grew %lld bytes (fault-free run: %lld), "
           "%zu splits restarted\n", (long long)faulted, (long long)base,

@@ -181,23 +181,12 @@ static size_t exactly_once(const char *out, double fault_ms,
   return exactly_once_for(out, EPOCHS, fault_ms, what);
 }
 
-/* How many times the file at `path` says `needle`. */
-static int log_count(const char *path, const char *needle) {
-  char *text = hx_slurp(path);
-  int n = 0;
-  for (const char *p = text; p != NULL && (p = strstr(p, needle)) != NULL;
-       p += strlen(needle))
-    n++;
-  free(text);
-  return n;
-}
-
 /* Waits (bounded) until the dispatcher logged `n` worker registrations:
  * the test's own namespace has no route to the hosts, so it reads the
  * dispatcher's log rather than asking it. */
 static bool workers_registered(int n, int wait_ms) {
   double end = hx_now_ms() + wait_ms;
-  while (log_count(D->log, " registered at ") < n) {
+  while (hx_count_lines(D->log, " registered at ") < (size_t)n) {
     if (hx_now_ms() > end)
       return false;
     usleep(20000); /* polling a log: bounded by wait_ms */
@@ -302,7 +291,7 @@ Test(partitions, a_trainer_cut_from_one_worker_finishes_exactly_once) {
                    .ncuts = 1,
                    .bound_ms = 30000};
   run(&sc);
-  cr_assert_eq(log_count(D->log, ") lost: no heartbeat"), 0,
+  cr_assert_eq(hx_count_lines(D->log, ") lost: no heartbeat"), 0,
                "the dispatcher declared a worker lost: the cut was the "
                "trainer's alone");
 }
@@ -349,7 +338,7 @@ static void worker_cut(const char *name, bool both_ways) {
                    .step_us = 20000,
                    .bound_ms = 20000};
   run(&sc);
-  cr_assert_geq(log_count(D->log, ") lost: no heartbeat"), 1,
+  cr_assert_geq(hx_count_lines(D->log, ") lost: no heartbeat"), 1,
                 "worker1 was not declared lost during a 3 s cut");
 }
 
