@@ -818,13 +818,24 @@ static void det_reserve(ferry__slot_t *s, uint32_t epoch, uint32_t split,
   add_seg(s, epoch, split, kw, n);
 }
 
+/* The fill slot's place in the queue (c->fill >= 0). */
+static uint32_t fill_queue_index(const ferry_client_t *c) {
+  uint32_t qi = 0;
+  while (qi < c->qlen && c->queue[(c->qhead + qi) % c->ap.prefetch] !=
+                             (uint32_t)c->fill)
+    qi++;
+  return qi;
+}
+
 /* After the next position moved: offsets placed ahead that it reached
  * are passed over (det_next moves past them), a full fill slot closes,
  * and the slot queued after it, if one was taken ahead, becomes the fill
- * slot. */
-static void det_settle_locked(ferry_client_t *c) {
+ * slot. Returns whether it closed such a slot (taken ahead, its copies
+ * may all be done: no copier sees it close). */
+static bool det_settle_locked(ferry_client_t *c) {
   uint32_t b = c->ap.batch_size;
-  while (c->fill >= 0) {
+  bool closed_ahead = false;
+  for (bool ahead = false; c->fill >= 0; ahead = true) {
     ferry__slot_t *f = &c->slots[c->fill];
     uint32_t run = 0;
     while (f->det_at + run < b && det_bit(f, f->det_at + run))
@@ -835,24 +846,23 @@ static void det_settle_locked(ferry_client_t *c) {
       det_advance_locked(c, run);
     }
     if (f->size < b)
-      return;
-    uint32_t qi = 0;
-    while (qi < c->qlen && c->queue[(c->qhead + qi) % c->ap.prefetch] !=
-                               (uint32_t)c->fill)
-      qi++;
+      break;
+    uint32_t qi = fill_queue_index(c);
     close_fill_locked(c);
+    closed_ahead |= ahead;
     if (qi + 1 >= c->qlen)
-      return;
+      break;
     uint32_t next = c->queue[(c->qhead + qi + 1) % c->ap.prefetch];
     ferry__slot_t *a = &c->slots[next];
     if (a->state != FERRY__SLOT_FILLING)
-      return;
+      break;
     if (a->epoch != c->det_epoch || a->det_first != c->det_next) {
       det_unplace_locked(c); /* never a batch out of its place */
-      return;
+      break;
     }
     c->fill = (int)next;
   }
+  return closed_ahead;
 }
 
 /* Prepares a queued slot that closed with every copy done (closed by
@@ -920,9 +930,10 @@ static uint64_t det_place_locked(ferry_client_t *c, const ferry_chunk_t *ch,
       s->received = s->assembled;
     det_advance_locked(c, n);
     moved += n;
-    det_settle_locked(c);
+    bool closed_ahead = det_settle_locked(c);
     copy_in_locked(c, slot, ch, src, off, base, n);
-    det_prepare_closed_locked(c);
+    if (closed_ahead)
+      det_prepare_closed_locked(c);
   }
   return moved;
 }
@@ -973,10 +984,7 @@ static bool det_locate_locked(ferry_client_t *c, uint32_t epoch, uint64_t p,
   }
   /* The batches after the fill slot, each whole and inside the epoch. */
   uint64_t start = c->det_next + (b - f->det_at);
-  uint32_t qi = 0;
-  while (qi < c->qlen && c->queue[(c->qhead + qi) % c->ap.prefetch] !=
-                             (uint32_t)c->fill)
-    qi++;
+  uint32_t qi = fill_queue_index(c);
   uint64_t last = start + (p - start) / b * b; /* p's batch */
   if (last + b > records)
     return false;
