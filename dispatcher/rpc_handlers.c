@@ -467,30 +467,28 @@ static void reg_abandon(ferry_disp_regcall_t *p, int status,
   reg_stop_work(p);
 }
 
-/* The first caller went away: the registration goes on while another
- * call waits for it. */
+/* A caller of `p` went away (*call: the first caller's or a
+ * follower's): the registration goes on while another call waits for
+ * it. */
+static void reg_cancelled(ferry_disp_regcall_t *p, ferry_rpc_call_t **call) {
+  if (*call == NULL)
+    return;
+  ferry_rpc_reply_error(*call, FERRY_RPC_CANCELLED, "the call was cancelled");
+  *call = NULL;
+  if (!reg_waited(p))
+    reg_stop_work(p);
+}
+
 static void on_reg_cancel(ferry_rpc_call_t *call, void *arg) {
   ferry_disp_regcall_t *p = arg;
   (void)call;
-  if (p->call == NULL)
-    return;
-  ferry_rpc_reply_error(p->call, FERRY_RPC_CANCELLED,
-                        "the call was cancelled");
-  p->call = NULL;
-  if (!reg_waited(p))
-    reg_stop_work(p);
+  reg_cancelled(p, &p->call);
 }
 
 static void on_follower_cancel(ferry_rpc_call_t *call, void *arg) {
   reg_follower_t *f = arg;
   (void)call;
-  if (f->call == NULL)
-    return;
-  ferry_rpc_reply_error(f->call, FERRY_RPC_CANCELLED,
-                        "the call was cancelled");
-  f->call = NULL;
-  if (!reg_waited(f->p))
-    reg_stop_work(f->p);
+  reg_cancelled(f->p, &f->call);
 }
 
 /* Answers *call (if still open) with the registration's outcome. */
