@@ -283,13 +283,16 @@ static void run(const scenario_t *sc) {
 /* The trainer cannot reach worker1 (both ways, silently) while the
  * dispatcher still sees it: it reports the worker unreachable and the
  * dispatcher moves its rows there to worker2. Bound: the stream's
- * failure (UCX 1.5 s; gRPC 10 s), two failed connects (5 s each), the
- * rest of the job. */
+ * failure (UCX 1.5 s; gRPC: its keepalive, 1 s quiet and 2 s for the
+ * answer, from the client timeout), two failed connects (5 s each), the
+ * rest of the job. A trainer waiting on worker1's stream when the cut
+ * came, with nothing of its own in flight, once waited out gRPC's 30 s
+ * default keepalive here. */
 Test(partitions, a_trainer_cut_from_one_worker_finishes_exactly_once) {
   scenario_t sc = {.name = "trainer cut from worker1",
                    .cuts = {{"trainer", "worker1", true}},
                    .ncuts = 1,
-                   .bound_ms = 30000};
+                   .bound_ms = 16000};
   run(&sc);
   cr_assert_eq(hx_count_lines(D->log, ") lost: no heartbeat"), 0,
                "the dispatcher declared a worker lost: the cut was the "

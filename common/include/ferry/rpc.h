@@ -74,8 +74,12 @@ typedef struct ferry_rpc_tls_s {
 typedef struct ferry_rpc_options_s {
   int max_message_bytes;    /* receive and send limit; -1: unlimited;
                                0: FERRY_RPC_DEFAULT_MAX_MESSAGE */
-  int keepalive_time_ms;    /* ping an idle connection; 0: 30000 */
-  int keepalive_timeout_ms; /* drop it without an answer; 0: 10000 */
+  int keepalive_time_ms;    /* ping a connection that received nothing
+                               this long; 0: 30000; at least
+                               FERRY_RPC_MIN_KEEPALIVE_MS */
+  int keepalive_timeout_ms; /* drop it without an answer (and a socket
+                               whose sent bytes go unacknowledged this
+                               long: gRPC's TCP_USER_TIMEOUT); 0: 10000 */
   int request_slots;        /* server: calls pre-requested per method;
                                0: 8 */
   const ferry_rpc_tls_t *tls; /* NULL: insecure (plaintext); the files it
@@ -100,6 +104,11 @@ typedef struct ferry_rpc_options_s {
 } ferry_rpc_options_t;
 
 #define FERRY_RPC_DEFAULT_IDLE_MS 20000
+/* The shortest keepalive time a channel uses; servers accept pings from
+ * a connection this often (half of it, for timer jitter) whatever their
+ * own keepalive time, so a client that must notice a dead peer sooner
+ * than the server's default may ping at its own rate. */
+#define FERRY_RPC_MIN_KEEPALIVE_MS 1000
 #define FERRY_RPC_DEFAULT_MAX_AGE_MS 3600000
 #define FERRY_RPC_DEFAULT_HANDSHAKE_MS 10000
 

@@ -188,7 +188,9 @@ typedef struct ferry_transport_client_config_s {
                                           (copied by gRPC; UCX may use the
                                           token) */
   int peer_timeout_ms;                 /* a worker silent this long is dead
-                                          (next fails); 0: 10000 */
+                                          (next fails); 0: 10000 (gRPC:
+                                          its keepalive, where rpc_opts
+                                          leave it 0) */
 } ferry_transport_client_config_t;
 
 /* Where to open a stream: the worker's gRPC address (always; gRPC

@@ -91,6 +91,8 @@ int ferry__rpc_options(const ferry_rpc_options_t *opts,
     o.max_message_bytes = FERRY_RPC_DEFAULT_MAX_MESSAGE;
   if (o.keepalive_time_ms == 0)
     o.keepalive_time_ms = DEFAULT_KEEPALIVE_TIME_MS;
+  if (o.keepalive_time_ms < FERRY_RPC_MIN_KEEPALIVE_MS)
+    o.keepalive_time_ms = FERRY_RPC_MIN_KEEPALIVE_MS;
   if (o.keepalive_timeout_ms == 0)
     o.keepalive_timeout_ms = DEFAULT_KEEPALIVE_TIMEOUT_MS;
   if (o.request_slots == 0)
@@ -122,14 +124,17 @@ size_t ferry__rpc_channel_args(const ferry_rpc_options_t *o, bool server,
   /* Both sides ping idle connections, so that a dead dispatcher or worker
    * is noticed without a call in flight; the server must then accept
    * pings without data at the client's rate, or it answers GOAWAY
-   * "too_many_pings" after two strikes. */
+   * "too_many_pings" after two strikes and closes the connection, streams
+   * and all. A client may ping faster than the server's own keepalive
+   * (a trainer's streams follow its client timeout): the server accepts
+   * any rate down to FERRY_RPC_MIN_KEEPALIVE_MS. */
   set_int(&args[n++], GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   set_int(&args[n++], GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   set_int(&args[n++], GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
           o->keepalive_time_ms);
   if (server) {
     set_int(&args[n++], GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-            o->keepalive_time_ms / 2);
+            FERRY_RPC_MIN_KEEPALIVE_MS / 2);
     /* gRPC core closes nothing on its own: a socket that never finishes
      * TLS or the HTTP/2 preface waits 120 s, one that did and never calls
      * (or calls without a token, refused at once) lives forever, and

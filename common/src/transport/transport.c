@@ -89,3 +89,27 @@ void ferry__transport_request_free(Ferry__V1__StreamChunksRequest *m) {
   if (m != NULL)
     ferry__v1__stream_chunks_request__free_unpacked(m, &ferry__pb_allocator);
 }
+
+#define DEFAULT_PEER_TIMEOUT_MS 10000
+#define MIN_KEEPALIVE_TIMEOUT_MS 2000
+
+/* gRPC's TCP_USER_TIMEOUT alone (it sets it from the keepalive timeout)
+ * only notices a peer gone while the client has bytes in flight: a
+ * client cut off while it waits on a stream it has nothing to send on
+ * would wait out the 30 s default keepalive, past a trainer's patience. */
+void ferry__transport_client_opts(const ferry_transport_client_config_t *cfg,
+                                  ferry_rpc_options_t *out) {
+  ferry_rpc_options_t o = {0};
+  if (cfg != NULL && cfg->rpc_opts != NULL)
+    o = *cfg->rpc_opts;
+  int half = (cfg != NULL && cfg->peer_timeout_ms > 0
+                  ? cfg->peer_timeout_ms
+                  : DEFAULT_PEER_TIMEOUT_MS) / 2;
+  if (o.keepalive_time_ms == 0)
+    o.keepalive_time_ms =
+        half > FERRY_RPC_MIN_KEEPALIVE_MS ? half : FERRY_RPC_MIN_KEEPALIVE_MS;
+  if (o.keepalive_timeout_ms == 0)
+    o.keepalive_timeout_ms =
+        half > MIN_KEEPALIVE_TIMEOUT_MS ? half : MIN_KEEPALIVE_TIMEOUT_MS;
+  *out = o;
+}

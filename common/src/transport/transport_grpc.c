@@ -209,8 +209,7 @@ static int g_client_new(const ferry_transport_client_config_t *cfg,
   if (cl == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport grpc: out of memory");
   cl->base.ops = &ferry_transport_grpc;
-  if (cfg != NULL && cfg->rpc_opts != NULL)
-    cl->opts = *cfg->rpc_opts;
+  ferry__transport_client_opts(cfg, &cl->opts);
   *out = &cl->base;
   return 0;
 }

@@ -1126,8 +1126,7 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
   if (cl == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
   cl->base.ops = &ferry_transport_ucx;
-  if (cfg != NULL && cfg->rpc_opts != NULL)
-    cl->opts = *cfg->rpc_opts;
+  ferry__transport_client_opts(cfg, &cl->opts);
   cl->peer_timeout_ms =
       cfg != NULL && cfg->peer_timeout_ms > 0 ? cfg->peer_timeout_ms : 10000;
   cl->efd = cl->wake_fd = -1;
