@@ -70,6 +70,9 @@ enum { AM_HDR = 0x4601, AM_PAY = 0x4602, AM_END = 0x4603 };
 #define RNDV_MIN 8192  /* payloads from this size go by rendezvous */
 #define WINDOW 8       /* sends outstanding per stream */
 #define GRACE_MS 1000  /* after an early end, before a forced close */
+/* After the forced close, before sends that never completed are given
+ * up (abandon_sends). */
+#define ABANDON_MS 4000
 
 typedef struct amhdr_s {
   uint64_t stream_id;
@@ -151,6 +154,9 @@ typedef struct userver_s {
   /* Sends whose every AM went out inside ucp_am_send_nbx: they end from
    * the next sweep, so that send() never calls on_sent itself. */
   struct usend_s *done_now;
+  /* Sends given up with their stream (their chunks released): UCP may
+   * still complete them; freed then or after ucp_worker_destroy. */
+  struct usend_s *abandoned;
   bool stopping;
   ferry_transport_done_cb done;
   void *done_arg;
@@ -171,6 +177,7 @@ struct ustream_s {
   void *arg;
   bool accepted, ended, end_told, finished, end_sent;
   unsigned outstanding; /* sends not completed */
+  struct usend_s *sends; /* those of them UCP still holds */
   uint64_t seq;
   int fin_status;
   char *fin_msg;
@@ -186,7 +193,9 @@ struct ustream_s {
 /* One send: one or two AM requests and the header copy. */
 typedef struct usend_s {
   struct usend_s *next; /* on srv->done_now */
-  ustream_t *s;
+  struct usend_s *lprev, *lnext; /* on s->sends or srv->abandoned */
+  userver_t *srv;
+  ustream_t *s; /* NULL: abandoned */
   int pending; /* AMs posted whose completion callback is still to come */
   bool failed;
   bool quiet; /* send() returned an error: no on_sent */
@@ -238,8 +247,33 @@ static void usend_done(usend_t *u) {
   srv_kick(s->srv);
 }
 
+static void send_link(usend_t **head, usend_t *u) {
+  u->lprev = NULL;
+  u->lnext = *head;
+  if (*head != NULL)
+    (*head)->lprev = u;
+  *head = u;
+}
+
+static void send_unlink(usend_t **head, usend_t *u) {
+  if (u->lprev != NULL)
+    u->lprev->lnext = u->lnext;
+  else
+    *head = u->lnext;
+  if (u->lnext != NULL)
+    u->lnext->lprev = u->lprev;
+}
+
 static void am_sent(void *req, ucs_status_t st, void *user) {
   usend_t *u = user;
+  if (u->s == NULL) { /* given up: its chunk went back long ago */
+    ucp_request_free(req);
+    if (--u->pending == 0) {
+      send_unlink(&u->srv->abandoned, u);
+      ferry__free(u);
+    }
+    return;
+  }
   if (st != UCS_OK) {
     if (!u->s->ended)
       FERRY_LOG(FERRY_LOG_DEBUG, "transport ucx: stream %llu: send: %s",
@@ -247,8 +281,34 @@ static void am_sent(void *req, ucs_status_t st, void *user) {
     u->failed = true;
   }
   ucp_request_free(req);
-  if (--u->pending == 0)
+  if (--u->pending == 0) {
+    send_unlink(&u->s->sends, u);
     usend_done(u);
+  }
+}
+
+/* Gives up a finished stream's sends that UCP still holds, long after
+ * its endpoint's forced close: a rendezvous payload that a client gone
+ * (killed, or its UCP worker destroyed before its releases went out)
+ * will never fetch stays outstanding for good on an endpoint in
+ * UCP_ERR_HANDLING_MODE_NONE (UCX 1.13), and its chunk with it: the pool
+ * shrank by up to a window per such client, and the stream was never
+ * freed (nor the server, at shutdown). Their chunks go back to the pool
+ * (the closed endpoint no longer serves the payloads); the usends stay
+ * for UCP's late callbacks, if any. */
+static void abandon_sends(ustream_t *s) {
+  FERRY_LOG(FERRY_LOG_WARN, "transport ucx: stream %llu: %u sends still "
+            "outstanding %d ms after the forced close of a stream whose "
+            "client is gone: their chunks go back to the pool",
+            (unsigned long long)s->id, s->outstanding, ABANDON_MS);
+  while (s->sends != NULL) {
+    usend_t *u = s->sends;
+    send_unlink(&s->sends, u);
+    u->release(u->release_arg);
+    u->s = NULL;
+    send_link(&s->srv->abandoned, u);
+    s->outstanding--;
+  }
 }
 
 static ucp_mem_h region_find(userver_t *srv, const void *ptr, size_t len) {
@@ -354,10 +414,16 @@ static bool stream_complete(ustream_t *s, int64_t now) {
     send_end(s);
   if (s->outstanding > 0) {
     /* An ended stream's sends wait for a live client's release, or for
-     * the forced close after the grace period. */
+     * the forced close after the grace period, and are given up some
+     * time after that. */
     if (s->ended && now >= s->grace_until)
       stream_close_ep(s, true);
-    return false;
+    if (!s->ended || s->ep != NULL || s->close_req != NULL ||
+        now < s->grace_until + ABANDON_MS)
+      return false;
+    abandon_sends(s);
+    if (s->outstanding > 0) /* ended at once: the next sweep ends them */
+      return false;
   }
   send_end(s);
   if (s->ep != NULL)
@@ -445,6 +511,11 @@ static void handle_closed(uv_handle_t *h) {
   ucp_worker_release_address(srv->worker, srv->addr);
   ucp_worker_destroy(srv->worker);
   ucp_cleanup(srv->ctx);
+  while (srv->abandoned != NULL) {
+    usend_t *u = srv->abandoned;
+    srv->abandoned = u->lnext;
+    ferry__free(u);
+  }
   ferry_transport_done_cb done = srv->done;
   void *arg = srv->done_arg;
   ferry__free(srv);
@@ -680,7 +751,7 @@ static int u_send(ferry_transport_stream_t *base,
     m->release(m->release_arg);
     return FERRY_ENOMEM;
   }
-  *u = (usend_t){.s = s, .release = m->release,
+  *u = (usend_t){.srv = s->srv, .s = s, .release = m->release,
                  .release_arg = m->release_arg, .hdr_len = hlen};
   for (size_t i = 0, off = 0; i < nh; off += m->pieces[i].len, i++)
     memcpy(u->hdr + off, m->pieces[i].ptr, m->pieces[i].len);
@@ -696,6 +767,8 @@ static int u_send(ferry_transport_stream_t *base,
                  pay->len >= RNDV_MIN ? UCP_AM_SEND_FLAG_RNDV : 0,
                  region_find(s->srv, pay->ptr, pay->len));
   s->outstanding++;
+  if (u->pending > 0)
+    send_link(&s->sends, u);
   if (rc != 0) {
     u->failed = true;
     if (u->pending == 0) {
