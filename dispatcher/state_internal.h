@@ -555,6 +555,10 @@ void ferry__disp_stop_renewing(const job_t *j, client_t *c,
  * again before its timeout. A row restarted FERRY_DISP_MAX_RESTARTS times
  * without progress fails its job, naming it. */
 int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r);
+/* The same for a row whose worker reports chunks sent into a stream that
+ * ended early (TaskProgress.resend): the worker is not suspect, and may
+ * take the row again. */
+int ferry__disp_resend_row(ferry_disp_t *d, job_t *j, uint32_t r);
 
 /* Re-leases every row of `client` leased to `w` and not done to another
  * worker, from its delivered count (as a restart, without counting one or

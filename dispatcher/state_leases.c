@@ -424,7 +424,12 @@ void ferry__disp_stop_renewing(const job_t *j, client_t *c,
             j->id, c->id, source, stalled_ms);
 }
 
-int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
+/* Leases row r again from what its client acknowledged; `suspect`: away
+ * from its worker for a backoff, which is marked suspect (the loss may
+ * be the worker's). Fails the job after FERRY_DISP_MAX_RESTARTS in a row
+ * without progress. */
+static int restart_row(ferry_disp_t *d, job_t *j, uint32_t r, bool suspect,
+                       const char *why) {
   row_t *row = &j->rows[r];
   uint32_t split = ferry__disp_row_split(j, r);
   const split_t *sp = &j->ds->splits[split];
@@ -440,22 +445,35 @@ int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
              FERRY_DISP_MAX_RESTARTS);
     return ferry__disp_emit_job_failed(d, j, FERRY_EIO, msg);
   }
-  for (uint32_t k = 1; k < row->restarts && backoff < INT64_MAX / 2; k++)
-    backoff *= 2;
-  if (backoff > d->cfg.worker_timeout_ms)
-    backoff = d->cfg.worker_timeout_ms;
-  row->avoid = row->worker;
-  row->avoid_until = d->now + backoff;
-  if (w != NULL && w->suspect_since < 0)
-    w->suspect_since = d->now;
+  if (suspect) {
+    for (uint32_t k = 1; k < row->restarts && backoff < INT64_MAX / 2; k++)
+      backoff *= 2;
+    if (backoff > d->cfg.worker_timeout_ms)
+      backoff = d->cfg.worker_timeout_ms;
+    row->avoid = row->worker;
+    row->avoid_until = d->now + backoff;
+    if (w != NULL && w->suspect_since < 0)
+      w->suspect_since = d->now;
+  }
   FERRY_LOG(FERRY_LOG_INFO,
-            "job %" PRIu64 ": client %" PRIu64 " restarts epoch %u split %u "
-            "(lease %" PRIu64 " on worker %" PRIu64 ") from %" PRIu64
-            " (restart %u in a row)",
-            j->id, row->client, j->epoch, split, row->lease, row->worker,
+            "job %" PRIu64 ": %s epoch %u split %u (lease %" PRIu64
+            " on worker %" PRIu64 ") from %" PRIu64 " (restart %u in a row)",
+            j->id, why, j->epoch, split, row->lease, row->worker,
             row->delivered, row->restarts);
   ferry__disp_recount(d);
   return bind_row(d, j, r, row->client, worker_for(d, j, r, row->client));
+}
+
+int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r) {
+  char why[64];
+  snprintf(why, sizeof(why), "client %" PRIu64 " restarts", j->rows[r].client);
+  return restart_row(d, j, r, true, why);
+}
+
+int ferry__disp_resend_row(ferry_disp_t *d, job_t *j, uint32_t r) {
+  return restart_row(d, j, r, false,
+                     "its worker sent chunks into a stream its client left: "
+                     "leasing again");
 }
 
 uint32_t ferry__disp_move_client_rows(ferry_disp_t *d, job_t *j,

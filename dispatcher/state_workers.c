@@ -121,6 +121,10 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       ferry__disp_stop_renewing_if_stalled(
           d, j, ferry__disp_find_client(j, row->client), t->stalled_ms,
           "its stream from a worker");
+    if (t->resend && t->error_code == 0 && row->client != 0) {
+      (void)ferry__disp_resend_row(d, j, r); /* may fail the job */
+      continue;
+    }
     if (t->error_code != 0 && t->worker_fault) {
       /* The worker could not run the split (out of descriptors or
        * memory), which says nothing about the data: another worker

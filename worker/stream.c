@@ -38,6 +38,7 @@ struct ferry__wqueue_s {
   bool has_secret;
   uint8_t call_secret[FERRY_CLIENT_SECRET_BYTES];
   ferry__wkey_t *key;     /* the stream's pool key (a reference) */
+  uint64_t gen;           /* `call`'s number (ferry__worker_t.call_gen) */
 };
 
 /* A stream stalled this long when its last task ends is reclaimed. */
@@ -73,6 +74,8 @@ static void queue_mark(ferry__wqueue_t *q, bool progress) {
 static void queue_set_call(ferry__wqueue_t *q, ferry_transport_stream_t *call) {
   bool had = q->call != NULL;
   q->call = call;
+  if (call != NULL)
+    q->gen = ++q->w->call_gen;
   if (q->key == NULL)
     return;
   atomic_store(&q->key->read_ms, now_ms());
@@ -141,8 +144,33 @@ static void queue_purge(ferry__wqueue_t *q, bool all) {
 static void send_next(ferry__wqueue_t *q);
 
 /* Ends the queue's stream, which waits for a reconnect. */
+/* The queue's stream ended early, not by the worker's finish: the client
+ * cancelled it, went away or opened a newer one. Chunks that went out on
+ * it may never have reached the client, and a lease granted after the
+ * client saw its stream break (its chunks sent into it before this
+ * worker knew) is one the client never asks for again: the tasks whose
+ * last chunk went out on it are reported (TaskProgress.resend), and the
+ * dispatcher leases them again from what the client acknowledged. */
+static void queue_lost_call(ferry__wqueue_t *q) {
+  if (q->call == NULL)
+    return;
+  size_t n = ferry__wtasks_mark_resend(&q->w->tasks, q->job_id, q->client_id,
+                                       q->gen);
+  if (n == 0)
+    return;
+  /* Debug: every trainer that exits before its leases end does this; the
+   * dispatcher logs the leases it acts on. */
+  FERRY_LOG(FERRY_LOG_DEBUG, "stream job %llu client %llu ended early: %zu "
+            "of its tasks here sent chunks into it; reporting them for a "
+            "new lease", (unsigned long long)q->job_id,
+            (unsigned long long)q->client_id, n);
+  ferry__whb_task_ended(q->w, true);
+}
+
 static void queue_end_call(ferry__wqueue_t *q, int status, const char *msg) {
   ferry_transport_stream_t *call = q->call;
+  if (status != FERRY_RPC_OK && status != FERRY_RPC_UNAVAILABLE)
+    queue_lost_call(q);
   queue_set_call(q, NULL);
   q->sending = 0;
   ferry_transport_finish(call, status, msg);
@@ -200,6 +228,7 @@ static void send_next(ferry__wqueue_t *q) {
       continue;
     }
     /* The transport may free the pieces at any time from here on. */
+    atomic_store(&c->task->sent_gen, q->gen);
     ferry__wtask_unref(c->task);
     c->task = NULL;
     ferry_transport_send_t m = {.release = chunk_release, .release_arg = c};
@@ -250,6 +279,7 @@ static void queue_reclaim(ferry__wqueue_t *q) {
 static void on_call_end(ferry_transport_stream_t *call, void *arg) {
   ferry__wqueue_t *q = arg;
   if (q->call == call) {
+    queue_lost_call(q);
     queue_set_call(q, NULL);
     q->sending = 0;
   }

@@ -759,6 +759,19 @@ bool ferry__wtasks_progress(ferry__wtasks_t *t, uint64_t job_id,
   return k != NULL;
 }
 
+size_t ferry__wtasks_mark_resend(ferry__wtasks_t *t, uint64_t job_id,
+                                 uint64_t client_id, uint64_t gen) {
+  size_t n = 0;
+  pthread_mutex_lock(&t->lock);
+  for (ferry__wtask_t *k = t->list; k != NULL; k = k->next)
+    if (k->job_id == job_id && k->client_id == client_id &&
+        !atomic_load(&k->cancelled) && atomic_load(&k->sent_gen) == gen &&
+        !atomic_exchange(&k->resend, true))
+      n++;
+  pthread_mutex_unlock(&t->lock);
+  return n;
+}
+
 int ferry__wtasks_report(ferry__wtasks_t *t,
                          Ferry__V1__WorkerHeartbeatRequest *req, void **mem) {
   size_t n = 0;
@@ -796,6 +809,7 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
     p->produced = k->produced;
     p->finished = k->finished;
     p->skipped = k->skipped;
+    p->resend = atomic_load(&k->resend);
     int64_t since = k->key != NULL ? atomic_load(&k->key->stall_since_ms) : 0;
     p->stalled_ms = since > 0 && now_ms > since ? (uint64_t)(now_ms - since)
                                                  : 0;

@@ -281,6 +281,12 @@ struct ferry__wtask_s {
   bool has_run_slot;        /* counted in key->runs (tasks lock) */
   int64_t added_ms;         /* CLOCK_MONOTONIC ms when it was added */
   bool key_active;          /* counted in key->tasks (until it ends) */
+  /* The stream its last chunk went out on (ferry__worker_t.call_gen; 0:
+   * none yet), and whether that stream then ended early, so the client
+   * may never have got them (TaskProgress.resend). Loop thread writes,
+   * the heartbeat thread reads. */
+  atomic_uint_least64_t sent_gen;
+  atomic_bool resend;
   /* Progress (tasks lock). */
   ferry__wtask_state_t state;
   uint64_t produced; /* positions done, counted from 0 */
@@ -381,6 +387,12 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 
 void ferry__wtask_unref(ferry__wtask_t *task);
 
+/* Marks for TaskProgress.resend the live tasks of (job, client) whose
+ * last chunk went out on the stream numbered `gen`, which ended early.
+ * Returns how many it marked. */
+size_t ferry__wtasks_mark_resend(ferry__wtasks_t *t, uint64_t job_id,
+                                 uint64_t client_id, uint64_t gen);
+
 /* Sets the directory of spill files (copied; NULL: $TMPDIR or /tmp). A
  * shuffled GZIP/ZLIB split is inflated once into an unlinked spill file
  * there and read back record by record in its permutation, so a worker's
@@ -438,6 +450,7 @@ typedef struct ferry__worker_s {
   bool async_on;      /* loop-owned */
 
   ferry__wqueue_t *queues; /* loop-owned */
+  uint64_t call_gen;       /* loop-owned: numbers the streams opened */
   /* The data-plane transports clients open streams through (stream.c):
    * [0] gRPC's StreamChunks on `server`, then the others built in. */
   ferry_transport_server_t *transports[FERRY__WTRANSPORTS];

@@ -268,6 +268,7 @@ Ferry__V1__WorkerHeartbeatResponse *fx_worker(ferry_disp_t *d, uint64_t id,
     t[i].skipped = tasks[i].skipped;
     t[i].error_code = tasks[i].error_code;
     t[i].stalled_ms = tasks[i].stalled_ms;
+    t[i].resend = tasks[i].resend;
     t[i].unread_ms = fx_unread_ms;
     if (tasks[i].error != NULL)
       t[i].error = (char *)tasks[i].error;

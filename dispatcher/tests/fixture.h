@@ -94,6 +94,7 @@ typedef struct fx_task_s {
   int32_t error_code;
   const char *error;
   uint64_t stalled_ms; /* its client's stream took nothing this long */
+  bool resend; /* its chunks went into a stream that ended early */
 } fx_task_t;
 
 /* TaskProgress.unread_ms of every task fx_worker reports (0 unless a test

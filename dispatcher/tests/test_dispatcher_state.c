@@ -804,6 +804,47 @@ Test(dispatcher, restart_of_the_current_lease) {
                "a lease the client cannot know of: ignored");
 }
 
+/* A worker whose chunks of a lease went into a stream that ended early
+ * (the client left it, e.g. after it broke, before this lease existed)
+ * reports the task (TaskProgress.resend): the row is leased again from
+ * what the client acknowledged, on any worker and without suspecting this
+ * one; a report naming a lease the row no longer has is ignored. */
+Test(dispatcher, chunks_sent_into_a_left_stream_are_leased_again) {
+  two_t ab = two_workers(2, DIST);
+  Ferry__V1__GetOrCreateJobResponse *j = ab.j;
+  Ferry__V1__ClientHeartbeatResponse *c;
+  uint64_t wa = ab.a->worker_id;
+
+  c = fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
+  cr_assert_eq(c->n_assignments, 2);
+  const Ferry__V1__Assignment *as = c->assignments[0];
+  if (as->worker_id != wa)
+    as = c->assignments[1];
+  cr_assert_eq(as->worker_id, wa);
+  uint32_t split = as->split;
+  uint64_t l1 = as->lease;
+  uint64_t prog[4] = {0, split, 4, 0};
+  fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 100);
+  fx_task_t t = TASK(j->job_id, 0, split, l1);
+  t.produced = 10;
+  t.finished = true;
+  t.resend = true;
+  Ferry__V1__WorkerHeartbeatResponse *a =
+      fx_worker(D, wa, "a", &t, 1, false, 200);
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 300);
+  const Ferry__V1__Assignment *now = assignment_of(c, split);
+  cr_assert_gt(now->lease, l1, "leased again");
+  cr_assert_eq(now->start, 4, "from what the client acknowledged");
+  /* The same report again (the worker has not seen the answer yet) names
+   * a lease the row no longer has: nothing changes. */
+  uint64_t l2 = now->lease;
+  a = fx_worker(D, wa, "a", &t, 1, false, 400);
+  (void)a;
+  c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 500);
+  cr_assert_eq(assignment_of(c, split)->lease, l2, "stale: ignored");
+  cr_assert_str_neq(fx_status(D, 500)->workers[0]->state, "suspect");
+}
+
 Test(dispatcher, lost_client_rows_return_to_the_pool) {
   const char *id = dataset(2);
   Ferry__V1__WorkerHeartbeatResponse *w = fx_worker(D, 0, "w", NULL, 0,
@@ -1099,8 +1140,8 @@ Test(dispatcher, skipped_counts_per_job_and_file) {
   w = fx_worker(D, 0, "w", NULL, 0, false, 0);
   j = fx_job(D, id, "", DIST, 1, SKIP, 0);
   fx_client(D, j->job_id, j->client_id, 2, NULL, 0, false, 0);
-  t[0] = (fx_task_t){j->job_id, 0, 0, 1, 5, 3, false, 0, NULL, 0};
-  t[1] = (fx_task_t){j->job_id, 0, 1, 1, 5, 1, false, 0, NULL, 0};
+  t[0] = (fx_task_t){j->job_id, 0, 0, 1, 5, 3, false, 0, NULL, 0, false};
+  t[1] = (fx_task_t){j->job_id, 0, 1, 1, 5, 1, false, 0, NULL, 0, false};
   fx_worker(D, w->worker_id, "w", t, 2, false, 10);
   t[0].skipped = 4; /* cumulative: one more */
   fx_worker(D, w->worker_id, "w", t, 2, false, 20);
@@ -1137,7 +1178,7 @@ Test(dispatcher, unknown_count_known_when_finished) {
   fx_client(D, j->job_id, j->client_id, 0, prog, 1, false, 10);
   c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 10);
   cr_assert_eq(c->n_assignments, 1, "not done while the total is unknown");
-  t = (fx_task_t){j->job_id, 0, 0, 1, 100, 0, true, 0, NULL, 0};
+  t = (fx_task_t){j->job_id, 0, 0, 1, 100, 0, true, 0, NULL, 0, false};
   fx_worker(D, w->worker_id, "w", &t, 1, false, 20);
   c = fx_client(D, j->job_id, j->client_id, 0, NULL, 0, false, 30);
   cr_assert_eq(c->state, FINISHED);
@@ -1275,7 +1316,7 @@ static void sim_worker_hb(sim_worker_t *w, uint64_t job, int64_t now) {
     sim_task_t *s = &w->tasks[i];
     /* Workers produce instantly: every task is finished. */
     t[i] = (fx_task_t){job, s->epoch, s->split, s->lease, s->count, 0, true,
-                       0, NULL, 0};
+                       0, NULL, 0, false};
   }
   r = fx_worker(D, w->id, w->addr, t, w->n, false, now);
   w->id = r->worker_id;
