@@ -228,8 +228,44 @@ int hx_net_heal(const hx_net_t *n, const char *host) {
   int i = host_index(n, host);
   if (i < 0)
     return -1;
-  return sh(NULL, 0, "ip netns exec %s iptables -w -F", n->ns[i]) == 0 ? 0
-                                                                       : -1;
+  return sh(NULL, 0, "ip netns exec %s iptables -w -F && ip netns exec %s "
+            "iptables -w -t nat -F", n->ns[i], n->ns[i]) == 0 ? 0 : -1;
+}
+
+#define RELAY_MARK "0x66"
+
+int hx_net_delay(const hx_net_t *n, const char *host, const char *peer,
+                 int delay_ms, double loss, char *why, size_t why_len) {
+  int i = host_index(n, host), k = host_index(n, peer);
+  if (i < 0 || k < 0) {
+    snprintf(why, why_len, "unknown host %s or %s", host, peer);
+    return -1;
+  }
+  if (delay_ms > 0) {
+    char ms[16], *argv[16];
+    snprintf(ms, sizeof(ms), "%d", delay_ms);
+    char *cmd[] = {"/usr/bin/python3", FERRY_DELAY_RELAY, "--delay-ms", ms,
+                   "--mark", RELAY_MARK, NULL};
+    hx_proc_t *relay;
+    if (hx_net_argv(n, host, cmd, argv, 16) == NULL ||
+        hx_spawn(&relay, "delay-relay", argv, 10000, why, why_len) != 0)
+      return -1;
+    const char *port = strrchr(relay->addr, ':');
+    if (port == NULL) {
+      snprintf(why, why_len, "delay relay: no port in %s", relay->addr);
+      return -1;
+    }
+    if (sh(why, why_len, "ip netns exec %s iptables -w -t nat -A OUTPUT -p "
+           "tcp -d %s -m mark ! --mark " RELAY_MARK " -j REDIRECT "
+           "--to-ports %s", n->ns[i], n->addr[k], port + 1) != 0)
+      return -1;
+  }
+  if (loss > 0 &&
+      sh(why, why_len, "ip netns exec %s iptables -w -A OUTPUT -d %s -m "
+         "statistic --mode random --probability %.4f -j DROP", n->ns[i],
+         n->addr[k], loss) != 0)
+    return -1;
+  return 0;
 }
 
 int hx_net_shape(const hx_net_t *n, const char *host, unsigned mbit) {

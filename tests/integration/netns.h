@@ -58,6 +58,17 @@ int hx_net_cut(const hx_net_t *n, const char *host, const char *peer,
 /* Removes every rule hx_net_cut added in `host`'s namespace. */
 int hx_net_heal(const hx_net_t *n, const char *host);
 
+/* Delays the TCP connections `host` opens to `peer` by `delay_ms` each
+ * way (tests/integration/delay_relay.py in host's namespace, behind an
+ * iptables REDIRECT of them: this kernel has no netem), and drops a
+ * fraction `loss` (0 to 1) of the packets host sends to peer. Call it
+ * both ways for a link whose ends both connect (UCX: the worker dials
+ * the trainer). The relay runs until hx_reap_all; hx_net_heal removes
+ * the rules. Returns 0, or -1 with `why` (no nat table, no statistic
+ * match, no python3). */
+int hx_net_delay(const hx_net_t *n, const char *host, const char *peer,
+                 int delay_ms, double loss, char *why, size_t why_len);
+
 /* Caps what reaches `host` from the others at `mbit` Mbit/s (a token
  * bucket on its switch port, as a narrow link to that host); 0 removes
  * the cap. Returns 0 or -1. */
