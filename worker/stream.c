@@ -143,7 +143,6 @@ static void queue_purge(ferry__wqueue_t *q, bool all) {
 
 static void send_next(ferry__wqueue_t *q);
 
-/* Ends the queue's stream, which waits for a reconnect. */
 /* The queue's stream ended early, not by the worker's finish: the client
  * cancelled it, went away or opened a newer one. Chunks that went out on
  * it may never have reached the client, and a lease granted after the
@@ -167,6 +166,7 @@ static void queue_lost_call(ferry__wqueue_t *q) {
   ferry__whb_task_ended(q->w, true);
 }
 
+/* Ends the queue's stream, which waits for a reconnect. */
 static void queue_end_call(ferry__wqueue_t *q, int status, const char *msg) {
   ferry_transport_stream_t *call = q->call;
   if (status != FERRY_RPC_OK && status != FERRY_RPC_UNAVAILABLE)
