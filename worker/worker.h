@@ -30,10 +30,14 @@
  * - A task is reference-counted (atomic): the table, the thread running it
  *   and each of its chunks hold one. Its `cancelled` flag is atomic.
  *
- * Lock order. The three mutexes (tasks, pool, inbox) are leaves: no code
- * holds two of them at once. Should that ever be needed, take them in the
- * order tasks -> pool -> inbox. The heartbeat thread's own mutex (hb_lock)
- * is likewise never held together with another one.
+ * Lock order: tasks -> pool. The tasks lock is held while the pool's is
+ * taken (park, unpark, wake_parked: the parked count), never the other
+ * way: the pool calls its release callback (wake_parked, which takes the
+ * tasks lock) after dropping its own, counted in in_cb. The inbox mutex
+ * and the heartbeat thread's hb_lock are leaves: nothing else is taken
+ * while one is held, and neither is taken under tasks or pool
+ * (ferry__wtasks_mark_resend drops the tasks lock before it wakes the
+ * heartbeat).
  */
 #ifndef FERRY_WORKER_H
 #define FERRY_WORKER_H
