@@ -305,6 +305,11 @@ struct ferry_client_s {
   struct ferry__stg_gpu_s *gpu; /* GPU staging's device side */
   size_t out_bytes;             /* a full batch's output */
 
+  /* Lock order: mu and the transports' locks (the UCX transport's
+   * client mutex) are never held together. Every call into a transport
+   * (next, copy, release, cancel, free; a chunk's copy into a slot too)
+   * is made with mu dropped, and a transport calls nothing of the
+   * client's while it holds its own. */
   pthread_mutex_t mu;
   pthread_cond_t ready_cv, space_cv, hb_cv;
 
