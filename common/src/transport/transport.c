@@ -93,6 +93,12 @@ void ferry__transport_request_free(Ferry__V1__StreamChunksRequest *m) {
 #define DEFAULT_PEER_TIMEOUT_MS 10000
 #define MIN_KEEPALIVE_TIMEOUT_MS 2000
 
+int ferry__transport_peer_timeout_ms(
+    const ferry_transport_client_config_t *cfg) {
+  return cfg != NULL && cfg->peer_timeout_ms > 0 ? cfg->peer_timeout_ms
+                                                 : DEFAULT_PEER_TIMEOUT_MS;
+}
+
 /* gRPC's TCP_USER_TIMEOUT alone (it sets it from the keepalive timeout)
  * only notices a peer gone while the client has bytes in flight: a
  * client cut off while it waits on a stream it has nothing to send on
@@ -102,9 +108,7 @@ void ferry__transport_client_opts(const ferry_transport_client_config_t *cfg,
   ferry_rpc_options_t o = {0};
   if (cfg != NULL && cfg->rpc_opts != NULL)
     o = *cfg->rpc_opts;
-  int half = (cfg != NULL && cfg->peer_timeout_ms > 0
-                  ? cfg->peer_timeout_ms
-                  : DEFAULT_PEER_TIMEOUT_MS) / 2;
+  int half = ferry__transport_peer_timeout_ms(cfg) / 2;
   if (o.keepalive_time_ms == 0)
     o.keepalive_time_ms =
         half > FERRY_RPC_MIN_KEEPALIVE_MS ? half : FERRY_RPC_MIN_KEEPALIVE_MS;

@@ -19,6 +19,10 @@ ferry__transport_request(ferry_rpc_call_t *call, const uint8_t *req,
                          size_t len, ferry_transport_open_t *o);
 void ferry__transport_request_free(Ferry__V1__StreamChunksRequest *m);
 
+/* cfg's peer timeout, or the default (10 s) where it leaves it 0. */
+int ferry__transport_peer_timeout_ms(
+    const ferry_transport_client_config_t *cfg);
+
 /* A client's channel options for its streams to workers: cfg's rpc_opts
  * (or none), with the keepalive, where they leave it 0, derived from the
  * peer timeout. Each stream has a gRPC connection of its own (UCX's

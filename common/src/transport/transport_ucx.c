@@ -1200,8 +1200,7 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
   cl->base.ops = &ferry_transport_ucx;
   ferry__transport_client_opts(cfg, &cl->opts);
-  cl->peer_timeout_ms =
-      cfg != NULL && cfg->peer_timeout_ms > 0 ? cfg->peer_timeout_ms : 10000;
+  cl->peer_timeout_ms = ferry__transport_peer_timeout_ms(cfg);
   cl->efd = cl->wake_fd = -1;
   int rc = ucx_open(&cl->ctx, &cl->worker, err);
   if (rc != 0) {
