@@ -380,6 +380,39 @@ Test(partitions, a_flapping_link_between_trainer_and_worker) {
 
 #define PYTHON "/usr/bin/python3"
 
+/* Starts the Python program `code` in host `to` (argv[1]: the host's
+ * address), a server that prints "listening on ADDR:PORT"; *port points
+ * at PORT in the returned process's address. */
+static hx_proc_t *py_server(const char *to, const char *name,
+                            const char *code, const char **port) {
+  char why[1024], *argv[16];
+  char *cmd[] = {PYTHON, "-c", (char *)code, (char *)hx_net_addr(&NET, to),
+                 NULL};
+  hx_proc_t *p;
+  cr_assert_not_null(hx_net_argv(&NET, to, cmd, argv, 16));
+  cr_assert_eq(hx_spawn(&p, name, argv, 10000, why, sizeof(why)), 0, "%s",
+               why);
+  *port = strrchr(p->addr, ':');
+  cr_assert_not_null(*port);
+  (*port)++;
+  return p;
+}
+
+/* Runs the Python program `code` in host `from` against py_server's
+ * `port` on host `to` (argv[1], argv[2]; argv[3]: `arg`, if any), at
+ * most `wait_ms`; it must exit 0. Its output in *run (hx_run_free). */
+static void py_client(const char *from, const char *to, const char *port,
+                      const char *code, const char *arg, int wait_ms,
+                      hx_run_t *run) {
+  char *argv[16];
+  char *cmd[] = {PYTHON, "-c", (char *)code, (char *)hx_net_addr(&NET, to),
+                 (char *)port, (char *)arg, NULL};
+  cr_assert_not_null(hx_net_argv(&NET, from, cmd, argv, 16));
+  cr_assert_eq(hx_run_capture(argv, wait_ms, run), 0);
+  cr_assert_eq(run->status, 0, "the client in %s failed: %s", from,
+               run->err);
+}
+
 /* A bare TCP stream of `mib` MiB from `from` to `to`: its rate in MB/s
  * (from the receiver's first byte to its last). */
 static double tcp_rate(const char *from, const char *to, int mib) {
@@ -401,23 +434,12 @@ static double tcp_rate(const char *from, const char *to, int mib) {
       "b=b'x'*(1<<20)\n"
       "for _ in range(int(sys.argv[3])): s.sendall(b)\n"
       "s.close()\n";
-  char why[1024], *argv[16], *sargv[16], count[16];
-  char *rcmd[] = {PYTHON, "-c", (char *)recv_py,
-                  (char *)hx_net_addr(&NET, to), NULL};
-  hx_proc_t *r;
-  cr_assert_not_null(hx_net_argv(&NET, to, rcmd, argv, 16));
-  cr_assert_eq(hx_spawn(&r, "tcp-receiver", argv, 10000, why, sizeof(why)), 0,
-               "%s", why);
-  const char *port = strrchr(r->addr, ':');
-  cr_assert_not_null(port);
+  const char *port;
+  hx_proc_t *r = py_server(to, "tcp-receiver", recv_py, &port);
+  char count[16];
   snprintf(count, sizeof(count), "%d", mib);
-  char *scmd[] = {PYTHON, "-c", (char *)send_py,
-                  (char *)hx_net_addr(&NET, to), (char *)port + 1, count,
-                  NULL};
-  cr_assert_not_null(hx_net_argv(&NET, from, scmd, sargv, 16));
   hx_run_t run;
-  cr_assert_eq(hx_run_capture(sargv, 120000, &run), 0);
-  cr_assert_eq(run.status, 0, "the TCP sender failed: %s", run.err);
+  py_client(from, to, port, send_py, count, 120000, &run);
   hx_run_free(&run);
   char line[256];
   cr_assert_eq(hx_read_line(r, "received ", 30000, line, sizeof(line)), 0);
@@ -428,6 +450,39 @@ static double tcp_rate(const char *from, const char *to, int mib) {
   hx_stop(r, SIGTERM, 5000, NULL);
   hx_forget(r);
   return secs > 0 ? (double)bytes / secs / 1e6 : 0;
+}
+
+/* The round trip in ms of a one-byte exchange from `from` to an echo
+ * server on `to` (the median of 5, after the connection's first). */
+static double round_trip_ms(const char *from, const char *to) {
+  static const char echo_py[] =
+      "import socket,sys\n"
+      "s=socket.socket(); s.bind((sys.argv[1],0)); s.listen(1)\n"
+      "print('listening on %s:%d' % (sys.argv[1], s.getsockname()[1]),"
+      " flush=True)\n"
+      "c,_=s.accept()\n"
+      "while True:\n"
+      "  b=c.recv(1)\n"
+      "  if not b: break\n"
+      "  c.sendall(b)\n";
+  static const char ping_py[] =
+      "import socket,sys,time\n"
+      "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
+      "s.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+      "v=[]\n"
+      "for i in range(6):\n"
+      "  t=time.monotonic(); s.sendall(b'x'); s.recv(1)\n"
+      "  v.append((time.monotonic()-t)*1000)\n"
+      "print('%.3f' % sorted(v[1:])[2])\n";
+  const char *port;
+  hx_proc_t *e = py_server(to, "echo", echo_py, &port);
+  hx_run_t run;
+  py_client(from, to, port, ping_py, NULL, 30000, &run);
+  double ms = atof(run.out != NULL ? run.out : "0");
+  hx_run_free(&run);
+  hx_stop(e, SIGTERM, 5000, NULL);
+  hx_forget(e);
+  return ms;
 }
 
 /* The trainer's rate in MB/s over its log, from its first batch to its
@@ -480,50 +535,6 @@ Test(partitions, a_1_gbit_link_to_the_trainer_is_filled) { capped(1000, 3); }
  * stream from worker1 over the same path in the same run (>= 0.8), and
  * nothing may time out spuriously: no stream fails, no restart, no fence,
  * no worker or client declared lost. */
-/* The round trip in ms of a one-byte exchange from `from` to an echo
- * server on `to` (the median of 5, after the connection's first). */
-static double round_trip_ms(const char *from, const char *to) {
-  static const char echo_py[] =
-      "import socket,sys\n"
-      "s=socket.socket(); s.bind((sys.argv[1],0)); s.listen(1)\n"
-      "print('listening on %s:%d' % (sys.argv[1], s.getsockname()[1]),"
-      " flush=True)\n"
-      "c,_=s.accept()\n"
-      "while True:\n"
-      "  b=c.recv(1)\n"
-      "  if not b: break\n"
-      "  c.sendall(b)\n";
-  static const char ping_py[] =
-      "import socket,sys,time\n"
-      "s=socket.create_connection((sys.argv[1],int(sys.argv[2])))\n"
-      "s.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
-      "v=[]\n"
-      "for i in range(6):\n"
-      "  t=time.monotonic(); s.sendall(b'x'); s.recv(1)\n"
-      "  v.append((time.monotonic()-t)*1000)\n"
-      "print('%.3f' % sorted(v[1:])[2])\n";
-  char why[1024], *argv[16], *pargv[16];
-  char *ecmd[] = {PYTHON, "-c", (char *)echo_py,
-                  (char *)hx_net_addr(&NET, to), NULL};
-  hx_proc_t *e;
-  cr_assert_not_null(hx_net_argv(&NET, to, ecmd, argv, 16));
-  cr_assert_eq(hx_spawn(&e, "echo", argv, 10000, why, sizeof(why)), 0, "%s",
-               why);
-  const char *port = strrchr(e->addr, ':');
-  cr_assert_not_null(port);
-  char *pcmd[] = {PYTHON, "-c", (char *)ping_py,
-                  (char *)hx_net_addr(&NET, to), (char *)port + 1, NULL};
-  cr_assert_not_null(hx_net_argv(&NET, from, pcmd, pargv, 16));
-  hx_run_t run;
-  cr_assert_eq(hx_run_capture(pargv, 30000, &run), 0);
-  cr_assert_eq(run.status, 0, "the ping failed: %s", run.err);
-  double ms = atof(run.out != NULL ? run.out : "0");
-  hx_run_free(&run);
-  hx_stop(e, SIGTERM, 5000, NULL);
-  hx_forget(e);
-  return ms;
-}
-
 static void delayed(const char *name, int delay_ms, double loss) {
   cluster_of(64);
   cr_assert(workers_registered(2, 15000), "the workers did not register");
