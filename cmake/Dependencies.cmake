@@ -30,6 +30,17 @@ elseif(NOT FERRY_WITH_UCX STREQUAL "OFF" AND FERRY_WITH_UCX)
 endif()
 if(FERRY_BUILD_TESTS)
   pkg_check_modules(CRITERION REQUIRED IMPORTED_TARGET criterion)
+  # What every Criterion test program links: Criterion, and under
+  # ThreadSanitizer the rand_r that places BoxFort's arena where TSan
+  # lets it map (tests/tsan/criterion_arena.c says why).
+  add_library(ferry-criterion INTERFACE)
+  add_library(ferry::criterion ALIAS ferry-criterion)
+  target_link_libraries(ferry-criterion INTERFACE PkgConfig::CRITERION)
+  if(FERRY_SANITIZE MATCHES "thread")
+    target_sources(ferry-criterion INTERFACE
+      ${PROJECT_SOURCE_DIR}/tests/tsan/criterion_arena.c)
+    target_link_libraries(ferry-criterion INTERFACE ${CMAKE_DL_LIBS})
+  endif()
 endif()
 find_program(PROTOC_C NAMES protoc-c REQUIRED)
 

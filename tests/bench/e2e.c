@@ -84,7 +84,7 @@ static int opt_batch = 1024; /* --batch */
 static const char *seed_ops = "dilate(3) | blur(11, 0.8)";
 
 typedef struct result_s {
-  char name[64];
+  char name[128];
   uint64_t records;
   double seconds;
   double stall; /* client's wait fraction; < 0: not a client run */
