@@ -224,10 +224,14 @@ int ferry_rpc_reply_error(ferry_rpc_call_t *call, int status,
 
 /* One piece of a streamed message. gRPC keeps a reference on `ptr` until
  * the bytes are written (possibly after on_sent ran, and until the server
- * is shut down at the latest) and then calls free_fn(free_arg) exactly
+ * is shut down at the latest, where a gRPC thread may drop it just after
+ * the shutdown's done callback) and then calls free_fn(free_arg) exactly
  * once, on whatever thread drops the last reference (a gRPC thread, the
- * loop, or the caller on failure): keep free_fn short and thread-safe.
- * With free_fn NULL the bytes are copied at once (small headers). */
+ * loop, or the caller on failure): keep free_fn short and thread-safe,
+ * and begin it with FERRY_TSAN_ACQUIRE(free_arg) (ferry/tsan.h), or
+ * ThreadSanitizer, which cannot see gRPC's hand-off, reports what it
+ * touches as racing with the sender. With free_fn NULL the bytes are
+ * copied at once (small headers). */
 typedef struct ferry_rpc_piece_s {
   const void *ptr;
   size_t len;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "ferry/alloc.h"
+#include "ferry/tsan.h"
 #include "rpc_internal.h"
 
 struct ferry_rpc_channel_s {
@@ -164,6 +165,7 @@ static gpr_timespec deadline_after(int ms) {
 
 static int start_ops(ferry_rpc_stream_t *s, const grpc_op *ops, size_t n,
                      bool *pending) {
+  FERRY_TSAN_RELEASE(pending);
   if (grpc_call_start_batch(s->call, ops, n, pending, NULL) != GRPC_CALL_OK)
     return FERRY_EIO;
   *pending = true;
@@ -242,6 +244,7 @@ static bool wait_event(ferry_rpc_stream_t *s, gpr_timespec deadline) {
   grpc_event ev = grpc_completion_queue_next(s->cq, deadline, NULL);
   if (ev.type != GRPC_OP_COMPLETE)
     return false;
+  FERRY_TSAN_ACQUIRE(ev.tag);
   *(bool *)ev.tag = false; /* the tag is the batch's pending flag */
   if (ev.tag == &s->status_pending)
     s->result = ferry_rpc_err_from_status(s->status);

@@ -27,6 +27,7 @@
 #include "ferry/alloc.h"
 #include "ferry/metrics.h"
 #include "ferry/log.h"
+#include "ferry/tsan.h"
 #include "rpc_internal.h"
 
 enum tag_kind {
@@ -134,6 +135,7 @@ static void *cq_thread(void *arg) {
     if (ev.type != GRPC_OP_COMPLETE)
       continue;
     struct tag *t = ev.tag;
+    FERRY_TSAN_ACQUIRE(t);
     t->success = ev.success;
     hand_off(s, t);
   }
@@ -210,6 +212,7 @@ static void maybe_free(struct ferry_rpc_call_s *c) {
 
 static int start_batch(struct ferry_rpc_call_s *c, const grpc_op *ops,
                        size_t n, struct tag *t) {
+  FERRY_TSAN_RELEASE(t);
   grpc_call_error e = grpc_call_start_batch(c->call, ops, n, t, NULL);
   if (e != GRPC_CALL_OK) {
     FERRY_LOG(FERRY_LOG_ERROR, "rpc: %s: grpc_call_start_batch: error %d",
@@ -233,6 +236,7 @@ static int request_call(ferry_rpc_server_t *s, struct method *m) {
   grpc_call_error e;
   if (c == NULL)
     return FERRY_ENOMEM;
+  FERRY_TSAN_RELEASE(&c->request_tag);
   if (m->handle != NULL)
     e = grpc_server_request_registered_call(s->server, m->handle, &c->call,
                                             &c->deadline, &c->md,
@@ -367,9 +371,11 @@ static grpc_byte_buffer *pieces_to_bb(const ferry_rpc_piece_t *pieces,
     const ferry_rpc_piece_t *p = &pieces[i];
     if (p->free_fn == NULL)
       slices[i] = grpc_slice_from_copied_buffer(p->ptr, p->len);
-    else
+    else {
+      FERRY_TSAN_RELEASE(p->free_arg); /* free_fn acquires it */
       slices[i] = grpc_slice_new_with_user_data((void *)p->ptr, p->len,
                                                 p->free_fn, p->free_arg);
+    }
   }
   /* The byte buffer takes its own reference on every slice. */
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, n);
@@ -666,16 +672,16 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
                          uv_strerror(rc));
   }
   s->async.data = s;
+  s->unknown.name = "(unknown method)";
+  s->unknown.kind = FERRY_RPC_UNARY;
+  set_tag(&s->shutdown_tag, TAG_SHUTDOWN, NULL);
+  set_tag(&s->cq_end_tag, TAG_CQ_END, NULL);
   if (pthread_create(&s->thread, NULL, cq_thread, s) != 0) {
     destroy_unstarted(s);
     ferry__rpc_tls_server_free(s->tls);
     uv_close((uv_handle_t *)&s->async, free_on_close);
     return ferry__seterr(err, FERRY_EIO, "rpc: cannot start a thread");
   }
-  s->unknown.name = "(unknown method)";
-  s->unknown.kind = FERRY_RPC_UNARY;
-  set_tag(&s->shutdown_tag, TAG_SHUTDOWN, NULL);
-  set_tag(&s->cq_end_tag, TAG_CQ_END, NULL);
   *out = s;
   return 0;
 }
@@ -763,6 +769,7 @@ void ferry_rpc_server_shutdown(ferry_rpc_server_t *s, ferry_rpc_done_cb done,
     maybe_finish_shutdown(s);
     return;
   }
+  FERRY_TSAN_RELEASE(&s->shutdown_tag);
   grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
   grpc_server_cancel_all_calls(s->server);
 }

@@ -15,6 +15,7 @@
 #include "ferry/log.h"
 #include "ferry/rpc_methods.h"
 #include "ferry/transport.h"
+#include "ferry/tsan.h"
 #include "ferry/v1/worker.pb-c.h"
 #include "transport_internal.h"
 
@@ -45,6 +46,7 @@ typedef struct grelease_s {
 
 static void piece_free(void *arg) {
   grelease_t *r = arg;
+  FERRY_TSAN_ACQUIRE(r); /* released when the piece went to gRPC */
   if (atomic_fetch_sub(&r->refs, 1) == 1) {
     r->release(r->arg);
     ferry__free(r);
