@@ -1700,11 +1700,12 @@ void ferry__wtasks_stop(ferry__wtasks_t *t) {
   pthread_cond_broadcast(&t->cv);
   pthread_mutex_unlock(&t->lock);
   ferry__wpool_wake(t->pool);
-  for (size_t i = 0; i < t->nthreads; i++) {
+  /* nthreads stays as it was: the heartbeat thread, still running,
+   * reports it. A second stop finds no threads. */
+  for (size_t i = 0; t->threads != NULL && i < t->nthreads; i++) {
     pthread_join(t->threads[i], NULL);
     ferry__wthread_free(t->thread_states[i]);
   }
-  t->nthreads = 0;
   ferry__free(t->threads);
   ferry__free(t->thread_states);
   t->threads = NULL;

@@ -343,7 +343,8 @@ typedef struct ferry__wtasks_s {
   void *end_arg;
   pthread_t *threads;
   struct ferry__wthread_s **thread_states;
-  size_t nthreads;
+  size_t nthreads; /* started; read by the heartbeat thread, fixed after
+                    * start (stop leaves it) */
 } ferry__wtasks_t;
 
 int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,

@@ -639,9 +639,12 @@ static void *reader_main(void *arg) {
     ferry_chunk_t ch;
     int rc = ferry_transport_next(w->stream, &msg, -1, &e);
     if (rc != 0) {
+      pthread_mutex_lock(&c->mu);
+      bool asked_to_stop = w->stop || c->stopping;
+      pthread_mutex_unlock(&c->mu);
       /* A lost worker is the dispatcher's business: it re-leases the
        * splits, and the next heartbeat reopens a stream if needed. */
-      if (rc != FERRY_EOF && !w->stop && !c->stopping) {
+      if (rc != FERRY_EOF && !asked_to_stop) {
         FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
                   e.msg);
         /* A UCX stream that failed before its first chunk most likely

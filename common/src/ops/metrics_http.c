@@ -27,7 +27,9 @@ struct ferry_metrics_http_s {
   struct MHD_Daemon *mhd;
   ferry_metrics_t *registry;
   atomic_bool ready;
-  bool (*ready_fn)(void *arg); /* set before requests may ask */
+  /* Set while the server already answers: ready_arg first, then
+   * ready_fn with release; requests load ready_fn with acquire. */
+  bool (*ready_fn)(void *arg);
   void *ready_arg;
 };
 
@@ -64,11 +66,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                  "method not allowed: GET or HEAD only\n");
   if (strcmp(url, "/healthz") == 0)
     return reply(conn, MHD_HTTP_OK, "ok\n");
-  if (strcmp(url, "/readyz") == 0)
+  if (strcmp(url, "/readyz") == 0) {
+    bool (*ready_fn)(void *) = __atomic_load_n(&h->ready_fn, __ATOMIC_ACQUIRE);
     return atomic_load(&h->ready) ||
-                   (h->ready_fn != NULL && h->ready_fn(h->ready_arg))
+                   (ready_fn != NULL && ready_fn(h->ready_arg))
                ? reply(conn, MHD_HTTP_OK, "ready\n")
                : reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+  }
   if (strcmp(url, "/metrics") != 0)
     return reply(conn, MHD_HTTP_NOT_FOUND,
                  "not found: /metrics, /healthz and /readyz exist\n");
@@ -191,7 +195,7 @@ void ferry_metrics_http_set_ready_fn(ferry_metrics_http_t *h,
   if (h == NULL)
     return;
   h->ready_arg = arg;
-  h->ready_fn = fn; /* a pointer store; requests read it after */
+  __atomic_store_n(&h->ready_fn, fn, __ATOMIC_RELEASE);
 }
 
 void ferry_metrics_http_stop(ferry_metrics_http_t *h) {
