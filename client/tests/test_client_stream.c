@@ -15,6 +15,7 @@
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
 #include "ferry/spec.h"
+#include "ferry/tsan.h"
 
 #define SPEC "tfrecord(\"/fake/train-*.tfrecord\") | decode(raw, 2, 3, 1) | " \
              "batch(4)"
@@ -64,6 +65,12 @@ static void finish(stream_t *s, int status) {
   free(s);
 }
 
+/* A sent chunk's free_fn (ferry_rpc_piece_t). */
+static void free_sent(void *buf) {
+  FERRY_TSAN_ACQUIRE(buf);
+  ferry__free(buf);
+}
+
 static void send_next(stream_t *s);
 
 static void on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
@@ -87,7 +94,7 @@ static void send_next(stream_t *s) {
                        .c = 1, .last = chunks[s->next].last};
   size_t len;
   uint8_t *buf = tu_chunk(&o, &len);
-  ferry_rpc_piece_t piece = {buf, len, ferry__free, buf};
+  ferry_rpc_piece_t piece = {buf, len, free_sent, buf};
   s->next++;
   s->sending = true;
   if (ferry_rpc_stream_send(s->call, &piece, 1, on_sent, s) != 0) {

@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,11 +185,12 @@ Test(idle_jobs, idle_clients_hold_no_worker) {
 typedef struct hostile_s {
   const char *dispatcher, *spec, *job_name;
   pthread_t th;
-  volatile bool stop;
+  atomic_bool stop;
   uint64_t job, client;
   uint8_t secret[64];
   size_t secret_len;
-  uint32_t beats, held, fenced, errors; /* held: most splits at once */
+  /* held: most splits at once; held and errors are read while it runs */
+  uint32_t beats, held, fenced, errors;
   char err[600];
 } hostile_t;
 
@@ -272,11 +274,11 @@ static void *hostile_main(void *arg) {
   if (ferry_rpc_channel_new(h->dispatcher, &ro, &ch, &err) != 0 ||
       hostile_join(h, ch, &err) != 0) {
     snprintf(h->err, sizeof(h->err), "%s", err.msg);
-    h->errors++;
+    __atomic_fetch_add(&h->errors, 1, __ATOMIC_RELAXED);
     ferry_rpc_channel_free(ch);
     return NULL;
   }
-  while (!h->stop) {
+  while (!atomic_load(&h->stop)) {
     Ferry__V1__ClientHeartbeatRequest q =
         FERRY__V1__CLIENT_HEARTBEAT_REQUEST__INIT;
     Ferry__V1__ClientHeartbeatResponse *r = NULL;
@@ -290,12 +292,13 @@ static void *hostile_main(void *arg) {
                      (ProtobufCMessage **)&r, &err) == 0) {
       h->beats++;
       if (r->n_assignments > h->held)
-        h->held = (uint32_t)r->n_assignments;
+        __atomic_store_n(&h->held, (uint32_t)r->n_assignments,
+                         __ATOMIC_RELAXED);
       h->fenced += r->fenced;
       protobuf_c_message_free_unpacked(&r->base, NULL);
     } else {
       snprintf(h->err, sizeof(h->err), "%s", err.msg);
-      h->errors++;
+      __atomic_fetch_add(&h->errors, 1, __ATOMIC_RELAXED);
     }
     usleep(50 * 1000);
   }
@@ -343,7 +346,7 @@ Test(idle_jobs, a_client_that_never_reads_loses_its_splits) {
   int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS, NULL, NULL,
                             &err);
   double took = hx_now_ms() - t0;
-  h.stop = true;
+  atomic_store(&h.stop, true);
   pthread_join(h.th, NULL);
   fprintf(stderr,
           "hostile client: held up to %u splits, %u heartbeats (%u answered "
@@ -431,7 +434,7 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
   long top = rss_max(peak);
   uint32_t most = 0, beats = 0, errors = 0;
   for (int i = 0; i < n; i++) {
-    h[i].stop = true;
+    atomic_store(&h[i].stop, true);
     pthread_join(h[i].th, NULL);
     most = h[i].held > most ? h[i].held : most;
     beats += h[i].beats;

@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,7 +244,7 @@ Test(operator, drain_mid_epoch_keeps_exactly_once) {
 typedef struct reader_s {
   ferry_client_t *c;
   pthread_t t;
-  volatile bool started;
+  atomic_bool started;
   int rc;
   char msg[512];
   double failed_at; /* hx_now_ms */

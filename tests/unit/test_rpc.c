@@ -24,6 +24,7 @@
 #include "ferry/alloc.h"
 #include "ferry/rpc.h"
 #include "ferry/rpc_methods.h"
+#include "ferry/tsan.h"
 #include "ferry/varint.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -257,11 +258,13 @@ static void fill_payload(uint8_t *p, size_t n, int index) {
 }
 
 static void count_free(void *p) {
+  FERRY_TSAN_ACQUIRE(p);
   atomic_fetch_add(&S.frees, 1);
   notify();
 }
 
 static void free_and_count(void *p) {
+  FERRY_TSAN_ACQUIRE(p);
   free(p);
   count_free(NULL);
 }
@@ -785,7 +788,7 @@ Test(rpc, client_cancel_mid_stream, .timeout = 60) {
    * failure) unless the last one had just completed: never more than one. */
   cr_assert_leq(atomic_load(&S.send_failed), 1, "on_sent failed twice");
   fx_stop();
-  cr_assert(pieces_all_freed(), "%d of %d pieces freed",
+  cr_assert(wait_for(pieces_all_freed), "%d of %d pieces freed",
             atomic_load(&S.frees), 2 * S.sent);
   free(S.shared);
 }
@@ -823,7 +826,7 @@ Test(rpc, server_shutdown_mid_stream_ends_client_stream, .timeout = 60) {
   pthread_join(F.thread, NULL);
   cr_assert_eq(uv_loop_close(&F.loop), 0);
   ferry_rpc_shutdown();
-  cr_assert(pieces_all_freed());
+  cr_assert(wait_for(pieces_all_freed));
   free(S.shared);
 }
 

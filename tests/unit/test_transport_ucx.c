@@ -110,7 +110,12 @@ static void on_end(ferry_transport_stream_t *s, void *arg) {
 /* Sends chunk headers "chunk N" and the payload with byte 0 = N. */
 static uint8_t hdrs[64][32];
 static void pump(void) {
-  while (F.s != NULL && F.sent < F.total &&
+  /* The script is set by the test's thread (set_script), under F.mu. */
+  pthread_mutex_lock(&F.mu);
+  int total = F.total;
+  bool finish_after = F.finish_after;
+  pthread_mutex_unlock(&F.mu);
+  while (F.s != NULL && F.sent < total &&
          F.inflight < (int)ferry_transport_window(F.s)) {
     int i = F.sent++;
     int n = snprintf((char *)hdrs[i % 64], sizeof(hdrs[0]), "chunk %d", i);
@@ -123,7 +128,7 @@ static void pump(void) {
       return;
     }
   }
-  if (F.s != NULL && F.finish_after && F.sent == F.total && F.inflight == 0) {
+  if (F.s != NULL && finish_after && F.sent == total && F.inflight == 0) {
     ferry_transport_stream_t *s = F.s;
     F.s = NULL;
     ferry_transport_finish(s, FERRY_RPC_OK, NULL);

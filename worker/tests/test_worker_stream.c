@@ -296,6 +296,27 @@ static void on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
 
 static void fake_done(void *arg) { (void)arg; }
 
+/* The fake dispatcher shares the worker's loop, whose thread is not the
+ * test's: its shutdown, like every ferry_rpc_server call, runs there. */
+typedef struct {
+  uv_async_t async;
+  ferry_rpc_server_t *disp;
+} disp_stop_t;
+
+static void disp_stop_cb(uv_async_t *a) {
+  disp_stop_t *d = a->data;
+  ferry_rpc_server_shutdown(d->disp, fake_done, NULL);
+  uv_close((uv_handle_t *)a, NULL);
+}
+
+/* Before the loop thread starts. */
+static void disp_stop_init(disp_stop_t *d, uv_loop_t *loop,
+                           ferry_rpc_server_t *disp) {
+  d->disp = disp;
+  d->async.data = d;
+  cr_assert_eq(uv_async_init(loop, &d->async, disp_stop_cb), 0);
+}
+
 Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   wt_file_t f;
   wt_file_make(&f, 25, FERRY_COMPRESSION_NONE, SIZE_MAX);
@@ -328,6 +349,8 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   cfg.chunk_bytes = 1 << 20;
   cfg.heartbeat_ms = 20;
   cr_assert_eq(ferry__worker_start(&s.w, &cfg, &s.loop, false, &err), 0);
+  disp_stop_t stop_disp;
+  disp_stop_init(&stop_disp, &s.loop, disp);
   cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
   cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
@@ -353,7 +376,7 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   cr_assert(ferry__whb_join(&s.w, 5000), "the heartbeat thread exits");
   cr_assert_geq(atomic_load(&fake.draining), 1, "draining reported (%d)",
                 atomic_load(&fake.draining));
-  ferry_rpc_server_shutdown(disp, fake_done, NULL);
+  uv_async_send(&stop_disp.async);
   pthread_join(s.thread, NULL);
   cr_assert(ferry__worker_close(&s.w, 1000));
   cr_assert_eq(uv_loop_close(&s.loop), 0);
@@ -499,6 +522,8 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   cfg.chunk_bytes = 2 * WT_BYTES;
   cfg.heartbeat_ms = LP_INTERVAL_MS;
   cr_assert_eq(ferry__worker_start(&s.w, &cfg, &s.loop, false, &err), 0);
+  disp_stop_t stop_disp;
+  disp_stop_init(&stop_disp, &s.loop, disp);
   cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
   cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
@@ -530,7 +555,7 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   int64_t t_drain = lp_wait(&fake.t_draining, 1, "draining reported");
   cr_assert_lt(t_drain - t_stop, 1000, "the final heartbeat took %lld ms",
                (long long)(t_drain - t_stop));
-  ferry_rpc_server_shutdown(disp, fake_done, NULL);
+  uv_async_send(&stop_disp.async);
   pthread_join(s.thread, NULL);
   cr_assert(ferry__worker_close(&s.w, 1000));
   cr_assert_eq(uv_loop_close(&s.loop), 0);
