@@ -197,6 +197,18 @@ void hx_reap_all(void);
 /* Set by Criterion tests: note each pid for hx_sweep_runner_pids. */
 extern bool hx_track_runner_pids;
 
+/* Whether this build's memory and rate figures may be asserted: not
+ * under ThreadSanitizer, whose shadow memory and access history grow
+ * with the run (VmRSS) and under which code runs several times slower
+ * (rates), so a test still prints them but checks only what it counts.
+ * Prints once per call why `what` is not asserted. */
+bool hx_figures_asserted(const char *what);
+
+/* With FERRY_IT_UCX_PROBE set: exits 77 (a skip), saying why, when UCX
+ * cannot start on this machine. In the Criterion runner, before any test
+ * (suite_hooks.c's ReportHook(PRE_ALL)). */
+void hx_ucx_probe(void);
+
 /* In the Criterion runner (ReportHook(POST_ALL)): SIGKILLs the daemons
  * that tests killed by their timeout left behind. */
 void hx_sweep_runner_pids(void);

@@ -518,8 +518,9 @@ static void capped(unsigned mbit, int epochs) {
           "stream %.1f MB/s, Ferry %.1f MB/s (%d epochs of %.1f MB; ratio "
           "%.2f)\n", mbit, tcp, ferry, epochs,
           (double)FILES * PER_FILE * DS.h * DS.w * DS.c / 1e6, ferry / tcp);
-  cr_assert_geq(ferry, 0.8 * tcp, "Ferry %.1f MB/s over a link where TCP "
-                "makes %.1f MB/s", ferry, tcp);
+  if (hx_figures_asserted("the capped link's rate"))
+    cr_assert_geq(ferry, 0.8 * tcp, "Ferry %.1f MB/s over a link where TCP "
+                  "makes %.1f MB/s", ferry, tcp);
 }
 
 Test(partitions, a_100_mbit_link_to_the_trainer_is_filled) { capped(100, 1); }
@@ -588,8 +589,9 @@ static void delayed(const char *name, int delay_ms, double loss) {
             "rendezvous fetch in flight per stream (open)\n", name);
     return;
   }
-  cr_assert_geq(ferry, 0.8 * tcp, "Ferry %.1f MB/s over a link where TCP "
-                "makes %.1f MB/s", ferry, tcp);
+  if (hx_figures_asserted("the delayed link's rate"))
+    cr_assert_geq(ferry, 0.8 * tcp, "Ferry %.1f MB/s over a link where TCP "
+                  "makes %.1f MB/s", ferry, tcp);
 }
 
 Test(partitions, a_link_with_50_ms_each_way_keeps_the_trainer_fed) {

@@ -87,9 +87,11 @@ Test(resources, worker_rss_within_buffer_bytes_under_a_slow_trainer) {
           "dataset %.0f MiB\n",
           rss0, peak, samples, hwm, bound, WORKER_BUFFER >> 20,
           WORKER_CONSTANT_KIB >> 10, dataset_mib);
-  cr_assert_leq(peak, bound, "sampled VmRSS %ld KiB over %ld KiB", peak,
-                bound);
-  cr_assert_leq(hwm, bound, "VmHWM %ld KiB over %ld KiB", hwm, bound);
+  if (hx_figures_asserted("the worker's VmRSS bound")) {
+    cr_assert_leq(peak, bound, "sampled VmRSS %ld KiB over %ld KiB", peak,
+                  bound);
+    cr_assert_leq(hwm, bound, "VmHWM %ld KiB over %ld KiB", hwm, bound);
+  }
   ferry_client_free(c);
   hx_dataset_free(&ds);
 }
@@ -213,8 +215,9 @@ static long churn(const char *what, const char *spec, const char *job) {
           rss_warm, WARMUP, rss, N_SHORT, rss - rss_warm,
           (double)(rss - rss_warm) * 1024 / (N_SHORT - WARMUP),
           DISPATCHER_GROWTH_KIB, (hx_now_ms() - t0) / 1000);
-  cr_assert_leq(rss - rss_warm, DISPATCHER_GROWTH_KIB,
-                "%s: the dispatcher grew %ld KiB", what, rss - rss_warm);
+  if (hx_figures_asserted("the dispatcher's VmRSS growth"))
+    cr_assert_leq(rss - rss_warm, DISPATCHER_GROWTH_KIB,
+                  "%s: the dispatcher grew %ld KiB", what, rss - rss_warm);
   return rss - rss_warm;
 }
 
