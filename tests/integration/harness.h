@@ -201,7 +201,7 @@ extern bool hx_track_runner_pids;
  * under ThreadSanitizer, whose shadow memory and access history grow
  * with the run (VmRSS) and under which code runs several times slower
  * (rates), so a test still prints them but checks only what it counts.
- * Prints once per call why `what` is not asserted. */
+ * When not, prints that `what` is not asserted, and why. */
 bool hx_figures_asserted(const char *what);
 
 /* With FERRY_IT_UCX_PROBE set: exits 77 (a skip), saying why, when UCX
