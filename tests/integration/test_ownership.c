@@ -18,10 +18,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ferry/tsan.h"
 #include "harness.h"
 
 #define NEXT_TIMEOUT_MS 10000
-#define REFUSE_BUDGET_MS 1000.0
+#define REFUSE_BUDGET_MS (1000.0 * FERRY_TSAN_SLOWDOWN)
 
 HX_SUITE(ownership, 60, NULL, NULL);
 
