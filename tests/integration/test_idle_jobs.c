@@ -167,11 +167,13 @@ Test(idle_jobs, idle_clients_hold_no_worker) {
   for (int i = 0; i < n_idle; i++)
     ferry_client_free(idlers[i]);
   free(idlers);
-  cr_assert_geq(busy, 0.5 * alone,
-                "real job: %.0f records/s alone, %.0f next to %d idle jobs",
-                alone, busy, n_idle);
-  cr_assert_leq(top, bound, "worker VmRSS %ld KiB over %ld KiB with %d idle "
-                "jobs", top, bound, n_idle);
+  if (hx_figures_asserted("the real job's rate next to idle jobs"))
+    cr_assert_geq(busy, 0.5 * alone,
+                  "real job: %.0f records/s alone, %.0f next to %d idle jobs",
+                  alone, busy, n_idle);
+  if (hx_figures_asserted("the worker's VmRSS next to idle jobs"))
+    cr_assert_leq(top, bound, "worker VmRSS %ld KiB over %ld KiB with %d "
+                  "idle jobs", top, bound, n_idle);
   hx_dataset_free(&real);
   hx_dataset_free(&idle);
 }
@@ -457,10 +459,13 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
   cr_assert_leq(most, UNREAD_ROWS,
                 "a client that never read held %u splits", most);
   cr_assert_eq(lost, 0, "workers declared lost next to them");
-  cr_assert_leq(top, bound, "worker VmRSS %ld KiB over %ld KiB", top, bound);
-  cr_assert_geq(busy, 0.5 * alone,
-                "real job: %.0f records/s alone, %.0f next to %d jobs that "
-                "never read", alone, busy, n);
+  if (hx_figures_asserted("the worker's VmRSS and the real job's rate")) {
+    cr_assert_leq(top, bound, "worker VmRSS %ld KiB over %ld KiB", top,
+                  bound);
+    cr_assert_geq(busy, 0.5 * alone,
+                  "real job: %.0f records/s alone, %.0f next to %d jobs "
+                  "that never read", alone, busy, n);
+  }
   hx_dataset_free(&real);
   hx_dataset_free(&hds);
 }
