@@ -329,7 +329,7 @@ static void *hb_main(void *arg) {
 int ferry__whb_start(ferry__worker_t *w, ferry_error_t *err) {
   if (pthread_create(&w->hb_thread, NULL, hb_main, w) != 0)
     return ferry__seterr(err, FERRY_EIO, "cannot start the heartbeat thread");
-  w->hb_started = true;
+  atomic_store(&w->hb_started, true);
   return 0;
 }
 
@@ -371,6 +371,6 @@ bool ferry__whb_join(ferry__worker_t *w, int ms) {
   }
   if (pthread_timedjoin_np(w->hb_thread, NULL, &until) != 0)
     return false;
-  w->hb_started = false;
+  atomic_store(&w->hb_started, false);
   return true;
 }

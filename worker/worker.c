@@ -99,7 +99,7 @@ void ferry__worker_shutdown(ferry__worker_t *w) {
   ferry_notify_stopping("draining");
   atomic_store(&w->draining, true);
   ferry__wtasks_drain(&w->tasks);
-  if (w->hb_started)
+  if (atomic_load(&w->hb_started))
     ferry__whb_quit(w);
   ferry__wtasks_stop(&w->tasks);
   if (w->server != NULL) {
@@ -248,7 +248,7 @@ fail:
 }
 
 bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
-  if (w->hb_started && !ferry__whb_join(w, hb_wait_ms))
+  if (atomic_load(&w->hb_started) && !ferry__whb_join(w, hb_wait_ms))
     return false;
   ferry__wtasks_close(&w->tasks);
   uint64_t used = ferry__wpool_used(&w->pool);

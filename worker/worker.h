@@ -470,7 +470,8 @@ typedef struct ferry__worker_s {
 
   /* Heartbeat thread. */
   pthread_t hb_thread;
-  bool hb_started;
+  atomic_bool hb_started; /* set before the loop runs; cleared by the join,
+                           which a test may call off the loop */
   pthread_mutex_t hb_lock;
   pthread_cond_t hb_cv;
   bool hb_quit;        /* hb_lock */

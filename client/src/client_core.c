@@ -840,6 +840,14 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   return rc;
 }
 
+/* stopping is written under mu by the closing thread. */
+static bool client_stopping(ferry_client_t *c) {
+  pthread_mutex_lock(&c->mu);
+  bool stopping = c->stopping;
+  pthread_mutex_unlock(&c->mu);
+  return stopping;
+}
+
 /* Brings the set of streams in line with a heartbeat answer: a stream per
  * worker address the client's splits are leased to (reopened if it
  * ended), none to workers gone from both the assignments and the live
@@ -861,7 +869,7 @@ static void sync_workers(ferry_client_t *c,
   for (size_t i = 0; i < c->n_workers; i++)
     c->workers[i]->seen = false;
   pthread_mutex_unlock(&c->mu);
-  for (size_t i = 0; i < r->n_assignments && !c->stopping; i++) {
+  for (size_t i = 0; i < r->n_assignments && !client_stopping(c); i++) {
     const Ferry__V1__Assignment *a = r->assignments[i];
     if (a->worker_address == NULL || a->worker_address[0] == '\0')
       continue;
