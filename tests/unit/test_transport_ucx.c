@@ -29,6 +29,7 @@
  * gives sends up, and slack for a loaded machine. */
 #define ABANDON_WAIT_MS 20000
 #define PAY (1u << 20)
+#define VARY 4096
 
 static const uint8_t SECRET[FERRY_CLIENT_SECRET_BYTES] = "0123456789abcdef";
 
@@ -46,6 +47,7 @@ static struct {
   uint8_t *payload; /* PAY bytes, the "pool" */
   size_t pay_len;   /* bytes of it each chunk sends (PAY unless a test
                      * sets fewer before it opens its stream) */
+  bool vary;        /* chunk i's payload starts at byte VARY * (i % 8) */
   void *memh;
   /* the server's stream and its script */
   ferry_transport_stream_t *s;
@@ -107,7 +109,7 @@ static void on_end(ferry_transport_stream_t *s, void *arg) {
   notify();
 }
 
-/* Sends chunk headers "chunk N" and the payload with byte 0 = N. */
+/* Sends chunk headers "chunk N" and a payload from the pool. */
 static uint8_t hdrs[64][32];
 static void pump(void) {
   /* The script is set by the test's thread (set_script), under F.mu. */
@@ -121,7 +123,8 @@ static void pump(void) {
     int n = snprintf((char *)hdrs[i % 64], sizeof(hdrs[0]), "chunk %d", i);
     ferry_transport_send_t m = {.release = on_release, .n = 2};
     m.pieces[0] = (ferry_transport_piece_t){hdrs[i % 64], (size_t)n};
-    m.pieces[1] = (ferry_transport_piece_t){F.payload, F.pay_len};
+    size_t at = F.vary ? VARY * (size_t)(i % 8) : 0;
+    m.pieces[1] = (ferry_transport_piece_t){F.payload + at, F.pay_len};
     F.inflight++;
     if (ferry_transport_send(F.s, &m) != 0) {
       F.inflight--;
@@ -244,14 +247,17 @@ static void teardown(void) {
 
 TestSuite(transport_ucx, .init = setup, .fini = teardown, .timeout = 60);
 
-static ferry_transport_client_t *client(void) {
+static ferry_transport_client_t *client_with(int slow_fetch_ms) {
   ferry_transport_client_t *cl = NULL;
   ferry_error_t err = {0};
-  ferry_transport_client_config_t cfg = {.peer_timeout_ms = 5000};
+  ferry_transport_client_config_t cfg = {.peer_timeout_ms = 5000,
+                                         .slow_fetch_ms = slow_fetch_ms};
   cr_assert_eq(ferry_transport_ucx.client_new(&cfg, &cl, &err), 0, "%s",
                err.msg);
   return cl;
 }
+
+static ferry_transport_client_t *client(void) { return client_with(0); }
 
 static ferry_transport_cstream_t *open_stream(ferry_transport_client_t *cl,
                                               const uint8_t *secret) {
@@ -293,7 +299,9 @@ static void read_one(ferry_transport_cstream_t *s, int want, uint8_t *dst,
   } else {
     cr_assert_eq(m.copy(&m, (size_t)n, dst, pay), pay);
   }
-  cr_assert_eq(memcmp(dst, F.payload, pay), 0, "payload %d differs", want);
+  size_t at = F.vary ? VARY * (size_t)(want % 8) : 0;
+  cr_assert_eq(memcmp(dst, F.payload + at, pay), 0, "payload %d differs",
+               want);
   ferry_transport_msg_release(&m);
 }
 
@@ -344,6 +352,72 @@ static bool has_sent_window(void) { return F.sent >= 8; }
 
 static bool ended_and_released(void) {
   return atomic_load(&F.ends) == 1 && atomic_load(&F.releases) == F.sent;
+}
+
+/* On a slow link the client fetches the next payloads while the reader
+ * copies this one (slow_fetch_ms < 0 takes every link for slow): each
+ * chunk still gets its own payload, in order, whichever way it is copied
+ * (whole, in parts, or not at all: a message released with its payload
+ * fetched ahead drops that receive), and every send completes. */
+static bool all_released(void) {
+  return F.sent > 0 && atomic_load(&F.releases) == F.sent;
+}
+
+Test(transport_ucx, payloads_fetched_ahead_arrive_in_order) {
+  pthread_mutex_lock(&F.mu);
+  F.vary = true;
+  F.pay_len = PAY - 8 * VARY;
+  pthread_mutex_unlock(&F.mu);
+  set_script(60, true);
+  ferry_transport_client_t *cl = client_with(-1);
+  ferry_transport_cstream_t *s = open_stream(cl, SECRET);
+  uint8_t *dst = ferry__malloc(PAY);
+  for (int i = 0; i < 60; i++) {
+    if (i % 7 == 5) { /* the header only: the payload is never copied */
+      ferry_transport_msg_t m;
+      ferry_error_t err = {0};
+      cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), 0, "%s",
+                   err.msg);
+      char hdr[32] = {0}, exp[32];
+      int n = snprintf(exp, sizeof(exp), "chunk %d", i);
+      cr_assert_eq(m.copy(&m, 0, hdr, (size_t)n), (size_t)n);
+      cr_assert_str_eq(hdr, exp);
+      ferry_transport_msg_release(&m);
+      continue;
+    }
+    read_one(s, i, dst, i % 3 == 2);
+  }
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
+               err.msg);
+  cr_assert(wait_for(all_released), "%d of %d sends released",
+            atomic_load(&F.releases), F.sent);
+  ferry__free(dst);
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
+  cr_assert_eq(F.sent, 60);
+}
+
+/* A reader that cancels with payloads fetched ahead: the stream ends and
+ * every send completes (teardown: every allocation came back). */
+Test(transport_ucx, cancel_with_payloads_fetched_ahead_releases_them) {
+  set_script(1000, false);
+  ferry_transport_client_t *cl = client_with(-1);
+  ferry_transport_cstream_t *s = open_stream(cl, SECRET);
+  uint8_t *dst = ferry__malloc(PAY);
+  for (int i = 0; i < 5; i++)
+    read_one(s, i, dst, false);
+  ferry_transport_cancel(s);
+  ferry_transport_msg_t m;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err),
+               FERRY_EGRPC_CANCELLED);
+  cr_assert(wait_for(ended_and_released), "ends %d, releases %d of %d",
+            atomic_load(&F.ends), atomic_load(&F.releases), F.sent);
+  ferry__free(dst);
+  ferry_transport_cstream_free(s);
+  cl->ops->client_free(cl);
 }
 
 Test(transport_ucx, cancel_ends_the_stream_and_releases_every_send) {

@@ -191,6 +191,11 @@ typedef struct ferry_transport_client_config_s {
                                           (next fails); 0: 10000 (gRPC:
                                           its keepalive, where rpc_opts
                                           leave it 0) */
+  int slow_fetch_ms;                   /* UCX: a payload receive this slow
+                                          marks a slow link, where the
+                                          next payloads are fetched ahead
+                                          of the reader; 0: 5 ms; < 0:
+                                          every link (tests) */
 } ferry_transport_client_config_t;
 
 /* Where to open a stream: the worker's gRPC address (always; gRPC

@@ -38,6 +38,20 @@
  * receive and release operations through a queue and an eventfd, and wait
  * for receives on a condition variable.
  *
+ * Fetching ahead. A rendezvous payload costs a round trip before its
+ * bytes move, and a reader receives one payload at a time: on a link
+ * with 100 ms round trips that held a stream to a chunk per round trip
+ * (0.55 to 0.6 of a TCP stream's rate). Where a receive took
+ * slow_fetch_ms (5 ms) or more, the reader that starts one also posts the
+ * receives of the next AHEAD_MAX payloads already announced, into buffers
+ * of their own (a copy more, which such a link does not notice); on a
+ * fast link it still receives each payload straight into its staging
+ * slot. The payloads in flight share the link, so one may take several
+ * times longer than alone: the peer timeout counts from when the reader
+ * starts to wait and is renewed whenever a payload fetched ahead on the
+ * same stream arrives (the peer is alive), so it only fires when nothing
+ * has come from the worker for that long.
+ *
  * The AM headers are in host byte order: both ends must be little-endian
  * (x86-64, aarch64).
  */
@@ -46,6 +60,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -73,6 +88,13 @@ enum { AM_HDR = 0x4601, AM_PAY = 0x4602, AM_END = 0x4603 };
 /* After the forced close, before sends that never completed are given
  * up (abandon_sends). */
 #define ABANDON_MS 4000
+/* Client: a payload whose receive took this long or more marks a slow
+ * link ("Fetching ahead" above). */
+#define AHEAD_MS 5 /* the default of slow_fetch_ms */
+#define AHEAD_MAX 3                /* payloads fetched ahead per stream */
+#define AHEAD_BYTES (16u << 20)    /* ... and their bytes */
+/* Client free: how long receives given up may still take to end. */
+#define FREE_DRAIN_MS 500
 
 typedef struct amhdr_s {
   uint64_t stream_id;
@@ -89,12 +111,27 @@ static int64_t mono_ms(void) {
 
 /* A UCP context and a worker with the AM and wakeup features. */
 static int ucx_open(ucp_context_h *ctx, ucp_worker_h *worker,
-                    ferry_error_t *err) {
+                    bool indirect_ids, ferry_error_t *err) {
   ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES |
                                   UCP_PARAM_FIELD_NAME,
                     .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
                     .name = "ferry"};
-  ucs_status_t st = ucp_init(&p, NULL, ctx);
+  /* The client's endpoint ids go on the wire indirect: an endpoint UCX
+   * dropped after its worker died is then looked up as missing (the
+   * receive of a payload it announced fails) instead of through a
+   * dangling pointer, which asserted in ucp_rndv_receive (UCX 1.13 sends
+   * pointers in mode NONE). Not the worker's: with indirect ids UCX keeps
+   * each endpoint's requests on a list and asserts when a worker is
+   * destroyed with one left, and a killed client's rendezvous sends stay
+   * outstanding for good (abandon_sends). An operator's
+   * UCX_PROTO_INDIRECT_ID wins. */
+  ucp_config_t *config = NULL;
+  ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+  if (st == UCS_OK && indirect_ids && getenv("UCX_PROTO_INDIRECT_ID") == NULL)
+    (void)ucp_config_modify(config, "PROTO_INDIRECT_ID", "on");
+  st = ucp_init(&p, st == UCS_OK ? config : NULL, ctx);
+  if (config != NULL)
+    ucp_config_release(config);
   if (st != UCS_OK)
     return ferry__seterr(err, FERRY_EIO, "transport ucx: ucp_init: %s",
                          ucs_status_string(st));
@@ -599,7 +636,7 @@ static int u_server_new(const ferry_transport_server_config_t *cfg,
   srv->base.ops = &ferry_transport_ucx;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
-  int rc = ucx_open(&srv->ctx, &srv->worker, err);
+  int rc = ucx_open(&srv->ctx, &srv->worker, false, err);
   if (rc != 0) {
     ferry__free(srv);
     return rc;
@@ -838,24 +875,31 @@ typedef struct umsg_s {
   bool pay_is_bounce;  /* pay is the stream's bounce buffer (not freed) */
   const uint8_t *direct; /* where the payload was received directly */
   bool pay_failed;
+  struct uop_s *ahead; /* the payload's receive, posted ahead of the reader
+                          (on a slow link) into a buffer of its own */
 } umsg_t;
 
 enum { OP_RECV, OP_RELEASE };
+typedef struct uclient_s uclient_t;
 typedef struct uop_s {
   struct uop_s *next;
+  uclient_t *cl;
   int kind;
   void *desc;
   void *dst;
   size_t len;
+  void *own;        /* a buffer the op owns (dst of a fetch ahead) */
+  int64_t posted_ms, done_ms;
   atomic_int state; /* OPS_PENDING, OPS_DONE, OPS_ABANDONED */
   ucs_status_t st;
 } uop_t;
 enum { OPS_PENDING, OPS_DONE, OPS_ABANDONED };
 
-typedef struct uclient_s {
+struct uclient_s {
   ferry_transport_client_t base;
   ferry_rpc_options_t opts;
   int peer_timeout_ms;
+  int slow_fetch_ms; /* 0: fetch ahead on every link */
   ucp_context_h ctx;
   ucp_worker_h worker;
   ucp_address_t *addr;
@@ -868,7 +912,9 @@ typedef struct uclient_s {
   uop_t *ops, *ops_tail;
   ucstream_t *streams;
   uint64_t next_id;
-} uclient_t;
+  /* Receives given up while UCP still held them (a worker cut off). */
+  atomic_int abandoned;
+};
 
 struct ucstream_s {
   ferry_transport_cstream_t base;
@@ -899,6 +945,8 @@ struct ucstream_s {
    * more than the copy). One message is read at a time. */
   uint8_t *bounce;
   size_t bounce_cap;
+  /* The last payload receive took slow_fetch_ms or more (mu). */
+  bool fetch_ahead;
 };
 
 static void cl_wake(uclient_t *cl) {
@@ -917,9 +965,13 @@ static void op_push_locked(uclient_t *cl, uop_t *op) {
   cl->ops_tail = op;
 }
 
+static void op_drop(uop_t *op);
+
 static void umsg_free(uclient_t *cl, umsg_t *m, bool locked, bool peer_dead) {
   if (m == NULL)
     return;
+  if (m->ahead != NULL)
+    op_drop(m->ahead);
   /* A dead worker's descriptors are left alone: UCX may have dropped the
    * endpoint they refer to (releasing one then asserts in UCX). */
   if (m->desc != NULL && !peer_dead) {
@@ -1123,8 +1175,24 @@ static ucs_status_t on_am_end(void *arg, const void *header, size_t hlen,
  * broadcast after progress, or it gave up and the op is freed here. */
 static void op_finish(uop_t *op, ucs_status_t st) {
   op->st = st;
-  if (atomic_exchange(&op->state, OPS_DONE) == OPS_ABANDONED)
+  op->done_ms = mono_ms();
+  if (atomic_exchange(&op->state, OPS_DONE) == OPS_ABANDONED) {
+    atomic_fetch_sub(&op->cl->abandoned, 1);
+    ferry__free(op->own);
     ferry__free(op);
+  }
+}
+
+/* Gives up a receive nobody will wait for: freed now if it ended, else
+ * left to UCP, whose completion frees it with its buffer. */
+static void op_drop(uop_t *op) {
+  int state = OPS_PENDING;
+  atomic_fetch_add(&op->cl->abandoned, 1);
+  if (!atomic_compare_exchange_strong(&op->state, &state, OPS_ABANDONED)) {
+    atomic_fetch_sub(&op->cl->abandoned, 1);
+    ferry__free(op->own);
+    ferry__free(op);
+  }
 }
 
 static void op_recv_done(void *req, ucs_status_t st, size_t len, void *user) {
@@ -1201,8 +1269,10 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
   cl->base.ops = &ferry_transport_ucx;
   ferry__transport_client_opts(cfg, &cl->opts);
   cl->peer_timeout_ms = ferry__transport_peer_timeout_ms(cfg);
+  int slow = cfg != NULL ? cfg->slow_fetch_ms : 0;
+  cl->slow_fetch_ms = slow == 0 ? AHEAD_MS : slow < 0 ? 0 : slow;
   cl->efd = cl->wake_fd = -1;
-  int rc = ucx_open(&cl->ctx, &cl->worker, err);
+  int rc = ucx_open(&cl->ctx, &cl->worker, true, err);
   if (rc != 0) {
     ferry__free(cl);
     return rc;
@@ -1266,9 +1336,29 @@ static void u_client_free(ferry_transport_client_t *base) {
   run_ops(cl); /* releases queued by the last cstream_free */
   while (ucp_worker_progress(cl->worker) != 0) {
   }
-  ucp_worker_release_address(cl->worker, cl->addr);
-  ucp_worker_destroy(cl->worker);
-  ucp_cleanup(cl->ctx);
+  /* Receives given up on a worker cut off (not dead: UCX saw no error)
+   * may still end on a slow link; give them a moment. UCX 1.13 asserts
+   * when a worker is destroyed with such a receive left on an endpoint
+   * (its list of requests, kept with indirect ids), so then the UCP
+   * worker is left to the process's exit. */
+  int64_t until = mono_ms() + FREE_DRAIN_MS;
+  while (atomic_load(&cl->abandoned) > 0 && mono_ms() < until) {
+    if (ucp_worker_progress(cl->worker) == 0 &&
+        ucp_worker_arm(cl->worker) == UCS_OK) {
+      struct pollfd pfd = {.fd = cl->efd, .events = POLLIN};
+      (void)poll(&pfd, 1, 10);
+    }
+  }
+  int left = atomic_load(&cl->abandoned);
+  if (left > 0) {
+    FERRY_LOG(FERRY_LOG_WARN, "transport ucx: %d payload receives from "
+              "workers cut off never ended; the client's UCX worker is "
+              "left to the process's exit", left);
+  } else {
+    ucp_worker_release_address(cl->worker, cl->addr);
+    ucp_worker_destroy(cl->worker);
+    ucp_cleanup(cl->ctx);
+  }
   close(cl->wake_fd);
   pthread_mutex_destroy(&cl->mu);
   pthread_cond_destroy(&cl->op_cv);
@@ -1289,6 +1379,7 @@ static int u_open(ferry_transport_client_t *base,
   s->base.ops = &ferry_transport_ucx;
   s->cl = cl;
   pthread_cond_init(&s->cv, NULL);
+  s->fetch_ahead = cl->slow_fetch_ms == 0;
   pthread_mutex_lock(&cl->mu);
   s->id = cl->next_id++;
   s->next = cl->streams;
@@ -1326,6 +1417,101 @@ static int u_open(ferry_transport_client_t *base,
   return 0;
 }
 
+/* On a slow link, posts the receives of the next chunks' payloads, each
+ * into a buffer of its own, while the reader receives this one's: up to
+ * 1 + AHEAD_MAX fetches in flight per stream instead of one, each a round
+ * trip. They share the link (recv_wait's timeout allows for that). Only
+ * while the peer is not known dead (mu held). */
+static void fetch_ahead_locked(ucstream_t *s, const umsg_t *cur) {
+  uclient_t *cl = s->cl;
+  if (!s->fetch_ahead || s->peer_dead || s->cancelled || s->final_rc != 0)
+    return;
+  unsigned count = 0;
+  size_t bytes = 0;
+  uint64_t seq = cur->seq + 1;
+  for (umsg_t *n = s->msgs; n != NULL && n->seq == seq; n = n->next, seq++) {
+    if (n->ahead != NULL) {
+      count++;
+      bytes += n->pay_len;
+      continue;
+    }
+    if (n->desc == NULL || n->pay_failed)
+      break; /* its payload is not in yet, or not a rendezvous */
+    if (count >= AHEAD_MAX || bytes + n->pay_len > AHEAD_BYTES)
+      break;
+    uop_t *op = ferry__calloc(1, sizeof(*op));
+    uint8_t *buf = ferry__malloc(n->pay_len > 0 ? n->pay_len : 1);
+    if (op == NULL || buf == NULL) {
+      ferry__free(op);
+      ferry__free(buf);
+      break; /* the reader fetches it when it gets there */
+    }
+    op->cl = cl;
+    op->kind = OP_RECV;
+    op->desc = n->desc;
+    op->dst = op->own = buf;
+    op->len = n->pay_len;
+    op->posted_ms = mono_ms();
+    n->desc = NULL;
+    n->ahead = op;
+    op_push_locked(cl, op);
+    count++;
+    bytes += n->pay_len;
+  }
+  if (count > 0)
+    cl_wake(cl);
+}
+
+/* When a payload fetched ahead last arrived on the stream (mu held). */
+static int64_t ahead_heard_locked(const ucstream_t *s) {
+  int64_t heard = 0;
+  for (const umsg_t *m = s->msgs; m != NULL; m = m->next)
+    if (m->ahead != NULL && atomic_load(&m->ahead->state) == OPS_DONE &&
+        m->ahead->done_ms > heard)
+      heard = m->ahead->done_ms;
+  return heard;
+}
+
+/* Waits for a payload receive (mu not held). True when it arrived; on a
+ * timeout the op is left to UCP. The peer timeout runs from now, and is
+ * renewed while payloads fetched ahead on the same stream keep arriving:
+ * those share the link with this one, which then takes longer, but the
+ * peer is alive. */
+static bool recv_wait(ucstream_t *s, uop_t *op, bool *gave_up,
+                      ucs_status_t *st) {
+  uclient_t *cl = s->cl;
+  int64_t until = mono_ms() + cl->peer_timeout_ms;
+  pthread_mutex_lock(&cl->mu);
+  while (atomic_load(&op->state) == OPS_PENDING) {
+    if (mono_ms() >= until) {
+      int64_t heard = ahead_heard_locked(s);
+      if (heard + cl->peer_timeout_ms <= mono_ms())
+        break;
+      until = heard + cl->peer_timeout_ms;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&cl->op_cv, &cl->mu, &ts);
+  }
+  int state = OPS_PENDING;
+  atomic_fetch_add(&cl->abandoned, 1);
+  *gave_up = atomic_compare_exchange_strong(&op->state, &state,
+                                            OPS_ABANDONED);
+  if (!*gave_up)
+    atomic_fetch_sub(&cl->abandoned, 1);
+  *st = *gave_up ? UCS_ERR_TIMED_OUT : op->st;
+  bool ok = !*gave_up && op->st == UCS_OK;
+  if (ok)
+    s->fetch_ahead = op->done_ms - op->posted_ms >= cl->slow_fetch_ms;
+  pthread_mutex_unlock(&cl->mu);
+  return ok;
+}
+
 static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
                        void *dst, size_t n) {
   ucstream_t *s = mv->impl_[0];
@@ -1345,85 +1531,88 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
   if (done == n)
     return n;
   size_t poff = off + done - m->hdr_len, plen = n - done;
-  /* The descriptor is taken under mu: AM_END with an error (progress
-   * thread) gives back one the reader has not claimed. */
+  /* The descriptor (or the receive posted ahead) is taken under mu: AM_END
+   * with an error (progress thread) gives back one the reader has not
+   * claimed. */
   pthread_mutex_lock(&cl->mu);
   void *desc = m->desc;
+  uop_t *ahead = m->ahead;
   bool failed = m->pay_failed;
   /* Reads within the payload's first bytes (the chunk parser's window
    * past the header) come from the prefix copy; one that starts in the
    * header stops after it while the payload is still on the worker: the
    * payload is fetched by the copy that names where it goes. */
+  bool pending = desc != NULL || ahead != NULL;
   bool from_prefix = poff + plen <= m->prefix_len || done > 0;
-  if (desc != NULL && !from_prefix)
+  if (pending && !from_prefix) {
     m->desc = NULL; /* claimed: the receive below owns it */
+    m->ahead = NULL;
+  }
   pthread_mutex_unlock(&cl->mu);
-  if (from_prefix && (desc != NULL || failed)) {
+  if (from_prefix && (pending || failed)) {
     size_t k = poff < m->prefix_len ? m->prefix_len - poff : 0;
     if (k > plen)
       k = plen;
     memcpy(d + done, m->hdr + m->hdr_len + poff, k);
     return done + k;
   }
-  if (failed)
+  if (failed && ahead == NULL)
     return done;
-  if (desc != NULL) {
+  if (pending) {
     /* The first payload copy: straight into dst when it takes the whole
-     * payload, else into a bounce buffer. */
-    bool direct = poff == 0 && plen == m->pay_len;
-    uop_t *op = ferry__calloc(1, sizeof(*op));
-    if (!direct && s->bounce_cap < m->pay_len) {
-      ferry__free(s->bounce);
-      s->bounce = ferry__malloc(m->pay_len);
-      s->bounce_cap = s->bounce != NULL ? m->pay_len : 0;
-    }
-    uint8_t *bounce = direct ? NULL : s->bounce;
-    if (op == NULL || (!direct && bounce == NULL)) {
-      ferry__free(op);
-      pthread_mutex_lock(&cl->mu);
-      m->desc = desc; /* released with the message */
-      m->pay_failed = true;
-      pthread_mutex_unlock(&cl->mu);
-      return 0;
-    }
-    op->kind = OP_RECV;
-    op->desc = desc;
-    op->dst = direct ? d + done : bounce;
-    op->len = m->pay_len;
-    pthread_mutex_lock(&cl->mu);
-    op_push_locked(cl, op);
-    pthread_mutex_unlock(&cl->mu);
-    cl_wake(cl);
-    int64_t until = mono_ms() + cl->peer_timeout_ms;
-    pthread_mutex_lock(&cl->mu);
-    while (atomic_load(&op->state) == OPS_PENDING && mono_ms() < until) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 50 * 1000000;
-      if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
+     * payload, else into a bounce buffer; or from the receive posted
+     * ahead. */
+    bool direct = ahead == NULL && poff == 0 && plen == m->pay_len;
+    uop_t *op = ahead;
+    uint8_t *bounce = NULL;
+    if (op == NULL) {
+      op = ferry__calloc(1, sizeof(*op));
+      if (!direct && s->bounce_cap < m->pay_len) {
+        ferry__free(s->bounce);
+        s->bounce = ferry__malloc(m->pay_len);
+        s->bounce_cap = s->bounce != NULL ? m->pay_len : 0;
       }
-      pthread_cond_timedwait(&cl->op_cv, &cl->mu, &ts);
+      bounce = direct ? NULL : s->bounce;
+      if (op == NULL || (!direct && bounce == NULL)) {
+        ferry__free(op);
+        pthread_mutex_lock(&cl->mu);
+        m->desc = desc; /* released with the message */
+        m->pay_failed = true;
+        pthread_mutex_unlock(&cl->mu);
+        return 0;
+      }
+      op->cl = cl;
+      op->kind = OP_RECV;
+      op->desc = desc;
+      op->dst = direct ? d + done : bounce;
+      op->len = m->pay_len;
+      op->posted_ms = mono_ms();
+      pthread_mutex_lock(&cl->mu);
+      op_push_locked(cl, op);
+      pthread_mutex_unlock(&cl->mu);
+      cl_wake(cl);
     }
-    int state = OPS_PENDING;
-    bool gave_up = atomic_compare_exchange_strong(&op->state, &state,
-                                                  OPS_ABANDONED);
-    ucs_status_t st_copy = gave_up ? UCS_ERR_TIMED_OUT : op->st;
-    bool ok = !gave_up && op->st == UCS_OK;
+    pthread_mutex_lock(&cl->mu);
+    fetch_ahead_locked(s, m);
+    pthread_mutex_unlock(&cl->mu);
+    bool gave_up;
+    ucs_status_t st_copy;
+    bool ok = recv_wait(s, op, &gave_up, &st_copy);
+    uint8_t *own = op->own;
     if (gave_up) {
       /* The peer stopped answering: the op is UCP's now; its completion
        * (or the worker's destroy) frees it. */
       FERRY_LOG(FERRY_LOG_WARN, "transport ucx: %s: a payload of %zu bytes "
-                "did not arrive in %d ms", s->peer, m->pay_len,
-                cl->peer_timeout_ms);
+                "did not arrive (nothing came for %d ms)", s->peer,
+                m->pay_len, cl->peer_timeout_ms);
     } else {
       ferry__free(op);
     }
-    pthread_mutex_unlock(&cl->mu);
     if (!ok) {
+      if (!gave_up)
+        ferry__free(own);
       m->pay_failed = true;
-      if (gave_up && !direct) {
+      if (gave_up && bounce != NULL) {
         /* UCP may still write into it: leaked, never reused. */
         s->bounce = NULL;
         s->bounce_cap = 0;
@@ -1446,8 +1635,12 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
       m->direct = d + done;
       return n;
     }
-    m->pay = bounce;
-    m->pay_is_bounce = true;
+    if (own != NULL) {
+      m->pay = own; /* freed with the message */
+    } else {
+      m->pay = bounce;
+      m->pay_is_bounce = true;
+    }
   }
   const uint8_t *src = m->pay != NULL ? m->pay : m->direct;
   if (src == NULL)
