@@ -8,7 +8,7 @@
 # Ctrl-C, SIGTERM), every process it started is stopped before it exits,
 # and it says whether they are all gone.
 #
-#   deploy/demo.sh --imagenet   an ImageNet-like job instead (issue 13):
+#   deploy/demo.sh --imagenet   an ImageNet-like job instead:
 #     photo-like JPEGs in ImageNet's sizes (mostly 375x500, about 0.6 bytes
 #     per pixel at quality 90); the workers decode each with
 #       decode(jpeg) | random_resized_crop(224) | batch(256)

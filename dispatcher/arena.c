@@ -11,11 +11,11 @@
 
 /* Blocks carved from the front (a response is many small messages: a
  * client's heartbeat answer has one WorkerInfo per worker), so that a
- * response costs a few mallocs rather than one per object (issue 12's
- * profile). Block sizes double from ARENA_FIRST up to ARENA_MAX, so a
- * small answer (most held heartbeats) zeroes little; a request over half
- * the next block's size gets a block of its own, linked behind the
- * current one so the current one keeps filling. */
+ * response costs a few mallocs rather than one per object (the
+ * profile of a million splits). Block sizes double from ARENA_FIRST up
+ * to ARENA_MAX, so a small answer (most held heartbeats) zeroes little;
+ * a request over half the next block's size gets a block of its own,
+ * linked behind the current one so the current one keeps filling. */
 #define ARENA_FIRST 512
 #define ARENA_MAX 65536
 

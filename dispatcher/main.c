@@ -49,11 +49,11 @@ typedef struct settings_s {
   bool sync_per_call;
   bool help;
   bool version;
-  /* Issue 8: TLS and bearer tokens. */
+  /* TLS and bearer tokens. */
   char *tls_cert, *tls_key, *tls_ca;
   bool tls_client_auth;
   char *worker_token_file, *client_token_file, *status_token_file;
-  char *admin_token_file; /* issue 10: DrainWorker, CancelJob */
+  char *admin_token_file; /* DrainWorker, CancelJob */
 } settings_t;
 
 #define OPT(name, type, field, def, lo, hi, choices, help)                    \

@@ -804,7 +804,7 @@ static void kick(ferry_disp_service_t *svc) {
 
 void ferry__disp_rpc_flush(ferry_disp_service_t *svc) { kick(svc); }
 
-/* Role checks (issue 8). Returns 0 when the call may proceed, else the
+/* Role checks. Returns 0 when the call may proceed, else the
  * gRPC status it was answered with. The refusal names no file and no
  * state; the log line says which method and role. */
 enum { ROLE_CLIENT, ROLE_WORKER, ROLE_STATUS, ROLE_ADMIN };
@@ -817,7 +817,7 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
                            : ROLE_CLIENT;
   bool no_tokens = svc->worker_token == NULL && svc->client_token == NULL &&
                    svc->status_token == NULL && svc->admin_token == NULL;
-  /* Issue 10: the admin role is open only on a cluster without any token;
+  /* The admin role is open only on a cluster without any token;
    * once any role has one, DrainWorker and CancelJob need the admin token
    * (refused to everyone when --admin-token-file is not given). */
   const char *need = role == ROLE_WORKER   ? svc->worker_token
@@ -847,9 +847,9 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
       (role == ROLE_STATUS && (st || w || c || adm)) ||
       (role == ROLE_ADMIN && adm))
     return 0;
-  /* Issue 10 left everyone refused, without a word why, when tokens are
-   * on but no admin token is: say so, since no credential can succeed
-   * until the operator restarts the dispatcher with one. Which role a
+  /* With tokens on but no admin token, everyone is refused: say so,
+   * since no credential can succeed until the operator restarts the
+   * dispatcher with one. Which role a
    * method needs is documented, so naming it tells a stranger nothing. */
   if (role == ROLE_ADMIN && svc->admin_token == NULL) {
     FERRY_LOG(FERRY_LOG_WARN, "%s: refused: no --admin-token-file is "

@@ -16,7 +16,8 @@
 
 typedef struct ferry_disp_service_s ferry_disp_service_t;
 
-/* Dispatcher methods: the five of issue 3 and DrainWorker, CancelJob. */
+/* Dispatcher methods: the five of the protocol's core, DrainWorker and
+ * CancelJob. */
 #define FERRY_DISP_N_METHODS 7
 
 /* Called once when the state cannot be rebuilt from disk after a failed
@@ -86,12 +87,12 @@ struct ferry_disp_service_s {
   ferry_disp_regcall_t *registering;
   size_t n_registering;
 
-  /* Bearer tokens per role (issue 8); NULL: the role is open. Checked on
+  /* Bearer tokens per role; NULL: the role is open. Checked on
    * every Dispatcher call: WorkerHeartbeat needs the worker token,
    * RegisterDataset, GetOrCreateJob and ClientHeartbeat the client
    * token, GetStatus the status token or either of the others. */
   const char *worker_token, *client_token, *status_token;
-  /* Issue 10: DrainWorker and CancelJob need this one (it allows
+  /* DrainWorker and CancelJob need this one (it allows
    * GetStatus too, job errors included). NULL: those methods are open
    * only while no role has a token; else refused to every caller. */
   const char *admin_token;

@@ -15,7 +15,7 @@
 #include "ferry/roots.h"
 #include "ferry/spec.h"
 
-/* 32 bytes: a dataset holds one per split (issue 12). A split holds at
+/* 32 bytes: a dataset holds one per split. A split holds at
  * most records_per_split (<= 2^24) records, so its count fits 32 bits. */
 typedef struct split_s {
   uint32_t file;

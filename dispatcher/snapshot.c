@@ -84,8 +84,8 @@ typedef struct snap_job_s {
   uint64_t *u;       /* the seven uint64 row arrays */
   uint32_t *flags;
   uint64_t *ep_workers, *skipped;
-  uint64_t *row_end, *rank_taken; /* issue 21: ranked jobs */
-  Ferry__V1__CursorSegment *cuts, **cut_ptrs; /* issue 22: elastic */
+  uint64_t *row_end, *rank_taken; /* Ranked jobs */
+  Ferry__V1__CursorSegment *cuts, **cut_ptrs; /* Elastic */
   char *name, *error;
 } snap_job_t;
 

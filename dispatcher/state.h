@@ -64,12 +64,12 @@ typedef struct ferry_disp_config_s {
   const ferry_roots_t *roots;
   uint32_t max_datasets; /* registered at once (RESOURCE_EXHAUSTED past it);
                           * unused ones go after job_gc_ms */
-  /* Issue 10: the stall fraction JobStatus.workers_wanted aims at. */
+  /* The stall fraction JobStatus.workers_wanted aims at. */
   double target_stall_fraction;
 } ferry_disp_config_t;
 
-/* Bounds on every request, checked before anything changes (issue 8;
- * docs/PROTOCOL.md lists them). */
+/* Bounds on every request, checked before anything changes
+ * (docs/PROTOCOL.md lists them). */
 #define FERRY_DISP_MAX_PATTERNS 64      /* patterns in a spec */
 #define FERRY_DISP_MAX_PATTERN_LEN 4096 /* bytes of one pattern */
 #define FERRY_DISP_MAX_FILES 100000     /* files a spec expands to */
@@ -79,8 +79,8 @@ typedef struct ferry_disp_config_s {
 #define FERRY_DISP_MAX_PROGRESS 65536   /* SplitProgress / TaskProgress
                                            entries in one heartbeat */
 #define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */
-#define FERRY_DISP_MAX_WORLD_SIZE 8192  /* ranks of a job (issue 21) */
-/* Rows bound to a client that has not read yet (issue 20): a client that
+#define FERRY_DISP_MAX_WORLD_SIZE 8192  /* ranks of a job */
+/* Rows bound to a client that has not read yet: a client that
  * asks for splits and never opens a stream holds no more than this many
  * tasks on the workers, however many it asks for. */
 #define FERRY_DISP_UNREAD_ROWS 16
@@ -143,7 +143,7 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
                                  ferry_arena_t *a, int64_t now_ms,
                                  ferry_error_t *err);
 
-/* ---- RegisterDataset in steps (issue 8) ----------------------------------
+/* ---- RegisterDataset in steps ----------------------------------
  * The daemon runs the file I/O of a registration (globs, data roots, stat,
  * header scans) on libuv's thread pool and the rest on the loop:
  *   begin (loop)  -> expand (thread) -> reuse (loop) -> scan (thread)
@@ -257,7 +257,7 @@ bool ferry__disp_worker_poll(ferry_disp_t *d,
  * change, no waiting heartbeat's answer can have changed either. */
 uint64_t ferry__disp_changes(const ferry_disp_t *d);
 
-/* Issue 10, operator calls (the admin role; docs/PROTOCOL.md).
+/* Operator calls (the admin role; docs/PROTOCOL.md).
  * DrainWorker: journals that the worker (by id, or the newest live one at
  * the address) takes no new lease, and re-leases every row it held from
  * the row's delivered count (parallel_epochs: its pinned rows end with
@@ -282,8 +282,8 @@ int ferry__disp_cancel_job(ferry_disp_t *d,
                            ferry_arena_t *a, int64_t now_ms,
                            ferry_error_t *err);
 
-/* Issue 10 (docs/OPERATIONS.md, "How many workers"): the workers a job
- * needs so that its trainers stall at most `target` of their time, from
+/* The workers a job needs (docs/OPERATIONS.md, "How many workers") so
+ * that its trainers stall at most `target` of their time, from
  * the `n` workers serving now and its `k` clients' stall fractions and
  * batches per second: ceil(n * (1 - target) * sum(bps_i / (1 - stall_i))
  * / sum(bps_i)), never below n (a trainer that does not stall cannot say
@@ -315,8 +315,8 @@ void ferry__disp_tick(ferry_disp_t *d, int64_t now_ms);
 void ferry__disp_split_order(bool shuffle, uint64_t seed, uint32_t epoch,
                              uint32_t *out, uint32_t n);
 
-/* Checks the split tables' indexes and the worker heap (issue 12;
- * state_internal.h) against the rows and workers they index, recomputed
+/* Checks the split tables' indexes and the worker heap
+ * (state_internal.h) against the rows and workers they index, recomputed
  * the slow way. Returns true, or false with what disagrees in `why`. */
 bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap);
 

@@ -128,11 +128,11 @@ static int apply_create_job(ferry_disp_t *d,
   j->world_size = m->world_size;
   j->batch = m->batch_size;
   j->pad = m->pad_remainder;
-  /* Issue 22: a job resumed at a cursor starts at its epoch. */
+  /* A job resumed at a cursor starts at its epoch. */
   j->resume_epoch = m->resume_epoch;
   j->resume_step = m->resume_step;
   j->epoch = j->epochs_done = m->resume_epoch;
-  /* Issue 22, elastic: the resumed epoch's earlier cuts and what they
+  /* Elastic: the resumed epoch's earlier cuts and what they
    * left (check_ranked bounded them before the entry was written). */
   if (m->world_size > 0 && m->n_resume_earlier > 0) {
     uint32_t nc = (uint32_t)m->n_resume_earlier;
@@ -258,7 +258,7 @@ static int apply_assign(ferry_disp_t *d, const Ferry__V1__JournalAssign *m,
   return 0;
 }
 
-/* Issue 21: a row's delivered count grows to `to`: the growth counts for
+/* A row's delivered count grows to `to`: the growth counts for
  * the rank of the row's client (its binding ends at row_end, so the
  * growth never takes the rank past its quota). */
 static void rank_progress(job_t *j, uint32_t idx, uint64_t to) {
@@ -340,7 +340,7 @@ static int apply_epoch_start(ferry_disp_t *d,
   nw = PAR(j) ? (uint32_t)m->n_workers : 1;
   n = ns * nw;
   if (j->world_size > 0) {
-    /* Issue 21: rows are the parts of splits each rank takes. */
+    /* Rows are the parts of splits each rank takes. */
     perm = ferry__calloc(ns ? ns : 1, sizeof(uint32_t));
     j->ep_workers = ferry__calloc(1, sizeof(uint64_t));
     j->rank_taken = ferry__calloc(j->world_size, sizeof(uint64_t));
@@ -356,7 +356,7 @@ static int apply_epoch_start(ferry_disp_t *d,
     j->n_ep_workers = 0;
     j->nactive = j->ndone = j->free_from = 0;
     j->started = true;
-    /* Issue 22: a resumed job's first epoch starts at its cursor. */
+    /* A resumed job's first epoch starts at its cursor. */
     if (ferry__disp_resume_rows(j) != 0) {
       ferry__disp_free_rows(j);
       j->started = false;
@@ -485,7 +485,7 @@ static int apply_worker_lost(ferry_disp_t *d,
   return 0;
 }
 
-/* Issue 10: no new lease for the worker; its rows that are not done wait
+/* No new lease for the worker; its rows that are not done wait
  * for another worker, from their delivered count, exactly as when it is
  * lost (parallel_epochs: its pinned rows end with loss). */
 static int apply_worker_drained(ferry_disp_t *d,
@@ -500,7 +500,7 @@ static int apply_worker_drained(ferry_disp_t *d,
   return 0;
 }
 
-/* Issue 10: the job ends; its clients hear why from their heartbeats. */
+/* The job ends; its clients hear why from their heartbeats. */
 static int apply_job_cancelled(ferry_disp_t *d,
                                const Ferry__V1__JournalJobCancelled *m,
                                ferry_error_t *err) {
@@ -875,7 +875,7 @@ int ferry__disp_apply(ferry_disp_t *d, const uint8_t *buf, size_t len,
   int rc;
   /* A large entry (a dataset's split list: a million Split messages)
    * unpacks into an arena, freed in one go, rather than one malloc and
-   * one free per message (issue 12: that was half of a replay). */
+   * one free per message (that was half of a replay). */
   bool large = len > APPLY_ARENA_MIN;
   ferry_arena_t arena = {0};
   ProtobufCAllocator arena_alloc;

@@ -49,7 +49,7 @@ static int record_progress(ferry_disp_t *d, job_t *j, uint64_t client,
                 row->total);
     v = row->total_known && p->delivered > row->total ? row->total
                                                       : p->delivered;
-    /* Issue 21: nor more than its binding's end (the rest is another
+    /* Nor more than its binding's end (the rest is another
      * rank's). */
     if (j->row_end != NULL && j->row_end[r] != 0 && v > j->row_end[r])
       v = j->row_end[r];
@@ -228,7 +228,7 @@ static int fill_assignments(ferry_disp_t *d, job_t *j, uint64_t client,
 }
 
 /* True when no row of the current epoch waits for a client; for a client
- * of a ranked job (issue 21), when its rank's quota is all bound or
+ * of a ranked job, when its rank's quota is all bound or
  * taken: nothing more of the epoch comes to it. */
 static bool exhausted(job_t *j, uint64_t client) {
   const client_t *c;
@@ -310,7 +310,7 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
     return ferry__seterr(err, FERRY_ENOENT,
                          "client %" PRIu64 " not found in job %" PRIu64,
                          req->client_id, req->job_id);
-  /* Issue 8: only the client that joined (its secret) touches its state. */
+  /* Only the client that joined (its secret) touches its state. */
   if (c->has_secret &&
       (req->client_secret.len != FERRY_CLIENT_SECRET_BYTES ||
        !ferry_rpc_bytes_equal(req->client_secret.data, c->secret,
@@ -324,7 +324,7 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
                          "not that client (wrong or missing client secret)");
   }
   /* A client declared lost comes back without its old rows; a ranked one
-   * only while no other client took its rank meanwhile (issue 21). */
+   * only while no other client took its rank meanwhile. */
   if (!c->active && !req->leaving && RUNNING(j) && c->rank >= 0 &&
       (rc = ferry__disp_check_rank(j, c->id, c->rank, err)) != 0)
     return rc;

@@ -226,8 +226,8 @@ int ferry__disp_reg_finish(ferry_disp_t *d, ferry_disp_reg_t *r,
               "dataset %s: %zu files, %zu splits, %" PRIu64 " known records",
               r->id, r->nfiles, r->sp.n, ds->known_records);
     /* The scan's list, the journal entry and its serialization were
-     * transient copies of the split list (issue 12: 1,000,000 splits left
-     * ~150 MB resident otherwise). */
+     * transient copies of the split list (1,000,000 splits left ~150 MB
+     * resident otherwise). */
     if (r->sp.n >= TRIM_SPLITS)
       ferry__disp_trim_heap();
   }

@@ -96,7 +96,7 @@ typedef struct row_s {
   bool lost; /* done-with-loss (parallel_epochs) */
 } row_t;
 
-/* Memory per split (issue 12's target: 200 bytes in all). */
+/* Memory per split (the target: 200 bytes in all). */
 _Static_assert(sizeof(row_t) <= 80, "row_t grew");
 
 /* A row bound to a client and not done (job_t.active), with what only
@@ -123,7 +123,7 @@ typedef struct client_s {
   int64_t last_hb;
   double stall_fraction, batches_per_second; /* volatile stats */
   uint64_t batches;
-  /* Volatile: the same over the last heartbeat interval (issue 10). */
+  /* Volatile: the same over the last heartbeat interval. */
   double ival_stall, ival_bps;
   bool has_ival;
   /* Volatile: when its last stats arrived (has_report) and the interval
@@ -134,19 +134,19 @@ typedef struct client_s {
   int64_t ival_ms;
   /* Volatile: entries on workers' unreachable lists for this client. */
   uint32_t nunreach;
-  /* Issue 8: the secret its heartbeats and streams must carry (journaled;
+  /* The secret its heartbeats and streams must carry (journaled;
    * none for clients of journals written before it). */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
-  /* Issue 21: the rank it holds in a job of world_size > 0 (journaled);
+  /* The rank it holds in a job of world_size > 0 (journaled);
    * -1: none. */
   int64_t rank;
-  /* Volatile (issue 20): it has read: a worker produced records of one of
+  /* Volatile: it has read: a worker produced records of one of
    * its splits (a task starts only while its client has a stream open)
    * or it acknowledged records. Until then it is bound at most
    * FERRY_DISP_UNREAD_ROWS rows (ferry__disp_bind_rows). */
   bool proven;
-  /* Volatile (issue 20): a client lost after its lease stopped being
+  /* Volatile: a client lost after its lease stopped being
    * renewed for not reading, back with a new incarnation, is bound
    * nothing until this time while another client of its job can take
    * the rows (ferry__disp_bind_rows): else a client that asks in every
@@ -172,7 +172,7 @@ typedef struct job_s {
   row_t *rows;
   uint32_t nrows;
   uint32_t *order;      /* hand-out order of the rows */
-  /* Indexes over the rows, so that no RPC walks every row (issue 12):
+  /* Indexes over the rows, so that no RPC walks every row:
    * `active` lists the rows bound to a client and not done (every lease
    * not done is among them), in no order; `ndone` counts the rows done;
    * every row before `free_from` in hand-out order is bound or done.
@@ -190,7 +190,7 @@ typedef struct job_s {
   uint64_t skipped;
   uint64_t *skipped_by_file;
   int64_t idle_since; /* -1: busy; else when it became GC-able */
-  /* Issue 21: ranks (docs/ARCHITECTURE.md, "Ranks"). world_size W > 0:
+  /* Ranks (docs/ARCHITECTURE.md, "Ranks"). world_size W > 0:
    * each rank takes quota(r) records per epoch (ferry__disp_rank_quota),
    * bound in ranges [start, row_end[r]) so that no rank takes past its
    * quota; rank_taken[r] counts the records rank r acknowledged in the
@@ -199,12 +199,12 @@ typedef struct job_s {
    * of the current epoch (row_end: nrows, rank_taken: W). */
   uint32_t world_size, batch;
   bool pad;
-  /* Issue 22: the job was made to resume at a cursor: it starts at epoch
+  /* The job was made to resume at a cursor: it starts at epoch
    * resume_epoch, each rank's first resume_step batches of it done
    * (ferry__disp_resume_rows, from apply_epoch_start). */
   uint32_t resume_epoch;
   uint64_t resume_step;
-  /* Issue 22, elastic: the resumed epoch's earlier cuts, oldest first
+  /* Elastic: the resumed epoch's earlier cuts, oldest first
    * (JobOptions.resume_earlier): cut i's cut_world[i] ranks took their
    * first cut_step[i] batches of what the cuts before it left. The
    * resumed epoch shares only what they left, resume_left records
@@ -227,7 +227,7 @@ typedef struct job_s {
    * lockstep, as DDP's all-reduce makes them, would wait for each other
    * for ever). split_part[s] is the first row of split s, split_nparts
    * [s] its count. part_roff[r] is where the part starts in its rank's
-   * share (issue 22: deterministic assembly puts record part_base[r] + i
+   * share (deterministic assembly puts record part_base[r] + i
    * at the rank's position part_roff[r] + i). */
   uint32_t *part_split;
   uint64_t *part_base, *part_roff;
@@ -249,7 +249,7 @@ typedef struct unreach_s {
 typedef struct worker_s {
   uint64_t id;
   char *address;
-  /* Issue 11: the UCP worker address its last heartbeat advertised
+  /* The UCP worker address its last heartbeat advertised
    * (volatile, not journaled: every heartbeat carries it); 0: no UCX. */
   uint8_t *ucx_address;
   size_t ucx_address_len;
@@ -264,7 +264,7 @@ typedef struct worker_s {
                           * started (the first one is never held back) */
   int64_t suspect_since; /* volatile: a client lost its stream (-1: no);
                           * cleared by a heartbeat arriving after it */
-  /* Issue 10: an operator drained it (journaled): no new lease while this
+  /* An operator drained it (journaled): no new lease while this
    * id lives. `drain_beats` (volatile) is `beats` when the drain was
    * applied: a heartbeat after it that lists no unfinished task
    * (`unfinished`, volatile, from the last heartbeat) confirms that
@@ -312,7 +312,7 @@ struct ferry_disp_s {
   void *sink_arg;
   uint8_t *scratch;
   size_t scratch_cap;
-  /* Volatile (issue 12): the eligible workers as a binary min-heap by
+  /* Volatile: the eligible workers as a binary min-heap by
    * (ntasks, id), built by the first pick after each
    * ferry__disp_recount (heap_fresh) and kept as each lease adds a task,
    * so that picking the least loaded worker costs O(log workers), not a
@@ -409,7 +409,7 @@ uint64_t ferry__disp_epoch_delivered(const job_t *j);
 
 size_t ferry__disp_active_clients(const job_t *j);
 
-/* Issue 21: the records a cut of n records among w ranks of batch b
+/* The records a cut of n records among w ranks of batch b
  * gives: its steps (drop: floor(n / (w x b)); pad: ceil), and rank k's
  * records (drop: steps x b; pad: an even share, the first n % w ranks
  * one more). state_ranks.c. */
@@ -417,7 +417,7 @@ uint64_t ferry__disp_cut_steps(uint64_t n, uint32_t w, uint32_t b, bool pad);
 uint64_t ferry__disp_cut_quota(uint64_t n, uint32_t w, uint32_t b, bool pad,
                                uint32_t k);
 
-/* Issue 22, elastic: the positions of an epoch of n records left by
+/* Elastic: the positions of an epoch of n records left by
  * ncuts earlier cuts (cut i: cw[i] ranks took their first cs[i] batches
  * of b records of what the cuts before it left), as sorted disjoint
  * spans [from, to) of the epoch's order (*spans, *nspans: the caller
@@ -431,7 +431,7 @@ uint64_t ferry__disp_left_spans(uint64_t n, uint32_t b, bool pad,
                                 uint32_t ncuts, ferry__span_t **spans,
                                 uint32_t *nspans);
 
-/* Issue 21: the job's records in the current epoch (every split's count;
+/* The job's records in the current epoch (every split's count;
  * in an epoch resumed with another world size, what its earlier cuts
  * left), its steps per epoch, rank r's records in it, and the records
  * no rank receives (drop). */
@@ -494,12 +494,12 @@ void ferry__disp_schedule(ferry_disp_t *d);
  * leased at the next tick (TICK_MS) or worker heartbeat. */
 void ferry__disp_schedule_job(ferry_disp_t *d, job_t *j);
 
-/* Issue 21: FERRY_EINVAL naming both clients when a
- * live client other than `client` holds `rank` in `j`; else 0. */
+/* FERRY_EINVAL naming both clients when a live client other than
+ * `client` holds `rank` in `j`; else 0. */
 int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
                            ferry_error_t *err);
 
-/* Issue 21: records of the current epoch rank `rank` still needs beyond
+/* Records of the current epoch rank `rank` still needs beyond
  * what it took and what is bound to its clients (0 for an unranked job,
  * or before the epoch starts). */
 uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
@@ -507,19 +507,19 @@ uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
 #define FERRY__PART_DROPPED (-1)
 #define FERRY__PART_TAKEN (-2)
 
-/* Issue 21: builds the rows of a ranked job's epoch from the epoch's
+/* Builds the rows of a ranked job's epoch from the epoch's
  * split order `perm` (job_t.part_*): j->rows, j->order, j->nrows. 0 or
  * FERRY_ENOMEM. */
 int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm);
 
-/* Issue 22: in the epoch a resumed job starts at, marks the records its
+/* In the epoch a resumed job starts at, marks the records its
  * earlier cuts took done (FERRY__PART_TAKEN rows) and each rank's first
  * resume_step x B records of its share (rows wholly before that point
  * done, a row across it delivered from there), counting the latter
  * taken. 0 or FERRY_ENOMEM. */
 int ferry__disp_resume_rows(job_t *j);
 
-/* Issue 22: the records of rank `rank` a resumed job counts taken in its
+/* The records of rank `rank` a resumed job counts taken in its
  * first epoch before any client reported (0 in any other epoch). */
 uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank);
 
@@ -531,7 +531,7 @@ int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
                            uint64_t client, uint64_t lease);
 
 /* Binds up to `want` unassigned rows of the current epoch to the client
- * (issue 21, ranked jobs: only up to its rank's quota). */
+ * (ranked jobs: only up to its rank's quota). */
 void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
                            uint32_t want);
 

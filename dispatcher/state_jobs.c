@@ -44,7 +44,7 @@ int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
   return 0;
 }
 
-/* Issue 22: a cursor's cuts and step lie inside its epoch: each earlier
+/* A cursor's cuts and step lie inside its epoch: each earlier
  * cut's step inside what the cuts before it left, and resume_step inside
  * what they all left, shared among world_size ranks. */
 static int check_resume(const dataset_t *ds, const Ferry__V1__JobOptions *o,
@@ -108,7 +108,7 @@ static int check_resume(const dataset_t *ds, const Ferry__V1__JobOptions *o,
   return 0;
 }
 
-/* Issue 21: a ranked job needs every split's count (the quotas are cut
+/* A ranked job needs every split's count (the quotas are cut
  * from the epoch's size before it starts), a name (its ranks are separate
  * processes) and at least one step per epoch. */
 static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
@@ -120,7 +120,7 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
     return ferry__seterr(err, FERRY_EINVAL,
                          "job options: world_size needs mode "
                          "distributed_epoch");
-  /* One rank (issue 22: deterministic order for one trainer) may be a
+  /* One rank (deterministic order for one trainer) may be a
    * private job. */
   if (o->job_name[0] == '\0' && o->world_size > 1)
     return ferry__seterr(err, FERRY_EINVAL,
@@ -157,7 +157,7 @@ static int check_ranked(const dataset_t *ds, const Ferry__V1__JobOptions *o,
   return check_resume(ds, o, err);
 }
 
-/* Issue 21: a client joining a ranked job (or an unranked one) agrees with
+/* A client joining a ranked job (or an unranked one) agrees with
  * the job's world_size, batch size and policy, and its rank is free. */
 static int check_join(const job_t *j, const Ferry__V1__JobOptions *o,
                       uint32_t rank, uint64_t client, ferry_error_t *err) {
@@ -179,7 +179,7 @@ static int check_join(const job_t *j, const Ferry__V1__JobOptions *o,
   return 0;
 }
 
-/* Issue 22: whether a resume at the options' cursor can join the running
+/* Whether a resume at the options' cursor can join the running
  * job j as rank `rank`: j resumed at the same cursor, still runs its
  * epoch, and the rank is free and took nothing past the cursor (another
  * rank of the same restart made j). Else j is a run the restart
@@ -203,7 +203,7 @@ static bool resume_joins(const job_t *j, const Ferry__V1__JobOptions *o,
   return taken == ferry__disp_resume_taken(j, rank);
 }
 
-/* Issue 22: cancels job j, superseded by the job id next to be made. */
+/* Cancels job j, superseded by the job id next to be made. */
 static int supersede(ferry_disp_t *d, job_t *j, ferry_error_t *err) {
   Ferry__V1__JournalJobCancelled m = FERRY__V1__JOURNAL_JOB_CANCELLED__INIT;
   m.job_id = j->id;
@@ -325,7 +325,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   resp->records_per_epoch = ds->known_records;
   resp->client_timeout_ms = d->cfg.client_timeout_ms;
   if (j->world_size > 0) {
-    /* An epoch of the whole dataset, and the current one (issue 22: an
+    /* An epoch of the whole dataset, and the current one (an
      * epoch resumed with another world size shares only what its earlier
      * cuts left). */
     uint64_t n = ds->known_records;

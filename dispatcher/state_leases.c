@@ -220,7 +220,7 @@ static void lease_pending(ferry_disp_t *d, job_t *j) {
 
 static bool all_done(const job_t *j) {
   if (j->world_size > 0) {
-    /* Issue 21: the epoch ends when every rank took its quota (under
+    /* The epoch ends when every rank took its quota (under
      * drop the remainder's rows stay undone: nobody receives them). */
     for (uint32_t r = 0; r < j->world_size; r++)
       if (j->rank_taken == NULL ||
@@ -318,7 +318,7 @@ uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank) {
   return held >= q ? 0 : q - held;
 }
 
-/* Issue 21: binds to a ranked client only the rows (parts of splits) its
+/* Binds to a ranked client only the rows (parts of splits) its
  * rank owns in the epoch's plan (ferry__disp_plan_ranks): a fast rank
  * never takes a record of another rank's share, and no rank waits for
  * another's progress. */
@@ -341,7 +341,7 @@ static void bind_rank_rows(ferry_disp_t *d, job_t *j, const client_t *c,
   }
 }
 
-/* Issue 20: a client that has not read yet (client_t.proven) is bound
+/* A client that has not read yet (client_t.proven) is bound
  * at most FERRY_DISP_UNREAD_ROWS rows: asking for splits without ever
  * opening a stream holds no more of the workers than that. A client
  * that reads proves it at the next worker heartbeat after its first
@@ -361,7 +361,7 @@ static uint32_t unread_cap(const job_t *j, const client_t *c, uint32_t want) {
                                               : FERRY_DISP_UNREAD_ROWS - held;
 }
 
-/* Issue 20: whether `c`, back after it was lost for not reading, must
+/* Whether `c`, back after it was lost for not reading, must
  * wait (client_t.rejoin_wait_until) because another live client of its
  * job can take the rows (a rank's rows are its own: never). */
 static bool rejoin_waits(const ferry_disp_t *d, const job_t *j,

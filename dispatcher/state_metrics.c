@@ -1,4 +1,4 @@
-/* The figures behind the metrics and JobStatus (issue 10): splits by
+/* The figures behind the metrics and JobStatus: splits by
  * state, a job's stall fraction, batches per second and workers wanted. */
 #include "state_internal.h"
 

@@ -1,4 +1,4 @@
-/* The rank plan of a ranked job's epoch (issues 21 and 22): quotas, the
+/* The rank plan of a ranked job's epoch: quotas, the
  * parts of splits each rank takes, and where a resumed epoch starts,
  * including one resumed with another world size (docs/ARCHITECTURE.md,
  * "Ranks", "Deterministic order", "Elastic"). */
@@ -193,7 +193,7 @@ int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
       j->part_rank[n] = !shared ? FERRY__PART_TAKEN
                         : k < w ? (int32_t)k
                                 : FERRY__PART_DROPPED;
-      /* Issue 22: where the part starts in its rank's share. */
+      /* Where the part starts in its rank's share. */
       j->part_roff[n] =
           shared && k < w ? o - (b - ferry__disp_rank_quota(j, k)) : 0;
       n++;

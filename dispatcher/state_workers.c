@@ -80,7 +80,7 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
       continue;
     }
     if (row == NULL) {
-      /* Issue 8: a worker reports only on leases it holds. A fault it
+      /* A worker reports only on leases it holds. A fault it
        * gave back is reported until the answer cancels the task. */
       if (t->error_code != 0 && !t->worker_fault)
         FERRY_LOG(FERRY_LOG_WARN,
@@ -92,7 +92,7 @@ static void record_tasks(ferry_disp_t *d, worker_t *w,
     }
     r = (uint32_t)(row - j->rows);
     /* Produced: its client has a stream open (a task starts only then),
-     * so it reads (issue 20, ferry__disp_bind_rows). */
+     * so it reads (ferry__disp_bind_rows). */
     if (t->produced > 0 && row->client != 0) {
       client_t *rc = ferry__disp_find_client(j, row->client);
       if (rc != NULL)
@@ -196,7 +196,7 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
   t->split = s;
   t->file = j->ds->files[sp->file];
   t->start = row->start;
-  /* Issue 22: a ranked part ends where its rows ends (the rest of the
+  /* A ranked part ends where its rows ends (the rest of the
    * split is other parts'), so its worker stops there. */
   if (j->part_split != NULL && row->total_known)
     t->end = row->total;
@@ -300,7 +300,7 @@ static int check_address(const char *address, ferry_error_t *err) {
                                "worker address", err);
 }
 
-/* Keeps the UCX address a heartbeat advertised (issue 11). */
+/* Keeps the UCX address a heartbeat advertised. */
 static int set_ucx_address(worker_t *w, const ProtobufCBinaryData *a) {
   if (a->len == w->ucx_address_len &&
       (a->len == 0 || memcmp(a->data, w->ucx_address, a->len) == 0))

@@ -32,7 +32,7 @@ struct ferry__wqueue_s {
   size_t n;
   ferry_transport_stream_t *call; /* the client's open stream, or NULL */
   unsigned sending;       /* sends of `call` in flight */
-  /* Issue 8: the client's secret as its tasks give it (known once a chunk
+  /* The client's secret as its tasks give it (known once a chunk
    * of one was queued), and the secret `call` presented. */
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
@@ -205,7 +205,7 @@ static void send_next(ferry__wqueue_t *q) {
       return;
     }
     ferry__wchunk_t *c = q->head;
-    /* Issue 8: a chunk goes only to the call that carries its client's
+    /* A chunk goes only to the call that carries its client's
      * secret; any other call is ended and the chunk waits. */
     if (c->task != NULL && c->task->has_secret &&
         !ferry_rpc_bytes_equal(c->task->secret, q->call_secret,
@@ -294,7 +294,7 @@ static void on_stream(ferry_transport_stream_t *call,
   bool secret_ok = req->secret != NULL;
   if (secret_ok)
     memcpy(secret, req->secret, FERRY_CLIENT_SECRET_BYTES);
-  /* Issue 8: the client token when configured, then the client secret. */
+  /* The client token when configured, then the client secret. */
   if (w->client_token != NULL) {
     const char *tok = req->bearer;
     if (tok == NULL ||
@@ -371,7 +371,7 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
   cfg.host = w->cfg.host;
   int rc = ferry_transport_grpc.server_new(&cfg, &w->transports[0], err);
 #ifdef FERRY_HAVE_UCX
-  /* Issue 11: UCX next to gRPC; a worker without it serves gRPC only
+  /* UCX next to gRPC; a worker without it serves gRPC only
    * (clients on auto fall back, ucx ones are told why). */
   if (rc == 0) {
     ferry_error_t e;

@@ -53,7 +53,7 @@ static void make_address(ferry__worker_t *w) {
 
 static void on_closed(uv_handle_t *h) { (void)h; }
 
-/* Issue 8: re-read the TLS files at the next connection even if they
+/* Re-read the TLS files at the next connection even if they
  * look unchanged (they are also re-read whenever they change). */
 static void on_sighup(uv_signal_t *h, int signum) {
   ferry__worker_t *w = h->data;

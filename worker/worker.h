@@ -79,7 +79,7 @@ typedef struct ferry__wconfig_s {
   int log_level;
   bool help;
   bool version;          /* --version: print it and exit */
-  /* Issue 8. TLS: the Worker service serves TLS with tls_cert/tls_key
+  /* TLS: the Worker service serves TLS with tls_cert/tls_key
    * (tls_client_auth: clients need a certificate signed by tls_ca); the
    * channel to the dispatcher uses TLS when tls_ca is set (verifying the
    * dispatcher with it, presenting tls_cert/tls_key as client cert). */
@@ -88,7 +88,7 @@ typedef struct ferry__wconfig_s {
   char *worker_token_file; /* sent to the dispatcher as a bearer token */
   char *client_token_file; /* StreamChunks callers must send it (NULL:
                               open; the client secret still applies) */
-  int64_t metrics_port;    /* issue 10: -1: no metrics server */
+  int64_t metrics_port;    /* -1: no metrics server */
   char *metrics_host;      /* NULL: host */
   /* gRPC connection lifetimes (ferry_rpc_options_t); 0: never. */
   int64_t idle_connection_ms, connection_age_ms, handshake_timeout_ms;
@@ -459,7 +459,7 @@ typedef struct ferry__worker_s {
   /* The data-plane transports clients open streams through (stream.c):
    * [0] gRPC's StreamChunks on `server`, then the others built in. */
   ferry_transport_server_t *transports[FERRY__WTRANSPORTS];
-  /* Issue 11: the UCX transport's worker address (length 0 without UCX),
+  /* The UCX transport's worker address (length 0 without UCX),
    * copied once at start for the heartbeats that advertise it. */
   uint8_t ucx_address[FERRY__WUCX_ADDRESS_MAX];
   size_t ucx_address_len;
@@ -484,7 +484,7 @@ typedef struct ferry__worker_s {
   atomic_uint_least64_t worker_id;
   atomic_int heartbeat_ms;
   atomic_uint_least64_t heartbeats_ok;
-  char *worker_token; /* issue 8: read from cfg.worker_token_file */
+  char *worker_token; /* Read from cfg.worker_token_file */
   char *client_token; /* ... and cfg.client_token_file */
   uv_signal_t sighup; /* forces a TLS reload (with signals_on) */
 } ferry__worker_t;

@@ -1,4 +1,4 @@
-/* ferryctl's cluster commands (issue 10): status, workers, jobs, watch,
+/* ferryctl's cluster commands: status, workers, jobs, watch,
  * drain, job cancel.
  *
  * Every command asks the dispatcher (GetStatus, DrainWorker, CancelJob),
@@ -39,7 +39,7 @@ typedef struct cl_opts_s {
   double interval; /* watch: seconds between refreshes */
   int64_t count;   /* watch: refreshes, 0 = until interrupted */
   double timeout;  /* drain: seconds */
-  char *tls_ca, *tls_cert, *tls_key, *token_file; /* issue 8 */
+  char *tls_ca, *tls_cert, *tls_key, *token_file;
 } cl_opts_t;
 
 #define OPT(name, type, field, def, lo, hi, help)                             \

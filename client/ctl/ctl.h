@@ -15,7 +15,7 @@ int ferryctl_records(int argc, char **argv); /* records inspect|index */
 int ferryctl_gen(int argc, char **argv);     /* gen */
 int ferryctl_bench(int argc, char **argv);   /* bench pipeline */
 int ferryctl_status(int argc, char **argv);  /* status */
-/* Issue 10, cmd_status.c: the operator's commands. */
+/* cmd_status.c: the operator's commands. */
 int ferryctl_workers(int argc, char **argv); /* workers */
 int ferryctl_jobs(int argc, char **argv);    /* jobs */
 int ferryctl_watch(int argc, char **argv);   /* watch */

@@ -558,7 +558,7 @@ static void maybe_flush_locked(ferry_client_t *c) {
   close_fill_locked(c);
 }
 
-/* ---- Ranks: equal steps (issue 21) ------------------------------------- */
+/* ---- Ranks: equal steps ------------------------------------- */
 
 uint64_t ferry__client_rk_steps(const ferry_client_t *c, uint32_t epoch) {
   return c->has_ep && epoch == c->ep_epoch ? c->ep_steps
@@ -732,7 +732,7 @@ static void copy_in_locked(ferry_client_t *c, ferry__slot_t *slot,
   }
 }
 
-/* ---- Deterministic order (issue 22) ------------------------------------ */
+/* ---- Deterministic order ------------------------------------ */
 
 /* The rank's position of the split's position p. */
 static uint64_t det_pos(const ferry__split_t *s, uint64_t p) {
@@ -1344,7 +1344,7 @@ int ferry__client_on_chunk(ferry_client_t *c, const ferry_chunk_t *ch,
               (unsigned long long)ch->lease);
     goto out;
   }
-  /* Issue 21: the binding was cut and this client has all of its range:
+  /* The binding was cut and this client has all of its range:
    * the rest of the split is another rank's. */
   if (s->cut > 0 && s->received >= s->cut)
     goto out;
@@ -1441,7 +1441,7 @@ static void apply_locked(ferry_client_t *c,
                               "job failed: %s",
                               r->error && r->error[0] ? r->error
                                                       : "(no message)");
-  /* Issue 10: the error says "job J cancelled by the operator". */
+  /* The error says "job J cancelled by the operator". */
   else if (r->state == FERRY__V1__JOB_STATE__JOB_STATE_CANCELLED)
     ferry__client_fail_locked(c, FERRY_ECANCELED, "%s",
                               r->error && r->error[0]
@@ -1466,7 +1466,7 @@ static void apply_locked(ferry_client_t *c,
      * its chunks start there, and a count from 0 would see a gap. */
     if (fresh)
       s->received = s->delivered = s->assembled = a->start;
-    /* Issue 22: where the split's records stand in the rank's share. */
+    /* Where the split's records stand in the rank's share. */
     if (c->det) {
       s->det = true;
       s->det_base = (int64_t)a->rank_index - (int64_t)a->start;
@@ -1504,7 +1504,7 @@ static void apply_locked(ferry_client_t *c,
       s->restart = FERRY__RESTART_NONE;
       s->restart_current = false;
     }
-    /* Issue 21: a binding cut for this rank ends at `end`; the split's
+    /* A binding cut for this rank ends at `end`; the split's
      * own total (its last chunk's, else the scan's) ends it otherwise. */
     if (a->end != s->cut) {
       s->cut = a->end;
@@ -1790,7 +1790,7 @@ int ferry_next(ferry_client_t *c, const ferry_batch_t **batch, int timeout_ms,
         break;
       }
     }
-    /* Issue 21: the rank's records of this epoch are all out and it has
+    /* The rank's records of this epoch are all out and it has
      * had fewer than steps_per_epoch batches: one of no real record. */
     if (owes_pad_locked(c) && c->handed < c->ap.prefetch &&
         rank_epoch_over_locked(c, c->cur_epoch)) {

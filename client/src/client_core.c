@@ -361,7 +361,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
                         ? FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
                         : FERRY__V1__ERROR_POLICY__ERROR_POLICY_FAIL;
   if (c->ranked) {
-    /* Issue 21: the batch size and the policy: the spec's or the
+    /* The batch size and the policy: the spec's or the
      * options' (batch_shape ran), or the options' alone with a dataset id
      * (ferry_client_new checked batch_size is set). */
     bool known = c->ap.batch_size > 0;
@@ -373,7 +373,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
     req.rank = c->opts.rank;
   }
   if (c->has_resume) {
-    /* Issue 22: the cursor must be of this job's dataset and ranks. */
+    /* The cursor must be of this job's dataset and ranks. */
     const ferry_cursor_t *cur = &c->resume;
     if (strcmp(cur->dataset_id, c->dataset_id) != 0)
       return ferry__seterr(err, FERRY_EINVAL,
@@ -440,7 +440,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->steps_per_epoch = r->steps_per_epoch;
   c->rank_records = r->rank_records;
   c->dropped_per_epoch = r->dropped_per_epoch;
-  /* Issue 22: an epoch resumed with another world size has its own
+  /* An epoch resumed with another world size has its own
    * steps (an older dispatcher sends none: every epoch is alike). */
   c->has_ep = c->ranked && r->n_epoch_earlier > 0 &&
               r->n_epoch_earlier <= FERRY_CURSOR_MAX_CUTS;
@@ -500,7 +500,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   c->records_per_epoch = r->records_per_epoch;
   ferry__v1__get_or_create_job_response__free_unpacked(r,
                                                        &ferry__pb_allocator);
-  /* Issue 22: the job's shuffle, as the dispatcher decides it. */
+  /* The job's shuffle, as the dispatcher decides it. */
   if (rc == 0) {
     c->job_shuffle = jo.shuffle || spec->shuffle;
     c->job_seed = jo.shuffle ? jo.shuffle_seed : spec->shuffle_seed;
@@ -892,7 +892,7 @@ static void sync_workers(ferry_client_t *c,
     }
     pthread_mutex_unlock(&c->mu);
     worker_free(c, dead);
-    /* Issue 11: the worker's UCX address, from the live workers list. */
+    /* The worker's UCX address, from the live workers list. */
     const ProtobufCBinaryData *ucx = NULL;
     for (size_t k = 0; k < r->n_workers && found == NULL; k++)
       if (r->workers[k]->address != NULL &&
@@ -1045,7 +1045,7 @@ static int heartbeat(ferry_client_t *c, bool leaving, int deadline_ms,
       st.stall_fraction = 1;
     st.batches_per_second = total > 0 ? (double)c->batches / total : 0;
     st.batches = c->batches;
-    /* The same since the previous heartbeat (issue 10's job gauges). */
+    /* The same since the previous heartbeat (the job gauges). */
     if (c->hb_at > 0 && now > c->hb_at) {
       st.interval_seconds = now - c->hb_at;
       st.interval_stall_fraction =
@@ -1252,7 +1252,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                          "client: give either a spec or a dataset id "
                          "(options 'spec' and 'dataset_id')");
   if (opts->world_size > 1) {
-    /* Issue 21: ranks share one named distributed_epoch job. */
+    /* Ranks share one named distributed_epoch job. */
     if (opts->rank >= opts->world_size)
       return ferry__seterr(err, FERRY_EINVAL,
                            "client: rank %u is not below world_size %u",
@@ -1284,7 +1284,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                          "deterministic (a cursor is a position in that "
                          "order)");
   if (opts->order == FERRY_ORDER_DETERMINISTIC) {
-    /* Issue 22: a rank's share of distributed epochs, in its order. */
+    /* A rank's share of distributed epochs, in its order. */
     if (opts->mode != FERRY_MODE_DISTRIBUTED_EPOCH)
       return ferry__seterr(err, FERRY_EINVAL,
                            "client: order deterministic needs mode "
@@ -1294,7 +1294,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                            "client: order deterministic with a dataset id "
                            "needs the option batch_size");
   }
-  /* Issue 22: a cursor to resume from, read before any RPC. */
+  /* A cursor to resume from, read before any RPC. */
   ferry_cursor_t resume_cur;
   bool has_resume = opts->resume != NULL && opts->resume_len > 0;
   memset(&resume_cur, 0, sizeof(resume_cur));
@@ -1350,7 +1350,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->tls_ca = dup_opt(opts->tls_ca, &nomem);
   c->tls_cert = dup_opt(opts->tls_cert, &nomem);
   c->tls_key = dup_opt(opts->tls_key, &nomem);
-  /* Issue 11: the data-plane transport. FERRY_TRANSPORT (auto, grpc, ucx)
+  /* The data-plane transport. FERRY_TRANSPORT (auto, grpc, ucx)
    * stands in for the job's option when that is unset, so a whole test
    * suite or a deployment can be switched without code. */
   c->transport = dup_opt(opts->transport != NULL && opts->transport[0] != '\0'

@@ -70,12 +70,12 @@ typedef struct ferry__split_s {
   uint64_t got_lease;
   bool released;
   uint64_t released_lease;
-  /* Issue 21: the binding ends at this position (Assignment.end; 0: the
+  /* The binding ends at this position (Assignment.end; 0: the
    * split's end): records from here on are another rank's. */
   uint64_t cut;
   uint64_t last_total; /* the split's records per its last chunk (0: not
                           seen yet) */
-  /* Issue 22, deterministic order (client det): position p of the split
+  /* Deterministic order (client det): position p of the split
    * is the rank's position det_base + p of the epoch (Assignment
    * .rank_index); det_end: the rank's position after the binding's last
    * record. `assembled`: the next position to go into a slot; records
@@ -154,14 +154,14 @@ typedef struct ferry__slot_s {
   bool prepared;   /* augmented / enqueued to the device */
   bool preparing;  /* a thread is preparing it (outside the lock) */
   bool exported;   /* held by a DLPack tensor */
-  /* Issue 21, padding (ranks without drop_remainder): the slot's first
+  /* Padding (ranks without drop_remainder): the slot's first
    * num_real records are real; padded: filled up to batch_size (after
    * the copies, before preparing). pad_only: a batch of no real record,
    * filled from the client's pad record when handed out. */
   uint32_t num_real;
   bool padded;
   bool pad_only;
-  /* Issue 22: the rank's position of the slot's first record (epoch
+  /* The rank's position of the slot's first record (epoch
    * `epoch`), once one was reserved in it. Deterministic order places
    * records at their offsets, not only at the end: det_bits marks the
    * offsets reserved (batch_size bits), det_at is the offset of the
@@ -245,7 +245,7 @@ struct ferry_client_s {
   ferry__asm_params_t ap;
   size_t record_bytes;
 
-  /* Issue 21: ranks (options.world_size > 1). From GetOrCreateJob: the
+  /* Ranks (options.world_size > 1). From GetOrCreateJob: the
    * batches every rank gets per epoch, this rank's real records per
    * epoch and the records dropped per epoch. rk_handed: batches handed
    * out of epoch rk_epoch (from the rank's taken records when this client
@@ -261,7 +261,7 @@ struct ferry_client_s {
   uint32_t rk_batch; /* the batch size the job was joined with */
   bool rk_pad;       /* padding, not drop_remainder */
   uint64_t steps_per_epoch, rank_records, dropped_per_epoch;
-  /* Issue 22, elastic: epoch ep_epoch (has_ep) was resumed with another
+  /* Elastic: epoch ep_epoch (has_ep) was resumed with another
    * world size: its own steps and this rank's records in it
    * (ferry__client_rk_steps, _rk_records), and its earlier cuts, which
    * the cursors of that epoch carry. */
@@ -272,14 +272,14 @@ struct ferry_client_s {
   ferry_cursor_cut_t ep_cuts[FERRY_CURSOR_MAX_CUTS];
   uint32_t rk_epoch;
   uint64_t rk_handed;
-  /* Issue 22: deterministic order (options.order). Slots take the rank's
+  /* Deterministic order (options.order). Slots take the rank's
    * records in position order: det_next is the next position of epoch
    * det_epoch to go into a slot. A reader whose chunk is not next keeps
    * its records (ferry__held_t) and whoever finds held records next
    * moves them into slots (det_feeding: one thread at a time).
    * det_held: records held now (det_held_peak: the most). */
   bool det;
-  /* Issue 22: the job's effective shuffle and seed and its records per
+  /* The job's effective shuffle and seed and its records per
    * epoch (for cursors), and the cursor this client resumes from. */
   bool job_shuffle;
   uint64_t job_seed, records_per_epoch;
@@ -399,7 +399,7 @@ struct ferry_client_s {
   ferry_rpc_stream_t *hb_call;
   bool hb_cancelled;
   bool hb_failed;
-  /* Issue 8: owned copies of the TLS paths, the token read from
+  /* Owned copies of the TLS paths, the token read from
    * opts.token_file, the channels' settings and the client secret from
    * GetOrCreateJob (sent in heartbeats and StreamChunks). */
   char *tls_ca, *tls_cert, *tls_key, *token;
@@ -407,7 +407,7 @@ struct ferry_client_s {
   ferry_rpc_options_t rpc_opts;
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
-  /* Issue 11: the data-plane transport the job asks for ("auto", "grpc",
+  /* The data-plane transport the job asks for ("auto", "grpc",
    * "ucx"; NULL: auto) and one client context per transport, made when a
    * stream first needs it (heartbeat thread; freed last). */
   char *transport;
@@ -434,7 +434,7 @@ struct ferry_client_s {
 /* Monotonic seconds. */
 double ferry__client_now(void);
 
-/* Issue 21: whether a ranked client's trainer waits in ferry_next with
+/* Whether a ranked client's trainer waits in ferry_next with
  * nothing held or queued (its rank is between epochs, or starved), when
  * the heartbeat thread asks every FERRY__EPOCH_POLL_MS. Lock held. */
 #define FERRY__EPOCH_POLL_MS 20
@@ -622,7 +622,7 @@ ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
 ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
                                        uint32_t split, uint64_t key);
 
-/* Issue 22: a rank's batches in `epoch`, and its real records in it. */
+/* A rank's batches in `epoch`, and its real records in it. */
 uint64_t ferry__client_rk_steps(const ferry_client_t *c, uint32_t epoch);
 uint64_t ferry__client_rk_records(const ferry_client_t *c, uint32_t epoch);
 

@@ -1,4 +1,4 @@
-/* Fencing without daemons (issue 7, docs/ARCHITECTURE.md "Exactly
+/* Fencing without daemons (docs/ARCHITECTURE.md "Exactly
  * once"): a client hands out batches only while its lease holds, drops
  * what it had not handed out when the lease lapses, when the dispatcher
  * stops renewing it or takes its splits away (a new incarnation), takes

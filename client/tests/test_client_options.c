@@ -82,7 +82,7 @@ Test(client_options, a_short_struct_gets_defaults_for_the_rest) {
   cr_assert_null(out.tls_key);
   cr_assert_null(out.token_file);
 
-  /* Cut before the GPU fields (issue 1's layout, the minimum). */
+  /* Cut before the GPU fields (the first layout, the minimum). */
   memset(&in, 0x5A, sizeof(in));
   ferry_client_options_init_sized(&in, FERRY_CLIENT_OPTIONS_MIN_SIZE);
   in.dispatcher = "127.0.0.1:1";

@@ -1,4 +1,4 @@
-/* Deterministic order without daemons (issue 22, docs/ARCHITECTURE.md
+/* Deterministic order without daemons (docs/ARCHITECTURE.md
  * "Deterministic order"): chunks that arrive before their turn are held
  * and go into batches in the rank's order; a fence drops what was held
  * and moves the next position back to the first record not handed out;

@@ -1,4 +1,4 @@
-/* Ranks without daemons (issue 21, docs/ARCHITECTURE.md "Ranks"): a
+/* Ranks without daemons (docs/ARCHITECTURE.md "Ranks"): a
  * binding cut at Assignment.end ends there for this client, and under
  * padding a rank gets steps_per_epoch batches of batch_size records: its
  * last real batch filled up with its own records, then batches of no

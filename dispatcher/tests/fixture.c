@@ -137,7 +137,7 @@ Ferry__V1__JournalRegisterDataset *fx_last_dataset(void) {
   return NULL;
 }
 
-/* Issue 8: the client secrets fx_job received, for fx_sign. */
+/* The client secrets fx_job received, for fx_sign. */
 static struct {
   uint64_t job, client;
   uint8_t secret[16];

@@ -61,13 +61,13 @@ Ferry__V1__GetOrCreateJobResponse *fx_job(ferry_disp_t *d, const char *id,
                                           int64_t epochs, int policy,
                                           int64_t now);
 
-/* GetOrCreateJob with a hand-built request (issue 21: ranks); returns the
+/* GetOrCreateJob with a hand-built request (ranks); returns the
  * code, keeps the secret for fx_sign on success. */
 int fx_job_req(ferry_disp_t *d, const Ferry__V1__GetOrCreateJobRequest *req,
                Ferry__V1__GetOrCreateJobResponse **out, int64_t now,
                ferry_error_t *err);
 
-/* Issue 8: puts the secret fx_job got for (req->job_id, req->client_id)
+/* Puts the secret fx_job got for (req->job_id, req->client_id)
  * into a hand-built ClientHeartbeat request. */
 void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
 
@@ -77,7 +77,7 @@ void fx_sign(Ferry__V1__ClientHeartbeatRequest *req);
  * split up at this lease (SplitProgress.release). */
 extern uint64_t fx_release_lease;
 /* When set, fx_client's progress entry i names lease fx_prog_leases[i]
- * (the part of its split it is about, issue 22). */
+ * (the part of its split it is about). */
 extern const uint64_t *fx_prog_leases;
 
 Ferry__V1__ClientHeartbeatResponse *fx_client(ferry_disp_t *d, uint64_t job,

@@ -5,7 +5,7 @@
  * worker heartbeats: held back while there is no news, answered at once
  * by a lease, and answered when the daemon stops. Last, a slow scan
  * (FERRY_DISP_SCAN_DELAY_MS) runs off the loop thread: other calls are
- * answered meanwhile, and a stop answers it at once (issue 8). Issue 12:
+ * answered meanwhile, and a stop answers it at once. The journal:
  * concurrent calls all durable across a compaction, a corrupt journal
  * or a snapshot without its journal refused unless --journal-recover, a
  * real full disk, and answers held
@@ -473,7 +473,7 @@ Test(daemon, idle_worker_heartbeats_wait_for_a_lease) {
   ferry_rpc_shutdown();
 }
 
-/* ---- Registrations off the loop thread (issue 8) ------------------------ */
+/* ---- Registrations off the loop thread ------------------------ */
 
 /* One RegisterDataset of prepared bytes, blocking. No assertion: it runs
  * on a helper thread. */
@@ -719,7 +719,7 @@ Test(daemon, concurrent_registrations_of_one_dataset_share_a_scan) {
   ferry_rpc_shutdown();
 }
 
-/* ---- Issue 12: group commit and a full disk ------------------------------ */
+/* ---- Group commit and a full disk ------------------------------ */
 
 typedef struct jobs_s {
   ferry_rpc_channel_t *ch;

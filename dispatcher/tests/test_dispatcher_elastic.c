@@ -1,4 +1,4 @@
-/* Issue 22, elastic: an epoch resumed with another world size. A cursor
+/* Elastic: an epoch resumed with another world size. A cursor
  * of W1 ranks at step s leaves W1 ranges of the epoch's order; the job
  * that resumes with W2 ranks cuts what is left, in the epoch's order,
  * into W2 shares (a rank may get two parts of one split, told apart by

@@ -1,7 +1,7 @@
 /* Tests of the dispatcher's journal: replaying a scripted session gives
  * the live state back, a torn tail is cut off, corruption in the middle
  * is refused with its byte offset (or cut with --journal-recover).
- * Issue 12: a snapshot restores the live state, a crash before any step
+ * A snapshot restores the live state, a crash before any step
  * of a compaction recovers the same state, failed writes and syncs are
  * cut back, a damaged snapshot refuses naming the file and offset. */
 #include <criterion/criterion.h>
@@ -288,7 +288,7 @@ Test(journal, bad_entry_is_fatal_with_its_offset) {
   ferry__disp_free(b);
 }
 
-/* ---- Crash tails (issue 7): damage that nothing valid follows is cut,
+/* ---- Crash tails: damage that nothing valid follows is cut,
  * damage followed by a valid entry is refused. ---------------------------- */
 
 static char logged[4][512];
@@ -437,7 +437,7 @@ Test(journal, appends_and_replays_after_a_cut) {
   ferry__journal_close(j);
 }
 
-/* ---- Issue 12: snapshots, compaction, write failures, recovery ---------- */
+/* ---- Snapshots, compaction, write failures, recovery ---------- */
 
 static ferry_disp_t *new_state(void) {
   ferry_disp_config_t cfg;

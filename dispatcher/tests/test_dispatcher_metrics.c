@@ -1,4 +1,4 @@
-/* Issue 10: the workers-wanted formula (docs/OPERATIONS.md, "How many
+/* The workers-wanted formula (docs/OPERATIONS.md, "How many
  * workers") and the dispatcher's counters. */
 #include <criterion/criterion.h>
 #include <ctype.h>

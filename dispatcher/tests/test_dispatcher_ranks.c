@@ -1,4 +1,4 @@
-/* Issue 21: ranked jobs. W ranks share one named distributed_epoch job;
+/* Ranked jobs. W ranks share one named distributed_epoch job;
  * each takes the same number of steps of B records per epoch, bound in
  * ranges cut at record boundaries so that a fast rank never takes a slow
  * rank's share. Simulated clients of different speeds consume their

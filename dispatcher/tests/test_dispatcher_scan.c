@@ -1,4 +1,4 @@
-/* Tests of the dispatcher's dataset scan (issue 7): a glob never takes a
+/* Tests of the dispatcher's dataset scan: a glob never takes a
  * DALI index file for a shard, a valid FILE.idx next to an uncompressed
  * shard replaces the header scan, and a stale or foreign one is ignored
  * with a warning naming it. */

@@ -1469,7 +1469,7 @@ Test(dispatcher, exactly_once_with_failures) {
   cr_assert_gt(tasks_on_late_worker, 0, "the late worker got no task");
 }
 
-/* ---- Client faults (issue 7) -------------------------------------------- */
+/* ---- Client faults -------------------------------------------- */
 
 /* A split moved from a client that left to another one carries the
  * position it starts from: the new client counts from there (counting
@@ -1737,7 +1737,7 @@ Test(dispatcher, released_split_goes_back_without_fencing) {
   cr_assert_not(c->fenced);
 }
 
-/* ---- Hostile specs (issue 8) -------------------------------------------- */
+/* ---- Hostile specs -------------------------------------------- */
 
 /* A FIFO named by a spec fails the registration at once, naming it; the
  * scan never blocks in open() (the loop thread would freeze). */
@@ -1905,7 +1905,7 @@ Test(dispatcher, datasets_are_bounded_and_collected) {
   cr_assert_eq(fx_status(D, 3800)->datasets, 0);
 }
 
-/* Issue 8: a ClientHeartbeat must carry the secret GetOrCreateJob gave its
+/* A ClientHeartbeat must carry the secret GetOrCreateJob gave its
  * client; the worker's Task carries it; a replayed journal keeps it. */
 Test(dispatcher, client_secret_checked_and_kept_by_the_journal) {
   const char *id = dataset(4);
@@ -2005,7 +2005,7 @@ Test(dispatcher, strings_that_are_not_utf8_are_refused_or_cleaned) {
                    "caf?.tfrecord: record 1 at byte offset 9: bad");
 }
 
-/* ---- Operator calls (issue 10) ------------------------------------------ */
+/* ---- Operator calls ------------------------------------------ */
 
 static Ferry__V1__DrainWorkerResponse *drain(ferry_disp_t *d, uint64_t id,
                                              const char *addr, int64_t now,
@@ -2466,7 +2466,7 @@ Test(dispatcher, dead_clients_rate_is_not_a_current_one) {
   cr_assert_eq(fx_status(D, 7100)->jobs[0]->live_clients, 0);
 }
 
-/* Issue 20: a client that asks for every split and never reads (opens no
+/* A client that asks for every split and never reads (opens no
  * stream: its tasks never produce) is bound FERRY_DISP_UNREAD_ROWS rows
  * at most; once a worker produced records of one of its splits, or it
  * acknowledged records, it gets what it asks for. */

@@ -13,7 +13,7 @@
  * ratios: passthrough / bare stream (target >= 0.8) and seed service /
  * in-process (target >= 0.9).
  *
- * Issue 11: every service row runs once per transport (--transports,
+ * Every service row runs once per transport (--transports,
  * default grpc,ucx when UCX is built in: the client's `transport`
  * option), next to bare_transfer's two-process bare gRPC stream and bare
  * UCX transfer of the same bytes in 2 MiB messages (run as a child,
@@ -25,7 +25,7 @@
  * (utime + stime of their processes, /proc/PID/stat, around each epoch;
  * column "pipe us/rec") >= 0.9.
  *
- * Issue 22: every service row runs in both orders (--orders), the
+ * Every service row runs in both orders (--orders), the
  * client's default (arrival) and order=deterministic (one rank, the
  * epoch's order), alternating run by run; the ratio deterministic /
  * arrival in records/s has the target >= 0.9, and each deterministic row
@@ -786,7 +786,7 @@ out:
   ratio("grpc passthrough 2 workers / bare stream",
         "service passthrough, 2 workers, grpc",
         "bare gRPC stream, 2 MiB messages", 0.8, &pass, &fail);
-  /* Service against in process as CPU per record (issue 11): on a
+  /* Service against in process as CPU per record: on a
    * 2-core machine a wall-clock ratio mostly measures the client, the
    * workers and the dispatcher sharing the cores. */
   printf("ratios (pipeline CPU per record, in process / the workers):\n");
@@ -826,7 +826,7 @@ out:
     else
       fail++;
   }
-  /* Issue 22: what the deterministic order costs, per row. */
+  /* What the deterministic order costs, per row. */
   for (int i = 0; norders > 1 && i < nresults; i++) {
     const char *det = strstr(results[i].name, ", det");
     if (det == NULL || det[5] != '\0')

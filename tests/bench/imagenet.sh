@@ -1,5 +1,5 @@
 #!/bin/sh
-# Issue 13's JPEG benchmark in one command: RandomResizedCrop(224) per core
+# The JPEG benchmark in one command: RandomResizedCrop(224) per core
 # on ImageNet-like JPEGs, Ferry against tf.data and the PyTorch DataLoader,
 # on the same images, in the same run, one table with the ratios.
 #

@@ -1,4 +1,4 @@
-"""The baselines of issue 13's JPEG benchmark (tests/bench/imagenet.sh):
+"""The baselines of the JPEG benchmark (tests/bench/imagenet.sh):
 RandomResizedCrop(224) and a horizontal flip on the same JPEGs as
 bench_jpeg_crop, per core, with the two input pipelines Ferry replaces.
 

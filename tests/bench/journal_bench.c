@@ -1,6 +1,6 @@
 /* bench_journal: the dispatcher's durable mutations per second with group
  * commit against one fdatasync per call (--journal-sync-per-call, the
- * behaviour before issue 12), in one run, and its restart time on a long
+ * behaviour before group commit), in one run, and its restart time on a long
  * history without and with snapshots.
  *
  * Throughput: for each mode and each client count T, a fresh

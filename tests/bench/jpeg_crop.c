@@ -1,5 +1,5 @@
 /* bench_jpeg_crop: RandomResizedCrop(224) on ImageNet-like JPEGs, per
- * core (issue 13): Ferry's decode fused with the crop and the DCT scale
+ * core: Ferry's decode fused with the crop and the DCT scale
  * against Ferry's full decode followed by the same antialiased resize
  * (and the fused decode with gap 2: a DCT scale that keeps twice the
  * output's resolution, more accurate), on the same images with the same

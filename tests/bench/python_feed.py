@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Python feed benchmark (issue 9, point 7): records/s of one cluster feeding
+"""Python feed benchmark: records/s of one cluster feeding
 
   (a) the C example trainer (ferry-example-trainer),
   (b) a Python loop over ferry.Client that makes torch tensors of each batch

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Python feed benchmark of issue 9 (tests/bench/python_feed.py): records/s
+# The Python feed benchmark (tests/bench/python_feed.py): records/s
 # of one local cluster (a dispatcher and 2 workers) feeding (a) the C example
 # trainer, (b) a Python loop over ferry.Client making torch tensors with
 # torch.from_dlpack, and, without Ferry, (c) a DataLoader with 2 worker

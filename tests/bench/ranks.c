@@ -1,5 +1,5 @@
-/* bench_ranks: 4 ranks sharing one job against 4 private jobs (issue 21,
- * point 6), in one run, on the same dispatcher and workers.
+/* bench_ranks: 4 ranks sharing one job against 4 private jobs, in one
+ * run, on the same dispatcher and workers.
  *
  * Writes a 32x32x3 raw dataset of 8 files, starts ferry-dispatcher and
  * two ferry-workers as subprocesses (127.0.0.1, any port), and times, in

@@ -1,4 +1,4 @@
-/* bench_scale: the dispatcher's control plane at scale (issue 12).
+/* bench_scale: the dispatcher's control plane at scale.
  *
  * A real ferry-dispatcher (a subprocess, on a journal in a directory on
  * disk: --dir, default a fresh one under /tmp) driven by simulated workers

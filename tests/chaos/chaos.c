@@ -1,4 +1,4 @@
-/* Chaos on a schedule (issue 12, point 3).
+/* Chaos on a schedule.
  *
  *   ferry_chaos [--schedules N] [--seed S] [--epochs E] [--keep-going]
  *
@@ -6,7 +6,7 @@
  * from the clock, printed): a cluster of a dispatcher and 3 workers
  * (tests/integration/harness.c) and 2 trainer processes (it_client) run a
  * distributed_epoch job of several epochs, either one named job the two
- * share, or one private job each, or (issue 22) a named job of two ranks
+ * share, or one private job each, or a named job of two ranks
  * in deterministic order (world_size 2, the default padding), while the
  * schedule, printed before it runs, applies at random times:
  *
@@ -659,7 +659,7 @@ static int check_job(run_t *r, int job, hx_client_log_t *logs) {
   return rc;
 }
 
-/* Issue 22: in a deterministic job, each client process hands out, per
+/* In a deterministic job, each client process hands out, per
  * epoch, consecutive records of its rank's share from a batch boundary.
  * 0 or -1 with r->why. */
 static int check_order(run_t *r, hx_client_log_t *logs) {

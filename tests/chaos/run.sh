@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos on a schedule (issue 12, point 3): runs ferry_chaos (chaos.c) and
+# Chaos on a schedule: runs ferry_chaos (chaos.c) and
 # makes sure nothing it started is left running.
 #
 #   tests/chaos/run.sh [--schedules N] [--seed S] [--epochs E]
@@ -19,7 +19,7 @@
 # ctest run) replays each failed seed once and fails only if the replay
 # fails too, printing both.
 #
-# --partition-rounds R (the soak's network half, issue 23): after the
+# --partition-rounds R (the soak's network half): after the
 # schedules, every case of integration/partitions R times on gRPC and R
 # times on UCX (held to TCP), each round with fresh random fault points
 # (each case prints its seed; FERRY_IT_SEED replays one), each bounded

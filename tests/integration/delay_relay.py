@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A transparent TCP relay that delays what it carries (issue 23; this
+"""A transparent TCP relay that delays what it carries (this
 kernel has no netem). It runs in one host's network namespace behind an
 iptables REDIRECT of that host's TCP connections to a peer (netns.c,
 hx_net_delay): each connection it accepts goes on to its original

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# deploy/demo.sh, the README's main command, must leave no process behind
-# (issue 7): run it on a small dataset to the end, then again interrupted
+# deploy/demo.sh, the README's main command, must leave no process behind:
+# run it on a small dataset to the end, then again interrupted
 # with SIGINT once its cluster and trainer run (to the demo alone, and to
 # its whole process group as a terminal's Ctrl-C does), and check after
 # each run that no process it started (FERRY_DEMO_PIDFILE) still exists
 # and that it said so, and that none of them needed the demo's SIGKILL
 # fallback (each must exit on SIGTERM: a fallback is a failed shutdown,
-# not a pass). Then `deploy/demo.sh --imagenet` (issue 13) on 600
+# not a pass). Then `deploy/demo.sh --imagenet` on 600
 # ImageNet-like JPEGs to the end: its trainer must get 224x224x3 batches,
 # flipped (on the GPU or by the CPU), and print images/s and the stall
 # fraction.

@@ -38,7 +38,7 @@ static int nprocs;
 static char tmpdir[256];
 static bool atexit_set;
 
-/* Issue 11: the NAME-ucx copies of the suites (FERRY_IT_UCX_PROBE=1 set
+/* The NAME-ucx copies of the suites (FERRY_IT_UCX_PROBE=1 set
  * by tests/integration/CMakeLists.txt) skip, exit 77, on a machine where
  * UCX cannot start: the probe makes a UCX client context (a UCP context,
  * a worker and its progress thread) and frees it. Called by

@@ -49,10 +49,10 @@ typedef struct hx_daemon_opts_s {
   const char *host;         /* --host ("127.0.0.1"); a worker given one
                                also gets --advertise HOST */
   int client_stall_ms;      /* dispatcher: its default (30000) */
-  const char *const *extra_argv; /* issue 8: more flags for the daemon
+  const char *const *extra_argv; /* More flags for the daemon
                                     (NULL-terminated; NULL: none), e.g.
                                     --tls-cert FILE */
-  char *const *prefix_argv; /* issue 23: what runs the daemon
+  char *const *prefix_argv; /* What runs the daemon
                                (NULL-terminated; NULL: none), e.g. `ip
                                netns exec NS` (netns.h's hx_net_argv) */
 } hx_daemon_opts_t;

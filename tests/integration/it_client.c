@@ -13,11 +13,11 @@
  * >= 0 it frees the client after that many batches (a clean, early
  * leave). Exits 0 at the end of the job or after leaving, 3 on an error
  * (printed to stderr). FERRY_IT_CLIENT_TRANSPORT (auto, grpc, ucx) picks
- * the data-plane transport (default: auto). Ranks (issue 21):
+ * the data-plane transport (default: auto). Ranks:
  * FERRY_IT_CLIENT_WORLD, FERRY_IT_CLIENT_RANK, FERRY_IT_CLIENT_BATCH and
  * FERRY_IT_CLIENT_DROP (1: drop_remainder) set those options; a batch's
  * record holds its real records only (num_real). FERRY_IT_CLIENT_ORDER=
- * deterministic sets that order (issue 22). A rank still held by a
+ * deterministic sets that order. A rank still held by a
  * client that was killed is asked for again (every 100 ms, for up to
  * 15 s) until the dispatcher declares that client lost.
  */

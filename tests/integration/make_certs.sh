@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8: the test certificates, made with openssl at test time in DIR.
+# The test certificates, made with openssl at test time in DIR.
 #   ca.pem/.key          the cluster's CA
 #   server.pem/.key      signed by it, subjectAltName IP:127.0.0.1 and
 #                        DNS:localhost, usable as server and client

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10, point 1: a local cluster (dispatcher + worker, --metrics-port 0)
+# A local cluster (dispatcher + worker, --metrics-port 0)
 # runs one epoch through ferry-example-trainer; both /metrics are scraped,
 # `promtool check metrics` must accept each, the worker's
 # ferry_worker_records_total and the dispatcher's

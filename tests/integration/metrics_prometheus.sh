@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10, point 1: a real Prometheus server (Debian's prometheus) scrapes
+# A real Prometheus server (Debian's prometheus) scrapes
 # a local cluster's dispatcher and worker every second; after an epoch,
 # ferry_worker_records_total read back through its HTTP query API must
 # equal what the worker's /metrics reports, and both targets must be up.

@@ -1,4 +1,4 @@
-/* Hosts in network namespaces for the integration tests (issue 23): each
+/* Hosts in network namespaces for the integration tests: each
  * "host" is a namespace with one interface, eth0, on a bridge in a
  * namespace of its own (the switch), and an address in the documentation
  * range 192.0.2.0/24; nothing is routed anywhere else. Each host's

@@ -1,4 +1,4 @@
-/* Exactly once under client faults (issue 7): three trainer processes
+/* Exactly once under client faults: three trainer processes
  * (it_client) share one named job over three workers, 12,000 records in
  * 24 splits, 3 epochs, and one of them leaves early, is killed with -9 or
  * is stopped past the client timeout and resumed, at a random point. Every

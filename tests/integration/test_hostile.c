@@ -1,11 +1,11 @@
-/* Hostile specs against real daemons (issue 8, points 3 to 5): a
+/* Hostile specs against real daemons: a
  * dispatcher and a worker with --data-root, and a caller that names files
  * outside the root, probes for files with globs, names a FIFO, or names a
  * secret file inside the root hoping to read it back through the error
  * text. Each attack must do no harm, and the cluster must then still
  * serve a real job exactly once.
  *
- * Issue 20, end to end: the warning about metrics on a public address,
+ * End to end: the warning about metrics on a public address,
  * the daemons' --handshake-timeout-ms and --idle-connection-ms on raw
  * connections, and a JPEG over the worker's --jpeg-max-pixels under
  * policies fail and skip. */
@@ -171,7 +171,7 @@ Test(hostile, error_text_quotes_no_file_bytes) {
   still_serves();
 }
 
-/* ---- Issue 20, point 6: the metrics server's warning ---------------------
+/* ---- The metrics server's warning ---------------------
  * A daemon whose metrics server (plain HTTP) binds a non-loopback address
  * says so in its log, naming the address, the port and --metrics-host; on
  * loopback (the harness's --host 127.0.0.1, the default metrics host) it
@@ -250,7 +250,7 @@ Test(hostile, metrics_on_a_public_address_are_warned_about) {
   expect_metrics_warning(w, whp, "127.0.0.1", false);
 }
 
-/* ---- Issue 20, point 5: the daemons' connection limits -------------------
+/* ---- The daemons' connection limits -------------------
  * Raw TCP connections to the dispatcher's gRPC port: one that never
  * finishes the HTTP/2 preface is closed after --handshake-timeout-ms, one
  * that finishes it and never calls after --idle-connection-ms. Under the
@@ -433,7 +433,7 @@ Test(hostile, the_workers_connection_limits_close_idle_peers) {
   hx_dataset_free(&DS);
 }
 
-/* ---- Issue 20, point 7: a JPEG over --jpeg-max-pixels --------------------
+/* ---- A JPEG over --jpeg-max-pixels --------------------
  * A dataset of 8x8 JPEGs, one of which (file 1, record 7) is 32x32 (1024
  * pixels), served by a worker with --jpeg-max-pixels 256. */
 

@@ -1,4 +1,4 @@
-/* Issue 10, point 5 with real processes: the operator's ferryctl.
+/* The operator's ferryctl with real processes.
  *
  * - drain a worker mid-epoch (2 workers, a client consuming): every record
  *   id exactly once, the drained worker holds no lease afterwards, `ferryctl
@@ -11,7 +11,7 @@
  *   dispatcher;
  * - after a dispatcher restart, a worker that left before it is not listed
  *   as alive, and a drained worker stays drained;
- * - issue 19: a job with no live client (finished, or its only client
+ * - A job with no live client (finished, or its only client
  *   killed) shows its last figures dated ("no live client; as of ...")
  *   and "-" for batches/s and workers wanted, never a dead client's rate
  *   as current; a trainer whose workers are all drained, stopped or lost
@@ -600,7 +600,7 @@ Test(operator, restart_lists_no_departed_worker_as_alive) {
   ctl_free(&r);
 }
 
-/* ---- Figures with no live client (issue 19) ----------------------------- */
+/* ---- Figures with no live client ----------------------------- */
 
 /* The last three columns (stall, batches/s, wanted) of the job's row in
  * `ferryctl jobs` text. False when no row names the job. */
@@ -803,7 +803,7 @@ Test(operator, a_killed_clients_figures_are_not_shown_as_current) {
   hx_dataset_free(&ds);
 }
 
-/* ---- Every worker drained (issue 19) ------------------------------------ */
+/* ---- Every worker drained ------------------------------------ */
 
 /* `ferryctl workers --json` until the worker at `addr` is in `state`, at
  * most `ms`. */

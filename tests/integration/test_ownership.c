@@ -1,4 +1,4 @@
-/* Exclusive ownership and addresses (issue 7, points 4 and 8), with real
+/* Exclusive ownership and addresses, with real
  * daemons: a daemon whose port is taken exits 1 at once naming the
  * address (gRPC's default SO_REUSEPORT is off), a dispatcher whose work
  * directory is locked by a live process exits 1 naming that process, a

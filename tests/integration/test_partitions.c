@@ -1,4 +1,4 @@
-/* Network partitions between real hosts (issue 23): the dispatcher, two
+/* Network partitions between real hosts: the dispatcher, two
  * workers and a trainer process, each in a network namespace of its own
  * with its own address (netns.h), started as the README's "Running a
  * cluster" says: --host and --advertise with host names, which each
@@ -372,7 +372,7 @@ Test(partitions, a_flapping_link_between_trainer_and_worker) {
   run(&sc);
 }
 
-/* ---- Narrow links (issue 23, point 3) ------------------------------------
+/* ---- Narrow links ------------------------------------
  * What reaches the trainer is capped (a token bucket on its switch port);
  * Ferry's delivery over the capped link is compared with a bare TCP
  * stream from worker1 to the trainer over the same link in the same run:
@@ -527,7 +527,7 @@ Test(partitions, a_100_mbit_link_to_the_trainer_is_filled) { capped(100, 1); }
 
 Test(partitions, a_1_gbit_link_to_the_trainer_is_filled) { capped(1000, 3); }
 
-/* ---- Delayed and lossy links (issue 23, point 3) -------------------------
+/* ---- Delayed and lossy links -------------------------
  * The links between the trainer and both workers delayed 50 ms each way
  * (hx_net_delay: a relay at the end that dials, both ends: the trainer
  * dials the workers' gRPC streams and UCX's control calls, UCX's workers

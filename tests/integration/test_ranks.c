@@ -1,4 +1,4 @@
-/* Ranks (issue 21): W trainers of one named job, as data-parallel ranks,
+/* Ranks: W trainers of one named job, as data-parallel ranks,
  * each take the same number of batches per epoch, every batch of the
  * job's batch size, and every record of an epoch reaches one rank (under
  * padding the padded records are repeats of the rank's own records, and

@@ -1,4 +1,4 @@
-/* Bounded resources (issue 12, point 4), measured on real daemons:
+/* Bounded resources, measured on real daemons:
  *
  * (a) a worker's resident memory stays within --buffer-bytes plus a
  *     stated constant while its only client sleeps 200 ms per batch, over

@@ -1,4 +1,4 @@
-/* Issue 8, points 1, 2 and 6: TLS on every channel, credentials per role
+/* TLS on every channel, credentials per role
  * and per-client secrets, with real daemons.
  *
  * Certificates and tokens are made at test time by make_certs.sh (openssl;

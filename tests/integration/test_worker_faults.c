@@ -1,4 +1,4 @@
-/* Issue 7, points 5 and 6 with real processes: a worker survives a shard
+/* Worker faults with real processes: a worker survives a shard
  * truncated under it (the client gets the error, the worker serves the
  * next job), a stalled trainer slows only itself (per-stream shares of
  * the worker's chunk pool), and a shuffled GZIP shard stays within
@@ -536,7 +536,7 @@ Test(worker_faults, worker_out_of_descriptors_gives_splits_back,
   hx_dataset_free(&ds);
 }
 
-/* (f) The worker's own path (issue 20, item 5): a job on two workers whose
+/* (f) The worker's own path: a job on two workers whose
  * client stream to worker 2 is open and has delivered records; then worker
  * 2 runs out of descriptors. Its limit (prlimit) is cut to the lowest
  * descriptor number it holds for anything but a shard, so every shard it

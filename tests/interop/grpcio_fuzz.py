@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A bounded RPC-level fuzz test from Python grpcio (issue 8): random bytes
+"""A bounded RPC-level fuzz test from Python grpcio: random bytes
 and mutated valid protobuf bodies for every method of a running dispatcher
 and worker (their Dispatcher, Worker and Health services). Passes when both
 daemons still answer Health/Check SERVING and GetStatus afterwards, and

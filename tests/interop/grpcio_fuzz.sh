@@ -1,5 +1,5 @@
 #!/bin/sh
-# The RPC-level fuzz test (issue 8): starts a bare ferry-dispatcher and one
+# The RPC-level fuzz test: starts a bare ferry-dispatcher and one
 # ferry-worker on 127.0.0.1 (port 0, temporary dirs), runs grpcio_fuzz.py
 # against both with the system python3, then stops both with SIGTERM,
 # whatever happened, and fails if either had died.

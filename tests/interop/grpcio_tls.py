@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Calls a ferry-dispatcher that serves mutual TLS with per-role tokens
-from Python grpcio (issue 8). With the CA, a client certificate and the
+from Python grpcio. With the CA, a client certificate and the
 status token, GetStatus succeeds; without the token or with a wrong one it
 is UNAUTHENTICATED; the status token on a client method is
 PERMISSION_DENIED; a plaintext channel, a channel trusting another CA and

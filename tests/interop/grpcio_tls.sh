@@ -1,5 +1,5 @@
 #!/bin/sh
-# Interop with Python grpcio over TLS (issue 8): makes a CA, certificates
+# Interop with Python grpcio over TLS: makes a CA, certificates
 # and tokens with tests/integration/make_certs.sh, starts ferry-dispatcher
 # with TLS, mutual TLS and a status token on 127.0.0.1, and runs
 # grpcio_tls.py: GetStatus with the CA, a client certificate and the token

@@ -1,4 +1,4 @@
-"""PyTorch DistributedDataParallel over a ranked Ferry job (issue 21):
+"""PyTorch DistributedDataParallel over a ranked Ferry job:
 torchrun starts four processes of ddp_rank.py on 127.0.0.1 (gloo, a free
 port), each running docs/PYTHON.md's DDP loop as written: a linear layer
 on the 8x8x3 images, two epochs, one all-reduce per step (DDP's backward).

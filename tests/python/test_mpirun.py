@@ -1,4 +1,4 @@
-"""Ranks launched by Open MPI (issue 21, point 5c): `mpirun -np 4` starts
+"""Ranks launched by Open MPI: `mpirun -np 4` starts
 four processes of mpi_rank.py, each a ferry.Client that takes its rank
 and world size from OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (no MPI
 call, no mpi4py: the ranks exchange nothing, each writes a JSON file).
@@ -49,7 +49,7 @@ def ranks_api_missing():
         msg = str(e)
         if "rank" in msg or "world_size" in msg:
             return ("ferry.Client has no rank/world_size parameter (%s): "
-                    "the ranks API of issue 21 is not in this build" % msg)
+                    "the ranks API is not in this build" % msg)
         return None
     except Exception:  # SpecError, UnreachableError: the keywords exist
         return None

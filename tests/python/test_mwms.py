@@ -1,5 +1,5 @@
-"""TensorFlow MultiWorkerMirroredStrategy over Ferry ranks (issue 21,
-point 5b): two worker processes (mwms_worker.py) on 127.0.0.1, each with
+"""TensorFlow MultiWorkerMirroredStrategy over Ferry ranks: two worker
+processes (mwms_worker.py) on 127.0.0.1, each with
 TF_CONFIG {"cluster": {"worker": [a, b]}, "task": {"type": "worker",
 "index": i}}, train a small Keras model for two epochs on
 ferry.tf.dataset, whose Ferry rank comes from TF_CONFIG too. Both must

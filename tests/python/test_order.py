@@ -1,4 +1,4 @@
-"""Deterministic order (issue 22): ferry.Client(order="deterministic").
+"""Deterministic order: ferry.Client(order="deterministic").
 
 Batch s of a rank holds the records [s x B, (s + 1) x B) of the rank's
 share of the epoch's order, so the batches' SHA-256 digests (images and

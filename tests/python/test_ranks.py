@@ -1,4 +1,4 @@
-"""Ranks (issue 21): ferry.Client(rank=, world_size=) and the launcher's
+"""Ranks: ferry.Client(rank=, world_size=) and the launcher's
 environment (ferry.launcher_rank()), then ranked jobs of four clients in
 threads against a local cluster: every rank the same number of batches,
 steps_per_epoch, each of exactly batch_size records; under padding every

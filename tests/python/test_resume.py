@@ -1,5 +1,5 @@
 """A DDP job restarted from its checkpoint resumes its input exactly
-(issue 22, with issue 21's group restart): torchrun (--max_restarts 1)
+(with the ranks' group restart): torchrun (--max_restarts 1)
 runs four ranks of resume_rank.py, DistributedDataParallel over gloo on a
 ranked Ferry job in deterministic order, rank 0 saving the model and
 ds.state_dict() every 3 steps. A reference run goes through its two

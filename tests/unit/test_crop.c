@@ -1,4 +1,4 @@
-/* The crop ops of issue 13 (ferry/crop.h, docs/OPS.md): torchvision's
+/* The crop ops (ferry/crop.h, docs/OPS.md): torchvision's
  * RandomResizedCrop sampler, Resize(shorter) and CenterCrop geometry, the
  * antialiased resampler against a double-precision reference of
  * torchvision's antialias=True resize, and the JPEG decode fused with the

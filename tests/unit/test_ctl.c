@@ -569,7 +569,7 @@ Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
 /* --content photo --size imagenet: each record has one of ImageNet's
  * sizes (not all the same), its JPEG decodes to that size, and the
  * dataset lands in the bytes per pixel of ImageNet's photographs at
- * quality 90 (the benchmark of issue 13 relies on it), as printed. */
+ * quality 90 (the JPEG benchmark relies on it), as printed. */
 Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
   char dir[512];
   path_in(dir, sizeof(dir), "photo");

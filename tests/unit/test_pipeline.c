@@ -750,7 +750,7 @@ Test(pipeline, no_allocation_in_steady_state) {
 }
 
 /* ---------------------------------------------------------------------
- * The crop ops (issue 13): fused with the JPEG decode when first, keyed
+ * The crop ops: fused with the JPEG decode when first, keyed
  * by (seed, epoch, record).
  */
 

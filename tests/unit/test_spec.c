@@ -1149,7 +1149,7 @@ Test(spec, expand_files) {
   rm_tree(dir);
 }
 
-/* Issue 7: `ferryctl records index` writes FILE.idx next to each shard,
+/* `ferryctl records index` writes FILE.idx next to each shard,
  * and a glob like train-* matches those too: they are never shards. */
 Test(spec, expand_files_skips_index_files) {
   char dir[] = "/tmp/ferry-spec-XXXXXX", want[600];

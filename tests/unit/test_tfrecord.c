@@ -1387,7 +1387,7 @@ Test(tfrecord, file_rewritten_under_reader, .init = make_tmpdir,
   ferry_tfr_reader_free(r);
 }
 
-/* Issue 8: a spec naming a secret file must not read it back through the
+/* A spec naming a secret file must not read it back through the
  * error text. A "record" whose header is text (here the first 12 bytes of
  * a shadow-like line) fails its length CRC; the message names the file
  * and offset but neither the length field nor either CRC. */

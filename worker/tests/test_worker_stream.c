@@ -107,7 +107,7 @@ static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
   ferry_error_t err;
   req.job_id = job;
   req.client_id = client;
-  /* Issue 8: a stream carries a client secret; these tests' tasks carry
+  /* A stream carries a client secret; these tests' tasks carry
    * none, so any one is accepted (test_security checks the refusals). */
   static uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   req.client_secret.data = secret;

@@ -215,7 +215,7 @@ Test(tasks, shuffle_and_resume_uncompressed) {
 
 Test(tasks, shuffle_and_resume_gzip) { shuffle_case(FERRY_COMPRESSION_GZIP); }
 
-/* Issue 22: a task with Task.end (a ranked part that ends before its
+/* A task with Task.end (a ranked part that ends before its
  * split) stops there: its positions [start, end) in split order, the last
  * chunk marked `last`, nothing past it produced; identity and shuffled. */
 Test(tasks, a_part_ends_at_its_end) {
@@ -476,7 +476,7 @@ Test(tasks, backpressure_then_cancel, .timeout = 60) {
   wt_file_free(&f);
 }
 
-/* Data roots (issue 8): the worker checks a task's file against its roots
+/* Data roots: the worker checks a task's file against its roots
  * before it opens it: a task for a file outside (forged, or a symlink
  * that moved) fails naming the file, and nothing is read. */
 Test(tasks, a_file_outside_the_data_roots_is_not_opened) {

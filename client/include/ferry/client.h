@@ -115,7 +115,7 @@ typedef struct ferry_client_options_s {
   uint32_t dispatcher_timeout_ms; /* no heartbeat answer for this long fails
                                      the client (default 30000) */
 
-  /* The GPU node path (issue 4). Zero values keep host batches of uint8
+  /* The GPU node path. Zero values keep host batches of uint8
    * images, as without these fields. */
   bool gpu;               /* stage batches to CUDA device `device`: pinned
                              host slots, an asynchronous copy and the
@@ -134,7 +134,7 @@ typedef struct ferry_client_options_s {
   ferry_dtype_t dtype;    /* augmented output type (default float32) */
   ferry_layout_t layout;  /* augmented output layout (default NHWC) */
 
-  /* Security (issue 8). NULL keeps plaintext and no token. With tls_ca or
+  /* Security. NULL keeps plaintext and no token. With tls_ca or
    * tls_cert set, every channel (dispatcher and workers) uses TLS. */
   const char *tls_ca;     /* PEM CA bundle the dispatcher's and workers'
                              certificates must chain to (NULL with
@@ -144,7 +144,7 @@ typedef struct ferry_client_options_s {
   const char *token_file; /* file holding the client bearer token, sent to
                              the dispatcher and workers on every call */
 
-  /* Data plane (issue 11): how chunks travel from each worker. NULL, ""
+  /* Data plane: how chunks travel from each worker. NULL, ""
    * or "auto": UCX where this libferry and the worker both have it (and
    * no TLS is configured: UCX does not encrypt), else gRPC, the reason
    * logged at INFO; "grpc"; "ucx" (ferry_client_new fails with
@@ -153,7 +153,7 @@ typedef struct ferry_client_options_s {
    * environment variable. */
   const char *transport;
 
-  /* Ranks (issue 21): data-parallel trainers (PyTorch DDP, Horovod,
+  /* Ranks: data-parallel trainers (PyTorch DDP, Horovod,
    * MultiWorkerMirroredStrategy), whose ranks must all take the same
    * number of steps per epoch. world_size W > 1 makes this client rank
    * `rank` (0 <= rank < W) of the named distributed_epoch job `job_name`
@@ -173,7 +173,7 @@ typedef struct ferry_client_options_s {
   uint32_t world_size;
   uint32_t rank;
 
-  /* Order (issue 22). FERRY_ORDER_ARRIVAL (the default): a batch takes
+  /* Order. FERRY_ORDER_ARRIVAL (the default): a batch takes
    * records as they arrive, from whichever worker is first.
    * FERRY_ORDER_DETERMINISTIC: batch s of a rank holds the records
    * [s x B, (s + 1) x B) of the rank's share of the epoch's order (the
@@ -190,7 +190,7 @@ typedef struct ferry_client_options_s {
    * splits_in_flight splits' records. */
   ferry_order_t order;
 
-  /* Resume (issue 22): a cursor from ferry_client_state (resume_len bytes,
+  /* Resume: a cursor from ferry_client_state (resume_len bytes,
    * at most FERRY_CLIENT_CURSOR_MAX), saved with a checkpoint: the job
    * starts at the cursor's epoch and step, so the first batch is the one
    * an uninterrupted run would have delivered next; each rank's records
@@ -402,7 +402,7 @@ FERRY_API void ferry_client_stats_sized(ferry_client_t *c,
 FERRY_API uint64_t ferry_client_steps_per_epoch(const ferry_client_t *c);
 FERRY_API uint64_t ferry_client_dropped_per_epoch(const ferry_client_t *c);
 
-/* Checkpoint cursors (issue 22), at most this many bytes. */
+/* Checkpoint cursors, at most this many bytes. */
 #define FERRY_CLIENT_CURSOR_MAX 4096
 
 /* Writes the client's cursor into buf (cap bytes), *len its size: where

@@ -1,4 +1,4 @@
-"""Ranks from a launcher's environment (issue 21).
+"""Ranks from a launcher's environment.
 
 A data-parallel trainer is started by a launcher that tells each process
 its rank and the world size in environment variables. :func:`launcher_rank`

@@ -154,7 +154,7 @@ typedef struct {
   uint32_t prefetch;
   double timeout;         /* seconds for next(); < 0: forever */
   uint64_t job_id, client_id;
-  /* Ranks (issue 21): world_size > 1, else all four 0 (None in Python). */
+  /* Ranks: world_size > 1, else all four 0 (None in Python). */
   uint32_t rank, world_size;
   uint64_t steps_per_epoch, dropped_per_epoch;
   ferry_client_stats_t last; /* the counters when the client was freed */
@@ -1086,7 +1086,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       goto out;
     o.augment_seed = v;
   }
-  /* Ranks (issue 21): both or neither (the `ferry` package's Client
+  /* Ranks: both or neither (the `ferry` package's Client
    * fills them in from the launcher's environment). A world of 1 has no
    * ranks. */
   if ((rank == Py_None) != (world_size == Py_None)) {
@@ -1129,7 +1129,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       o.rank = (uint32_t)r;
     }
   }
-  /* Issue 22: the order of the records in the batches. */
+  /* The order of the records in the batches. */
   if (order != NULL) {
     static const char *const orders[] = {"arrival", "deterministic", NULL};
     int m = arg_choice(order, "order", orders,
@@ -1138,7 +1138,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       goto out;
     o.order = m == 0 ? FERRY_ORDER_ARRIVAL : FERRY_ORDER_DETERMINISTIC;
   }
-  /* Issue 22: resume= takes what state_dict() returned, or its bytes. */
+  /* resume= takes what state_dict() returned, or its bytes. */
   if (resume != Py_None) {
     PyObject *cur = resume;
     if (PyDict_Check(resume)) {
@@ -1541,7 +1541,7 @@ static int dict_set(PyObject *d, const char *k, PyObject *v) {
   return r;
 }
 
-/* Issue 22: the checkpoint cursor, in the protocol of torchdata's stateful
+/* The checkpoint cursor, in the protocol of torchdata's stateful
  * loaders (torch.save of a checkpoint carries the dict). */
 static PyObject *client_state_dict(ClientObject *self,
                                    PyObject *Py_UNUSED(a)) {

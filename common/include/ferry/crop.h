@@ -1,5 +1,5 @@
 /* torchvision-style crop and resize ops on uint8 HWC images, and the JPEG
- * decode fused with them (issue 13; semantics in docs/OPS.md):
+ * decode fused with them (semantics in docs/OPS.md):
  *
  *   - the crop sampler of RandomResizedCrop (torchvision's get_params,
  *     drawn from Ferry's own counter-based generator keyed by (seed,

@@ -1,7 +1,7 @@
 #ifndef FERRY_CURSOR_H
 #define FERRY_CURSOR_H
 
-/* Checkpoint cursors (issue 22): where a ranked job in deterministic order
+/* Checkpoint cursors: where a ranked job in deterministic order
  * stands, small and versioned, so that a trainer restarted from a
  * checkpoint resumes its input exactly. The bytes are "FERRYCUR" and a
  * ferry.v1.Cursor message; this file and cursor.c own them. */

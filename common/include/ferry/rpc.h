@@ -46,7 +46,7 @@
 #define FERRY_RPC_RESOURCE_EXHAUSTED 8
 #define FERRY_RPC_UNAUTHENTICATED 16
 
-/* Bytes of the secret the dispatcher gives each client of a job (issue 8):
+/* Bytes of the secret the dispatcher gives each client of a job:
  * its ClientHeartbeat and StreamChunks calls carry it. */
 #define FERRY_CLIENT_SECRET_BYTES 16
 
@@ -342,7 +342,7 @@ void ferry_rpc_stream_cancel(ferry_rpc_stream_t *s);
  * frees the stream. NULL-safe. */
 void ferry_rpc_stream_free(ferry_rpc_stream_t *s);
 
-/* ---- Credentials (issue 8) ------------------------------------------------ */
+/* ---- Credentials ------------------------------------------------ */
 
 /* Reads a bearer token from `path`: the file's text without trailing
  * white space; it must be 1 to 4096 printable ASCII characters. Warns

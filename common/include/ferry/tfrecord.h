@@ -43,7 +43,7 @@ typedef struct ferry_tfr_options_s {
   void *on_skip_arg;
   /* Errors may quote values read from the file (stored CRCs, length
    * fields). Default false: errors name the file, record and byte offset
-   * only, since the daemons send them to remote callers (issue 8: a
+   * only, since the daemons send them to remote callers (A
    * length field is 8 bytes of whatever file a spec names). ferryctl,
    * run by the file's owner, turns it on. */
   bool file_bytes_in_errors;

@@ -36,7 +36,7 @@ struct ferry_pipeline_s {
   ferry_image_op_t ops[FERRY_SPEC_MAX_OPS];
   size_t n_ops;
   bool has_resize; /* an op sets the size (the JPEG's may differ) */
-  /* The decode fused with the first ops (issue 13): `fused` ops (0, 1
+  /* The decode fused with the first ops: `fused` ops (0, 1
    * or 2) run inside ferry_jpeg_decode_crop as `fop` says; the loop runs
    * the rest. */
   size_t fused;
@@ -396,7 +396,7 @@ void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
 }
 
 /* FERRY_ENOFEATURE for `key`. The record's own keys are bytes of the file
- * and errors travel to remote callers (issue 8), so the message gives
+ * and errors travel to remote callers, so the message gives
  * their count and the tool that lists them, not the keys. */
 static int missing_feature(const ferry_example_t *ex, const char *key,
                            ferry_error_t *err) {

@@ -1,4 +1,4 @@
-/* Credentials (issue 8): TLS material for servers and channels, bearer
+/* Credentials: TLS material for servers and channels, bearer
  * tokens, constant-time comparison, random secrets.
  *
  * Server certificates are served through gRPC's certificate-config
