@@ -1,4 +1,4 @@
-/* The crop ops (ferry/crop.h, docs/OPS.md): torchvision's
+/* The crop ops (ferry/crop.h, docs/TORCHVISION_OPS.md): torchvision's
  * RandomResizedCrop sampler, Resize(shorter) and CenterCrop geometry, the
  * antialiased resampler against a double-precision reference of
  * torchvision's antialias=True resize, and the JPEG decode fused with the
@@ -347,8 +347,8 @@ static size_t load_photos(photo_t *out, size_t cap, char *why,
   return n;
 }
 
-/* Stated bounds of the fused path against the reference (docs/OPS.md):
- * with the default scale choice (gap 1) every photo's PSNR >= 33 dB, all
+/* Stated bounds of the fused path against the reference
+ * (docs/TORCHVISION_OPS.md): with the default scale choice (gap 1) every photo's PSNR >= 33 dB, all
  * photos together >= 40 dB, no byte off by more than 64 (the DCT
  * scaling's ringing at strong edges); with gap 2 (Pillow's reducing_gap)
  * >= 42 dB per photo, 48 dB together and 32 at most. */

@@ -1,5 +1,5 @@
 /* torchvision-style crop and resize ops on uint8 HWC images, and the JPEG
- * decode fused with them (semantics in docs/OPS.md):
+ * decode fused with them (semantics in docs/TORCHVISION_OPS.md):
  *
  *   - the crop sampler of RandomResizedCrop (torchvision's get_params,
  *     drawn from Ferry's own counter-based generator keyed by (seed,
@@ -44,7 +44,7 @@ typedef struct ferry_window_s {
 } ferry_window_t;
 
 /* RandomResizedCrop's parameters (torchvision defaults: scale (0.08, 1),
- * ratio (3/4, 4/3)). Valid ranges (docs/OPS.md): 0 < scale_min <=
+ * ratio (3/4, 4/3)). Valid ranges (docs/TORCHVISION_OPS.md): 0 < scale_min <=
  * scale_max <= 1, 0 < ratio_min <= ratio_max, both ratios in
  * [1/100, 100]. */
 typedef struct ferry_rrc_s {

@@ -1,5 +1,5 @@
 /* torchvision's crop geometry and antialiased resampling on uint8 HWC
- * images (ferry/crop.h; semantics in docs/OPS.md).
+ * images (ferry/crop.h; semantics in docs/TORCHVISION_OPS.md).
  *
  * The resampler follows PIL's ImagingResample and ATen's
  * _upsample_bilinear2d_aa (torchvision's antialias=True): per axis, the
