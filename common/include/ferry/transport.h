@@ -194,8 +194,10 @@ typedef struct ferry_transport_client_config_s {
   int slow_fetch_ms;                   /* UCX: a payload receive this slow
                                           marks a slow link, where the
                                           next payloads are fetched ahead
-                                          of the reader; 0: 5 ms; < 0:
-                                          every link (tests) */
+                                          of the reader; 0: the
+                                          environment's
+                                          FERRY_UCX_SLOW_FETCH_MS, else
+                                          5 ms; < 0: every link */
 } ferry_transport_client_config_t;
 
 /* Where to open a stream: the worker's gRPC address (always; gRPC

@@ -42,7 +42,8 @@
  * bytes move, and a reader receives one payload at a time: on a link
  * with 100 ms round trips that held a stream to a chunk per round trip
  * (0.55 to 0.6 of a TCP stream's rate). Where a receive took
- * slow_fetch_ms (5 ms) or more, the reader that starts one also posts the
+ * slow_fetch_ms (5 ms; the config's, else FERRY_UCX_SLOW_FETCH_MS,
+ * where -1 takes every link for slow) or more, the reader that starts one also posts the
  * receives of the next AHEAD_MAX payloads already announced, into buffers
  * of their own (a copy more, which such a link does not notice); on a
  * fast link it still receives each payload straight into its staging
@@ -1270,6 +1271,9 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
   ferry__transport_client_opts(cfg, &cl->opts);
   cl->peer_timeout_ms = ferry__transport_peer_timeout_ms(cfg);
   int slow = cfg != NULL ? cfg->slow_fetch_ms : 0;
+  const char *env = getenv("FERRY_UCX_SLOW_FETCH_MS");
+  if (slow == 0 && env != NULL && env[0] != '\0')
+    slow = atoi(env);
   cl->slow_fetch_ms = slow == 0 ? AHEAD_MS : slow < 0 ? 0 : slow;
   cl->efd = cl->wake_fd = -1;
   int rc = ucx_open(&cl->ctx, &cl->worker, true, err);
