@@ -42,16 +42,17 @@
  * bytes move, and a reader receives one payload at a time: on a link
  * with 100 ms round trips that held a stream to a chunk per round trip
  * (0.55 to 0.6 of a TCP stream's rate). Where a receive took
- * slow_fetch_ms (5 ms; the config's, else FERRY_UCX_SLOW_FETCH_MS,
- * where -1 takes every link for slow) or more, the reader that starts one also posts the
- * receives of the next AHEAD_MAX payloads already announced, into buffers
- * of their own (a copy more, which such a link does not notice); on a
- * fast link it still receives each payload straight into its staging
- * slot. The payloads in flight share the link, so one may take several
- * times longer than alone: the peer timeout counts from when the reader
- * starts to wait and is renewed whenever a payload fetched ahead on the
- * same stream arrives (the peer is alive), so it only fires when nothing
- * has come from the worker for that long.
+ * slow_fetch_ms or more (5 ms; the config's, else
+ * FERRY_UCX_SLOW_FETCH_MS, where -1 takes every link for slow), the
+ * reader that starts one also posts the receives of the next AHEAD_MAX
+ * payloads already announced, into buffers of their own (a copy more,
+ * which such a link does not notice); on a fast link it still receives
+ * each payload straight into its staging slot. The payloads in flight
+ * share the link, so one may take several times longer than alone: the
+ * peer timeout counts from when the reader starts to wait and is renewed
+ * whenever a payload fetched ahead on the same stream arrives (the peer
+ * is alive), so it only fires when nothing has come from the worker for
+ * that long.
  *
  * The AM headers are in host byte order: both ends must be little-endian
  * (x86-64, aarch64).
