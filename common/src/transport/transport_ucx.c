@@ -1187,14 +1187,36 @@ static void op_finish(uop_t *op, ucs_status_t st) {
 
 /* Gives up a receive nobody will wait for: freed now if it ended, else
  * left to UCP, whose completion frees it with its buffer. */
-static void op_drop(uop_t *op) {
+/* Marks a pending receive abandoned (counted until UCP ends it); false
+ * when it had already ended. */
+static bool op_abandon(uop_t *op) {
   int state = OPS_PENDING;
   atomic_fetch_add(&op->cl->abandoned, 1);
-  if (!atomic_compare_exchange_strong(&op->state, &state, OPS_ABANDONED)) {
-    atomic_fetch_sub(&op->cl->abandoned, 1);
+  if (atomic_compare_exchange_strong(&op->state, &state, OPS_ABANDONED))
+    return true;
+  atomic_fetch_sub(&op->cl->abandoned, 1);
+  return false;
+}
+
+static void op_drop(uop_t *op) {
+  if (!op_abandon(op)) {
     ferry__free(op->own);
     ferry__free(op);
   }
+}
+
+/* A receive of `len` payload bytes from `desc` into `dst`. */
+static uop_t *recv_op_new(uclient_t *cl, void *desc, void *dst, size_t len) {
+  uop_t *op = ferry__calloc(1, sizeof(*op));
+  if (op == NULL)
+    return NULL;
+  op->cl = cl;
+  op->kind = OP_RECV;
+  op->desc = desc;
+  op->dst = dst;
+  op->len = len;
+  op->posted_ms = mono_ms();
+  return op;
 }
 
 static void op_recv_done(void *req, ucs_status_t st, size_t len, void *user) {
@@ -1444,19 +1466,14 @@ static void fetch_ahead_locked(ucstream_t *s, const umsg_t *cur) {
       break; /* its payload is not in yet, or not a rendezvous */
     if (count >= AHEAD_MAX || bytes + n->pay_len > AHEAD_BYTES)
       break;
-    uop_t *op = ferry__calloc(1, sizeof(*op));
     uint8_t *buf = ferry__malloc(n->pay_len > 0 ? n->pay_len : 1);
-    if (op == NULL || buf == NULL) {
-      ferry__free(op);
+    uop_t *op = buf != NULL ? recv_op_new(cl, n->desc, buf, n->pay_len)
+                            : NULL;
+    if (op == NULL) {
       ferry__free(buf);
       break; /* the reader fetches it when it gets there */
     }
-    op->cl = cl;
-    op->kind = OP_RECV;
-    op->desc = n->desc;
-    op->dst = op->own = buf;
-    op->len = n->pay_len;
-    op->posted_ms = mono_ms();
+    op->own = buf;
     n->desc = NULL;
     n->ahead = op;
     op_push_locked(cl, op);
@@ -1503,12 +1520,7 @@ static bool recv_wait(ucstream_t *s, uop_t *op, bool *gave_up,
     }
     pthread_cond_timedwait(&cl->op_cv, &cl->mu, &ts);
   }
-  int state = OPS_PENDING;
-  atomic_fetch_add(&cl->abandoned, 1);
-  *gave_up = atomic_compare_exchange_strong(&op->state, &state,
-                                            OPS_ABANDONED);
-  if (!*gave_up)
-    atomic_fetch_sub(&cl->abandoned, 1);
+  *gave_up = op_abandon(op);
   *st = *gave_up ? UCS_ERR_TIMED_OUT : op->st;
   bool ok = !*gave_up && op->st == UCS_OK;
   if (ok)
@@ -1571,35 +1583,31 @@ static size_t msg_copy(const ferry_transport_msg_t *mv, size_t off,
     uop_t *op = ahead;
     uint8_t *bounce = NULL;
     if (op == NULL) {
-      op = ferry__calloc(1, sizeof(*op));
       if (!direct && s->bounce_cap < m->pay_len) {
         ferry__free(s->bounce);
         s->bounce = ferry__malloc(m->pay_len);
         s->bounce_cap = s->bounce != NULL ? m->pay_len : 0;
       }
       bounce = direct ? NULL : s->bounce;
-      if (op == NULL || (!direct && bounce == NULL)) {
-        ferry__free(op);
+      if (direct || bounce != NULL)
+        op = recv_op_new(cl, desc, direct ? d + done : bounce, m->pay_len);
+      if (op == NULL) {
         pthread_mutex_lock(&cl->mu);
         m->desc = desc; /* released with the message */
         m->pay_failed = true;
         pthread_mutex_unlock(&cl->mu);
         return 0;
       }
-      op->cl = cl;
-      op->kind = OP_RECV;
-      op->desc = desc;
-      op->dst = direct ? d + done : bounce;
-      op->len = m->pay_len;
-      op->posted_ms = mono_ms();
-      pthread_mutex_lock(&cl->mu);
-      op_push_locked(cl, op);
-      pthread_mutex_unlock(&cl->mu);
-      cl_wake(cl);
     }
+    /* This receive (unless it was posted ahead) and the next ones, in
+     * one hold of mu. */
     pthread_mutex_lock(&cl->mu);
+    if (op != ahead)
+      op_push_locked(cl, op);
     fetch_ahead_locked(s, m);
     pthread_mutex_unlock(&cl->mu);
+    if (op != ahead)
+      cl_wake(cl);
     bool gave_up;
     ucs_status_t st_copy;
     bool ok = recv_wait(s, op, &gave_up, &st_copy);
