@@ -25,8 +25,8 @@
 #ifdef FERRY_HAVE_UCX
 
 #define WAIT_MS 10000
-/* The server's grace (1 s), its forced close, the 4 s after it before it
- * gives sends up, and slack for a loaded machine. */
+/* The server's grace (1 s), the endpoint's drop, the 4 s after it before
+ * it gives sends up, and slack for a loaded machine. */
 #define ABANDON_WAIT_MS 20000
 #define PAY (1u << 20)
 #define VARY 4096
@@ -448,10 +448,11 @@ Test(transport_ucx, a_client_that_goes_away_holding_chunks_frees_them) {
 }
 
 /* A client killed while it holds rendezvous payloads it never fetched:
- * UCX 1.13 never completes those sends after the forced close of the
- * endpoint, and their chunks stayed out of the worker's pool for good
- * (and its server never shut down). The server gives them up some time
- * after the forced close: every release runs, within a bound. */
+ * UCX never completes those sends on a mode-NONE endpoint (and refuses
+ * its forced close), and their chunks stayed out of the worker's pool
+ * for good (and its server never shut down). The server gives them up
+ * some time after the endpoint's drop: every release runs, within a
+ * bound. */
 Test(transport_ucx, a_client_killed_holding_payloads_does_not_pin_them) {
   set_script(1000, false);
   char hex[2 * sizeof(F.addr) + 1], secret[FERRY_CLIENT_SECRET_BYTES + 1];

@@ -25,9 +25,14 @@
  * FERRY_BENCH_UCX_PEER_ERRORS=1). Endpoints here use mode NONE, and the
  * gRPC call stands in for the failure detector: when it ends early the
  * worker waits up to a grace period for outstanding sends (a live client
- * that cancelled releases what it held at once), then closes the endpoint
- * with UCP_EP_CLOSE_FLAG_FORCE, which completes them with UCS_ERR_CANCELED
- * and so returns their chunks to the pool.
+ * that cancelled releases what it held at once), then drops the endpoint
+ * and, ABANDON_MS later, gives up the sends it still holds, returning
+ * their chunks to the pool. Dropped, not closed: UCX refuses the forced
+ * close of a mode-NONE endpoint (UCS_ERR_INVALID_PARAM, 1.13 and since),
+ * and a flushed close would wait for a peer that may be gone; UCP keeps
+ * the endpoint until the worker's destroy. The same refusal leaves the
+ * client no way to cancel a rendezvous receive from a worker cut off
+ * (u_client_free).
  *
  * Progress. Worker side: the UCP worker belongs to the worker's libuv
  * loop thread (UCS_THREAD_MODE_SINGLE); uv_poll on ucp_worker_get_efd
@@ -86,9 +91,9 @@ enum { AM_HDR = 0x4601, AM_PAY = 0x4602, AM_END = 0x4603 };
 #define PREFIX 16
 #define RNDV_MIN 8192  /* payloads from this size go by rendezvous */
 #define WINDOW 8       /* sends outstanding per stream */
-#define GRACE_MS 1000  /* after an early end, before a forced close */
-/* After the forced close, before sends that never completed are given
- * up (abandon_sends). */
+#define GRACE_MS 1000  /* after an early end, before the endpoint's drop */
+/* After the drop, before sends that never completed are given up
+ * (abandon_sends). */
 #define ABANDON_MS 4000
 /* Client: a payload whose receive took this long or more marks a slow
  * link ("Fetching ahead" above). */
@@ -327,18 +332,20 @@ static void am_sent(void *req, ucs_status_t st, void *user) {
 }
 
 /* Gives up a finished stream's sends that UCP still holds, long after
- * its endpoint's forced close: a rendezvous payload that a client gone
- * (killed, or its UCP worker destroyed before its releases went out)
- * will never fetch stays outstanding for good on an endpoint in
- * UCP_ERR_HANDLING_MODE_NONE (UCX 1.13), and its chunk with it: the pool
- * shrank by up to a window per such client, and the stream was never
- * freed (nor the server, at shutdown). Their chunks go back to the pool
- * (the closed endpoint no longer serves the payloads); the usends stay
- * for UCP's late callbacks, if any. */
+ * its endpoint's drop: a rendezvous payload that a client gone (killed,
+ * or its UCP worker destroyed before its releases went out) will never
+ * fetch stays outstanding for good on an endpoint in
+ * UCP_ERR_HANDLING_MODE_NONE, and its chunk with it: the pool shrank by
+ * up to a window per such client, and the stream was never freed (nor
+ * the server, at shutdown). Their chunks go back to the pool; the usends
+ * stay for UCP's late callbacks, if any. A client cut off for longer
+ * than this whose link then heals could still fetch such a payload and
+ * get whatever the pool holds there by then; it gave that receive up
+ * long before (docs/ARCHITECTURE.md, UCX pitfalls). */
 static void abandon_sends(ustream_t *s) {
   FERRY_LOG(FERRY_LOG_WARN, "transport ucx: stream %llu: %u sends still "
-            "outstanding %d ms after the forced close of a stream whose "
-            "client is gone: their chunks go back to the pool",
+            "outstanding %d ms after the endpoint of a stream whose client "
+            "is gone was dropped: their chunks go back to the pool",
             (unsigned long long)s->id, s->outstanding, ABANDON_MS);
   while (s->sends != NULL) {
     usend_t *u = s->sends;
@@ -401,16 +408,20 @@ static void ep_closed(void *req, ucs_status_t st, void *user) {
   srv_kick(s->srv);
 }
 
-/* Starts closing the endpoint (forced when the peer ended). */
-static void stream_close_ep(ustream_t *s, bool force) {
+/* Starts closing the endpoint, flushed; or, where the peer ended
+ * (`drop`), drops it: UCX refuses a forced close in mode NONE (see the
+ * top of this file). */
+static void stream_close_ep(ustream_t *s, bool drop) {
   if (s->ep == NULL || s->close_req != NULL)
     return;
+  if (drop) {
+    s->ep = NULL;
+    return;
+  }
   ucp_request_param_t p = {
-      .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                      UCP_OP_ATTR_FIELD_FLAGS,
+      .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
       .cb.send = ep_closed,
-      .user_data = s,
-      .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+      .user_data = s};
   void *req = ucp_ep_close_nbx(s->ep, &p);
   s->ep = NULL;
   if (UCS_PTR_IS_PTR(req))
@@ -440,21 +451,21 @@ static bool stream_complete(ustream_t *s, int64_t now) {
    * gRPC server is shutting down) is answered now, whichever of the two
    * came first: nobody listens for its status, and the server's shutdown
    * waits for every answer. Its sends may never complete: a rendezvous
-   * payload that a dead client will never fetch stays outstanding even
-   * after the forced close of a UCP_ERR_HANDLING_MODE_NONE endpoint
-   * (UCX 1.13), so the answer must not wait for them. */
+   * payload that a dead client will never fetch stays outstanding on a
+   * UCP_ERR_HANDLING_MODE_NONE endpoint, so the answer must not wait for
+   * them. */
   if (s->ended)
     stream_answer(s);
   /* A stream ended with an error (replaced by a newer one, cancelled)
    * tells the client at once: a live client that holds our payloads
    * without reading (a stalled trainer) releases them on AM_END, which
-   * completes these sends; UCX 1.13's forced close does not. */
+   * completes these sends; nothing else on the worker's side can. */
   if (s->outstanding > 0 && s->fin_status != FERRY_RPC_OK)
     send_end(s);
   if (s->outstanding > 0) {
-    /* An ended stream's sends wait for a live client's release, or for
-     * the forced close after the grace period, and are given up some
-     * time after that. */
+    /* An ended stream's sends wait for a live client's release; after the
+     * grace period the endpoint is dropped, and some time after that they
+     * are given up. */
     if (s->ended && now >= s->grace_until)
       stream_close_ep(s, true);
     if (!s->ended || s->ep != NULL || s->close_req != NULL ||
@@ -697,7 +708,7 @@ static void u_server_shutdown(ferry_transport_server_t *base,
   for (ustream_t *s = srv->streams, *next; s != NULL; s = next) {
     next = s->next;
     stream_end(s);
-    s->grace_until = 0; /* no grace: force at once */
+    s->grace_until = 0; /* no grace: drop at once */
   }
   srv_kick(srv);
 }
