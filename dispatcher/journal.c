@@ -441,17 +441,9 @@ out:
 
 int ferry__journal_frame(uint8_t **buf, size_t *len, size_t *cap,
                          const uint8_t *entry, size_t elen) {
-  size_t need = *len + elen + 16;
-  if (need > *cap) {
-    size_t c = *cap ? *cap : 4096;
-    uint8_t *nb;
-    while (c < need)
-      c *= 2;
-    if ((nb = ferry__realloc(*buf, c)) == NULL)
-      return FERRY_ENOMEM;
-    *buf = nb;
-    *cap = c;
-  }
+  if (elen > SIZE_MAX - 16 - *len ||
+      !ferry__grow(buf, cap, *len + elen + 16, 1, 4096))
+    return FERRY_ENOMEM;
   ferry_tfr_frame_header(elen, *buf + *len);
   memcpy(*buf + *len + 12, entry, elen);
   ferry_tfr_frame_footer(entry, elen, *buf + *len + 12 + elen);

@@ -21,14 +21,8 @@
 #include "state.h"
 
 int ferry__disp_push_split(splits_t *s, const split_t *sp) {
-  if (s->n == s->cap) {
-    size_t cap = s->cap ? s->cap * 2 : 64;
-    split_t *nv = ferry__realloc(s->v, cap * sizeof(split_t));
-    if (nv == NULL)
-      return FERRY_ENOMEM;
-    s->v = nv;
-    s->cap = cap;
-  }
+  if (!FERRY__GROW(s->v, s->cap, s->n + 1, 64))
+    return FERRY_ENOMEM;
   s->v[s->n++] = *sp;
   return 0;
 }

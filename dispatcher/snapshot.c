@@ -16,14 +16,9 @@ static void put(out_t *o, const entry_t *e) {
   size_t n = protobuf_c_message_get_packed_size(&e->base);
   if (o->rc != 0)
     return;
-  if (n > o->scratch_cap) {
-    uint8_t *p = ferry__realloc(o->scratch, n);
-    if (p == NULL) {
-      o->rc = FERRY_ENOMEM;
-      return;
-    }
-    o->scratch = p;
-    o->scratch_cap = n;
+  if (!FERRY__GROW(o->scratch, o->scratch_cap, n, 256)) {
+    o->rc = FERRY_ENOMEM;
+    return;
   }
   protobuf_c_message_pack(&e->base, o->scratch);
   o->rc = ferry__journal_frame(&o->buf, &o->len, &o->cap, o->scratch, n);

@@ -41,13 +41,13 @@ void ferry__disp_config_init(ferry_disp_config_t *cfg) {
 }
 
 int ferry__disp_push_ptr(void ***arr, size_t *n, void *p) {
-  if (*n == 0 || (*n >= 4 && (*n & (*n - 1)) == 0)) {
-    size_t cap = *n == 0 ? 4 : *n * 2;
-    void **na = ferry__realloc(*arr, cap * sizeof(void *));
-    if (na == NULL)
-      return FERRY_ENOMEM;
-    *arr = na;
-  }
+  /* The capacity is implicit in the count: 0, then 4, then the powers of
+   * two from there (these arrays never shrink below their count). */
+  size_t cap = *n == 0 ? 0 : 4;
+  while (cap < *n)
+    cap *= 2;
+  if (!ferry__grow(arr, &cap, *n + 1, sizeof(void *), 4))
+    return FERRY_ENOMEM;
   (*arr)[(*n)++] = p;
   return 0;
 }
@@ -250,14 +250,8 @@ int ferry__disp_row_changed(job_t *j, uint32_t r, bool was_done) {
   if (row->done && !was_done)
     j->ndone++;
   if (in && row->act == 0) {
-    if (j->nactive == j->active_cap) {
-      uint32_t cap = j->active_cap ? j->active_cap * 2 : 64;
-      active_t *v = ferry__realloc(j->active, cap * sizeof(active_t));
-      if (v == NULL)
-        return FERRY_ENOMEM;
-      j->active = v;
-      j->active_cap = cap;
-    }
+    if (!FERRY__GROW(j->active, j->active_cap, (size_t)j->nactive + 1, 64))
+      return FERRY_ENOMEM;
     j->active[j->nactive++] = (active_t){.row = r};
     row->act = j->nactive;
   } else if (!in && row->act != 0) {

@@ -183,11 +183,8 @@ static int apply_client_joined(ferry_disp_t *d,
     return bad_entry(err, "job", m->job_id);
   c = ferry__disp_find_client(j, m->client_id);
   if (c == NULL) {
-    client_t *nc =
-        ferry__realloc(j->clients, (j->nclients + 1) * sizeof(client_t));
-    if (nc == NULL)
+    if (!FERRY__GROW(j->clients, j->clients_cap, j->nclients + 1, 4))
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-    j->clients = nc;
     c = &j->clients[j->nclients++];
     memset(c, 0, sizeof(*c));
     c->id = m->client_id;
@@ -743,6 +740,7 @@ static int apply_job_state(ferry_disp_t *d,
     j->clients = ferry__calloc(m->n_clients, sizeof(client_t));
     if (j->clients == NULL)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    j->clients_cap = m->n_clients;
     for (size_t i = 0; i < m->n_clients; i++) {
       const Ferry__V1__JournalClientState *cs = m->clients[i];
       client_t *c = &j->clients[j->nclients++];
@@ -827,13 +825,8 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   size_t n = protobuf_c_message_get_packed_size(&e->base);
   int rc;
 
-  if (d->sink != NULL && n > d->scratch_cap) {
-    uint8_t *p = ferry__realloc(d->scratch, n);
-    if (p == NULL)
-      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-    d->scratch = p;
-    d->scratch_cap = n;
-  }
+  if (d->sink != NULL && !FERRY__GROW(d->scratch, d->scratch_cap, n, 256))
+    return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   /* Metrics count what this process does (replays do not come here). */
   bool relet = false;
   if (e->entry_case == FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN) {

@@ -179,13 +179,14 @@ typedef struct job_s {
    * Kept by ferry__disp_row_changed after any change of a row's client
    * or done flag; rebuilt from the rows by apply_epoch_start. */
   struct active_s *active;
-  uint32_t nactive, active_cap;
+  uint32_t nactive;
+  size_t active_cap;
   uint32_t ndone;
   uint32_t free_from;
   uint64_t *ep_workers; /* parallel_epochs: the epoch's workers */
   uint32_t n_ep_workers;
   client_t *clients;
-  size_t nclients;
+  size_t nclients, clients_cap;
   uint64_t delivered_prev; /* records delivered in completed epochs */
   uint64_t skipped;
   uint64_t *skipped_by_file;
@@ -278,7 +279,8 @@ typedef struct worker_s {
    * (cleaned), when one last reported it (-1: never) and whether the
    * once-per-worker warning was logged. */
   unreach_t *unreach;
-  uint32_t nunreach, unreach_cap;
+  uint32_t nunreach;
+  size_t unreach_cap;
   char *unreach_reason;
   int64_t unreach_at;
   bool unreach_warned;

@@ -33,13 +33,8 @@ static void heap_build(ferry_disp_t *d) {
   d->nheap = 0;
   for (size_t i = 0; i < d->nworkers; i++)
     d->workers[i]->heap_pos = UINT32_MAX;
-  if (d->nworkers > d->heap_cap) {
-    worker_t **h = ferry__realloc(d->heap, d->nworkers * sizeof(*h));
-    if (h == NULL)
-      return; /* pick_worker walks the workers instead */
-    d->heap = h;
-    d->heap_cap = d->nworkers;
-  }
+  if (!FERRY__GROW(d->heap, d->heap_cap, d->nworkers, 4))
+    return; /* pick_worker walks the workers instead */
   for (size_t i = 0; i < d->nworkers; i++) {
     worker_t *w = d->workers[i];
     if (!ferry__disp_eligible(d, w))

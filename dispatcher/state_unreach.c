@@ -47,14 +47,8 @@ static void drop_entry(ferry_disp_t *d, worker_t *w, uint32_t i) {
 }
 
 static unreach_t *add_entry(worker_t *w, uint64_t job, uint64_t client) {
-  if (w->nunreach == w->unreach_cap) {
-    uint32_t cap = w->unreach_cap ? w->unreach_cap * 2 : 4;
-    unreach_t *v = ferry__realloc(w->unreach, cap * sizeof(*v));
-    if (v == NULL)
-      return NULL;
-    w->unreach = v;
-    w->unreach_cap = cap;
-  }
+  if (!FERRY__GROW(w->unreach, w->unreach_cap, (size_t)w->nunreach + 1, 4))
+    return NULL;
   unreach_t *u = &w->unreach[w->nunreach++];
   memset(u, 0, sizeof(*u));
   u->job = job;

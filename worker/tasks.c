@@ -925,20 +925,6 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
   return use_ctx(th, ctx);
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap)
-    return true;
-  size_t n = *cap > 0 ? *cap : 256;
-  while (n < need)
-    n *= 2;
-  void *q = ferry__realloc(*p, n * elem);
-  if (q == NULL)
-    return false;
-  *p = q;
-  *cap = n;
-  return true;
-}
-
 /* ---- A task's run state -------------------------------------------------- */
 
 /* Spill files are written through a buffer of this size. */
@@ -1102,7 +1088,7 @@ static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
     if (cur == NULL) {
       wrun_t *ru = r->ru;
       if (r->parked && pix != ru->pix) {
-        if (!grow((void **)&ru->pix, &ru->pix_cap, rb > 0 ? rb : 1, 1)) {
+        if (!FERRY__GROW(ru->pix, ru->pix_cap, rb > 0 ? rb : 1, 256)) {
           r->parked = false;
           ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
           return false;
@@ -1301,8 +1287,7 @@ static int collect(run_t *r) {
       break;
     if ((ru->nrecs & 1023) == 0 && should_stop(r))
       return 0;
-    if (!grow((void **)&ru->recs, &ru->recs_cap, ru->nrecs + 1,
-              sizeof(*ru->recs)))
+    if (!FERRY__GROW(ru->recs, ru->recs_cap, ru->nrecs + 1, 256))
       return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
     struct rec_ref *ref = &ru->recs[ru->nrecs++];
     ref->len = rec.len;
@@ -1351,7 +1336,7 @@ static int read_back(run_t *r, const struct rec_ref *ref) {
   ferry__wtask_t *k = r->task;
   wrun_t *ru = r->ru;
   size_t n = (size_t)ref->len + (ru->spill ? 0 : 4);
-  if (!grow((void **)&ru->rbuf, &ru->rbuf_cap, n > 0 ? n : 1, 1))
+  if (!FERRY__GROW(ru->rbuf, ru->rbuf_cap, n > 0 ? n : 1, 256))
     return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
   int64_t got = ferry__pread_full(ru->fd, ru->rbuf, n, ref->at);
   const char *what = ru->spill ? "spill file of " : "";

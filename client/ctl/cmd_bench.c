@@ -120,14 +120,8 @@ typedef struct {
 } buf_t;
 
 static int buf_put(buf_t *b, const void *data, size_t len) {
-  if (b->n + len > b->cap) {
-    size_t cap = (b->n + len) * 2 + 256;
-    uint8_t *p = ferry__realloc(b->p, cap);
-    if (p == NULL)
-      return FERRY_ENOMEM;
-    b->p = p;
-    b->cap = cap;
-  }
+  if (len > SIZE_MAX - b->n || !FERRY__GROW(b->p, b->cap, b->n + len, 256))
+    return FERRY_ENOMEM;
   if (len > 0)
     memcpy(b->p + b->n, data, len);
   b->n += len;
@@ -879,15 +873,9 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
     return rc;
   while (w->nrec < nrec &&
          (rc = ferry_tfr_reader_next(r, &rec, &w->err)) == 0) {
-    if (used + rec.len > cap) {
-      size_t ncap = (used + rec.len) * 2;
-      uint8_t *p = ferry__realloc(w->recs, ncap);
-      if (p == NULL) {
-        ferry_tfr_reader_free(r);
-        return ferry__seterr(&w->err, FERRY_ENOMEM, "bench: out of memory");
-      }
-      w->recs = p;
-      cap = ncap;
+    if (!FERRY__GROW(w->recs, cap, used + rec.len, 4096)) {
+      ferry_tfr_reader_free(r);
+      return ferry__seterr(&w->err, FERRY_ENOMEM, "bench: out of memory");
     }
     memcpy(w->recs + used, rec.data, rec.len);
     w->rec_off[w->nrec] = used;

@@ -714,17 +714,7 @@ typedef struct gen_state_s {
 } gen_state_t;
 
 static int ensure(uint8_t **buf, size_t *cap, size_t need) {
-  if (need <= *cap)
-    return 0;
-  size_t n = *cap ? *cap : 4096;
-  while (n < need)
-    n *= 2;
-  uint8_t *p = ferry__realloc(*buf, n);
-  if (p == NULL)
-    return FERRY_ENOMEM;
-  *buf = p;
-  *cap = n;
-  return 0;
+  return ferry__grow(buf, cap, need, 1, 4096) ? 0 : FERRY_ENOMEM;
 }
 
 /* Builds record `id` into g->rec; sets *len. */

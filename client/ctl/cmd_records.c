@@ -133,14 +133,8 @@ static int problems_add(problems_t *p, uint64_t offset, uint64_t index,
     p->dropped++;
     return 0;
   }
-  if (p->n == p->cap) {
-    size_t cap = p->cap ? p->cap * 2 : 16;
-    problem_t *v = ferry__realloc(p->v, cap * sizeof(*v));
-    if (v == NULL)
-      return FERRY_ENOMEM;
-    p->v = v;
-    p->cap = cap;
-  }
+  if (!FERRY__GROW(p->v, p->cap, p->n + 1, 16))
+    return FERRY_ENOMEM;
   char *m = ferry__strdup(msg);
   if (m == NULL)
     return FERRY_ENOMEM;
@@ -185,15 +179,9 @@ static keystat_t *key_lookup(file_report_t *f, const char *key, size_t len,
   }
   if (f->n_keys == MAX_KEYS)
     return NULL;
-  if (f->n_keys == f->keys_cap) {
-    size_t cap = f->keys_cap ? f->keys_cap * 2 : 16;
-    keystat_t *v = ferry__realloc(f->keys, cap * sizeof(*v));
-    if (v == NULL) {
-      *oom = true;
-      return NULL;
-    }
-    f->keys = v;
-    f->keys_cap = cap;
+  if (!FERRY__GROW(f->keys, f->keys_cap, f->n_keys + 1, 16)) {
+    *oom = true;
+    return NULL;
   }
   char *copy = ferry__malloc(len + 1);
   if (copy == NULL) {

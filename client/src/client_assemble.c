@@ -165,14 +165,8 @@ static ferry__split_t *split_get(ferry_client_t *c, uint32_t epoch,
   ferry__split_t *s = ferry__client_split_of(c, epoch, split, key);
   if (s != NULL)
     return s;
-  if (c->n_splits == c->cap_splits) {
-    size_t nc = c->cap_splits ? c->cap_splits * 2 : 32;
-    ferry__split_t *a = ferry__realloc(c->splits, nc * sizeof(*a));
-    if (a == NULL)
-      return NULL;
-    c->splits = a;
-    c->cap_splits = nc;
-  }
+  if (!FERRY__GROW(c->splits, c->cap_splits, c->n_splits + 1, 32))
+    return NULL;
   s = &c->splits[c->n_splits++];
   memset(s, 0, sizeof(*s));
   s->epoch = epoch;

@@ -540,16 +540,12 @@ static void ucx_failed_add_locked(ferry_client_t *c, const char *address) {
   if (ucx_failed_locked(c, address))
     return;
   char *a = ferry__strdup(address);
-  char **l = ferry__realloc(c->ucx_failed,
-                            (c->n_ucx_failed + 1) * sizeof(*l));
-  if (a == NULL || l == NULL) {
+  if (a == NULL ||
+      !FERRY__GROW(c->ucx_failed, c->cap_ucx_failed, c->n_ucx_failed + 1, 4)) {
     ferry__free(a);
-    if (l != NULL)
-      c->ucx_failed = l;
     return;
   }
-  c->ucx_failed = l;
-  l[c->n_ucx_failed++] = a;
+  c->ucx_failed[c->n_ucx_failed++] = a;
 }
 
 /* ---- Workers the client cannot reach ------------------------------------ */
@@ -815,16 +811,8 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   if (rc == 0)
     w->thread_started = true;
   pthread_mutex_lock(&c->mu);
-  if (rc == 0 && c->n_workers == c->cap_workers) {
-    size_t nc = c->cap_workers ? c->cap_workers * 2 : 8;
-    ferry__worker_t **a = ferry__realloc(c->workers, nc * sizeof(*a));
-    if (a != NULL) {
-      c->workers = a;
-      c->cap_workers = nc;
-    } else {
-      rc = ferry__seterr(&e, FERRY_ENOMEM, "out of memory");
-    }
-  }
+  if (rc == 0 && !FERRY__GROW(c->workers, c->cap_workers, c->n_workers + 1, 8))
+    rc = ferry__seterr(&e, FERRY_ENOMEM, "out of memory");
   if (rc == 0)
     c->workers[c->n_workers++] = w;
   pthread_mutex_unlock(&c->mu);

@@ -417,7 +417,7 @@ struct ferry_client_s {
    * (e.g. the worker cannot map this process's shared memory): in auto
    * mode they are served over gRPC from then on (mu). */
   char **ucx_failed;
-  size_t n_ucx_failed;
+  size_t n_ucx_failed, cap_ucx_failed;
   /* Workers this client cannot reach (mu). */
   ferry__unreach_t unreach[FERRY__UNREACH_MAX];
   uint32_t n_unreach;

@@ -88,6 +88,40 @@ Test(alloc, failure_injection) {
   cr_assert_null(ferry__calloc(SIZE_MAX / 2, 4));
 }
 
+Test(alloc, grow_doubles_from_min_and_checks_overflow) {
+  uint64_t *a = NULL;
+  size_t cap = 0;
+  cr_assert(FERRY__GROW(a, cap, 1, 16));
+  cr_assert_eq(cap, 16);
+  a[15] = 7;
+  cr_assert(FERRY__GROW(a, cap, 16, 16)); /* fits: unchanged */
+  cr_assert_eq(cap, 16);
+  cr_assert(FERRY__GROW(a, cap, 17, 16));
+  cr_assert_eq(cap, 32);
+  cr_assert_eq(a[15], 7, "the contents moved with the array");
+  cr_assert(FERRY__GROW(a, cap, 100, 16));
+  cr_assert_eq(cap, 128);
+  /* A byte count past SIZE_MAX fails and leaves the array as it was. */
+  uint64_t *before = a;
+  cr_assert_not(FERRY__GROW(a, cap, SIZE_MAX / 4, 16));
+  cr_assert_eq(a, before);
+  cr_assert_eq(cap, 128);
+  /* So does an allocation that fails. */
+  ferry__alloc_fail_after(0);
+  bool ok = FERRY__GROW(a, cap, 129, 16);
+  ferry__alloc_fail_reset();
+  cr_assert_not(ok);
+  cr_assert_eq(a, before);
+  cr_assert_eq(cap, 128);
+  ferry__free(a);
+  /* No minimum: starts at one element. */
+  char *s = NULL;
+  size_t scap = 0;
+  cr_assert(FERRY__GROW(s, scap, 1, 0));
+  cr_assert_eq(scap, 1);
+  ferry__free(s);
+}
+
 static char last_msg[256];
 static int last_level = -1;
 static int calls;

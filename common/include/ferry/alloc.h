@@ -4,6 +4,7 @@
 #ifndef FERRY_ALLOC_H
 #define FERRY_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +16,17 @@ void *ferry__realloc(void *p, size_t size);
 void ferry__free(void *p);
 char *ferry__strdup(const char *s);
 char *ferry__strndup(const char *s, size_t n);
+
+/* The one array growth: makes room for `need` elements of `elem` bytes
+ * in the array whose address is `arrp` (a T **) with capacity *cap
+ * (elements). The capacity doubles, starting from `min`, until it holds
+ * `need`; a byte count that would overflow size_t fails. False when out
+ * of memory, with the array and *cap unchanged. FERRY__GROW(a, cap, need,
+ * min) passes &a and sizeof(*a). */
+bool ferry__grow(void *arrp, size_t *cap, size_t need, size_t elem,
+                 size_t min);
+#define FERRY__GROW(arr, cap, need, min)                                      \
+  ferry__grow(&(arr), &(cap), (need), sizeof(*(arr)), (min))
 
 /* Memory aligned to `align` (a power of two, at least 16), e.g. page-aligned
  * staging buffers or 64-byte SIMD rows. Free with ferry__aligned_free. */

@@ -68,6 +68,25 @@ void *ferry__realloc(void *ptr, size_t size) {
   return p + HDR;
 }
 
+bool ferry__grow(void *arrp, size_t *cap, size_t need, size_t elem,
+                 size_t min) {
+  if (need <= *cap)
+    return true;
+  size_t n = *cap > min ? *cap : min > 0 ? min : 1;
+  while (n < need)
+    n = n > SIZE_MAX / 2 ? need : n * 2;
+  if (elem != 0 && n > SIZE_MAX / elem)
+    return false;
+  void *old;
+  memcpy(&old, arrp, sizeof(old));
+  void *grown = ferry__realloc(old, n * elem);
+  if (grown == NULL)
+    return false;
+  memcpy(arrp, &grown, sizeof(grown));
+  *cap = n;
+  return true;
+}
+
 void ferry__free(void *ptr) {
   unsigned char *base;
   size_t size;

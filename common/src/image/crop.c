@@ -279,20 +279,6 @@ void ferry_resampler_free(ferry_resampler_t *r) {
   ferry__free(r);
 }
 
-/* Grows *p (elements of `size` bytes) to hold n. */
-static int grow(void **p, size_t *cap, size_t n, size_t size) {
-  void *q;
-  if (n <= *cap)
-    return 0;
-  if (n < *cap + *cap / 2)
-    n = *cap + *cap / 2;
-  q = ferry__realloc(*p, n * size);
-  if (q == NULL)
-    return FERRY_ENOMEM;
-  *p = q;
-  *cap = n;
-  return 0;
-}
 
 /* Taps of one axis: window [x, x + len) over n outputs, clip [c0, c1). */
 static int axis_plan(axis_t *a, double x, double len, int n, int c0,
@@ -302,11 +288,9 @@ static int axis_plan(axis_t *a, double x, double len, int n, int c0,
   double inv = scale >= 1.0 ? 1.0 / scale : 1.0;
   int size = c1 - c0;
   int stride = (int)ceil(support) * 2 + 1;
-  if (grow((void **)&a->start, &a->cap_s, (size_t)n, sizeof(int)) != 0 ||
-      grow((void **)&a->count, &a->cap_c, (size_t)n, sizeof(int)) != 0)
-    return FERRY_ENOMEM;
-  if (grow((void **)&a->w, &a->cap_w, (size_t)n * (size_t)stride,
-           sizeof(float)) != 0)
+  if (!FERRY__GROW(a->start, a->cap_s, (size_t)n, 16) ||
+      !FERRY__GROW(a->count, a->cap_c, (size_t)n, 16) ||
+      !FERRY__GROW(a->w, a->cap_w, (size_t)n * (size_t)stride, 64))
     return FERRY_ENOMEM;
   a->stride = stride;
   for (int i = 0; i < n; i++) {

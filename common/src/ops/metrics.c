@@ -309,17 +309,10 @@ typedef struct {
 static void put(buf_t *b, const char *s, size_t n) {
   if (b->oom)
     return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *p = ferry__realloc(b->p, cap);
-    if (p == NULL) {
-      b->oom = true;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
+  if (n > SIZE_MAX - 1 - b->len ||
+      !FERRY__GROW(b->p, b->cap, b->len + n + 1, 4096)) {
+    b->oom = true;
+    return;
   }
   memcpy(b->p + b->len, s, n);
   b->len += n;

@@ -263,6 +263,7 @@ typedef struct {
   const char *text;
   ferry_error_t *err;
   token tok; /* the current token */
+  size_t patterns_cap; /* of the spec being parsed */
 } parser;
 
 /* Where each stage starts in the text (byte offsets). */
@@ -1060,15 +1061,9 @@ static int add_pattern(parser *p, ferry_spec_t *spec) {
   if (p->tok.len == 2)
     return spec_err(p->err, "%stfrecord pattern must not be empty",
                     loc(p, p->tok.pos, &lb));
-  /* Grow by doubling: the capacity is implicit in the count. */
-  if ((spec->n_patterns & (spec->n_patterns - 1)) == 0) {
-    size_t cap = spec->n_patterns ? spec->n_patterns * 2 : 1;
-    char **np = ferry__realloc(spec->patterns, cap * sizeof(char *));
-    if (np == NULL)
-      return ferry__seterr(p->err, FERRY_ENOMEM,
-                           "out of memory parsing the spec");
-    spec->patterns = np;
-  }
+  if (!FERRY__GROW(spec->patterns, p->patterns_cap, spec->n_patterns + 1, 4))
+    return ferry__seterr(p->err, FERRY_ENOMEM,
+                         "out of memory parsing the spec");
   s = tok_string(p, &p->tok);
   if (s == NULL)
     return ferry__seterr(p->err, FERRY_ENOMEM,
@@ -1501,18 +1496,10 @@ typedef struct {
 static void sb_put(sbuf *b, const char *s, size_t n) {
   if (b->oom)
     return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 128;
-    char *nb;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    nb = ferry__realloc(b->buf, cap);
-    if (nb == NULL) {
-      b->oom = true;
-      return;
-    }
-    b->buf = nb;
-    b->cap = cap;
+  if (n > SIZE_MAX - 1 - b->len ||
+      !FERRY__GROW(b->buf, b->cap, b->len + n + 1, 128)) {
+    b->oom = true;
+    return;
   }
   memcpy(b->buf + b->len, s, n);
   b->len += n;
@@ -2158,16 +2145,10 @@ int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
        * to the shards and match their globs: never a shard. */
       if (len >= 4 && strcmp(path + len - 4, ".idx") == 0)
         continue;
-      if (cnt == cap) {
-        size_t ncap = cap ? cap * 2 : 16;
-        char **no = ferry__realloc(out, ncap * sizeof(char *));
-        if (no == NULL) {
-          rc = ferry__seterr(err, FERRY_ENOMEM,
-                             "tfrecord: out of memory expanding patterns");
-          break;
-        }
-        out = no;
-        cap = ncap;
+      if (!FERRY__GROW(out, cap, cnt + 1, 16)) {
+        rc = ferry__seterr(err, FERRY_ENOMEM,
+                           "tfrecord: out of memory expanding patterns");
+        break;
       }
       out[cnt] = ferry__strdup(path);
       if (out[cnt] == NULL) {

@@ -182,13 +182,8 @@ static int need(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
     return 0;
   }
   size_t want = n > WINDOW_MIN ? n : WINDOW_MIN;
-  if (want > p->win_cap) {
-    uint8_t *w = ferry__realloc(p->win, want);
-    if (w == NULL)
-      return ferry__seterr(err, FERRY_ENOMEM, "chunk: out of memory");
-    p->win = w;
-    p->win_cap = want;
-  }
+  if (!FERRY__GROW(p->win, p->win_cap, want, WINDOW_MIN))
+    return ferry__seterr(err, FERRY_ENOMEM, "chunk: out of memory");
   /* Copy what was asked for (at least a small window), not the whole
    * capacity: after a large packed field the next refill is the payload's
    * tag, and the payload itself must not pass through here. */
@@ -224,14 +219,8 @@ static int read_varint(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
 }
 
 static int push(int64_t **arr, size_t *cap, size_t *n, int64_t v) {
-  if (*n == *cap) {
-    size_t nc = *cap ? *cap * 2 : 256;
-    int64_t *a = ferry__realloc(*arr, nc * sizeof(*a));
-    if (a == NULL)
-      return FERRY_ENOMEM;
-    *arr = a;
-    *cap = nc;
-  }
+  if (!ferry__grow(arr, cap, *n + 1, sizeof(**arr), 256))
+    return FERRY_ENOMEM;
   (*arr)[(*n)++] = v;
   return 0;
 }

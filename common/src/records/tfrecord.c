@@ -377,23 +377,11 @@ static int inflate_some(ferry_tfr_reader_t *r, ferry_error_t *err) {
 /* Grows buf to at least `need` bytes (keeping buf[beg, end)). */
 static int grow_buf(ferry_tfr_reader_t *r, size_t need, size_t min,
                     ferry_error_t *err) {
-  size_t ncap = r->cap != 0 ? r->cap : min;
-  while (ncap < need) {
-    if (ncap > SIZE_MAX / 2)
-      return ferry__seterr(err, FERRY_ENOMEM, "%s: buffer overflow",
-                           r->name);
-    ncap *= 2;
-  }
-  if (ncap == r->cap)
-    return 0;
-  uint8_t *nb = ferry__realloc(r->buf, ncap);
-  if (nb == NULL)
+  if (!FERRY__GROW(r->buf, r->cap, need, min))
     return ferry__seterr(err, FERRY_ENOMEM,
                          "%s: out of memory growing the read buffer to %zu "
                          "bytes",
-                         r->name, ncap);
-  r->buf = nb;
-  r->cap = ncap;
+                         r->name, need);
   return 0;
 }
 

@@ -14,17 +14,8 @@
 /* Appends one entry, growing the array geometrically. */
 static int push(ferry_tfr_index_entry_t **v, size_t *n, size_t *cap,
                 uint64_t offset, uint64_t size) {
-  if (*n == *cap) {
-    size_t ncap = *cap != 0 ? *cap * 2 : 64;
-    ferry_tfr_index_entry_t *nv;
-    if (ncap > SIZE_MAX / sizeof(**v))
-      return FERRY_ENOMEM;
-    nv = ferry__realloc(*v, ncap * sizeof(**v));
-    if (nv == NULL)
-      return FERRY_ENOMEM;
-    *v = nv;
-    *cap = ncap;
-  }
+  if (!ferry__grow(v, cap, *n + 1, sizeof(**v), 64))
+    return FERRY_ENOMEM;
   (*v)[*n].offset = offset;
   (*v)[*n].size = size;
   (*n)++;

@@ -96,7 +96,7 @@ struct ferry_rpc_server_s {
   pthread_mutex_t lock; /* guards head and tail only */
   struct tag *head, *tail;
   struct method **methods;
-  size_t nmethods;
+  size_t nmethods, methods_cap;
   struct method unknown;
   struct tag shutdown_tag, cq_end_tag;
   enum server_state state;
@@ -690,7 +690,7 @@ int ferry_rpc_server_register(ferry_rpc_server_t *s, const char *method,
                               ferry_rpc_kind_t kind,
                               ferry_rpc_handler_cb handler, void *user,
                               ferry_error_t *err) {
-  struct method *m, **grown;
+  struct method *m;
   if (s->state != S_NEW || method == NULL || method[0] != '/' ||
       handler == NULL)
     return ferry__seterr(err, FERRY_EINVAL,
@@ -700,10 +700,8 @@ int ferry_rpc_server_register(ferry_rpc_server_t *s, const char *method,
     if (strcmp(s->methods[i]->name, method) == 0)
       return ferry__seterr(err, FERRY_EINVAL,
                            "rpc: method %s registered twice", method);
-  grown = ferry__realloc(s->methods, (s->nmethods + 1) * sizeof(*grown));
-  if (grown == NULL)
+  if (!FERRY__GROW(s->methods, s->methods_cap, s->nmethods + 1, 8))
     return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
-  s->methods = grown;
   m = ferry__calloc(1, sizeof(*m));
   if (m == NULL || (m->name = ferry__strdup(method)) == NULL) {
     ferry__free(m);
