@@ -6,7 +6,12 @@
 #define FERRY_PB_ALLOC_H
 
 #include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
 
 extern ProtobufCAllocator ferry__pb_allocator;
+
+/* The same allocator, also setting *oom when an allocation fails: after
+ * an unpack returned NULL, tells out of memory from malformed input. */
+ProtobufCAllocator ferry__pb_allocator_noting(bool *oom);
 
 #endif /* FERRY_PB_ALLOC_H */

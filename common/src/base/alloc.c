@@ -157,9 +157,12 @@ void ferry__alloc_fail_reset(void) {
 
 /* ---- protobuf-c (ferry/pb_alloc.h) --------------------------------------- */
 
+/* data: NULL, or a bool set when an allocation fails. */
 static void *pb_alloc(void *data, size_t size) {
-  (void)data;
-  return ferry__malloc(size);
+  void *p = ferry__malloc(size);
+  if (p == NULL && data != NULL)
+    *(bool *)data = true;
+  return p;
 }
 
 static void pb_free(void *data, void *p) {
@@ -168,3 +171,7 @@ static void pb_free(void *data, void *p) {
 }
 
 ProtobufCAllocator ferry__pb_allocator = {pb_alloc, pb_free, NULL};
+
+ProtobufCAllocator ferry__pb_allocator_noting(bool *oom) {
+  return (ProtobufCAllocator){pb_alloc, pb_free, oom};
+}

@@ -17,6 +17,7 @@
 #include "ferry/alloc.h"
 #include "ferry/clocale.h"
 #include "ferry/crop.h"
+#include "ferry/pb_alloc.h"
 #include "ferry/v1/common.pb-c.h"
 
 #define DEFAULT_SHUFFLE_BUFFER 10000u
@@ -1789,22 +1790,6 @@ int ferry_spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len) {
   return 0;
 }
 
-/* protobuf-c allocates through these, so that unpack is accounted and
- * failure injection reaches it; `oom` tells a failed allocation from
- * malformed input. */
-typedef struct {
-  bool oom;
-} pb_ctx;
-
-static void *pb_alloc(void *data, size_t size) {
-  void *p = ferry__malloc(size);
-  if (p == NULL)
-    ((pb_ctx *)data)->oom = true;
-  return p;
-}
-
-static void pb_free(void *data, void *p) { ferry__free(p); }
-
 static int unknown_fields(const ProtobufCMessage *m, const char *name,
                           ferry_error_t *err) {
   if (m != NULL && m->n_unknown_fields > 0)
@@ -1980,8 +1965,8 @@ static int from_msg(const Ferry__V1__PipelineSpec *m, ferry_spec_t *s,
 
 int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
                       ferry_error_t *err) {
-  pb_ctx ctx = {false};
-  ProtobufCAllocator a = {pb_alloc, pb_free, &ctx};
+  bool oom = false;
+  ProtobufCAllocator a = ferry__pb_allocator_noting(&oom);
   Ferry__V1__PipelineSpec *m;
   int rc;
 
@@ -1990,7 +1975,7 @@ int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
   ferry_spec_init(spec);
   m = ferry__v1__pipeline_spec__unpack(&a, len, buf);
   if (m == NULL) {
-    if (ctx.oom)
+    if (oom)
       return ferry__seterr(err, FERRY_ENOMEM,
                            "out of memory unpacking the spec");
     return spec_err(err, "PipelineSpec: malformed protobuf (%zu bytes)",
