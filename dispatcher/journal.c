@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "ferry/alloc.h"
-#include "ferry/crc32c.h"
 #include "ferry/log.h"
 #include "ferry/tfrecord.h"
 
@@ -210,76 +209,6 @@ int ferry__journal_open(const char *dir, bool recover, ferry_journal_t **out,
   return 0;
 }
 
-static uint32_t le32(const uint8_t *b) {
-  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-         (uint32_t)b[3] << 24;
-}
-
-/* Whether a complete, valid record (length CRC and data CRC) starts at
- * `off`, `h` being the (up to 12) bytes there. -1: read error. */
-static int valid_record_at(int fd, uint64_t off, uint64_t end,
-                           const uint8_t *h, size_t hn) {
-  uint8_t b[4096];
-  uint64_t len = 0, at;
-  uint32_t crc = 0;
-
-  if (hn < 12 || ferry_crc32c_unmask(le32(h + 8)) != ferry_crc32c(0, h, 8))
-    return 0;
-  for (int i = 7; i >= 0; i--)
-    len = len << 8 | h[i];
-  if (end - off < 16 || len > end - off - 16)
-    return 0;
-  for (at = off + 12; at < off + 12 + len;) {
-    size_t want = (size_t)(off + 12 + len - at < sizeof(b)
-                               ? off + 12 + len - at
-                               : sizeof(b));
-    if (ferry__pread_full(fd, b, want, at) != (ssize_t)want)
-      return -1;
-    crc = ferry_crc32c(crc, b, want);
-    at += want;
-  }
-  if (ferry__pread_full(fd, b, 4, at) != 4)
-    return -1;
-  return ferry_crc32c_unmask(le32(b)) == crc;
-}
-
-/* The first offset after `bad` (to `end`) where a complete valid record
- * starts; `end` when there is none, -1 with errno on a read error. The
- * header CRC rejects almost every offset from 12 bytes already held in
- * the window; only a header that verifies costs a read of its data. */
-static int64_t next_valid_record(int fd, uint64_t bad, uint64_t end) {
-  enum { WIN = 64 << 10 };
-  uint8_t *w = ferry__malloc(WIN);
-  uint64_t base = 0, off;
-  size_t wlen = 0;
-  int64_t found = (int64_t)end;
-
-  if (w == NULL) {
-    errno = ENOMEM;
-    return -1;
-  }
-  for (off = bad + 1; off < end; off++) {
-    int v;
-    if (off < base || off + 12 > base + wlen) {
-      ssize_t n = ferry__pread_full(fd, w, WIN, off);
-      if (n < 0) {
-        found = -1;
-        break;
-      }
-      base = off;
-      wlen = (size_t)n;
-    }
-    v = valid_record_at(fd, off, end, w + (off - base),
-                        base + wlen - off < 12 ? base + wlen - off : 12);
-    if (v != 0) {
-      found = v < 0 ? -1 : (int64_t)off;
-      break;
-    }
-  }
-  ferry__free(w);
-  return found;
-}
-
 static int cut_at(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
   if (ftruncate(j->fd, (off_t)at) != 0 || io.fsync(j->fd) != 0)
     return sys_err(err, "cannot truncate", j->path);
@@ -291,19 +220,17 @@ static int cut_at(ferry_journal_t *j, uint64_t at, ferry_error_t *err) {
  * walks complete records, searching again past each gap. */
 static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
   uint64_t n = 0, off = from;
-  uint8_t h[12];
   while (off + 16 <= end) {
     uint64_t len = 0;
-    if (ferry__pread_full(fd, h, 12, off) != 12)
+    int v = ferry_tfr_valid_record_at(fd, off, end, &len);
+    if (v < 0)
       break;
-    if (valid_record_at(fd, off, end, h, 12) == 1) {
-      for (int i = 7; i >= 0; i--)
-        len = len << 8 | h[i];
+    if (v == 1) {
       n++;
       off += 16 + len;
       continue;
     }
-    int64_t next = next_valid_record(fd, off, end);
+    int64_t next = ferry_tfr_next_valid_record(fd, off, end);
     if (next < 0 || (uint64_t)next >= end)
       break;
     off = (uint64_t)next;
@@ -320,7 +247,7 @@ static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
 static int bad_record(ferry_journal_t *j, int code, uint64_t at,
                       uint64_t good, bool recover, const ferry_error_t *rerr,
                       ferry_error_t *err) {
-  int64_t next = next_valid_record(j->fd, at, j->size);
+  int64_t next = ferry_tfr_next_valid_record(j->fd, at, j->size);
   if (next < 0)
     return sys_err(err, "cannot read the journal's tail", j->path);
   if ((uint64_t)next >= j->size) {

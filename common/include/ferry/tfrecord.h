@@ -186,6 +186,16 @@ const char *ferry_tfr_describe_head(const uint8_t *head, size_t n);
  * compression (>= 0), or a negative code with err naming the file. */
 int ferry_tfr_sniff_file(const char *path, ferry_error_t *err);
 
+/* Whole valid records in an uncompressed file (tfrecord_scan.c): both
+ * CRCs checked, the record within [off, end).
+ * ferry_tfr_valid_record_at: 1 when one starts at `off` (its data length
+ * in *len, may be NULL), 0 when not, -1 on a read error (errno set).
+ * ferry_tfr_next_valid_record: the first offset after `after` (to `end`)
+ * where one starts; `end` when there is none, -1 on a read error. */
+int ferry_tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
+                              uint64_t *len);
+int64_t ferry_tfr_next_valid_record(int fd, uint64_t after, uint64_t end);
+
 /* pread(2) that retries on EINTR and reads until `n` bytes or the end of
  * the file: the one way Ferry reads files at an offset (the reader, the
  * dispatcher's scan and journal, the worker's spill files). Returns the
