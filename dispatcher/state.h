@@ -75,7 +75,6 @@ typedef struct ferry_disp_config_s {
 #define FERRY_DISP_MAX_FILES 100000     /* files a spec expands to */
 #define FERRY_DISP_MAX_NAME_LEN 256     /* job names, dataset ids */
 #define FERRY_DISP_MAX_ADDRESS_LEN 256  /* a worker's address */
-#define FERRY_DISP_MAX_UCX_ADDRESS_LEN 4096 /* its UCP worker address */
 #define FERRY_DISP_MAX_PROGRESS 65536   /* SplitProgress / TaskProgress
                                            entries in one heartbeat */
 #define FERRY_DISP_MAX_WANT 4096        /* splits asked for at once */

@@ -2,6 +2,8 @@
  * long-polled heartbeat, and the operator's DrainWorker. */
 #include "state_internal.h"
 
+#include "ferry/transport.h"
+
 /* The worker for this heartbeat: its live record, or a new registration. */
 static worker_t *
 worker_for_heartbeat(ferry_disp_t *d,
@@ -329,10 +331,10 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
     return rc;
   if (req->address == NULL || req->address[0] == '\0')
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: no address");
-  if (req->ucx_address.len > FERRY_DISP_MAX_UCX_ADDRESS_LEN)
+  if (req->ucx_address.len > FERRY_TRANSPORT_ADDRESS_MAX)
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: UCX address "
                          "of %zu bytes, over %d", req->ucx_address.len,
-                         FERRY_DISP_MAX_UCX_ADDRESS_LEN);
+                         FERRY_TRANSPORT_ADDRESS_MAX);
   if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: over %d tasks",
                          FERRY_DISP_MAX_PROGRESS);

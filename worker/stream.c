@@ -387,7 +387,7 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
       } else {
         FERRY_LOG(FERRY_LOG_WARN, "worker: UCX address of %zu bytes is "
                   "over %d: not advertised, clients use gRPC", n,
-                  FERRY__WUCX_ADDRESS_MAX);
+                  FERRY_TRANSPORT_ADDRESS_MAX);
       }
     }
   }

@@ -433,7 +433,6 @@ typedef struct ferry__wqueue_s ferry__wqueue_t;
 
 /* Transports a worker serves at most (gRPC, UCX). */
 #define FERRY__WTRANSPORTS 2
-#define FERRY__WUCX_ADDRESS_MAX 4096
 
 typedef struct ferry__worker_s {
   ferry__wconfig_t cfg;
@@ -461,7 +460,7 @@ typedef struct ferry__worker_s {
   ferry_transport_server_t *transports[FERRY__WTRANSPORTS];
   /* The UCX transport's worker address (length 0 without UCX),
    * copied once at start for the heartbeats that advertise it. */
-  uint8_t ucx_address[FERRY__WUCX_ADDRESS_MAX];
+  uint8_t ucx_address[FERRY_TRANSPORT_ADDRESS_MAX];
   size_t ucx_address_len;
   bool stopping;           /* loop-owned */
   bool server_done;

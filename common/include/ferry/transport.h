@@ -93,6 +93,10 @@
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
+/* The most address bytes a worker publishes for a transport: a worker
+ * does not advertise a longer one, the dispatcher refuses it. */
+#define FERRY_TRANSPORT_ADDRESS_MAX 4096
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
