@@ -2,7 +2,7 @@
  * "The service" and "Chunks").
  *
  *   heartbeat thread --Tasks--> task table --> pipeline threads
- *        (heartbeat.c)          (tasks.c)        (tasks.c: read, order,
+ *        (heartbeat.c)          (tasks.c)        (run.c: read, order,
  *                                                  pipeline, pack chunks)
  *   pipeline threads --chunks--> inbox --uv_async--> loop thread
  *                                                   (stream.c: one queue
@@ -97,7 +97,7 @@ typedef struct ferry__wconfig_s {
   int64_t test_record_delay_ms;
 } ferry__wconfig_t;
 
-/* ---- Chunk pool and chunks (tasks.c, chunk.c) ---------------------------- */
+/* ---- Chunk pool and chunks (pool.c, chunk.c) ----------------------------- */
 
 typedef struct ferry__wtask_s ferry__wtask_t;
 typedef struct ferry__wpool_s ferry__wpool_t;
@@ -235,7 +235,7 @@ ferry__wchunk_t *ferry__wchunk_layout(void *block, size_t block_size,
  * Returns 0 or FERRY_ERANGE. */
 int ferry__wchunk_encode(ferry__wchunk_t *c);
 
-/* ---- Tasks (tasks.c) ---------------------------------------------------- */
+/* ---- Tasks (tasks.c; one task's run: run.c) ------------------------------ */
 
 /* WT_HELD: not started, waiting for its client's stream to open or for a
  * run slot of its stream (the gate; no run state, no thread). */

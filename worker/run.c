@@ -1,0 +1,830 @@
+/* Running one task on a pipeline thread (the task table is tasks.c, the
+ * chunk pool pool.c).
+ *
+ * A thread runs one task (one split) until it ends or parks. Without
+ * shuffle it streams the split's records from the reader in file order;
+ * with shuffle one pass of the reader builds a table of where each record
+ * is (its data's offset in the shard; for GZIP/ZLIB shards, whose inflated
+ * stream cannot be read at random, in an unlinked spill file the pass
+ * writes), then the permutation is walked reading each record back with
+ * pread (shard records are checked against their CRC again: the file may
+ * have changed). Memory: the reader's window, one record, 40 bytes per
+ * record of the split; never the split itself.
+ *
+ * Parking: when the task's stream is at its share of the pool (or the pool
+ * is full), the acquire does not wait. The task keeps its run state (the
+ * reader, the table and position, the record just processed) and goes on
+ * the parked list; the thread takes the next pending task. A release of
+ * one of the stream's chunks (of any chunk when the pool was full) puts it
+ * back at the head of the pending queue.
+ * Positions in split order count the records the pipeline produced: a
+ * record the reader skipped (bad CRC) never gets one, and under policy
+ * skip neither does a record the pipeline rejects, so a lease resumed
+ * from `start` replays the same order and discards the first `start`
+ * outputs (under policy fail no record can be rejected before `start`, so
+ * those are skipped without being processed).
+ *
+ * Chunks hold K = max(1, chunk_bytes / record_bytes) records of one shape.
+ * A full chunk is handed on only when the next record needs room, so the
+ * split's final chunk is always the one marked `last`.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/alloc.h"
+#include "ferry/crc32c.h"
+#include "ferry/log.h"
+#include "ferry/tfrecord.h"
+#include "tasks_internal.h"
+#include "worker.h"
+#include "wmetrics.h"
+
+/* ---- Shuffle ------------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void ferry__wshuffle(uint64_t *out, uint64_t n, bool shuffle, uint64_t seed,
+                     uint32_t epoch, uint32_t split) {
+  for (uint64_t i = 0; i < n; i++)
+    out[i] = i;
+  if (!shuffle || n < 2)
+    return;
+  uint64_t s = mix64(seed ^ mix64((uint64_t)epoch * 0x9E3779B97F4A7C15ull + 1) ^
+                     mix64((uint64_t)split * 0xD1B54A32D192ED03ull + 2));
+  for (uint64_t i = n - 1; i > 0; i--) {
+    s += 0x9E3779B97F4A7C15ull;
+    uint64_t j = mix64(s) % (i + 1);
+    uint64_t tmp = out[i];
+    out[i] = out[j];
+    out[j] = tmp;
+  }
+}
+
+/* ---- One thread's state -------------------------------------------------- */
+
+/* What a ctx the thread moves away from keeps of its scratch buffers:
+ * the decode limit bounds the ctx in use, this the others. */
+#define CTX_KEEP_BYTES (8u << 20)
+
+/* Notes that the thread uses `ctx` now, trimming the one it used before
+ * (it may hold a big image's buffers, and parked tasks keep their ctx). */
+static ferry_pipeline_ctx_t *use_ctx(ferry__wthread_t *th,
+                                     ferry_pipeline_ctx_t *ctx) {
+  if (th->last != NULL && th->last != ctx)
+    ferry_pipeline_ctx_trim(th->last, CTX_KEEP_BYTES);
+  th->last = ctx;
+  return ctx;
+}
+
+ferry__wthread_t *ferry__wthread_new(ferry__wtasks_t *t) {
+  ferry__wthread_t *th = ferry__calloc(1, sizeof(*th));
+  if (th != NULL)
+    th->t = t;
+  return th;
+}
+
+void ferry__wthread_free(ferry__wthread_t *th) {
+  if (th == NULL)
+    return;
+  for (int i = 0; i < CTX_SLOTS; i++)
+    if (th->slots[i].pipe != NULL) {
+      ferry_pipeline_ctx_free(th->slots[i].ctx);
+      ferry__wpipe_unref(th->slots[i].pipe);
+    }
+  ferry__free(th);
+}
+
+/* The thread's ctx for `pipe`, created (evicting the least recently used
+ * one) when missing. */
+static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
+                                     ferry__wpipe_t *pipe,
+                                     ferry_error_t *err) {
+  struct ctx_slot *victim = &th->slots[0];
+  th->tick++;
+  for (int i = 0; i < CTX_SLOTS; i++) {
+    struct ctx_slot *s = &th->slots[i];
+    if (s->pipe != NULL && s->pipe_id == pipe->id) {
+      s->used = th->tick;
+      return use_ctx(th, s->ctx);
+    }
+    if (s->pipe == NULL || (victim->pipe != NULL && s->used < victim->used))
+      victim = s;
+  }
+  ferry_pipeline_ctx_t *ctx;
+  if (ferry_pipeline_ctx_new(pipe->pipeline, &ctx, err) != 0)
+    return NULL;
+  /* A record's pixels go straight into a chunk (put_record copies them
+   * out before the next read, also when it parks). */
+  ferry_pipeline_ctx_set_borrow(ctx, 1);
+  if (th->t->jpeg_set)
+    ferry_pipeline_ctx_set_jpeg_limits(ctx, &th->t->jpeg);
+  if (victim->pipe != NULL) {
+    if (th->last == victim->ctx)
+      th->last = NULL;
+    ferry_pipeline_ctx_free(victim->ctx);
+    ferry__wpipe_unref(victim->pipe);
+  }
+  __atomic_add_fetch(&pipe->refs, 1, __ATOMIC_ACQ_REL);
+  victim->pipe = pipe;
+  victim->pipe_id = pipe->id;
+  victim->ctx = ctx;
+  victim->used = th->tick;
+  return use_ctx(th, ctx);
+}
+
+/* ---- A task's run state -------------------------------------------------- */
+
+/* Spill files are written through a buffer of this size. */
+#define SPILL_WBUF (1u << 20)
+
+/* A record of a shuffled split: where its data is read back. */
+struct rec_ref {
+  uint64_t at;  /* the data's offset in the shard, or in the spill file */
+  uint64_t len;
+  uint64_t offset, index; /* in the shard's stream (for messages, ids) */
+};
+
+/* What a started task needs to go on where it stopped: it outlives the
+ * thread when the task parks. */
+typedef struct ferry__wrun_s {
+  ferry_tfr_reader_t *rd;
+  uint64_t out, skipped;
+  /* Shuffled splits: the record table built by one pass of the reader,
+   * then walked in the permutation from `next`. */
+  bool collected;
+  struct rec_ref *recs;
+  size_t nrecs, recs_cap;
+  uint64_t *order;
+  uint64_t next;
+  int fd;       /* the shard (uncompressed) or the spill file; -1 */
+  bool spill;
+  uint8_t *rbuf; /* one record read back (+ its footer) */
+  size_t rbuf_cap;
+  uint8_t *wbuf; /* spill writes */
+  size_t wlen;
+  uint64_t spill_len;
+  /* The record processed when the task parked, waiting for a chunk. */
+  bool pending;
+  uint8_t *pix;
+  size_t pix_cap;
+  int h, w, c;
+  int64_t label, id;
+} wrun_t;
+
+void ferry__wrun_free(wrun_t *ru) {
+  if (ru == NULL)
+    return;
+  ferry_tfr_reader_free(ru->rd);
+  if (ru->fd >= 0)
+    close(ru->fd);
+  ferry__free(ru->recs);
+  ferry__free(ru->order);
+  ferry__free(ru->rbuf);
+  ferry__free(ru->wbuf);
+  ferry__free(ru->pix);
+  ferry__free(ru);
+}
+
+/* ---- Running a task ------------------------------------------------------ */
+
+typedef struct run_s {
+  ferry__wthread_t *th;
+  ferry__wtask_t *task;
+  wrun_t *ru;
+  ferry_pipeline_ctx_t *ctx;
+  ferry__wchunk_t *cur; /* the chunk being filled */
+  uint64_t out;         /* positions done (from 0) */
+  uint64_t skipped;     /* pipeline rejects at positions >= start */
+  bool stopped;         /* cancelled, or the worker stops */
+  bool may_park;
+  bool parked;          /* a chunk would have to wait: park the task */
+  bool park_key_full;
+  uint64_t park_gen;
+  int err_code;
+  ferry_error_t err;
+  /* Metrics: records seen by this run (every 16th is timed per stage) and
+   * when the record before a timed one ended (its read time); 0: none. */
+  uint64_t seen;
+  int64_t read_t0;
+} run_t;
+
+static bool should_stop(run_t *r) {
+  if (atomic_load(&r->task->cancelled) || atomic_load(&r->th->t->stop))
+    r->stopped = true;
+  return r->stopped;
+}
+
+/* Hands the current chunk on. */
+static int flush(run_t *r, bool last) {
+  ferry__wchunk_t *c = r->cur;
+  ferry__wtasks_t *t = r->th->t;
+  r->cur = NULL;
+  c->last = last;
+  int rc = ferry__wchunk_encode(c);
+  if (rc != 0) {
+    ferry__wpool_release(c);
+    return ferry__seterr(&r->err, rc, "%s: chunk header too large",
+                         r->task->file);
+  }
+  pthread_mutex_lock(&t->lock);
+  r->task->produced = c->first + c->count;
+  r->task->skipped = r->skipped;
+  pthread_mutex_unlock(&t->lock);
+  const ferry__wmetrics_t *m = ferry__wmetrics();
+  ferry_metric_add(m->records, c->count);
+  ferry_metric_add(m->bytes, (int64_t)(c->count * c->rec_bytes));
+  t->emit(c, t->emit_arg);
+  return 0;
+}
+
+/* A fresh chunk for `cap` records; NULL when stopped, out of memory
+ * (r->err set) or, when the task may park, when the stream's share or the
+ * pool is full (r->parked set). */
+static ferry__wchunk_t *new_chunk(run_t *r, uint32_t cap, int h, int w,
+                                  int ch) {
+  ferry__wtasks_t *t = r->th->t;
+  ferry__wtask_t *k = r->task;
+  bool oom;
+  size_t rb = (size_t)h * (size_t)w * (size_t)ch;
+  ferry__wchunk_t *c = ferry__wpool_acquire_key(
+      t->pool, k->key, cap, rb, !r->may_park, &k->cancelled, &t->stop,
+      &r->park_gen, &r->park_key_full, &oom);
+  if (c == NULL) {
+    if (oom)
+      ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory for a chunk");
+    else if (should_stop(r) || !r->may_park)
+      r->stopped = true;
+    else
+      r->parked = true;
+    return NULL;
+  }
+  atomic_fetch_add(&k->refs, 1);
+  c->task = k;
+  c->job_id = k->job_id;
+  c->client_id = k->client_id;
+  c->lease = k->lease;
+  c->epoch = k->epoch;
+  c->split = k->split;
+  c->first = r->out;
+  c->h = h;
+  c->w = w;
+  c->c = ch;
+  return c;
+}
+
+/* Puts one produced record into the current chunk (a new one when full
+ * or of another shape). Returns false when the task ends or parks here;
+ * on parking the record is kept in the run state. */
+static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
+                       int64_t label, int64_t id) {
+  size_t rb = (size_t)h * (size_t)w * (size_t)c;
+  ferry__wchunk_t *cur = r->cur;
+  if (cur != NULL && (cur->count == cur->cap || cur->h != h || cur->w != w ||
+                      cur->c != c)) {
+    if (flush(r, false) != 0)
+      return false;
+    cur = NULL;
+  }
+  if (cur == NULL) {
+    uint64_t kk = rb > 0 ? r->th->t->chunk_bytes / rb : MAX_CHUNK_RECORDS;
+    if (kk < 1)
+      kk = 1;
+    if (kk > MAX_CHUNK_RECORDS)
+      kk = MAX_CHUNK_RECORDS;
+    cur = r->cur = new_chunk(r, (uint32_t)kk, h, w, c);
+    if (cur == NULL) {
+      wrun_t *ru = r->ru;
+      if (r->parked && pix != ru->pix) {
+        if (!FERRY__GROW(ru->pix, ru->pix_cap, rb > 0 ? rb : 1, 256)) {
+          r->parked = false;
+          ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+          return false;
+        }
+        memcpy(ru->pix, pix, rb);
+        ru->h = h;
+        ru->w = w;
+        ru->c = c;
+        ru->label = label;
+        ru->id = id;
+        ru->pending = true;
+      }
+      return false;
+    }
+  }
+  memcpy(cur->payload + (size_t)cur->count * rb, pix, rb);
+  cur->labels[cur->count] = label;
+  cur->ids[cur->count] = id;
+  cur->count++;
+  r->out++;
+  if (pix == r->ru->pix)
+    r->ru->pending = false;
+  return true;
+}
+
+/* Runs one record; returns false when the task ends or parks here. */
+static bool do_record(run_t *r, const uint8_t *data, size_t len,
+                      uint64_t offset, uint64_t index) {
+  ferry__wtask_t *k = r->task;
+  const uint8_t *pix;
+  int h, w, c;
+  int64_t label;
+  if (should_stop(r))
+    return false;
+  if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
+    r->out++;
+    return true;
+  }
+  if (r->th->t->test_record_delay_ms > 0) {
+    /* --test-record-delay-ms: a slow producer that burns its CPU as a
+     * heavy decode does, checking for a cancel every few ms. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t spent = 0; spent < r->th->t->test_record_delay_ms;) {
+      if ((spent & 7) == 0 && should_stop(r))
+        return false;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      spent = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+              (now.tv_nsec - t0.tv_nsec) / 1000000;
+    }
+  }
+  ferry_error_t perr;
+  /* One record in 16 is timed per stage (two clock reads per stage). */
+  uint64_t n = r->seen++;
+  bool timed = (n & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0;
+  double t0[FERRY_STAGE_COUNT], t1[FERRY_STAGE_COUNT];
+  if (timed) {
+    const ferry__wmetrics_t *m = ferry__wmetrics();
+    if (r->read_t0 != 0)
+      ferry_metric_observe(m->stage[FERRY_WSTAGE_READ],
+                           ferry_metrics_now_ns() - r->read_t0);
+    ferry_pipeline_ctx_times(r->ctx, t0);
+    ferry_pipeline_ctx_set_timing(r->ctx, 1);
+  }
+  /* The random ops' key: the same record of the same epoch draws the
+   * same crop whichever worker or lease runs it. */
+  ferry_pipeline_ctx_set_key(r->ctx, k->seed, k->epoch,
+                             (uint64_t)k->file_index << 40 | index);
+  int rc = ferry_pipeline_process(r->ctx, data, len, &pix, &h, &w, &c,
+                                  &label, &perr);
+  if (timed) {
+    const ferry__wmetrics_t *m = ferry__wmetrics();
+    ferry_pipeline_ctx_set_timing(r->ctx, 0);
+    ferry_pipeline_ctx_times(r->ctx, t1);
+    for (int i = 0; i < FERRY_STAGE_COUNT; i++)
+      if (t1[i] > t0[i]) /* stages the spec has */
+        ferry_metric_observe(m->stage[i], (int64_t)((t1[i] - t0[i]) * 1e9));
+    r->read_t0 = 0;
+  } else if (((n + 1) & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0) {
+    r->read_t0 = ferry_metrics_now_ns(); /* the next record's read */
+  }
+  if (rc == 0) {
+    ferry_decode_path_t dp = ferry_pipeline_ctx_last_decode(r->ctx);
+    if (dp != FERRY_DECODE_NONE)
+      ferry_metric_add(ferry__wmetrics()->jpeg[dp], 1);
+  }
+  if (rc != 0) {
+    if (k->policy == FERRY_ON_ERROR_SKIP) {
+      if (r->out >= k->start) {
+        r->skipped++;
+        ferry__wmetrics_skipped(perr.code, 1);
+      }
+      FERRY_LOG(FERRY_LOG_DEBUG, "%s: record %llu at byte offset %llu: %s "
+                "(skipped)", k->file, (unsigned long long)index,
+                (unsigned long long)offset, perr.msg);
+      return true;
+    }
+    r->err = perr;
+    ferry__prefixerr(&r->err, "%s: record %llu at byte offset %llu", k->file,
+                     (unsigned long long)index, (unsigned long long)offset);
+    return false;
+  }
+  if (r->out < k->start) {
+    r->out++;
+    return true;
+  }
+  return put_record(r, pix, h, w, c, label,
+                    (int64_t)((uint64_t)k->file_index << 40 | index));
+}
+
+/* Streams the split in file order. Returns the reader's result (0 when
+ * the task stopped, failed in the pipeline or parked). */
+static int run_identity(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  ferry_record_t rec;
+  int rc;
+  while ((rc = ferry_tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
+    if (k->byte_end != 0 && rec.offset >= k->byte_end)
+      return FERRY_EOF;
+    if (k->end != 0 && r->out >= k->end)
+      return FERRY_EOF; /* the part ends here (Task.end) */
+    if (!do_record(r, rec.data, rec.len, rec.offset, rec.index))
+      return 0;
+  }
+  return rc;
+}
+
+static int spill_flush(run_t *r) {
+  wrun_t *ru = r->ru;
+  size_t off = 0;
+  while (off < ru->wlen) {
+    ssize_t n = pwrite(ru->fd, ru->wbuf + off, ru->wlen - off,
+                       (off_t)(ru->spill_len - ru->wlen + off));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : ENOSPC;
+      return ferry__seterr(&r->err, ferry_err_from_errno(e),
+                           "%s: spill file in %s: write: %s", r->task->file,
+                           r->th->t->spill_dir != NULL ? r->th->t->spill_dir
+                                                       : "$TMPDIR",
+                           strerror(e));
+    }
+    off += (size_t)n;
+  }
+  ru->wlen = 0;
+  return 0;
+}
+
+/* An unlinked spill file in the spill directory. */
+static int spill_open(run_t *r) {
+  const char *dir = r->th->t->spill_dir;
+  if (dir == NULL)
+    dir = getenv("TMPDIR");
+  if (dir == NULL || dir[0] == '\0')
+    dir = "/tmp";
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ferry-spill-XXXXXX", dir);
+    fd = mkstemp(path);
+    if (fd >= 0)
+      unlink(path);
+  }
+  if (fd < 0)
+    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
+                         "%s: cannot create a spill file in %s: %s",
+                         r->task->file, dir, strerror(errno));
+  r->ru->fd = fd;
+  return 0;
+}
+
+/* The shuffled split's first pass: the reader checks every record once
+ * and the table keeps where each one's data is. Compressed records are
+ * copied into the spill file (the inflated stream is not seekable). */
+static int collect(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  ferry_record_t rec;
+  int rc;
+  ru->spill = ferry_tfr_reader_compression(ru->rd) != FERRY_COMPRESSION_NONE;
+  if (ru->spill) {
+    if ((rc = spill_open(r)) < 0)
+      return rc;
+    if ((ru->wbuf = ferry__malloc(SPILL_WBUF)) == NULL)
+      return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  } else if ((ru->fd = fcntl(ferry_tfr_reader_fd(ru->rd), F_DUPFD_CLOEXEC,
+                             0)) < 0) {
+    /* The reader's file, not the path again: the name may lead elsewhere
+     * by now (--data-root). */
+    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
+                         "%s: dup: %s", k->file, strerror(errno));
+  }
+  while ((rc = ferry_tfr_reader_next(ru->rd, &rec, &r->err)) == 0) {
+    if (k->byte_end != 0 && rec.offset >= k->byte_end)
+      break;
+    if ((ru->nrecs & 1023) == 0 && should_stop(r))
+      return 0;
+    if (!FERRY__GROW(ru->recs, ru->recs_cap, ru->nrecs + 1, 256))
+      return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+    struct rec_ref *ref = &ru->recs[ru->nrecs++];
+    ref->len = rec.len;
+    ref->offset = rec.offset;
+    ref->index = rec.index;
+    if (!ru->spill) {
+      ref->at = rec.offset + 12;
+      continue;
+    }
+    ref->at = ru->spill_len;
+    size_t done = 0;
+    while (done < rec.len) {
+      size_t n = rec.len - done;
+      if (n > SPILL_WBUF - ru->wlen)
+        n = SPILL_WBUF - ru->wlen;
+      memcpy(ru->wbuf + ru->wlen, rec.data + done, n);
+      ru->wlen += n;
+      ru->spill_len += n;
+      done += n;
+      if (ru->wlen == SPILL_WBUF && (rc = spill_flush(r)) < 0)
+        return rc;
+    }
+  }
+  if (rc != 0 && rc != FERRY_EOF)
+    return rc;
+  if (ru->spill) {
+    if ((rc = spill_flush(r)) < 0)
+      return rc;
+    ferry__free(ru->wbuf);
+    ru->wbuf = NULL;
+  }
+  ru->order = ferry__malloc((ru->nrecs > 0 ? ru->nrecs : 1) *
+                            sizeof(*ru->order));
+  if (ru->order == NULL)
+    return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  ferry__wshuffle(ru->order, ru->nrecs, k->shuffle, k->seed, k->epoch,
+                  k->split);
+  ru->collected = true;
+  return 0;
+}
+
+/* Reads a collected record back into ru->rbuf. A shard record is checked
+ * against its data CRC again: the file may have changed since the first
+ * pass. Returns 0 or a negative code with r->err set. */
+static int read_back(run_t *r, const struct rec_ref *ref) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  size_t n = (size_t)ref->len + (ru->spill ? 0 : 4);
+  if (!FERRY__GROW(ru->rbuf, ru->rbuf_cap, n > 0 ? n : 1, 256))
+    return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  int64_t got = ferry__pread_full(ru->fd, ru->rbuf, n, ref->at);
+  const char *what = ru->spill ? "spill file of " : "";
+  if (got < 0)
+    return ferry__seterr(&r->err, ferry_err_from_errno((int)-got),
+                         "%s%s: record %llu at byte offset %llu: read: %s",
+                         what, k->file, (unsigned long long)ref->index,
+                         (unsigned long long)ref->offset,
+                         strerror((int)-got));
+  if ((size_t)got < n)
+    return ferry__seterr(&r->err, FERRY_ETRUNCDATA,
+                         "%s%s: record %llu at byte offset %llu: file ends "
+                         "inside the record data (%lld of %zu bytes): it was "
+                         "truncated while the worker read it",
+                         what, k->file, (unsigned long long)ref->index,
+                         (unsigned long long)ref->offset, (long long)got, n);
+  if (!ru->spill) {
+    const uint8_t *f = ru->rbuf + ref->len;
+    uint32_t stored = (uint32_t)f[0] | (uint32_t)f[1] << 8 |
+                      (uint32_t)f[2] << 16 | (uint32_t)f[3] << 24;
+    uint32_t computed =
+        ferry_crc32c_mask(ferry_crc32c(0, ru->rbuf, (size_t)ref->len));
+    if (stored != computed)
+      return ferry__seterr(&r->err, FERRY_EDATACRC,
+                           "%s: record %llu at byte offset %llu: record data "
+                           "CRC mismatch on reading it again: the file "
+                           "changed while the worker read it",
+                           k->file, (unsigned long long)ref->index,
+                           (unsigned long long)ref->offset);
+  }
+  return 0;
+}
+
+/* Builds the table once, then walks the permutation from ru->next. */
+static int run_shuffled(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  int rc;
+  if (!ru->collected) {
+    if ((rc = collect(r)) < 0)
+      return rc;
+    if (!ru->collected)
+      return 0; /* stopped */
+  }
+  while (ru->next < ru->nrecs) {
+    if (k->end != 0 && r->out >= k->end)
+      return FERRY_EOF; /* the part ends here (Task.end) */
+    const struct rec_ref *ref = &ru->recs[ru->order[ru->next++]];
+    if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
+      if ((ru->next & 1023) == 0 && should_stop(r))
+        return 0;
+      r->out++; /* as do_record would, without reading the record */
+      continue;
+    }
+    if ((rc = read_back(r, ref)) < 0) {
+      if (k->policy != FERRY_ON_ERROR_SKIP)
+        return rc;
+      if (r->out >= k->start) {
+        r->skipped++;
+        ferry__wmetrics_skipped(rc, 1);
+      }
+      FERRY_LOG(FERRY_LOG_DEBUG, "%s (skipped)", r->err.msg);
+      ferry_error_clear(&r->err);
+      continue;
+    }
+    if (!do_record(r, ru->rbuf, (size_t)ref->len, ref->offset, ref->index))
+      return 0;
+  }
+  return FERRY_EOF;
+}
+
+/* Sends an error chunk and records the error on the task. */
+static void fail(run_t *r, int code) {
+  ferry__wtask_t *k = r->task;
+  ferry__wtasks_t *t = r->th->t;
+  if (r->cur != NULL)
+    flush(r, false);
+  if (!should_stop(r)) {
+    ferry__wchunk_t *c = new_chunk(r, 0, 0, 0, 0);
+    if (c != NULL) {
+      c->error_code = code;
+      snprintf(c->error, 512, "%s", r->err.msg);
+      r->cur = c;
+      flush(r, false);
+    }
+  }
+  FERRY_LOG(FERRY_LOG_WARN, "task job %llu split %u: %s",
+            (unsigned long long)k->job_id, k->split, r->err.msg);
+  pthread_mutex_lock(&t->lock);
+  k->error_code = code;
+  snprintf(k->error, sizeof(k->error), "%s", r->err.msg);
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* True when `code` is the worker's own fault rather than the data's: out
+ * of descriptors anywhere, or out of memory while opening the shard
+ * (`opening`). Another worker can run the split, so the task gives it back
+ * (give_back) instead of failing the job or skipping records. */
+static bool worker_fault(int code, bool opening) {
+  return code == FERRY_EMFILE || code == FERRY_ENFILE ||
+         (opening && code == FERRY_ENOMEM);
+}
+
+/* Ends the task on a worker fault: no error chunk reaches the client
+ * (its chunk in progress is dropped by the caller) and nothing counts as
+ * skipped; the heartbeat reports error_code with worker_fault, and the
+ * dispatcher leases the split to another worker from what the client
+ * received. */
+static void give_back(run_t *r, int code) {
+  ferry__wtask_t *k = r->task;
+  ferry__wtasks_t *t = r->th->t;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "task job %llu split %u: %s; giving the split back to the "
+            "dispatcher (a fault of this worker, not of the data)",
+            (unsigned long long)k->job_id, k->split, r->err.msg);
+  pthread_mutex_lock(&t->lock);
+  k->error_code = code;
+  k->worker_fault = true;
+  snprintf(k->error, sizeof(k->error), "%s", r->err.msg);
+  pthread_mutex_unlock(&t->lock);
+}
+
+enum { PARK_DONE, PARK_RETRY, PARK_STOP };
+
+/* Parks `k` unless a release came since the acquire failed (retry) or it
+ * was cancelled (stop). */
+static int park(ferry__wtasks_t *t, ferry__wtask_t *k, const run_t *r) {
+  pthread_mutex_lock(&t->lock);
+  if (atomic_load(&k->cancelled) || atomic_load(&t->stop)) {
+    pthread_mutex_unlock(&t->lock);
+    return PARK_STOP;
+  }
+  pthread_mutex_lock(&t->pool->lock);
+  if (t->pool->gen != r->park_gen) {
+    pthread_mutex_unlock(&t->pool->lock);
+    pthread_mutex_unlock(&t->lock);
+    return PARK_RETRY;
+  }
+  t->pool->parked++;
+  pthread_mutex_unlock(&t->pool->lock);
+  k->state = WT_PARKED;
+  k->park_pool = !r->park_key_full;
+  k->qnext = t->parked;
+  t->parked = k;
+  pthread_mutex_unlock(&t->lock);
+  return PARK_DONE;
+}
+
+/* Opens the task's reader (the first step of a task). */
+static int run_begin(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = ferry__calloc(1, sizeof(*ru));
+  if (ru == NULL)
+    return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+  ru->fd = -1;
+  k->run = ru;
+  ferry_tfr_options_t o;
+  ferry_tfr_options_init(&o);
+  o.compression = k->pipe->spec.compression;
+  o.on_error = (ferry_error_policy_t)k->policy;
+  o.start_offset = k->byte_offset;
+  o.start_index = k->first_record;
+  o.max_records = k->num_records;
+  /* The dispatcher checked the roots at registration; check again here,
+   * where the file is opened (a forged or stale task, a symlink that
+   * moved), and open what was checked: every read of the task, the
+   * shuffle's included, goes through this one descriptor. */
+  int fd, rc = ferry_roots_open_file(&r->th->t->roots, k->file, &fd, &r->err);
+  if (rc != 0)
+    return rc;
+  return ferry_tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
+}
+
+/* Runs `k` until it ends (true) or parks (false: it is on the parked
+ * list, or, with may_park false, never). */
+bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
+  ferry__wtasks_t *t = th->t;
+  run_t r;
+  memset(&r, 0, sizeof(r));
+  r.th = th;
+  r.task = k;
+  r.may_park = may_park;
+  ferry_error_clear(&r.err);
+
+  int rc = 0;
+  bool opening = false; /* the failure, if any, is run_begin's */
+  if (k->pipe == NULL) {
+    ferry__seterr(&r.err, k->error_code, "%s", k->error);
+    rc = k->error_code;
+  } else if ((r.ctx = get_ctx(th, k->pipe, &r.err)) == NULL) {
+    rc = r.err.code != 0 ? r.err.code : FERRY_ENOMEM;
+  } else if (k->run == NULL && (rc = run_begin(&r)) != 0) {
+    opening = true; /* rc and r.err say why */
+  } else {
+    for (;;) {
+      wrun_t *ru = r.ru = k->run;
+      r.out = ru->out;
+      r.skipped = ru->skipped;
+      r.parked = false;
+      rc = 0;
+      if (!ru->pending ||
+          put_record(&r, ru->pix, ru->h, ru->w, ru->c, ru->label, ru->id))
+        rc = k->shuffle ? run_shuffled(&r) : run_identity(&r);
+      if (!r.parked)
+        break;
+      ru->out = r.out;
+      ru->skipped = r.skipped;
+      int pr = park(t, k, &r);
+      if (pr == PARK_DONE)
+        return false;
+      if (pr == PARK_STOP) {
+        r.parked = false;
+        r.stopped = true;
+        break;
+      }
+    }
+    if (rc == FERRY_EOF)
+      rc = 0;
+    else if (rc == 0 && r.err.code != 0 && !r.stopped)
+      rc = r.err.code; /* a pipeline error under policy fail */
+  }
+  if (rc == 0 && !r.stopped && r.err.code == 0) {
+    /* The split is complete: its final chunk carries `last` (an empty
+     * one when nothing was left to produce). */
+    ferry_tfr_stats_t st;
+    ferry_tfr_reader_stats(k->run->rd, &st);
+    if (k->start == 0) {
+      r.skipped += st.skipped;
+      ferry__wmetrics_skipped(0, st.skipped);
+    }
+    if (r.cur == NULL) {
+      int h = 0, w = 0, c = 0;
+      if (ferry_pipeline_shape(k->pipe->pipeline, &h, &w, &c) != 0)
+        h = w = c = 0;
+      r.cur = new_chunk(&r, 0, h, w, c);
+    }
+    if (r.cur != NULL && flush(&r, true) == 0) {
+      pthread_mutex_lock(&t->lock);
+      k->finished = true;
+      k->produced = r.out;
+      k->skipped = r.skipped;
+      pthread_mutex_unlock(&t->lock);
+    } else if (r.err.code != 0) {
+      fail(&r, r.err.code);
+    }
+  } else if (!r.stopped) {
+    if (rc == 0)
+      rc = r.err.code;
+    if (worker_fault(rc, opening))
+      give_back(&r, rc);
+    else
+      fail(&r, rc);
+  }
+  if (r.cur != NULL) /* stopped mid-chunk, or given back: the chunk is moot */
+    ferry__wpool_release(r.cur);
+  pthread_mutex_lock(&t->lock);
+  wrun_t *ru = k->run;
+  k->run = NULL;
+  k->state = WT_DONE;
+  ferry__wrun_slot_put(t, k);
+  bool news = k->error_code != 0 || k->skipped > 0 ||
+              (k->finished &&
+               (k->num_records == 0 || k->produced != k->num_records));
+  pthread_mutex_unlock(&t->lock);
+  ferry__wrun_free(ru);
+  ferry__wtask_key_idle(k);
+  if (t->on_end != NULL)
+    t->on_end(t->end_arg, news);
+  return true;
+}
+
+void ferry__wthread_run_task(ferry__wthread_t *th, ferry__wtask_t *k) {
+  ferry__wtask_step(th, k, false);
+}
+

@@ -1,0 +1,45 @@
+/* What the task table (tasks.c) and the task runner (run.c) share. Not
+ * installed; locking as in worker.h. */
+#ifndef FERRY_WORKER_TASKS_INTERNAL_H
+#define FERRY_WORKER_TASKS_INTERNAL_H
+
+#include "worker.h"
+
+/* At most this many records per chunk, whatever the record size. */
+#define MAX_CHUNK_RECORDS (1u << 20)
+/* Pipeline contexts per thread. */
+#define CTX_SLOTS 4
+
+/* A pipeline thread's state: its pipeline contexts, least recently used
+ * first to go (run.c). */
+struct ctx_slot {
+  ferry__wpipe_t *pipe; /* holds a reference; NULL: empty slot */
+  uint64_t pipe_id;
+  ferry_pipeline_ctx_t *ctx;
+  uint64_t used; /* LRU tick */
+};
+
+struct ferry__wthread_s {
+  ferry__wtasks_t *t;
+  pthread_t tid;
+  struct ctx_slot slots[CTX_SLOTS];
+  uint64_t tick;
+  ferry_pipeline_ctx_t *last; /* the ctx of the last get_ctx */
+};
+
+/* Runs `k` on `th` until it ends (true) or parks (false: it is on the
+ * parked list, or, with may_park false, never) (run.c). */
+bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park);
+
+/* Drops a task's (or a thread's) reference to a compiled pipeline; the
+ * cache frees it (tasks.c). */
+void ferry__wpipe_unref(ferry__wpipe_t *p);
+/* The task no longer makes its stream active (it ended). */
+void ferry__wtask_key_idle(ferry__wtask_t *k);
+/* The task's run state is gone: its stream's run slot frees, and one of
+ * the stream's held tasks may start. Tasks lock held. */
+void ferry__wrun_slot_put(ferry__wtasks_t *t, ferry__wtask_t *k);
+/* Frees a task's run state (NULL: nothing) (run.c). */
+void ferry__wrun_free(struct ferry__wrun_s *ru);
+
+#endif /* FERRY_WORKER_TASKS_INTERNAL_H */
