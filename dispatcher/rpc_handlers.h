@@ -29,15 +29,15 @@ typedef struct ferry_disp_binding_s {
   int method;
 } ferry_disp_binding_t;
 
-/* A worker heartbeat held back (long poll); private to rpc_handlers.c. */
+/* A worker heartbeat held back (long poll); private to rpc_wait.c. */
 typedef struct ferry_disp_wait_s ferry_disp_wait_t;
 
 /* A RegisterDataset call whose file I/O runs on libuv's thread pool;
- * private to rpc_handlers.c. */
+ * private to rpc_register.c. */
 typedef struct ferry_disp_regcall_s ferry_disp_regcall_t;
 
 /* An answer held until the journal is durable up to its position;
- * private to rpc_handlers.c. */
+ * private to rpc_commit.c. */
 typedef struct ferry_disp_held_s ferry_disp_held_t;
 
 /* RegisterDataset calls in progress at once; more are refused with
@@ -57,7 +57,7 @@ struct ferry_disp_service_s {
   bool failed; /* the state could not be rebuilt: the daemon stops */
   ferry_disp_binding_t bindings[FERRY_DISP_N_METHODS];
 
-  /* Group commit (rpc_handlers.c): answers held in journal order, the
+  /* Group commit (rpc_commit.c): answers held in journal order, the
    * batch in flight, and compaction once the journal exceeds
    * max(compact_bytes, 2 x the last snapshot) (0: never). */
   ferry_disp_held_t *held, **held_tail;
