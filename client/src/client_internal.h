@@ -626,4 +626,26 @@ ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
 uint64_t ferry__client_rk_steps(const ferry_client_t *c, uint32_t epoch);
 uint64_t ferry__client_rk_records(const ferry_client_t *c, uint32_t epoch);
 
+/* ---- The client's files (client_core.c, client_heartbeat.c,
+ * client_streams.c) ------------------------------------------------------- */
+
+/* Packs a protobuf-c message into a ferry__malloc'd buffer (NULL: out of
+ * memory). */
+uint8_t *ferry__client_pack(const ProtobufCMessage *m, size_t *len);
+/* One ClientHeartbeat (`leaving`: the goodbye); applies the answer, which
+ * *out receives when not NULL. Returns 0 or the RPC's error. */
+int ferry__client_heartbeat(ferry_client_t *c, bool leaving,
+                            int deadline_ms,
+                            Ferry__V1__ClientHeartbeatResponse **out,
+                            uint64_t *records, ferry_error_t *err);
+/* The heartbeat thread. */
+void *ferry__client_hb_main(void *arg);
+/* Keeps one stream per worker the client's splits are leased to, none to
+ * workers gone (heartbeat thread). */
+void ferry__client_sync_workers(ferry_client_t *c,
+                                const Ferry__V1__ClientHeartbeatResponse *r);
+/* Stops a reader (cancel, wake, join) and frees its stream; the entry is
+ * already out of c->workers (heartbeat thread or free). */
+void ferry__client_worker_free(ferry_client_t *c, ferry__worker_t *w);
+
 #endif /* FERRY_CLIENT_INTERNAL_H */
