@@ -182,8 +182,15 @@ static int need(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
     return 0;
   }
   size_t want = n > WINDOW_MIN ? n : WINDOW_MIN;
-  if (!FERRY__GROW(p->win, p->win_cap, want, WINDOW_MIN))
-    return ferry__seterr(err, FERRY_ENOMEM, "chunk: out of memory");
+  /* A scratch window of exactly what is asked for (not array growth: a
+   * big record's window should not cost twice its size). */
+  if (want > p->win_cap) {
+    uint8_t *w = ferry__realloc(p->win, want);
+    if (w == NULL)
+      return ferry__seterr(err, FERRY_ENOMEM, "chunk: out of memory");
+    p->win = w;
+    p->win_cap = want;
+  }
   /* Copy what was asked for (at least a small window), not the whole
    * capacity: after a large packed field the next refill is the payload's
    * tag, and the payload itself must not pass through here. */
