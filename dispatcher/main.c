@@ -1,5 +1,5 @@
 /* ferry-dispatcher: the control-plane daemon. One libuv loop owns the
- * state machine (state.h); the gRPC layer hands it calls (rpc_handlers.c),
+ * state machine (state.h); the gRPC layer hands it calls (rpc_*.c),
  * a timer runs timeouts and GC, and SIGTERM/SIGINT shut it down. */
 #include <inttypes.h>
 #include <signal.h>
@@ -241,7 +241,7 @@ static void on_tick(uv_timer_t *t) {
     return;
   }
   /* After a failed batch the state was rebuilt from disk and its boot
-   * entry waits for the first mutating call (rpc_handlers.c, rebuild()):
+   * entry waits for the first mutating call (rpc_commit.c, rebuild()):
    * until then no lease may be issued under the old boot number, so the
    * timer's timeouts and leasing wait too (the disk is likely still
    * full; reads are answered meanwhile). */

@@ -297,7 +297,7 @@ struct ferry__wtask_s {
   uint64_t skipped;
   bool finished;
   int error_code;
-  bool worker_fault; /* error_code is this worker's fault (tasks.c) */
+  bool worker_fault; /* error_code is this worker's fault (run.c) */
   char error[512];
 };
 

@@ -2,8 +2,9 @@
  *
  * The control plane (registration, heartbeats, leases) stays on gRPC
  * (ferry/rpc.h). Only the chunk stream (today Worker/StreamChunks) goes
- * through this header, so that worker/stream.c and client/src/client_core.c
- * name no transport. An implementation is a const table of function
+ * through this header: worker/stream.c and client/src/client_streams.c
+ * open, send and read streams only through it (the choice of a transport
+ * still names UCX there). An implementation is a const table of function
  * pointers with a name: ferry_transport_grpc ("grpc", over ferry/rpc.h,
  * keeping its TLS and bearer tokens) and, when built with UCX,
  * ferry_transport_ucx ("ucx", UCP). ferry_transport_find picks one by name.

@@ -44,7 +44,7 @@ int ferry_err_from_errno(int errnum) {
   case ETIMEDOUT: return FERRY_ETIMEDOUT;
   case ECANCELED: return FERRY_ECANCELED;
   /* Kept apart from EIO: a worker out of descriptors gives its split
-   * back instead of failing the job (worker/tasks.c). */
+   * back instead of failing the job (worker/run.c). */
   case EMFILE: return FERRY_EMFILE;
   case ENFILE: return FERRY_ENFILE;
   default: return FERRY_EIO;
