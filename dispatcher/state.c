@@ -132,7 +132,7 @@ void ferry__disp_free_contents(ferry_disp_t *d) {
     ferry__disp_free_job(d->jobs[i]);
   for (size_t i = 0; i < d->nworkers; i++) {
     ferry__free(d->workers[i]->address);
-    ferry__free(d->workers[i]->ucx_address);
+    ferry__free(d->workers[i]->endpoints);
     ferry__disp_free_unreachable(d->workers[i]);
     ferry__free(d->workers[i]);
   }

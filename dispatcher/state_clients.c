@@ -166,8 +166,8 @@ static int fill_workers(ferry_disp_t *d, Ferry__V1__ClientHeartbeatResponse *r,
     ferry__v1__worker_info__init(wi);
     wi->worker_id = d->workers[i]->id;
     wi->address = d->workers[i]->address;
-    wi->ucx_address.data = d->workers[i]->ucx_address;
-    wi->ucx_address.len = d->workers[i]->ucx_address_len;
+    wi->endpoints = d->workers[i]->endpoints;
+    wi->n_endpoints = d->workers[i]->n_endpoints;
     r->workers[r->n_workers++] = wi;
   }
   return 0;

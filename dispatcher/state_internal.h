@@ -250,10 +250,12 @@ typedef struct unreach_s {
 typedef struct worker_s {
   uint64_t id;
   char *address;
-  /* The UCP worker address its last heartbeat advertised
-   * (volatile, not journaled: every heartbeat carries it); 0: no UCX. */
-  uint8_t *ucx_address;
-  size_t ucx_address_len;
+  /* The transport endpoints its last heartbeat published, as client
+   * heartbeats relay them (volatile, not journaled: every heartbeat
+   * carries them); one allocation holding the messages and their bytes,
+   * freed with ferry__free(endpoints). */
+  Ferry__V1__TransportEndpoint **endpoints;
+  size_t n_endpoints;
   bool lost;
   bool left; /* lost after a heartbeat that said draining: it exited */
   bool draining;

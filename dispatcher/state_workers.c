@@ -302,19 +302,73 @@ static int check_address(const char *address, ferry_error_t *err) {
                                "worker address", err);
 }
 
-/* Keeps the UCX address a heartbeat advertised. */
-static int set_ucx_address(worker_t *w, const ProtobufCBinaryData *a) {
-  if (a->len == w->ucx_address_len &&
-      (a->len == 0 || memcmp(a->data, w->ucx_address, a->len) == 0))
+/* The endpoints a heartbeat published, as the seam checks them. */
+static int published(const Ferry__V1__WorkerHeartbeatRequest *req,
+                     ferry_transport_endpoint_t *out, ferry_error_t *err) {
+  if (req->n_endpoints > FERRY_TRANSPORT_ENDPOINTS_MAX)
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: %zu "
+                         "endpoints, over %d", req->n_endpoints,
+                         FERRY_TRANSPORT_ENDPOINTS_MAX);
+  for (size_t i = 0; i < req->n_endpoints; i++) {
+    const Ferry__V1__TransportEndpoint *e = req->endpoints[i];
+    out[i].transport = e->transport != NULL ? e->transport : "";
+    out[i].transport_len = strlen(out[i].transport);
+    out[i].address = e->address.data;
+    out[i].address_len = e->address.len;
+  }
+  int rc = ferry_transport_endpoints_check(out, req->n_endpoints, err);
+  return rc != 0 ? ferry__prefixerr(err, "worker heartbeat") : 0;
+}
+
+static bool same_endpoints(const worker_t *w,
+                           const ferry_transport_endpoint_t *e, size_t n) {
+  if (n != w->n_endpoints)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    const Ferry__V1__TransportEndpoint *k = w->endpoints[i];
+    if (strlen(k->transport) != e[i].transport_len ||
+        memcmp(k->transport, e[i].transport, e[i].transport_len) != 0 ||
+        k->address.len != e[i].address_len ||
+        (e[i].address_len > 0 &&
+         memcmp(k->address.data, e[i].address, e[i].address_len) != 0))
+      return false;
+  }
+  return true;
+}
+
+/* Keeps the endpoints a heartbeat published, as the messages client
+ * heartbeats relay (one allocation: pointers, messages, bytes). */
+static int set_endpoints(worker_t *w, const ferry_transport_endpoint_t *e,
+                         size_t n) {
+  if (same_endpoints(w, e, n))
     return 0;
-  uint8_t *copy = NULL;
-  if (a->len > 0 && (copy = ferry__malloc(a->len)) == NULL)
+  size_t bytes = n * (sizeof(void *) + sizeof(Ferry__V1__TransportEndpoint));
+  for (size_t i = 0; i < n; i++)
+    bytes += e[i].transport_len + 1 + e[i].address_len;
+  void *block = NULL;
+  if (n > 0 && (block = ferry__malloc(bytes)) == NULL)
     return FERRY_ENOMEM;
-  if (a->len > 0)
-    memcpy(copy, a->data, a->len);
-  ferry__free(w->ucx_address);
-  w->ucx_address = copy;
-  w->ucx_address_len = a->len;
+  Ferry__V1__TransportEndpoint **ptrs = block;
+  Ferry__V1__TransportEndpoint *msgs =
+      (Ferry__V1__TransportEndpoint *)(ptrs + n);
+  char *p = (char *)(msgs + n);
+  for (size_t i = 0; i < n; i++) {
+    ferry__v1__transport_endpoint__init(&msgs[i]);
+    memcpy(p, e[i].transport, e[i].transport_len);
+    p[e[i].transport_len] = '\0';
+    msgs[i].transport = p;
+    p += e[i].transport_len + 1;
+    if (e[i].address_len > 0) {
+      memcpy(p, e[i].address, e[i].address_len);
+      msgs[i].address.data = (uint8_t *)p;
+      msgs[i].address.len = e[i].address_len;
+      p += e[i].address_len;
+    }
+    ptrs[i] = &msgs[i];
+  }
+  ferry__free(w->endpoints);
+  w->endpoints = ptrs;
+  w->n_endpoints = n;
   return 0;
 }
 
@@ -331,10 +385,9 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
     return rc;
   if (req->address == NULL || req->address[0] == '\0')
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: no address");
-  if (req->ucx_address.len > FERRY_TRANSPORT_ADDRESS_MAX)
-    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: UCX address "
-                         "of %zu bytes, over %d", req->ucx_address.len,
-                         FERRY_TRANSPORT_ADDRESS_MAX);
+  ferry_transport_endpoint_t endpoints[FERRY_TRANSPORT_ENDPOINTS_MAX];
+  if ((rc = published(req, endpoints, err)) != 0)
+    return rc;
   if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: over %d tasks",
                          FERRY_DISP_MAX_PROGRESS);
@@ -356,7 +409,7 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if (req->draining && !w->draining)
     FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " is draining", w->id);
   w->draining = req->draining;
-  if (set_ucx_address(w, &req->ucx_address) != 0)
+  if (set_endpoints(w, endpoints, req->n_endpoints) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   w->unfinished = 0;
   for (size_t i = 0; i < req->n_tasks; i++)

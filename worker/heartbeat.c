@@ -174,8 +174,8 @@ static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   req.buffer_bytes = w->pool.cap;
   req.buffer_free_bytes = used < w->pool.cap ? w->pool.cap - used : 0;
   req.draining = final || atomic_load(&w->draining);
-  req.ucx_address.data = w->ucx_address;
-  req.ucx_address.len = w->ucx_address_len;
+  req.endpoints = w->endpoints;
+  req.n_endpoints = w->n_endpoints;
   rc = ferry__wtasks_report(&w->tasks, &req, &mem);
   if (rc != 0)
     return ferry__seterr(err, rc, "heartbeat: out of memory");

@@ -2,9 +2,9 @@
  *
  * Pipeline threads push finished chunks into the inbox; the loop moves
  * them into one FIFO per (job, client), where they wait for that client's
- * stream, opened through a transport (ferry/transport.h: gRPC's
- * Worker/StreamChunks, or UCX). Each stream has at most the transport's
- * window of sends in flight; on_sent sends the next chunk. Chunks queued
+ * stream, opened through any registered transport (ferry/transport.h).
+ * Each stream has at most the transport's window of sends in flight;
+ * on_sent sends the next chunk. Chunks queued
  * before the stream opens, or while a client reconnects, wait in the
  * queue (the pool bounds them); chunks of cancelled tasks are dropped when
  * the inbox is drained or a purge is asked for.
@@ -251,12 +251,12 @@ static void send_next(ferry__wqueue_t *q) {
 /* After a purge: a stream with sends in flight but no live task left
  * (the dispatcher took the client's splits: a stalled client, a lost
  * lease) is ended. Its in-flight chunks are of leases that ended, and a
- * client whose reader is blocked never completes them: over UCX it holds
- * the rendezvous payloads, i.e. pool memory every other stream waits for
- * (one chunk block may be larger than the whole pool). Ending the stream
- * with an error makes the transport give them back (UCX: AM_END at once,
- * the client drops what it holds); the client reopens a stream for what
- * it is given next. */
+ * client whose reader is blocked never completes them: a transport whose
+ * client pulls payloads (rendezvous) holds them, i.e. pool memory every
+ * other stream waits for (one chunk block may be larger than the whole
+ * pool). Ending the stream with an error makes the transport give them
+ * back (its end reaches the client at once, which drops what it holds);
+ * the client reopens a stream for what it is given next. */
 static void queue_reclaim(ferry__wqueue_t *q) {
   if (q->call == NULL || q->sending == 0 || q->head != NULL ||
       q->key == NULL || ferry__wpool_key_tasks(&q->w->pool, q->key) > 0)
@@ -362,6 +362,31 @@ static void on_stream(ferry_transport_stream_t *call,
   queue_mark(q, false);
 }
 
+/* Publishes transport `i`'s endpoint (its address, if it needs one). */
+static void publish(ferry__worker_t *w, size_t i) {
+  const ferry_transport_ops_t *ops = ferry_transport_at(i);
+  size_t n = 0;
+  const void *a = ferry_transport_server_address(w->transports[i], &n);
+  if ((ops->caps & FERRY_TRANSPORT_NEEDS_ADDRESS) &&
+      (n == 0 || n > FERRY_TRANSPORT_ADDRESS_MAX)) {
+    FERRY_LOG(FERRY_LOG_WARN, "worker: transport %s: an address of %zu "
+              "bytes (1 to %d expected): not published, clients use the "
+              "others", ops->name, n, FERRY_TRANSPORT_ADDRESS_MAX);
+    return;
+  }
+  Ferry__V1__TransportEndpoint *e = &w->endpoint_msgs[w->n_endpoints];
+  ferry__v1__transport_endpoint__init(e);
+  e->transport = (char *)ops->name;
+  e->address.data = (uint8_t *)a;
+  e->address.len = n;
+  w->endpoints[w->n_endpoints++] = e;
+}
+
+/* Starts every registered transport. One that needs no address is
+ * reached at the worker's gRPC address, which clients count on: its
+ * failure fails the worker. One that needs an address is published only
+ * when it started (clients on auto use the others; those asking for it
+ * by name are told why). */
 int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
   ferry_transport_server_config_t cfg = {0};
   cfg.loop = w->loop;
@@ -369,35 +394,26 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
   cfg.on_open = on_stream;
   cfg.user = w;
   cfg.host = w->cfg.host;
-  int rc = ferry_transport_grpc.server_new(&cfg, &w->transports[0], err);
-#ifdef FERRY_HAVE_UCX
-  /* UCX next to gRPC; a worker without it serves gRPC only
-   * (clients on auto fall back, ucx ones are told why). */
-  if (rc == 0) {
+  for (size_t i = 0; i < ferry_transport_count(); i++) {
+    const ferry_transport_ops_t *ops = ferry_transport_at(i);
+    bool required = !(ops->caps & FERRY_TRANSPORT_NEEDS_ADDRESS);
     ferry_error_t e;
-    if (ferry_transport_ucx.server_new(&cfg, &w->transports[1], &e) != 0) {
-      FERRY_LOG(FERRY_LOG_WARN, "worker: UCX unavailable, serving chunks "
-                "over gRPC only: %s", e.msg);
-    } else {
-      size_t n;
-      const void *a = ferry_transport_server_address(w->transports[1], &n);
-      if (n <= sizeof(w->ucx_address)) {
-        memcpy(w->ucx_address, a, n);
-        w->ucx_address_len = n;
-      } else {
-        FERRY_LOG(FERRY_LOG_WARN, "worker: UCX address of %zu bytes is "
-                  "over %d: not advertised, clients use gRPC", n,
-                  FERRY_TRANSPORT_ADDRESS_MAX);
-      }
+    if (ops->server_new(&cfg, &w->transports[i], required ? err : &e) != 0) {
+      if (required)
+        return ferry__prefixerr(err, "transport %s", ops->name);
+      FERRY_LOG(FERRY_LOG_WARN, "worker: transport %s unavailable, not "
+                "published: %s", ops->name, e.msg);
+      continue;
     }
+    publish(w, i);
   }
-#endif
-  return rc;
+  return 0;
 }
 
 /* After the gRPC server's shutdown: no stream is open any more. */
 static void transports_shutdown(ferry__worker_t *w) {
-  for (size_t i = 0; i < FERRY__WTRANSPORTS; i++) {
+  w->n_endpoints = 0; /* their addresses go with the servers */
+  for (size_t i = 0; i < FERRY_TRANSPORTS_MAX; i++) {
     ferry_transport_server_t *t = w->transports[i];
     w->transports[i] = NULL;
     if (t != NULL)

@@ -431,8 +431,6 @@ void ferry__wshuffle(uint64_t *out, uint64_t n, bool shuffle, uint64_t seed,
 
 typedef struct ferry__wqueue_s ferry__wqueue_t;
 
-/* Transports a worker serves at most (gRPC, UCX). */
-#define FERRY__WTRANSPORTS 2
 
 typedef struct ferry__worker_s {
   ferry__wconfig_t cfg;
@@ -455,13 +453,14 @@ typedef struct ferry__worker_s {
 
   ferry__wqueue_t *queues; /* loop-owned */
   uint64_t call_gen;       /* loop-owned: numbers the streams opened */
-  /* The data-plane transports clients open streams through (stream.c):
-   * [0] gRPC's StreamChunks on `server`, then the others built in. */
-  ferry_transport_server_t *transports[FERRY__WTRANSPORTS];
-  /* The UCX transport's worker address (length 0 without UCX),
-   * copied once at start for the heartbeats that advertise it. */
-  uint8_t ucx_address[FERRY_TRANSPORT_ADDRESS_MAX];
-  size_t ucx_address_len;
+  /* The data-plane transports clients open streams through (stream.c),
+   * by registry position (NULL: it did not start), and the endpoints the
+   * heartbeats publish for them (set once at start; their addresses
+   * point into the servers, valid until transports_shutdown). */
+  ferry_transport_server_t *transports[FERRY_TRANSPORTS_MAX];
+  Ferry__V1__TransportEndpoint endpoint_msgs[FERRY_TRANSPORTS_MAX];
+  Ferry__V1__TransportEndpoint *endpoints[FERRY_TRANSPORTS_MAX];
+  size_t n_endpoints;
   bool stopping;           /* loop-owned */
   bool server_done;
   uv_signal_t sigterm, sigint;

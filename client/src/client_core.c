@@ -679,7 +679,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   c->tls_ca = dup_opt(opts->tls_ca, &nomem);
   c->tls_cert = dup_opt(opts->tls_cert, &nomem);
   c->tls_key = dup_opt(opts->tls_key, &nomem);
-  /* The data-plane transport. FERRY_TRANSPORT (auto, grpc, ucx)
+  /* The data-plane transport. FERRY_TRANSPORT (auto or a name)
    * stands in for the job's option when that is unset, so a whole test
    * suite or a deployment can be switched without code. */
   c->transport = dup_opt(opts->transport != NULL && opts->transport[0] != '\0'
@@ -704,8 +704,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
     goto fail;
   }
-  if (c->transport != NULL && c->transport[0] != '\0' &&
-      ferry_transport_choose(c->transport, true, NULL, 0, err) == NULL) {
+  if ((rc = ferry_transport_want_check(c->transport, err)) != 0) {
     rc = ferry__prefixerr(err, "client");
     goto fail;
   }
@@ -812,10 +811,10 @@ void ferry_client_free(ferry_client_t *c) {
    * heartbeat and reader threads do not exist (joining them hangs), the
    * gRPC channel's sockets and epoll set are shared (a goodbye heartbeat
    * from the child broke the parent's connection, and gRPC's state without
-   * its threads crashed the child), UCX and CUDA objects are the parent's,
-   * and `mu` may have been held by a parent thread at the fork. So the
-   * child leaks the client deliberately: its pages are the parent's,
-   * copy-on-write, and cost nothing until written. */
+   * its threads crashed the child), transport and CUDA objects are the
+   * parent's, and `mu` may have been held by a parent thread at the
+   * fork. So the child leaks the client deliberately: its pages are the
+   * parent's, copy-on-write, and cost nothing until written. */
   if (ferry__client_forked(c, NULL) != 0)
     return;
   if (c->slots != NULL) {
@@ -856,13 +855,13 @@ void ferry_client_free(ferry_client_t *c) {
   for (size_t i = 0; i < c->n_workers; i++)
     ferry__client_worker_free(c, c->workers[i]);
   ferry__free(c->workers);
-  for (size_t i = 0; i < 2; i++)
+  for (size_t i = 0; i < FERRY_TRANSPORTS_MAX; i++)
     if (c->transports[i] != NULL)
       c->transports[i]->ops->client_free(c->transports[i]);
   ferry__free(c->transport);
-  for (size_t i = 0; i < c->n_ucx_failed; i++)
-    ferry__free(c->ucx_failed[i]);
-  ferry__free(c->ucx_failed);
+  for (size_t i = 0; i < c->n_fallbacks; i++)
+    ferry__free(c->fallbacks[i].address);
+  ferry__free(c->fallbacks);
   ferry_rpc_channel_free(c->dch);
   if (c->rpc_inited) {
     ferry_rpc_shutdown();

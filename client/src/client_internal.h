@@ -179,6 +179,7 @@ typedef struct ferry__worker_s {
   uint64_t worker_id;
   char *address;
   ferry_transport_cstream_t *stream; /* through c->transports[] */
+  int transport;                     /* its registry position */
   pthread_t thread;
   bool thread_started;
   bool stop;  /* asked to end (mu) */
@@ -305,8 +306,8 @@ struct ferry_client_s {
   struct ferry__stg_gpu_s *gpu; /* GPU staging's device side */
   size_t out_bytes;             /* a full batch's output */
 
-  /* Lock order: mu and the transports' locks (the UCX transport's
-   * client mutex) are never held together. Every call into a transport
+  /* Lock order: mu and the transports' locks (a transport's client
+   * mutex) are never held together. Every call into a transport
    * (next, copy, release, cancel, free; a chunk's copy into a slot too)
    * is made with mu dropped, and a transport calls nothing of the
    * client's while it holds its own. */
@@ -407,17 +408,22 @@ struct ferry_client_s {
   ferry_rpc_options_t rpc_opts;
   uint8_t secret[FERRY_CLIENT_SECRET_BYTES];
   bool has_secret;
-  /* The data-plane transport the job asks for ("auto", "grpc",
-   * "ucx"; NULL: auto) and one client context per transport, made when a
-   * stream first needs it (heartbeat thread; freed last). */
+  /* The data-plane transport the job asks for ("auto" or a registered
+   * name; NULL: auto) and one client context per transport, by registry
+   * position, made when a stream first needs it (heartbeat thread; freed
+   * last). */
   char *transport;
-  ferry_transport_client_t *transports[2];
-  char transport_why[128]; /* the last choice logged (heartbeat thread) */
-  /* Workers (by address) whose UCX stream failed before its first chunk
-   * (e.g. the worker cannot map this process's shared memory): in auto
-   * mode they are served over gRPC from then on (mu). */
-  char **ucx_failed;
-  size_t n_ucx_failed, cap_ucx_failed;
+  ferry_transport_client_t *transports[FERRY_TRANSPORTS_MAX];
+  char transport_why[160]; /* the last choice logged (heartbeat thread) */
+  /* Workers (by address) and the transports (a bit per registry
+   * position) whose streams to them fell back: they failed before their
+   * first chunk (ferry_transport_falls_back), and auto avoids them for
+   * that worker from then on (mu). */
+  struct ferry__fallback_s {
+    char *address;
+    uint32_t failed;
+  } *fallbacks;
+  size_t n_fallbacks, cap_fallbacks;
   /* Workers this client cannot reach (mu). */
   ferry__unreach_t unreach[FERRY__UNREACH_MAX];
   uint32_t n_unreach;

@@ -1,7 +1,8 @@
-/* The client's worker streams: which transport reaches each worker (and
- * the workers it could not reach), the reader thread per stream that
- * parses chunks and hands them to the assembler (client_assemble.c), and
- * the set of streams kept in step with the dispatcher's view.
+/* The client's worker streams: which transport reaches each worker (the
+ * seam's choice, and the transports that fell back), the workers it could
+ * not reach, the reader thread per stream that parses chunks and hands
+ * them to the assembler (client_assemble.c), and the set of streams kept
+ * in step with the dispatcher's view.
  */
 #include <inttypes.h>
 #include <protobuf-c/protobuf-c.h>
@@ -23,27 +24,32 @@ static size_t tmsg_copy(const ferry_chunk_src_t *src, size_t off, void *dst,
   return m->copy(m, off, dst, n);
 }
 
-/* True when `address` is on the list of workers whose UCX stream failed
- * before its first chunk (mu held). */
-static bool ucx_failed_locked(const ferry_client_t *c, const char *address) {
-  for (size_t i = 0; i < c->n_ucx_failed; i++)
-    if (strcmp(c->ucx_failed[i], address) == 0)
-      return true;
-  return false;
+/* The transports whose streams to `address` fell back (mu held). */
+static uint32_t fallbacks_locked(const ferry_client_t *c,
+                                 const char *address) {
+  for (size_t i = 0; i < c->n_fallbacks; i++)
+    if (strcmp(c->fallbacks[i].address, address) == 0)
+      return c->fallbacks[i].failed;
+  return 0;
 }
 
-/* Puts `address` on that list (mu held; out of memory: the next stream
- * tries UCX again, which fails the same way). */
-static void ucx_failed_add_locked(ferry_client_t *c, const char *address) {
-  if (ucx_failed_locked(c, address))
-    return;
+/* Adds transport `index` to them (mu held; out of memory: the next
+ * stream tries it again, which fails the same way). */
+static void fallback_add_locked(ferry_client_t *c, const char *address,
+                                int index) {
+  for (size_t i = 0; i < c->n_fallbacks; i++)
+    if (strcmp(c->fallbacks[i].address, address) == 0) {
+      c->fallbacks[i].failed |= 1u << index;
+      return;
+    }
   char *a = ferry__strdup(address);
   if (a == NULL ||
-      !FERRY__GROW(c->ucx_failed, c->cap_ucx_failed, c->n_ucx_failed + 1, 4)) {
+      !FERRY__GROW(c->fallbacks, c->cap_fallbacks, c->n_fallbacks + 1, 4)) {
     ferry__free(a);
     return;
   }
-  c->ucx_failed[c->n_ucx_failed++] = a;
+  c->fallbacks[c->n_fallbacks].address = a;
+  c->fallbacks[c->n_fallbacks++].failed = 1u << index;
 }
 
 /* ---- Workers the client cannot reach ------------------------------------ */
@@ -117,11 +123,6 @@ void ferry__client_why_locked(const ferry_client_t *c, char *out,
   }
 }
 
-static bool transport_is_auto(const ferry_client_t *c) {
-  return c->transport == NULL || c->transport[0] == '\0' ||
-         strcmp(c->transport, "auto") == 0;
-}
-
 static void *reader_main(void *arg) {
   ferry__worker_t *w = arg;
   ferry_client_t *c = w->client;
@@ -141,14 +142,12 @@ static void *reader_main(void *arg) {
       if (rc != FERRY_EOF && !asked_to_stop) {
         FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
                   e.msg);
-        /* A UCX stream that failed before its first chunk most likely
-         * cannot work between these two processes (another user's
-         * shared memory, no common UCX transport): auto mode serves this
-         * worker over gRPC from now on (pick_transport says so). */
-        if (chunks == 0 && transport_is_auto(c) &&
-            w->stream->ops != &ferry_transport_grpc) {
+        /* The seam's fallback rule (ferry/transport.h, "Choosing"):
+         * pick_transport avoids this transport for this worker. */
+        if (ferry_transport_falls_back(c->transport, w->transport,
+                                       chunks)) {
           pthread_mutex_lock(&c->mu);
-          ucx_failed_add_locked(c, w->address);
+          fallback_add_locked(c, w->address, w->transport);
           pthread_mutex_unlock(&c->mu);
         }
         /* If the worker is alive it goes on with later chunks on the
@@ -161,12 +160,13 @@ static void *reader_main(void *arg) {
          * (a wrong --advertise, a certificate without its address); the
          * dispatcher hears of it (ClientHeartbeatRequest.unreachable). A
          * worker's refusal of a cancelled or replaced stream is no sign.
-         * A UCX stream counts too: its control call goes to the same gRPC
-         * address. Counting only gRPC streams, a client on auto whose
-         * first stream (UCX) failed could see one gRPC failure before the
-         * dispatcher's backoff kept the worker's leases away, and never
-         * report it. A worker that only cannot reach our UCX address is
-         * reached over gRPC next (auto), whose first chunk clears it. */
+         * Every transport's stream counts: each opens through the
+         * worker's gRPC address. Counting only some, a client on auto
+         * whose first stream (a preferred transport) failed could see
+         * one more failure before the dispatcher's backoff kept the
+         * worker's leases away, and never report it. A worker that only
+         * cannot reach us on the preferred transport is reached on the
+         * next one (auto), whose first chunk clears it. */
         if (chunks == 0 &&
             (rc == FERRY_EGRPC_UNAVAILABLE ||
              rc == FERRY_EGRPC_UNAUTHENTICATED ||
@@ -235,58 +235,45 @@ void ferry__client_worker_free(ferry_client_t *c, ferry__worker_t *w) {
   ferry__free(w);
 }
 
-/* The transport for a stream to a worker that offers `peer_address`
- * bytes besides its gRPC address (UCX's), and that transport's client
+/* The transport for a stream to a worker that published `offered`
+ * endpoints (ferry_transport_choose), and that transport's client
  * context. Logs the choice when it changes. Heartbeat thread. */
 static int pick_transport(ferry_client_t *c, const char *address,
-                          bool peer_has_ucx,
+                          const ferry_transport_endpoint_t *offered,
+                          size_t n_offered, ferry_transport_choice_t *choice,
                           ferry_transport_client_t **out, ferry_error_t *e) {
-  char why[sizeof(c->transport_why)];
-  const char *want = c->transport;
-  const ferry_transport_ops_t *ops;
-  bool automatic = transport_is_auto(c);
   pthread_mutex_lock(&c->mu);
-  bool ucx_failed = ucx_failed_locked(c, address);
+  uint32_t failed = fallbacks_locked(c, address);
   pthread_mutex_unlock(&c->mu);
-  if (automatic && c->rpc_opts.tls != NULL && peer_has_ucx) {
-    /* UCX carries no TLS: a client configured for it stays on gRPC unless
-     * the job asks for ucx by name. */
-    ops = &ferry_transport_grpc;
-    snprintf(why, sizeof(why), "auto: grpc, TLS is configured and UCX "
-             "does not encrypt");
-  } else if (automatic && peer_has_ucx && ucx_failed) {
-    ops = &ferry_transport_grpc;
-    snprintf(why, sizeof(why), "auto: grpc, the UCX stream to this worker "
-             "failed before its first chunk");
-  } else {
-    ops = ferry_transport_choose(want, peer_has_ucx, why, sizeof(why), e);
-  }
-  if (ops == NULL)
+  int rc = ferry_transport_choose(c->transport, c->rpc_opts.tls != NULL,
+                                  offered, n_offered, failed, choice, e);
+  if (rc != 0)
     return ferry__prefixerr(e, "worker %s", address);
-  if (strcmp(why, c->transport_why) != 0) {
+  if (strcmp(choice->why, c->transport_why) != 0) {
     FERRY_LOG(FERRY_LOG_INFO, "client: worker %s: transport %s", address,
-              why);
-    memcpy(c->transport_why, why, sizeof(why));
+              choice->why);
+    snprintf(c->transport_why, sizeof(c->transport_why), "%s", choice->why);
   }
-  size_t k = ops == &ferry_transport_grpc ? 0 : 1;
-  if (c->transports[k] == NULL) {
+  const ferry_transport_ops_t *ops = ferry_transport_at((size_t)choice->index);
+  ferry_transport_client_t **tc = &c->transports[choice->index];
+  if (*tc == NULL) {
     ferry_transport_client_config_t cfg = {0};
     cfg.rpc_opts = &c->rpc_opts;
     cfg.peer_timeout_ms = (int)c->client_timeout_ms;
-    int rc = ops->client_new(&cfg, &c->transports[k], e);
-    if (rc != 0)
+    if ((rc = ops->client_new(&cfg, tc, e)) != 0)
       return ferry__prefixerr(e, "transport %s", ops->name);
   }
-  *out = c->transports[k];
+  *out = *tc;
   return 0;
 }
 
 /* Opens the chunk stream to `address` and starts its reader. */
 static int worker_start(ferry_client_t *c, uint64_t worker_id,
-                        const char *address, const void *peer_address,
-                        size_t peer_address_len) {
+                        const char *address,
+                        const ferry_transport_endpoint_t *offered,
+                        size_t n_offered) {
   ferry_transport_open_t req = {0};
-  ferry_transport_peer_t peer = {address, peer_address, peer_address_len};
+  ferry_transport_choice_t choice;
   ferry_transport_client_t *tc = NULL;
   ferry_error_t e;
   ferry__worker_t *w = ferry__calloc(1, sizeof(*w));
@@ -301,9 +288,13 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   req.client_id = c->client_id;
   if (c->has_secret)
     req.secret = c->secret;
-  int rc = pick_transport(c, address, peer_address_len > 0, &tc, &e);
-  if (rc == 0)
+  int rc = pick_transport(c, address, offered, n_offered, &choice, &tc, &e);
+  if (rc == 0) {
+    ferry_transport_peer_t peer = {address, choice.address,
+                                   choice.address_len};
+    w->transport = choice.index;
     rc = tc->ops->open(tc, &peer, &req, &w->stream, &e);
+  }
   if (rc == 0 && pthread_create(&w->thread, NULL, reader_main, w) != 0)
     rc = ferry__seterr(&e, FERRY_ENOMEM, "cannot start a reader thread");
   if (rc == 0)
@@ -324,6 +315,25 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
     ferry__client_worker_free(c, w);
   }
   return rc;
+}
+
+/* A live worker's published endpoints, as the seam reads them (at most
+ * FERRY_TRANSPORT_ENDPOINTS_MAX: the dispatcher checked them). */
+static size_t endpoints_of(const Ferry__V1__WorkerInfo *wi,
+                           ferry_transport_endpoint_t *out) {
+  size_t n = 0;
+  for (size_t i = 0;
+       i < wi->n_endpoints && n < FERRY_TRANSPORT_ENDPOINTS_MAX; i++) {
+    const Ferry__V1__TransportEndpoint *e = wi->endpoints[i];
+    if (e->transport == NULL)
+      continue;
+    out[n].transport = e->transport;
+    out[n].transport_len = strlen(e->transport);
+    out[n].address = e->address.data;
+    out[n].address_len = e->address.len;
+    n++;
+  }
+  return n;
 }
 
 /* stopping is written under mu by the closing thread. */
@@ -378,16 +388,16 @@ void ferry__client_sync_workers(ferry_client_t *c,
     }
     pthread_mutex_unlock(&c->mu);
     ferry__client_worker_free(c, dead);
-    /* The worker's UCX address, from the live workers list. */
-    const ProtobufCBinaryData *ucx = NULL;
+    /* The worker's endpoints, from the live workers list. */
+    ferry_transport_endpoint_t offered[FERRY_TRANSPORT_ENDPOINTS_MAX];
+    size_t n_offered = 0;
     for (size_t k = 0; k < r->n_workers && found == NULL; k++)
       if (r->workers[k]->address != NULL &&
           strcmp(r->workers[k]->address, a->worker_address) == 0)
-        ucx = &r->workers[k]->ucx_address;
+        n_offered = endpoints_of(r->workers[k], offered);
     if (found == NULL &&
-        worker_start(c, a->worker_id, a->worker_address,
-                     ucx != NULL ? ucx->data : NULL,
-                     ucx != NULL ? ucx->len : 0) == 0) {
+        worker_start(c, a->worker_id, a->worker_address, offered,
+                     n_offered) == 0) {
       pthread_mutex_lock(&c->mu);
       c->workers[c->n_workers - 1]->seen = true;
       pthread_mutex_unlock(&c->mu);

@@ -12,6 +12,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
+#include "ferry/transport.h"
 #include <sys/stat.h>
 
 #include "fixture.h"
@@ -2495,4 +2496,93 @@ Test(dispatcher, a_client_that_has_not_read_is_bound_few_rows) {
   uint64_t prog[4] = {0, c->assignments[0]->split, 2, 0};
   c = fx_client(D, k->job_id, k->client_id, 4096, prog, 1, false, 60);
   cr_assert_eq(c->n_assignments, 40);
+}
+
+/* A worker's transport endpoints reach clients as the worker published
+ * them, whatever their names (the dispatcher knows no transport), a
+ * change replaces them, and a list over the seam's bounds is refused
+ * before any change, naming the endpoint and the field. */
+Test(dispatcher, worker_endpoints_are_relayed_as_published) {
+  const char *id = dataset(4);
+  uint8_t addr[300];
+  for (size_t i = 0; i < sizeof(addr); i++)
+    addr[i] = (uint8_t)(i * 7);
+  Ferry__V1__TransportEndpoint e[FERRY_TRANSPORT_ENDPOINTS_MAX + 1];
+  Ferry__V1__TransportEndpoint *ep[FERRY_TRANSPORT_ENDPOINTS_MAX + 1];
+  for (size_t i = 0; i <= FERRY_TRANSPORT_ENDPOINTS_MAX; i++) {
+    ferry__v1__transport_endpoint__init(&e[i]);
+    ep[i] = &e[i];
+  }
+  e[0].transport = "grpc";
+  e[1].transport = "not_built_here";
+  e[1].address.data = addr;
+  e[1].address.len = sizeof(addr);
+  Ferry__V1__WorkerHeartbeatRequest wq =
+      FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__WorkerHeartbeatResponse wr =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  ferry_error_t err = {0};
+  wq.address = "w:1";
+  wq.endpoints = ep;
+  wq.n_endpoints = 2;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 0, &err),
+               0, "%s", err.msg);
+  Ferry__V1__GetOrCreateJobResponse *j = fx_job(D, id, "", DIST, 1, FAIL, 0);
+  Ferry__V1__ClientHeartbeatResponse *c =
+      fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 10);
+  cr_assert_eq(c->n_workers, 1);
+  const Ferry__V1__WorkerInfo *wi = c->workers[0];
+  cr_assert_eq(wi->n_endpoints, 2);
+  cr_assert_str_eq(wi->endpoints[0]->transport, "grpc");
+  cr_assert_eq(wi->endpoints[0]->address.len, 0);
+  cr_assert_str_eq(wi->endpoints[1]->transport, "not_built_here");
+  cr_assert_eq(wi->endpoints[1]->address.len, sizeof(addr));
+  cr_assert_eq(memcmp(wi->endpoints[1]->address.data, addr, sizeof(addr)),
+               0);
+
+  /* A heartbeat without endpoints (a worker of an older release, or one
+   * whose transports all failed but gRPC) clears them. */
+  wq.worker_id = wr.worker_id;
+  wq.n_endpoints = 1;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 20, &err),
+               0, "%s", err.msg);
+  c = fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 30);
+  cr_assert_eq(c->workers[0]->n_endpoints, 1);
+  cr_assert_str_eq(c->workers[0]->endpoints[0]->transport, "grpc");
+
+  /* Over the bounds: refused, and the last good list stays. */
+  static uint8_t big[FERRY_TRANSPORT_ADDRESS_MAX + 1];
+  struct {
+    size_t at, n;
+    const char *name;
+    size_t len;
+    const char *says;
+  } bad[] = {
+      {1, 2, "grpc", 0, "endpoints[1].transport"},   /* twice */
+      {1, 2, "Bad-Name", 0, "endpoints[1].transport"},
+      {1, 2, "big", sizeof(big), "endpoints[1].address"},
+      {1, FERRY_TRANSPORT_ENDPOINTS_MAX + 1, "x", 0, "endpoints"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    for (size_t k = 1; k <= FERRY_TRANSPORT_ENDPOINTS_MAX; k++) {
+      static char names[FERRY_TRANSPORT_ENDPOINTS_MAX + 1][8];
+      snprintf(names[k], sizeof(names[k]), "t%zu", k);
+      e[k].transport = names[k];
+      e[k].address.len = 0;
+    }
+    e[bad[i].at].transport = (char *)bad[i].name;
+    e[bad[i].at].address.data = big;
+    e[bad[i].at].address.len = bad[i].len;
+    wq.n_endpoints = bad[i].n;
+    size_t before = fx_entries.n;
+    cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena,
+                                              40 + (int64_t)i, &err),
+                 FERRY_EINVAL, "case %zu accepted", i);
+    cr_assert(strstr(err.msg, bad[i].says) != NULL, "case %zu: %s", i,
+              err.msg);
+    cr_assert_eq(fx_entries.n, before, "nothing journaled");
+  }
+  c = fx_client(D, j->job_id, j->client_id, 4, NULL, 0, false, 60);
+  cr_assert_eq(c->workers[0]->n_endpoints, 1);
+  cr_assert_str_eq(c->workers[0]->endpoints[0]->transport, "grpc");
 }

@@ -1,13 +1,18 @@
 /* The data-plane seam: how a worker streams Chunk messages to a client.
  *
  * The control plane (registration, heartbeats, leases) stays on gRPC
- * (ferry/rpc.h). Only the chunk stream (today Worker/StreamChunks) goes
- * through this header: worker/stream.c and client/src/client_streams.c
- * open, send and read streams only through it (the choice of a transport
- * still names UCX there). An implementation is a const table of function
- * pointers with a name: ferry_transport_grpc ("grpc", over ferry/rpc.h,
- * keeping its TLS and bearer tokens) and, when built with UCX,
- * ferry_transport_ucx ("ucx", UCP). ferry_transport_find picks one by name.
+ * (ferry/rpc.h). Only the chunk stream goes through this header:
+ * worker/stream.c and client/src/client_streams.c open, send and read
+ * streams only through it, and never name a transport. An implementation
+ * is a const table of function pointers with a name, capabilities and a
+ * priority (ferry_transport_ops_t), listed in the registry
+ * (common/src/transport/transport.c): ferry_transport_grpc ("grpc", over
+ * ferry/rpc.h, keeping its TLS and bearer tokens) and, when built with
+ * UCX, ferry_transport_ucx ("ucx", UCP). The worker starts every
+ * registered transport and publishes the endpoints they return; the
+ * client picks one per worker with ferry_transport_choose, whose rules
+ * (the job's choice, TLS, the fallback before a first chunk) are the
+ * seam's, stated once below ("Choosing").
  *
  * What travels is one ferry.v1.Chunk message per chunk (PROTOCOL.md): the
  * header bytes (fields 1-14 and the tag and length of field 15, the
@@ -83,20 +88,40 @@
  * copied once each, in increasing order, but may be copied in any order,
  * more than once, or not at all (a dropped chunk); release must cope.
  *
- * ---- Addresses ------------------------------------------------------------
+ * ---- Addresses and endpoints ---------------------------------------------
  *
  * Every worker has a gRPC address ("host:port", its name in messages).
- * A transport may need more to reach it (UCX: the UCP worker address the
- * worker registers with the dispatcher): ferry_transport_server_address
- * gives those bytes on the worker, and the client passes them back to
- * connect. gRPC needs none (connects to the gRPC address).
+ * A transport may need more to reach it (FERRY_TRANSPORT_NEEDS_ADDRESS;
+ * UCX: the UCP worker address): ferry_transport_server_address gives
+ * those bytes on the worker, and the client passes them back to connect.
+ * gRPC needs none (connects to the gRPC address). The worker publishes
+ * one endpoint per transport it serves (name and address bytes, bounded
+ * by the FERRY_TRANSPORT_*_MAX below) in its heartbeats; the dispatcher
+ * checks them with ferry_transport_endpoints_check, keeps them and hands
+ * them to clients with the worker's address, never reading them.
+ *
+ * ---- Choosing ------------------------------------------------------------
+ *
+ * A job asks for "auto" (the default) or a transport by name. By name:
+ * that transport, if built in and the worker offers it, else an error.
+ * auto: the offered transport of highest priority, skipping those that do
+ * not encrypt when the client is configured for TLS, and those whose
+ * stream to this worker failed before its first chunk (most likely they
+ * cannot work between these two processes: another user's shared memory,
+ * no common network transport). The lowest-priority offered transport is
+ * the last resort and is never skipped for a failure. A transport that
+ * needs no address is offered by every worker (it reaches the gRPC
+ * address); one that needs an address, by a worker publishing it.
  */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
-/* The most address bytes a worker publishes for a transport: a worker
- * does not advertise a longer one, the dispatcher refuses it. */
+/* Bounds on what a worker publishes (its endpoints), which the worker
+ * keeps to and the dispatcher enforces: address bytes per endpoint,
+ * bytes of a transport's name, endpoints per worker. */
 #define FERRY_TRANSPORT_ADDRESS_MAX 4096
+#define FERRY_TRANSPORT_NAME_MAX 32
+#define FERRY_TRANSPORT_ENDPOINTS_MAX 8
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -231,8 +256,22 @@ struct ferry_transport_msg_s {
   void *impl_[4]; /* the implementation's */
 };
 
+/* Capabilities (ferry_transport_ops_t.caps). */
+enum {
+  /* Carries the client's TLS (and so may run when TLS is configured). */
+  FERRY_TRANSPORT_ENCRYPTS = 1u << 0,
+  /* Reaches a worker through address bytes the worker publishes, not
+   * through its gRPC address alone. */
+  FERRY_TRANSPORT_NEEDS_ADDRESS = 1u << 1,
+  /* Payloads go from registered memory to registered memory without a
+   * copy (mem_map, client_mem_map). */
+  FERRY_TRANSPORT_ZERO_COPY = 1u << 2,
+};
+
 struct ferry_transport_ops_s {
-  const char *name; /* "grpc", "ucx" */
+  const char *name;  /* [a-z0-9_]+, under FERRY_TRANSPORT_NAME_MAX */
+  unsigned caps;     /* FERRY_TRANSPORT_* capabilities */
+  int priority;      /* auto prefers the highest that applies */
 
   /* ---- Server (loop thread) ---- */
   /* Creates the server on cfg->loop; it serves once the worker's gRPC
@@ -306,26 +345,83 @@ struct ferry_transport_ops_s {
   void (*cstream_free)(ferry_transport_cstream_t *s);
 };
 
-/* The implementations. ferry_transport_ucx exists when FERRY_HAVE_UCX. */
+/* The implementations. ferry_transport_ucx exists when FERRY_HAVE_UCX;
+ * FERRY__TRANSPORT_UCX is its table or NULL, for the registry. */
 extern const ferry_transport_ops_t ferry_transport_grpc;
 #ifdef FERRY_HAVE_UCX
 extern const ferry_transport_ops_t ferry_transport_ucx;
+#define FERRY__TRANSPORT_UCX (&ferry_transport_ucx)
+#else
+#define FERRY__TRANSPORT_UCX NULL
 #endif
 
-/* The table called `name` ("grpc", "ucx"), or NULL when unknown or not
+/* ---- The registry ---- */
+
+/* The most transports a build registers. */
+#define FERRY_TRANSPORTS_MAX 8
+
+/* How many transports this build has (the registry's entries that were
+ * built in), and the one at registry position i (< ferry_transport_count(),
+ * else NULL); positions are fixed at build time, so callers index
+ * per-transport state by them. */
+size_t ferry_transport_count(void);
+const ferry_transport_ops_t *ferry_transport_at(size_t i);
+/* The position of the transport called `name`, or -1 when unknown or not
  * built in. */
+int ferry_transport_index(const char *name);
+/* The table called `name`, or NULL when unknown or not built in. */
 const ferry_transport_ops_t *ferry_transport_find(const char *name);
 
-/* Picks the client's transport for one worker: `want` is the job's
- * option ("auto", "grpc", "ucx"; NULL or "" mean auto), `peer_has_ucx`
- * whether the worker advertised a UCX address. auto gives ucx when built
- * in and offered, else grpc, and writes why into `why` (may be NULL) for
- * the log; an explicit choice that cannot be met returns NULL with the
- * reason in err (FERRY_ENOTSUP). */
-const ferry_transport_ops_t *ferry_transport_choose(const char *want,
-                                                    bool peer_has_ucx,
-                                                    char *why, size_t why_len,
-                                                    ferry_error_t *err);
+/* One endpoint a worker publishes: a transport's name and its address
+ * bytes (none for a transport that needs no address). */
+typedef struct ferry_transport_endpoint_s {
+  const char *transport; /* not NUL-terminated: transport_len bytes */
+  size_t transport_len;
+  const void *address;
+  size_t address_len;
+} ferry_transport_endpoint_t;
+
+/* Checks a list of published endpoints against the bounds above: at most
+ * FERRY_TRANSPORT_ENDPOINTS_MAX, each name 1 to FERRY_TRANSPORT_NAME_MAX
+ * bytes of [a-z0-9_] and named once, each address at most
+ * FERRY_TRANSPORT_ADDRESS_MAX bytes. Names need not be registered here (a
+ * worker may serve what this build lacks). FERRY_EINVAL naming the
+ * endpoint's position and field otherwise. */
+int ferry_transport_endpoints_check(const ferry_transport_endpoint_t *e,
+                                    size_t n, ferry_error_t *err);
+
+/* ---- Choosing (see "Choosing" above) ---- */
+
+/* Checks a job's transport option: NULL, "", "auto" or the name of a
+ * transport built in. FERRY_ENOTSUP for a registered transport this
+ * build left out (err names its CMake option), FERRY_EINVAL for an
+ * unknown name (err lists the choices). */
+int ferry_transport_want_check(const char *want, ferry_error_t *err);
+
+/* The client's choice for one worker. */
+typedef struct ferry_transport_choice_s {
+  int index;            /* registry position */
+  const void *address;  /* the endpoint's address bytes (NULL/0: none) */
+  size_t address_len;
+  char why[160];        /* for the log: what was chosen and why */
+} ferry_transport_choice_t;
+
+/* Picks the transport for a stream to a worker that published
+ * `offered[0..n)`: `want` is the job's option, `tls` whether the client
+ * is configured for TLS, `failed` a bit per registry position whose
+ * stream to this worker failed before its first chunk. 0 with *out
+ * filled, or FERRY_ENOTSUP (a transport asked for by name that is not
+ * built in or not offered) / FERRY_EINVAL (an unknown name) with err. */
+int ferry_transport_choose(const char *want, bool tls,
+                           const ferry_transport_endpoint_t *offered,
+                           size_t n, uint32_t failed,
+                           ferry_transport_choice_t *out, ferry_error_t *err);
+
+/* The fallback rule: whether a stream on registry position `index` that
+ * ended with an error after `chunks` chunks makes auto avoid that
+ * transport for that worker from now on (its bit in choose's `failed`).
+ * True when the job asked for auto and nothing came. */
+bool ferry_transport_falls_back(const char *want, int index, uint64_t chunks);
 
 /* Generic calls: dispatch through the object's table. */
 static inline void ferry_transport_accept(ferry_transport_stream_t *s,

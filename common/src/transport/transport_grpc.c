@@ -295,6 +295,8 @@ static void g_cstream_free(ferry_transport_cstream_t *base) {
 
 const ferry_transport_ops_t ferry_transport_grpc = {
     .name = "grpc",
+    .caps = FERRY_TRANSPORT_ENCRYPTS,
+    .priority = 0,
     .server_new = g_server_new,
     .server_address = g_server_address,
     .server_shutdown = g_server_shutdown,

@@ -601,10 +601,10 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                                                                len, &o);
   if (m == NULL)
     return;
-  if (m->ucx_address.len == 0 || m->ucx_address.len > 65536) {
+  if (m->transport_address.len == 0 || m->transport_address.len > 65536) {
     ferry__transport_request_free(m);
     ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksUcx: ucx_address missing or over "
+                          "StreamChunksUcx: transport_address missing or over "
                           "64 KiB");
     return;
   }
@@ -615,7 +615,7 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     return;
   }
   ustream_t *s = ferry__calloc(1, sizeof(*s));
-  uint8_t *a = ferry__malloc(m->ucx_address.len);
+  uint8_t *a = ferry__malloc(m->transport_address.len);
   if (s == NULL || a == NULL) {
     ferry__free(s);
     ferry__free(a);
@@ -623,14 +623,14 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
-  memcpy(a, m->ucx_address.data, m->ucx_address.len);
+  memcpy(a, m->transport_address.data, m->transport_address.len);
   s->base.ops = &ferry_transport_ucx;
   s->base.server = &srv->base;
   s->srv = srv;
   s->call = call;
   s->client_addr = a;
-  s->client_addr_len = m->ucx_address.len;
-  s->id = m->ucx_stream_id;
+  s->client_addr_len = m->transport_address.len;
+  s->id = m->transport_stream_id;
   s->next = srv->streams;
   srv->streams = s;
   srv->on_open(&s->base, &o, srv->user);
@@ -1431,9 +1431,9 @@ static int u_open(ferry_transport_client_t *base,
     m.client_secret.data = (uint8_t *)req->secret;
     m.client_secret.len = FERRY_CLIENT_SECRET_BYTES;
   }
-  m.ucx_address.data = (uint8_t *)cl->addr;
-  m.ucx_address.len = cl->addr_len;
-  m.ucx_stream_id = s->id;
+  m.transport_address.data = (uint8_t *)cl->addr;
+  m.transport_address.len = cl->addr_len;
+  m.transport_stream_id = s->id;
   size_t len = ferry__v1__stream_chunks_request__get_packed_size(&m);
   uint8_t *buf = ferry__malloc(len);
   int rc = buf == NULL ? ferry__seterr(err, FERRY_ENOMEM,
@@ -1864,6 +1864,8 @@ static void u_cstream_free(ferry_transport_cstream_t *base) {
 
 const ferry_transport_ops_t ferry_transport_ucx = {
     .name = "ucx",
+    .caps = FERRY_TRANSPORT_NEEDS_ADDRESS | FERRY_TRANSPORT_ZERO_COPY,
+    .priority = 10,
     .server_new = u_server_new,
     .server_address = u_server_address,
     .server_shutdown = u_server_shutdown,
