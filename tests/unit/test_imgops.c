@@ -279,6 +279,74 @@ Test(imgops, blur_other_sizes_and_channels) {
       }
 }
 
+/* One blur of `in` at every level the CPU has; *have says which ran. */
+static void blur_levels(ferry_blur_t *b, const uint8_t *in, uint8_t **out,
+                        int h, int w, int c, int *have) {
+  size_t n = (size_t)h * w * c;
+  for (int l = 0; l < 3; l++) {
+    have[l] = ferry_imgops_set_isa(isas[l]) == 0;
+    if (!have[l])
+      continue;
+    memset(out[l], 0x5a, n);
+    cr_assert_eq(ferry_blur_apply(b, in, out[l], h, w, c, NULL), 0);
+  }
+}
+
+Test(imgops, blur_paths_agree_bitwise) {
+  /* The AVX2 and AVX-512 paths are one template (blur_rows.h) forming
+   * the same sums in the same order: bitwise equal wherever AVX2 runs
+   * (rows of w * c >= 8 floats; narrower ones take the scalar path, so
+   * there AVX2 equals scalar). Scalar sums in another order: within 1.
+   * Random shapes (odd widths, every tail of both vector widths, 1 to 9
+   * channels) for each radius class (0, the compiled-in 2 and 5, the
+   * lane-shift copies for blur 11 on 1 or 3 channels, any other), plus
+   * the smallest image of each. */
+  static const int ks[] = {1, 3, 5, 11, 15, 31};
+  int ran[3] = {0, 0, 0};
+  for (int t = 0; t < 6; t++) {
+    int k = ks[t], r = k / 2;
+    ferry_blur_t *b;
+    cr_assert_eq(ferry_blur_new(k, k == 11 ? 0.8f : 0.3f * k, &b, NULL), 0);
+    for (int it = 0; it < 120; it++) {
+      int c = 1 + it % 9;
+      int h = it < 9 ? r + 1 : r + 1 + rnd8() % 23;
+      int w = it < 9 ? r + 1 : r + 1 + rnd8() % 75;
+      size_t n = (size_t)h * w * c;
+      uint8_t *in = malloc(n), *out[3];
+      int have[3];
+      for (int l = 0; l < 3; l++)
+        out[l] = malloc(n);
+      for (size_t i = 0; i < n; i++)
+        in[i] = rnd8();
+      blur_levels(b, in, out, h, w, c, have);
+      cr_assert(have[0]);
+      for (int l = 1; l < 3; l++) {
+        if (!have[l])
+          continue;
+        ran[l]++;
+        for (size_t i = 0; i < n; i++)
+          cr_assert(abs((int)out[l][i] - (int)out[0][i]) <= 1,
+                    "%s vs scalar, k%d %dx%dx%d at %zu: %d vs %d", isas[l],
+                    k, h, w, c, i, out[l][i], out[0][i]);
+      }
+      if (have[1] && (size_t)w * c < 8)
+        cr_assert(memcmp(out[1], out[0], n) == 0,
+                  "avx2 vs scalar, k%d %dx%dx%d", k, h, w, c);
+      if (have[1] && have[2] && (size_t)w * c >= 8)
+        cr_assert(memcmp(out[1], out[2], n) == 0,
+                  "avx2 vs avx512, k%d %dx%dx%d", k, h, w, c);
+      for (int l = 0; l < 3; l++)
+        free(out[l]);
+      free(in);
+    }
+    ferry_blur_free(b);
+  }
+  cr_log_info("blur paths compared: avx2 %d, avx512 %d shapes", ran[1],
+              ran[2]);
+  printf("blur paths compared: avx2 %d, avx512 %d shapes\n", ran[1],
+         ran[2]);
+}
+
 Test(imgops, blur_too_small_and_bad_args) {
   uint8_t img[5 * 40 * 3] = {0}, out[5 * 40 * 3];
   ferry_blur_t *b;
