@@ -1,4 +1,5 @@
-/* The augmentation's CPU twin and its spec: the text parser and
+/* The augmentation's CPU twin and its spec: the text parser (over the
+ * lexer the pipeline spec shares, common/src/pipeline/lex.h) and
  * formatter, argument checks shared with the CUDA launcher, and the batch
  * loop over the per-pixel routine of augment.h. Built with
  * -ffp-contract=off so that its float arithmetic is the kernel's, bit
@@ -15,6 +16,7 @@
 
 #include "ferry/alloc.h"
 #include "ferry/clocale.h"
+#include "lex.h"
 
 /* ---------------------------------------------------------------------
  * The spec.
@@ -31,100 +33,22 @@ void ferry_augment_spec_close(ferry_augment_spec_t *spec) {
     ferry_augment_spec_init(spec);
 }
 
-typedef enum { T_END, T_IDENT, T_NUMBER, T_PUNCT, T_BAD } tok_kind;
-
-typedef struct {
-  tok_kind kind;
-  size_t pos, len;
-} token;
-
 typedef struct {
   const char *text;
-  size_t pos; /* where the next token starts (after blanks) */
+  size_t pos; /* where the next token starts (blanks may come first) */
   ferry_error_t *err;
 } parser;
 
-static bool is_blank(char ch) {
-  return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
-}
-
-static bool is_alpha(char ch) {
-  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
-}
-
-static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
-
-/* Reads the token at p->pos without consuming it. Numbers are
- * [+-]digits[.digits][e[+-]digits] (digits on at least one side of the
- * point). */
-static token peek(const parser *p) {
-  const char *s = p->text;
-  size_t i = p->pos;
-  token t = {T_END, i, 0};
-  if (s[i] == '\0')
-    return t;
-  if (is_alpha(s[i])) {
-    while (is_alpha(s[i]) || is_digit(s[i]))
-      i++;
-    t.kind = T_IDENT;
-  } else if (is_digit(s[i]) || s[i] == '.' || s[i] == '+' || s[i] == '-') {
-    size_t digits = 0;
-    if (s[i] == '+' || s[i] == '-')
-      i++;
-    for (; is_digit(s[i]); i++)
-      digits++;
-    if (s[i] == '.')
-      for (i++; is_digit(s[i]); i++)
-        digits++;
-    if (digits > 0 && (s[i] == 'e' || s[i] == 'E')) {
-      size_t j = i + 1;
-      if (s[j] == '+' || s[j] == '-')
-        j++;
-      if (is_digit(s[j])) {
-        for (i = j; is_digit(s[i]); i++)
-          ;
-      }
-    }
-    t.kind = digits > 0 ? T_NUMBER : T_BAD;
-    if (digits == 0)
-      i = p->pos + 1;
-  } else if (strchr("()|/,", s[i]) != NULL) {
-    i++;
-    t.kind = T_PUNCT;
-  } else {
-    i++;
-    t.kind = T_BAD;
-  }
-  t.len = i - p->pos;
+/* Reads the token at p->pos (lex.h, the augmentation spec's syntax:
+ * no strings, so it cannot fail) without consuming it. */
+static ferry__token_t peek(const parser *p) {
+  ferry__token_t t;
+  ferry__lex(&ferry__lex_augment_spec, p->text, p->pos, &t, NULL);
   return t;
 }
 
-static void skip_blanks(parser *p) {
-  while (is_blank(p->text[p->pos]))
-    p->pos++;
-}
-
-static void consume(parser *p, const token *t) {
+static void consume(parser *p, const ferry__token_t *t) {
   p->pos = t->pos + t->len;
-  skip_blanks(p);
-}
-
-/* "column N" of a byte offset (1-based; the spec is one line, but a
- * newline restarts the count and names the line). */
-static void where(const parser *p, size_t pos, char *buf, size_t cap) {
-  size_t i, line = 1, col = 1;
-  for (i = 0; i < pos && p->text[i] != '\0'; i++) {
-    if (p->text[i] == '\n') {
-      line++;
-      col = 1;
-    } else {
-      col++;
-    }
-  }
-  if (line == 1)
-    snprintf(buf, cap, "column %zu", col);
-  else
-    snprintf(buf, cap, "line %zu, column %zu", line, col);
 }
 
 static int spec_err(const parser *p, size_t pos, const char *fmt, ...)
@@ -134,7 +58,7 @@ static int spec_err(const parser *p, size_t pos, const char *fmt, ...) {
   if (p->err != NULL) {
     char at[48], what[400];
     va_list ap;
-    where(p, pos, at, sizeof(at));
+    ferry__lex_where(p->text, pos, at, sizeof(at));
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
@@ -143,49 +67,22 @@ static int spec_err(const parser *p, size_t pos, const char *fmt, ...) {
   return FERRY_ESPEC;
 }
 
-/* The token's text for messages: quoted, printable, at most 24 bytes. */
-static const char *describe(const parser *p, const token *t, char *buf,
-                            size_t cap) {
-  size_t i, o = 0, n = t->len;
-  if (t->kind == T_END)
-    return "the end of the text";
-  if (t->kind == T_BAD &&
-      ((unsigned char)p->text[t->pos] < 0x20 ||
-       (unsigned char)p->text[t->pos] >= 0x7F)) {
-    snprintf(buf, cap, "byte 0x%02x", (unsigned char)p->text[t->pos]);
-    return buf;
-  }
-  buf[o++] = '\'';
-  for (i = 0; i < n && i < 24 && o + 5 < cap; i++)
-    buf[o++] = p->text[t->pos + i];
-  if (i < n && o + 5 < cap) {
-    memcpy(buf + o, "...", 3);
-    o += 3;
-  }
-  buf[o++] = '\'';
-  buf[o] = '\0';
-  return buf;
-}
-
-static int expected(const parser *p, const token *t, const char *what) {
-  char b[40];
+static int expected(const parser *p, const ferry__token_t *t,
+                    const char *what) {
+  char b[104]; /* 4 * 24 + 6: ferry__lex_describe */
   return spec_err(p, t->pos, "expected %s, found %s", what,
-                  describe(p, t, b, sizeof(b)));
+                  ferry__lex_describe(&ferry__lex_augment_spec, p->text, t,
+                                      b, sizeof(b)));
 }
 
-static bool tok_is(const parser *p, const token *t, const char *word) {
-  size_t n = strlen(word);
-  return t->kind == T_IDENT && t->len == n &&
-         memcmp(p->text + t->pos, word, n) == 0;
-}
-
-static bool punct_is(const parser *p, const token *t, char ch) {
-  return t->kind == T_PUNCT && p->text[t->pos] == ch;
+static bool tok_is(const parser *p, const ferry__token_t *t,
+                   const char *word) {
+  return ferry__tok_is(p->text, t, word);
 }
 
 static int expect_punct(parser *p, char ch, const char *what) {
-  token t = peek(p);
-  if (!punct_is(p, &t, ch))
+  ferry__token_t t = peek(p);
+  if (t.punct != ch)
     return expected(p, &t, what);
   consume(p, &t);
   return 0;
@@ -194,10 +91,10 @@ static int expect_punct(parser *p, char ch, const char *what) {
 /* Reads a number token into *out (a finite double). */
 static int read_number(parser *p, const char *what, double *out,
                        size_t *pos) {
-  token t = peek(p);
+  ferry__token_t t = peek(p);
   char buf[64], *end;
   locale_t old;
-  if (t.kind != T_NUMBER)
+  if (t.kind != FERRY__TOK_NUMBER)
     return expected(p, &t, what);
   if (t.len >= sizeof(buf))
     return spec_err(p, t.pos, "%s: number too long", what);
@@ -240,13 +137,13 @@ static int parse_factor(parser *p, const char *op, float *out) {
 static int parse_rescale(parser *p, ferry_augment_spec_t *spec) {
   double a, b = 1.0, v;
   size_t pos_a, pos_b;
-  token t;
+  ferry__token_t t;
   int rc;
   if ((rc = read_number(p, "a number or a fraction A/B for rescale", &a,
                         &pos_a)) != 0)
     return rc;
   t = peek(p);
-  if (punct_is(p, &t, '/')) {
+  if (t.punct == '/') {
     consume(p, &t);
     if ((rc = read_number(p, "a denominator after '/'", &b, &pos_b)) != 0)
       return rc;
@@ -276,11 +173,10 @@ int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
   p.text = text;
   p.pos = 0;
   p.err = err;
-  skip_blanks(&p);
-  if (text[p.pos] == '\0')
+  if (peek(&p).kind == FERRY__TOK_END)
     return 0;
   for (;;) {
-    token t = peek(&p);
+    ferry__token_t t = peek(&p);
     int op;
     for (op = 0; op < N_OPS; op++)
       if (tok_is(&p, &t, op_names[op]))
@@ -305,8 +201,8 @@ int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
       last = op;
     consume(&p, &t);
     if (op == OP_EXACT) {
-      token l = peek(&p);
-      if (punct_is(&p, &l, '(')) {
+      ferry__token_t l = peek(&p);
+      if (l.punct == '(') {
         consume(&p, &l);
         if ((rc = expect_punct(&p, ')', "')' (exact takes no argument)")))
           break;
@@ -315,7 +211,7 @@ int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
       if ((rc = expect_punct(&p, '(', "'('")) != 0)
         break;
       if (op == OP_FLIP) {
-        token m = peek(&p);
+        ferry__token_t m = peek(&p);
         if (tok_is(&p, &m, "horizontal")) {
           spec->flip = FERRY_FLIP_HORIZONTAL;
         } else if (tok_is(&p, &m, "none")) {
@@ -345,9 +241,9 @@ int ferry_augment_spec_parse(const char *text, ferry_augment_spec_t *spec,
         break;
     }
     t = peek(&p);
-    if (t.kind == T_END)
+    if (t.kind == FERRY__TOK_END)
       break;
-    if (!punct_is(&p, &t, '|')) {
+    if (t.punct != '|') {
       rc = expected(&p, &t, "'|' or the end of the spec");
       break;
     }

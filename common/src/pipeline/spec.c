@@ -24,7 +24,7 @@ const char *const ferry__spec_stage_names =
     "center_crop, shuffle, batch, repeat";
 
 /* ---------------------------------------------------------------------
- * Small helpers: ownership of keys, the C locale, UTF-8, text checks.
+ * Small helpers: ownership of keys, text checks.
  */
 
 bool ferry__spec_is_default_key(const char *s) {
@@ -35,40 +35,6 @@ void ferry__spec_free_key(char *s) {
   if (s != NULL && !ferry__spec_is_default_key(s))
     ferry__free(s);
 }
-
-/* Length of the well-formed UTF-8 sequence at `s` (shortest form, no
- * surrogates, at most U+10FFFF), or 0. Stops at a NUL, which is never a
- * continuation byte. */
-size_t ferry__spec_utf8_seq(const unsigned char *s) {
-  unsigned c = s[0];
-  size_t n, i;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xC2 && c <= 0xDF)
-    n = 2;
-  else if (c >= 0xE0 && c <= 0xEF)
-    n = 3;
-  else if (c >= 0xF0 && c <= 0xF4)
-    n = 4;
-  else
-    return 0;
-  if (c == 0xE0)
-    lo = 0xA0;
-  else if (c == 0xED)
-    hi = 0x9F;
-  else if (c == 0xF0)
-    lo = 0x90;
-  else if (c == 0xF4)
-    hi = 0x8F;
-  if (s[1] < lo || s[1] > hi)
-    return 0;
-  for (i = 2; i < n; i++)
-    if (s[i] < 0x80 || s[i] > 0xBF)
-      return 0;
-  return n;
-}
-
 
 /* Why a spec string (pattern or key) is unacceptable, or NULL. Strings
  * are UTF-8 (they travel in proto3 `string` fields, which strict parsers
@@ -81,10 +47,10 @@ const char *ferry__spec_text_problem(const char *s) {
   if (*u == 0)
     return "is empty";
   while (*u != 0) {
-    size_t n = ferry__spec_utf8_seq(u);
+    size_t n = ferry__lex_utf8_seq(u);
     if (n == 0)
       return "is not valid UTF-8";
-    if (n == 1 && ferry__spec_is_ctl(*u) && *u != '\t' && *u != '\n')
+    if (n == 1 && ferry__lex_is_ctl(*u) && *u != '\t' && *u != '\n')
       return "contains a control character";
     u += n;
   }
@@ -219,21 +185,11 @@ oom:
 /* "column N: " (or "line L, column N: " past a newline) for a byte
  * offset, or "" without a parser. */
 const char *ferry__spec_loc(const parser *p, size_t pos, locbuf *b) {
-  size_t i, line = 1, col = 1;
+  size_t n;
   if (p == NULL)
     return "";
-  for (i = 0; i < pos && p->text[i] != '\0'; i++) {
-    if (p->text[i] == '\n') {
-      line++;
-      col = 1;
-    } else {
-      col++;
-    }
-  }
-  if (line == 1)
-    snprintf(b->s, sizeof(b->s), "column %zu: ", col);
-  else
-    snprintf(b->s, sizeof(b->s), "line %zu, column %zu: ", line, col);
+  n = strlen(ferry__lex_where(p->text, pos, b->s, sizeof(b->s)));
+  snprintf(b->s + n, sizeof(b->s) - n, ": ");
   return b->s;
 }
 

@@ -1,7 +1,8 @@
 /* What the pipeline spec's files share (spec.c: the model, its
- * validation and the shared helpers; spec_parse.c: lexer and parser;
- * spec_format.c: canonical text; spec_proto.c: protobuf form and
- * fingerprint; spec_files.c: file expansion). Not installed. */
+ * validation and the shared helpers; spec_parse.c: the parser, over the
+ * lexer of lex.h; spec_format.c: canonical text; spec_proto.c:
+ * protobuf form and fingerprint; spec_files.c: file expansion). Not
+ * installed. */
 #ifndef FERRY_SPEC_INTERNAL_H
 #define FERRY_SPEC_INTERNAL_H
 
@@ -12,6 +13,7 @@
 #include "ferry/error.h"
 #include "ferry/error_internal.h"
 #include "ferry/spec.h"
+#include "lex.h"
 
 #define DEFAULT_SHUFFLE_BUFFER 10000u
 #define MAX_SHUFFLE_BUFFER 100000000
@@ -38,30 +40,10 @@ extern char ferry__spec_default_label_key[];
 /* The stage names, for messages. */
 extern const char *const ferry__spec_stage_names;
 
-typedef enum {
-  T_EOF,
-  T_IDENT,
-  T_STRING,
-  T_NUMBER,
-  T_LPAREN,
-  T_RPAREN,
-  T_COMMA,
-  T_PIPE,
-  T_EQUALS,
-  T_BAD
-} tok_kind;
-
-typedef struct {
-  tok_kind kind;
-  size_t pos; /* byte offset in the text */
-  size_t len;
-  bool is_int; /* T_NUMBER without '.' or exponent */
-} token;
-
 typedef struct {
   const char *text;
   ferry_error_t *err;
-  token tok; /* the current token */
+  ferry__token_t tok; /* the current token */
   size_t patterns_cap; /* of the spec being parsed */
 } parser;
 
@@ -81,11 +63,6 @@ bool ferry__spec_is_default_key(const char *s);
 void ferry__spec_free_key(char *s);
 int ferry__spec_dup_key(const char *s, char **out);
 
-/* The length of the valid UTF-8 sequence at s (1..4), 0 if none. */
-size_t ferry__spec_utf8_seq(const unsigned char *s);
-static inline bool ferry__spec_is_ctl(unsigned c) {
-  return c < 0x20 || c == 0x7F;
-}
 /* NULL when s is acceptable text, else what is wrong with it. */
 const char *ferry__spec_text_problem(const char *s);
 

@@ -1,6 +1,6 @@
-/* The pipeline spec's text form: the lexer and the parser
- * (ferry_spec_parse). The grammar is in docs/PROTOCOL.md ("Pipeline
- * spec").
+/* The pipeline spec's text form: the parser (ferry_spec_parse), over the
+ * lexer the augmentation spec shares (lex.h). The grammar is in
+ * docs/PROTOCOL.md ("Pipeline spec").
  */
 #include "ferry/spec.h"
 
@@ -13,198 +13,46 @@
 #include "spec_internal.h"
 
 /* ---------------------------------------------------------------------
- * Lexer.
+ * Tokens (lex.h, the pipeline spec's syntax).
  */
 
-static bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-         c == '\v';
-}
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-static bool is_ident_start(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
-static bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
-
-/* What a token looks like in a message: 'x' for punctuation and names,
- * the literal for numbers and strings (cut at 40 bytes, non-ASCII as
- * \xNN), "end of input". */
+/* A token as messages show it (ferry__lex_describe: 40 bytes at most,
+ * each up to 4 as \xNN, quotes and "..."). */
 typedef struct {
   char s[200];
 } tokbuf;
 
-static const char *describe(const parser *p, const token *t, tokbuf *b) {
-  const unsigned char *src = (const unsigned char *)p->text + t->pos;
-  size_t n = t->len, i, o = 0;
-  bool quote = t->kind != T_NUMBER && t->kind != T_STRING;
-  if (t->kind == T_EOF)
-    return "end of input";
-  if (t->kind == T_BAD && (src[0] < 0x20 || src[0] >= 0x7F)) {
-    snprintf(b->s, sizeof(b->s), "byte 0x%02x", src[0]);
-    return b->s;
-  }
-  if (quote)
-    b->s[o++] = '\'';
-  for (i = 0; i < n && i < 40; i++) {
-    if (src[i] >= 0x20 && src[i] < 0x7F) {
-      b->s[o++] = (char)src[i];
-    } else {
-      snprintf(b->s + o, sizeof(b->s) - o, "\\x%02x", src[i]);
-      o += 4;
-    }
-  }
-  if (i < n) {
-    memcpy(b->s + o, "...", 3);
-    o += 3;
-  }
-  if (quote)
-    b->s[o++] = '\'';
-  b->s[o] = '\0';
-  return b->s;
+static const char *describe(const parser *p, const ferry__token_t *t,
+                            tokbuf *b) {
+  return ferry__lex_describe(&ferry__lex_pipeline_spec, p->text, t, b->s,
+                             sizeof(b->s));
 }
 
-/* Lexes the token at or after `pos` into *t. Strings are checked here
- * (escapes, control characters, UTF-8, termination), so a T_STRING is
- * always decodable. */
-static int lex(parser *p, size_t pos, token *t) {
-  const char *s = p->text;
-  locbuf lb;
-  size_t i;
-  while (is_space(s[pos]))
-    pos++;
-  t->pos = pos;
-  t->len = 1;
-  t->is_int = false;
-  switch (s[pos]) {
-  case '\0':
-    t->kind = T_EOF;
-    t->len = 0;
-    return 0;
-  case '(':
-    t->kind = T_LPAREN;
-    return 0;
-  case ')':
-    t->kind = T_RPAREN;
-    return 0;
-  case ',':
-    t->kind = T_COMMA;
-    return 0;
-  case '|':
-    t->kind = T_PIPE;
-    return 0;
-  case '=':
-    t->kind = T_EQUALS;
-    return 0;
-  case '"':
-    for (i = pos + 1;;) {
-      unsigned char c = (unsigned char)s[i];
-      if (c == '"')
-        break;
-      if (c == '\0')
-        return ferry__spec_err(p->err,
-                        "%sexpected '\"' to end the string that starts at "
-                        "byte %zu, found end of input",
-                        ferry__spec_loc(p, i, &lb), pos + 1);
-      if (c == '\\') {
-        char e = s[i + 1];
-        if (e != '"' && e != '\\' && e != 'n' && e != 't') {
-          if (e == '\0' || ferry__spec_is_ctl((unsigned char)e) ||
-              (unsigned char)e >= 0x80)
-            return ferry__spec_err(p->err,
-                            "%sexpected an escape (\\\" \\\\ \\n \\t) after "
-                            "'\\', found %s",
-                            ferry__spec_loc(p, i, &lb),
-                            e == '\0' ? "end of input" : "a special byte");
-          return ferry__spec_err(p->err,
-                          "%sexpected an escape (\\\" \\\\ \\n \\t), found "
-                          "'\\%c'",
-                          ferry__spec_loc(p, i, &lb), e);
-        }
-        i += 2;
-        continue;
-      }
-      if (ferry__spec_is_ctl(c))
-        return ferry__spec_err(p->err,
-                        "%sexpected a printable character or an escape in "
-                        "a string, found byte 0x%02x",
-                        ferry__spec_loc(p, i, &lb), c);
-      {
-        size_t n = ferry__spec_utf8_seq((const unsigned char *)s + i);
-        if (n == 0)
-          return ferry__spec_err(p->err,
-                          "%sexpected UTF-8 text in a string, found byte "
-                          "0x%02x",
-                          ferry__spec_loc(p, i, &lb), c);
-        i += n;
-      }
-    }
-    t->kind = T_STRING;
-    t->len = i + 1 - pos;
-    return 0;
-  default:
-    break;
-  }
-  if (is_ident_start(s[pos])) {
-    for (i = pos; is_ident(s[i]); i++)
-      ;
-    t->kind = T_IDENT;
-    t->len = i - pos;
-    return 0;
-  }
-  i = pos;
-  if (s[i] == '-')
-    i++;
-  if (is_digit(s[i]) || (s[i] == '.' && is_digit(s[i + 1]))) {
-    bool is_int = true;
-    while (is_digit(s[i]))
-      i++;
-    if (s[i] == '.') {
-      is_int = false;
-      for (i++; is_digit(s[i]); i++)
-        ;
-    }
-    if ((s[i] == 'e' || s[i] == 'E') &&
-        (is_digit(s[i + 1]) ||
-         ((s[i + 1] == '+' || s[i + 1] == '-') && is_digit(s[i + 2])))) {
-      is_int = false;
-      for (i += 2; is_digit(s[i]); i++)
-        ;
-    }
-    t->kind = T_NUMBER;
-    t->len = i - pos;
-    t->is_int = is_int;
-    return 0;
-  }
-  /* Anything else is a token of one character (a whole UTF-8 sequence
-   * when there is one) that no rule accepts; the parser reports it. */
-  t->kind = T_BAD;
-  {
-    size_t n = ferry__spec_utf8_seq((const unsigned char *)s + pos);
-    t->len = n > 1 ? n : 1;
-  }
-  return 0;
+/* Lexes the token at or after `pos` into *t; a malformed string is
+ * FERRY_ESPEC with where and why. */
+static int lex(parser *p, size_t pos, ferry__token_t *t) {
+  return ferry__lex(&ferry__lex_pipeline_spec, p->text, pos, t, p->err);
 }
 
 static int advance(parser *p) {
   return lex(p, p->tok.pos + p->tok.len, &p->tok);
 }
 
-static int expected(parser *p, const token *t, const char *what) {
+static int expected(parser *p, const ferry__token_t *t, const char *what) {
   locbuf lb;
   tokbuf tb;
   return ferry__spec_err(p->err, "%sexpected %s, found %s", ferry__spec_loc(p, t->pos, &lb),
                   what, describe(p, t, &tb));
 }
 
-static bool tok_is(const parser *p, const token *t, const char *word) {
-  size_t n = strlen(word);
-  return t->kind == T_IDENT && t->len == n &&
-         memcmp(p->text + t->pos, word, n) == 0;
+static bool tok_is(const parser *p, const ferry__token_t *t,
+                   const char *word) {
+  return ferry__tok_is(p->text, t, word);
 }
 
 /* Decodes a string token into a ferry__malloc'd string; NULL: no
  * memory. */
-static char *tok_string(const parser *p, const token *t) {
+static char *tok_string(const parser *p, const ferry__token_t *t) {
   const char *s = p->text + t->pos + 1;
   size_t n = t->len - 2, i, o = 0;
   char *out = ferry__malloc(n + 1);
@@ -224,7 +72,7 @@ static char *tok_string(const parser *p, const token *t) {
 
 /* An integer token as sign and magnitude; false when it does not fit in
  * 64 bits. */
-static bool tok_int(const parser *p, const token *t, bool *neg,
+static bool tok_int(const parser *p, const ferry__token_t *t, bool *neg,
                     uint64_t *mag) {
   const char *s = p->text + t->pos;
   size_t i = 0;
@@ -374,7 +222,7 @@ static void words_list(const char *const *words, char *buf, size_t cap) {
     o += (size_t)snprintf(buf + o, cap - o, "%s%s", o ? ", " : "", *words);
 }
 
-static int range_err(parser *p, const token *t, const stage_def *sd,
+static int range_err(parser *p, const ferry__token_t *t, const stage_def *sd,
                      const param_def *pd) {
   locbuf lb;
   tokbuf tb;
@@ -395,11 +243,11 @@ static int range_err(parser *p, const token *t, const stage_def *sd,
 }
 
 /* Token t (a NUMBER) as a float32 in pd's bounds; does not move. */
-static int token_float(parser *p, const token *t, const stage_def *sd,
+static int token_float(parser *p, const ferry__token_t *t, const stage_def *sd,
                        const param_def *pd, float *out) {
   locale_t old;
   char num[128], what[160], *end;
-  if (t->kind != T_NUMBER) {
+  if (t->kind != FERRY__TOK_NUMBER) {
     snprintf(what, sizeof(what), "a number for %s %s", sd->name, pd->name);
     return expected(p, t, what);
   }
@@ -424,7 +272,7 @@ static int token_float(parser *p, const token *t, const stage_def *sd,
  * its bounds, and moves past it. */
 static int read_value(parser *p, const stage_def *sd, const param_def *pd,
                       argval *av) {
-  token t = p->tok;
+  ferry__token_t t = p->tok;
   char what[160];
   bool neg;
   uint64_t mag;
@@ -433,7 +281,7 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
   av->pos = t.pos;
   switch (pd->type) {
   case P_INT:
-    if (t.kind != T_NUMBER || !t.is_int) {
+    if (t.kind != FERRY__TOK_NUMBER || !t.is_int) {
       snprintf(what, sizeof(what), "an integer for %s %s", sd->name,
                pd->name);
       return expected(p, &t, what);
@@ -445,7 +293,7 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
       return range_err(p, &t, sd, pd);
     break;
   case P_U64:
-    if (t.kind != T_NUMBER || !t.is_int) {
+    if (t.kind != FERRY__TOK_NUMBER || !t.is_int) {
       snprintf(what, sizeof(what), "an integer for %s %s", sd->name,
                pd->name);
       return expected(p, &t, what);
@@ -464,19 +312,19 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
     int rc;
     snprintf(what, sizeof(what), "(min, max) for %s %s", sd->name,
              pd->name);
-    if (t.kind != T_LPAREN)
+    if (t.punct != '(')
       return expected(p, &t, what);
     if ((rc = advance(p)) != 0 ||
         (rc = token_float(p, &p->tok, sd, pd, &av->f)) != 0 ||
         (rc = advance(p)) != 0)
       return rc;
-    if (p->tok.kind != T_COMMA)
+    if (p->tok.punct != ',')
       return expected(p, &p->tok, "',' between min and max");
     if ((rc = advance(p)) != 0 ||
         (rc = token_float(p, &p->tok, sd, pd, &av->f2)) != 0 ||
         (rc = advance(p)) != 0)
       return rc;
-    if (p->tok.kind != T_RPAREN)
+    if (p->tok.punct != ')')
       return expected(p, &p->tok, "')' after max");
     if (!(av->f <= av->f2) || (pd->flo == 0.0 && !(av->f > 0.0f))) {
       locbuf lb;
@@ -518,7 +366,7 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
       av->s = NULL;
       break;
     }
-    if (t.kind != T_STRING) {
+    if (t.kind != FERRY__TOK_STRING) {
       snprintf(what, sizeof(what), "a \"string\"%s for %s %s",
                pd->type == P_KEY ? " or none" : "", sd->name, pd->name);
       return expected(p, &t, what);
@@ -543,7 +391,7 @@ static int read_value(parser *p, const stage_def *sd, const param_def *pd,
 static int add_pattern(parser *p, ferry_spec_t *spec) {
   char *s;
   locbuf lb;
-  if (p->tok.kind != T_STRING)
+  if (p->tok.kind != FERRY__TOK_STRING)
     return expected(p, &p->tok, "a \"file pattern\" for tfrecord");
   if (p->tok.len == 2)
     return ferry__spec_err(p->err, "%stfrecord pattern must not be empty",
@@ -559,7 +407,8 @@ static int add_pattern(parser *p, ferry_spec_t *spec) {
   return advance(p);
 }
 
-static int find_param(const parser *p, const stage_def *sd, const token *t) {
+static int find_param(const parser *p, const stage_def *sd,
+                      const ferry__token_t *t) {
   int i;
   for (i = 0; i < sd->n_params; i++)
     if (tok_is(p, t, sd->params[i].name))
@@ -576,23 +425,24 @@ static int parse_args(parser *p, const stage_def *sd, argval *av,
   locbuf lb;
   tokbuf tb;
 
-  if (p->tok.kind != T_LPAREN)
+  if (p->tok.punct != '(')
     return expected(p, &p->tok, "'('");
   if ((rc = advance(p)) != 0)
     return rc;
-  if (p->tok.kind == T_RPAREN)
+  if (p->tok.punct == ')')
     return advance(p);
   for (;;) {
-    token t = p->tok, next;
+    ferry__token_t t = p->tok, next;
     bool named = false;
-    if (t.kind != T_IDENT && t.kind != T_STRING && t.kind != T_NUMBER)
+    if (t.kind != FERRY__TOK_IDENT && t.kind != FERRY__TOK_STRING &&
+        t.kind != FERRY__TOK_NUMBER)
       return expected(p, &t,
                       first_arg ? "an argument or ')'" : "an argument");
     first_arg = false;
-    if (t.kind == T_IDENT) {
+    if (t.kind == FERRY__TOK_IDENT) {
       if ((rc = lex(p, t.pos + t.len, &next)) != 0)
         return rc;
-      named = next.kind == T_EQUALS;
+      named = next.punct == '=';
     }
     if (named) {
       int k = find_param(p, sd, &t);
@@ -616,9 +466,9 @@ static int parse_args(parser *p, const stage_def *sd, argval *av,
       p->tok = next;
       if ((rc = advance(p)) != 0)
         return rc;
-      if (p->tok.kind != T_IDENT && p->tok.kind != T_STRING &&
-          p->tok.kind != T_NUMBER &&
-          !(p->tok.kind == T_LPAREN && sd->params[k].type == P_PAIR))
+      if (p->tok.kind != FERRY__TOK_IDENT && p->tok.kind != FERRY__TOK_STRING &&
+          p->tok.kind != FERRY__TOK_NUMBER &&
+          !(p->tok.punct == '(' && sd->params[k].type == P_PAIR))
         return expected(p, &p->tok, "a value after '='");
       if ((rc = read_value(p, sd, &sd->params[k], &av[k])) != 0)
         return rc;
@@ -657,9 +507,9 @@ static int parse_args(parser *p, const stage_def *sd, argval *av,
       if ((rc = read_value(p, sd, &sd->params[k], &av[k])) != 0)
         return rc;
     }
-    if (p->tok.kind == T_RPAREN)
+    if (p->tok.punct == ')')
       return advance(p);
-    if (p->tok.kind != T_COMMA)
+    if (p->tok.punct != ',')
       return expected(p, &p->tok, "',' or ')'");
     if ((rc = advance(p)) != 0)
       return rc;
@@ -912,7 +762,7 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec,
     size_t pos = p.tok.pos, n_ops = spec->n_ops;
     int i;
 
-    if (p.tok.kind != T_IDENT) {
+    if (p.tok.kind != FERRY__TOK_IDENT) {
       rc = expected(&p, &p.tok, "a stage name");
       goto fail;
     }
@@ -949,9 +799,9 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec,
     case ST_REPEAT: sp.repeat = pos; break;
     default: sp.ops[n_ops] = pos; break;
     }
-    if (p.tok.kind == T_EOF)
+    if (p.tok.kind == FERRY__TOK_END)
       break;
-    if (p.tok.kind != T_PIPE) {
+    if (p.tok.punct != '|') {
       rc = expected(&p, &p.tok, "'|' or end of input");
       goto fail;
     }
