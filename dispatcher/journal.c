@@ -1,6 +1,5 @@
 /* The dispatcher's journal (see journal.h). */
 #include "journal.h"
-#include "dmetrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,12 +28,13 @@ struct ferry_journal_s {
   bool inflight, compacting;
   ferry_journal_pack_cb pack; /* compaction: packs the snapshot */
   void *pack_arg;
-  int64_t batch_ns;  /* batch_write's duration, for the metric */
+  int64_t batch_ns;  /* the last batch_write's duration */
   uint64_t size;     /* durable bytes in the file */
   uint64_t appended; /* logical positions (journal.h) */
   uint64_t durable;
   uint64_t batch_end; /* what the batch in flight covers */
   uint64_t syncs;
+  uint64_t appends;   /* entries appended */
   uint64_t snap_size; /* the last snapshot's size (0: none) */
   bool oom;           /* an append ran out of memory (loop) */
   bool batch_oom;     /* ... before the batch in flight (its thread) */
@@ -408,7 +408,7 @@ void ferry__journal_append(ferry_journal_t *j, const uint8_t *entry,
     return;
   }
   j->appended += len + 16;
-  ferry_metric_add(ferry__dmetrics()->appends, 1);
+  j->appends++;
 }
 
 void ferry__journal_sink(const uint8_t *entry, size_t len, void *arg) {
@@ -538,8 +538,14 @@ out:
   return rc;
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 int ferry__journal_batch_write(ferry_journal_t *j, ferry_error_t *err) {
-  int64_t t0 = ferry_metrics_now_ns();
+  int64_t t0 = now_ns();
   int rc = 0;
 
   if (j->batch_oom)
@@ -550,7 +556,7 @@ int ferry__journal_batch_write(ferry_journal_t *j, ferry_error_t *err) {
     rc = sys_err(err, "write", j->path);
   else if (io.fsync(j->fd) != 0)
     rc = sys_err(err, "fdatasync", j->path);
-  j->batch_ns = ferry_metrics_now_ns() - t0;
+  j->batch_ns = now_ns() - t0;
   return rc;
 }
 
@@ -558,7 +564,6 @@ void ferry__journal_batch_end(ferry_journal_t *j, int rc) {
   if (!j->inflight)
     return;
   j->inflight = false;
-  ferry_metric_observe(ferry__dmetrics()->fsync, j->batch_ns);
   j->syncs++;
   if (rc == 0) {
     if (j->compacting) {
@@ -612,6 +617,12 @@ uint64_t ferry__journal_durable(const ferry_journal_t *j) {
 bool ferry__journal_busy(const ferry_journal_t *j) { return j->inflight; }
 uint64_t ferry__journal_size(const ferry_journal_t *j) { return j->size; }
 uint64_t ferry__journal_syncs(const ferry_journal_t *j) { return j->syncs; }
+uint64_t ferry__journal_appends(const ferry_journal_t *j) {
+  return j->appends;
+}
+int64_t ferry__journal_batch_ns(const ferry_journal_t *j) {
+  return j->batch_ns;
+}
 uint64_t ferry__journal_snapshot_size(const ferry_journal_t *j) {
   return j->snap_size;
 }

@@ -147,9 +147,14 @@ uint64_t ferry__journal_durable(const ferry_journal_t *j);
 bool ferry__journal_busy(const ferry_journal_t *j); /* a batch in flight */
 
 /* Size of the file in bytes (durable), the number of batches that wrote
- * something, and the size of the last snapshot written or read (0: none). */
+ * something, the entries appended (since open, dropped ones included),
+ * how long the last batch_write took (ns), and the size of the last
+ * snapshot written or read (0: none). Nothing here counts into the
+ * metrics: dmetrics.c and the group commit read these. */
 uint64_t ferry__journal_size(const ferry_journal_t *j);
 uint64_t ferry__journal_syncs(const ferry_journal_t *j);
+uint64_t ferry__journal_appends(const ferry_journal_t *j);
+int64_t ferry__journal_batch_ns(const ferry_journal_t *j);
 uint64_t ferry__journal_snapshot_size(const ferry_journal_t *j);
 void ferry__journal_set_snapshot_size(ferry_journal_t *j, uint64_t n);
 const char *ferry__journal_dir(const ferry_journal_t *j);

@@ -171,7 +171,7 @@ typedef struct daemon_s {
   ferry_disp_service_t svc;
   ferry_notify_watchdog_t watchdog; /* WATCHDOG=1 from the loop */
   ferry_metrics_http_t *http;       /* --metrics-port */
-  ferry__dmetrics_gauges_t *gauges;
+  ferry__dmetrics_t *metrics;          /* with --metrics-port */
   bool stopping;
   int exit_code;
 } daemon_t;
@@ -225,8 +225,9 @@ static void stop(daemon_t *d, int code) {
   ferry_rpc_health_set_serving(d->rpc, false);
   /* The metrics server goes first: a scrape waiting on this loop returns
    * at once, then its thread is joined. */
-  ferry__dmetrics_detach(d->gauges);
-  d->gauges = NULL;
+  d->svc.metrics = NULL;
+  ferry__dmetrics_detach(d->metrics);
+  d->metrics = NULL;
   ferry_metrics_http_stop(d->http);
   d->http = NULL;
   /* Held-back heartbeats first: the shutdown waits for every answer. */
@@ -408,17 +409,18 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   int mport = 0;
   if (s->metrics_port >= 0) {
     ferry_metrics_count_rpcs(true);
-    if ((d->gauges = ferry__dmetrics_attach(&d->loop, d->state,
-                                            d->journal)) == NULL)
+    if ((d->metrics = ferry__dmetrics_attach(&d->loop, d->state,
+                                             d->journal)) == NULL)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     if ((rc = ferry_metrics_http_start(ferry_metrics_default(), mhost,
                                        (int)s->metrics_port, &d->http,
                                        &mport, err)) != 0) {
-      ferry__dmetrics_detach(d->gauges);
-      d->gauges = NULL;
+      ferry__dmetrics_detach(d->metrics);
+      d->metrics = NULL;
       return ferry__prefixerr(err, "--metrics-port");
     }
     ferry_metrics_http_set_ready(d->http, true);
+    d->svc.metrics = d->metrics;
   }
   if ((rc = ferry__disp_rpc_start(&d->svc, &d->loop)) != 0)
     return ferry__seterr(err, FERRY_EIO, "uv_timer_init: %s",

@@ -127,7 +127,8 @@ static void rebuild(ferry_disp_service_t *svc, const ferry_error_t *why) {
            why->msg);
   FERRY_LOG(FERRY_LOG_ERROR, "journal: %s; failing %zu held calls and "
             "rebuilding the state from disk", why->msg, svc->n_held);
-  ferry_metric_add(ferry__dmetrics()->write_failures, 1);
+  if (svc->metrics != NULL)
+    ferry_metric_add(svc->metrics->write_failures, 1);
   release_held(svc, 0, msg);
   ferry__disp_wait_fail_all(svc, msg);
   ferry__disp_set_sink(svc->state, NULL, NULL);
@@ -159,6 +160,8 @@ static void synced(ferry_disp_service_t *svc, int rc,
 
   svc->compacting = false;
   ferry__journal_batch_end(j, rc);
+  if (svc->metrics != NULL)
+    ferry_metric_observe(svc->metrics->fsync, ferry__journal_batch_ns(j));
   ferry__disp_snapshot_release(svc->state, svc->snap); /* before a rebuild */
   svc->snap = NULL;
   if (rc != 0) {
@@ -166,7 +169,8 @@ static void synced(ferry_disp_service_t *svc, int rc,
     return;
   }
   if (compacted) {
-    ferry_metric_add(ferry__dmetrics()->snapshots, 1);
+    if (svc->metrics != NULL)
+      ferry_metric_add(svc->metrics->snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
               "journal: snapshot of %" PRIu64 " bytes written (captured "

@@ -51,6 +51,9 @@ typedef struct ferry_disp_held_s ferry_disp_held_t;
 struct ferry_disp_service_s {
   ferry_disp_t *state;
   ferry_journal_t *journal; /* NULL: no journal (tests) */
+  /* What the group commit counts as batches end (dmetrics.h); NULL: not
+   * counted (no --metrics-port, tests). */
+  const struct ferry__dmetrics_s *metrics;
   const char *version;
   ferry_disp_fatal_cb fatal;
   void *fatal_arg;

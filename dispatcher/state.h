@@ -296,6 +296,18 @@ uint32_t ferry__disp_workers_wanted(uint32_t n, const double *stall,
  * out[0] waiting (no lease), out[1] leased, out[2] done. */
 void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]);
 
+/* What this process's live calls did, counted as their entries are
+ * committed (a replay counts nothing; ferry__disp_reset keeps them): the
+ * metrics read them (dmetrics.c) rather than being called from here. */
+typedef struct ferry_disp_counters_s {
+  uint64_t leases;       /* leases granted, re-grants included */
+  uint64_t relets;       /* ... of rows leased before in the same epoch */
+  uint64_t workers_lost; /* declared lost without having said draining */
+  uint64_t workers_left; /* silent after a heartbeat that said draining */
+  uint64_t clients_lost; /* declared lost (timeout or stalled stream) */
+} ferry_disp_counters_t;
+void ferry__disp_counters(const ferry_disp_t *d, ferry_disp_counters_t *out);
+
 /* Cluster status. `version` is copied into the response. */
 int ferry__disp_status(ferry_disp_t *d, const char *version,
                        Ferry__V1__GetStatusResponse *resp, ferry_arena_t *a,

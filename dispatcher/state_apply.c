@@ -6,8 +6,6 @@
 
 #include "ferry/pb_alloc.h"
 
-#include "dmetrics.h"
-
 static void row_check_done(job_t *j, uint32_t idx) {
   row_t *r = &j->rows[idx];
   if (!r->done && r->total_known && r->delivered >= r->total) {
@@ -821,13 +819,39 @@ static int apply(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
 /* The largest serialization buffer kept between commits. */
 #define SCRATCH_KEEP (1u << 20)
 
+/* Counts what a committed live entry did (ferry__disp_counters);
+ * `relet`: an assignment of a row that had a lease before in this epoch. */
+static void count(ferry_disp_t *d, const entry_t *e, bool relet) {
+  ferry_disp_counters_t *c = &d->counters;
+  switch (e->entry_case) {
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN:
+    if (e->assign->worker_id != 0) {
+      c->leases++;
+      c->relets += relet;
+    }
+    break;
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_WORKER_LOST:
+    if (e->worker_lost->left)
+      c->workers_left++;
+    else
+      c->workers_lost++;
+    break;
+  case FERRY__V1__JOURNAL_ENTRY__ENTRY_CLIENT_LEFT:
+    c->clients_lost += e->client_left->lost;
+    break;
+  default:
+    break;
+  }
+}
+
 int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
   size_t n = protobuf_c_message_get_packed_size(&e->base);
   int rc;
 
   if (d->sink != NULL && !FERRY__GROW(d->scratch, d->scratch_cap, n, 256))
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  /* Metrics count what this process does (replays do not come here). */
+  /* The counters count what this process does (replays do not come
+   * here). */
   bool relet = false;
   if (e->entry_case == FERRY__V1__JOURNAL_ENTRY__ENTRY_ASSIGN) {
     const job_t *j = ferry__disp_find_job(d, e->assign->job_id);
@@ -843,7 +867,7 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
               err != NULL ? err->msg : ferry_strerror(rc));
     return rc;
   }
-  ferry__dmetrics_committed(e, relet);
+  count(d, e, relet);
   d->changes++;
   if (d->sink != NULL) {
     protobuf_c_message_pack(&e->base, d->scratch);

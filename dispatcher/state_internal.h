@@ -302,6 +302,7 @@ struct ferry_disp_s {
   uint64_t hb_gen;
   uint64_t unreach_gen; /* volatile: client heartbeats that listed any */
   uint64_t changes; /* live entries committed: wakes waiting heartbeats */
+  ferry_disp_counters_t counters; /* volatile: kept by ferry__disp_reset */
   /* Snapshots (snapshot.c): the journal segment that follows the state
    * loaded, and while a snapshot is applied, its entries so far. */
   uint64_t segment;

@@ -1,5 +1,6 @@
 /* The figures behind the metrics and JobStatus: splits by
- * state, a job's stall fraction, batches per second and workers wanted. */
+ * state, the counters, a job's stall fraction, batches per second and
+ * workers wanted. */
 #include "state_internal.h"
 
 #include <math.h>
@@ -41,6 +42,10 @@ void ferry__disp_split_counts(const ferry_disp_t *d, uint64_t out[3]) {
     out[1] += leased;
     out[2] += j->ndone;
   }
+}
+
+void ferry__disp_counters(const ferry_disp_t *d, ferry_disp_counters_t *out) {
+  *out = d->counters;
 }
 
 bool ferry__disp_client_live(const ferry_disp_t *d, const client_t *c) {

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dmetrics.h"
 #include "ferry/alloc.h"
 #include "ferry/spec.h"
 
@@ -39,10 +38,6 @@ void fx_teardown(void) {
 static ferry_alloc_stats_t baseline;
 
 void fx_begin(void) {
-  /* The process-wide metrics registry is made at its first use and kept
-   * (each test runs in a fresh child): made before the baseline, it is
-   * not counted as a leak of the test. */
-  (void)ferry__dmetrics();
   ferry__alloc_stats(&baseline);
   fx_setup();
 }

@@ -4,7 +4,6 @@
 #include <ctype.h>
 #include <string.h>
 
-#include "dmetrics.h"
 #include "ferry/job_names.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "state.h"

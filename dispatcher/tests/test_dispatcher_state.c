@@ -884,6 +884,14 @@ Test(dispatcher, lost_client_rows_return_to_the_pool) {
     cr_assert_eq(task->client_id, j2->client_id);
     cr_assert_eq(task->start, task->split->index == prog[1] ? 5 : 0);
   }
+  /* What the metrics read: four leases, the last two re-grants of rows
+   * leased before in the epoch; one client lost, no worker. */
+  ferry_disp_counters_t n;
+  ferry__disp_counters(D, &n);
+  cr_assert_eq(n.leases, 4, "%llu", (unsigned long long)n.leases);
+  cr_assert_eq(n.relets, 2, "%llu", (unsigned long long)n.relets);
+  cr_assert_eq(n.clients_lost, 1);
+  cr_assert_eq(n.workers_lost + n.workers_left, 0);
 }
 
 Test(dispatcher, leaving_client_releases_at_once) {
