@@ -3,7 +3,7 @@
  * The parts: state.c (lifetime, lookups), state_apply.c (journal entries),
  * state_leases.c, state_datasets.c (+ scan.c, off the loop), state_jobs.c,
  * state_clients.c, state_workers.c, state_unreach.c, state_gc.c,
- * state_status.c, state_metrics.c; arena.c holds the response arena.
+ * state_status.c, state_figures.c; arena.c holds the response arena.
  * See state.h and docs/ARCHITECTURE.md, "The service".
  *
  * Invariants:
@@ -622,7 +622,7 @@ bool ferry__disp_drained(const worker_t *w);
  * it may have left before the restart (ferry__disp_recount() first). */
 const char *ferry__disp_worker_state(const worker_t *w);
 
-/* state_metrics.c */
+/* state_figures.c */
 
 /* The job's stall fraction (mean over its clients), batches per second
  * (summed) and workers wanted, from the clients' latest heartbeats: the
