@@ -1,5 +1,7 @@
-/* Response memory freed in one go (state.h), and the protobuf-c allocator
+/* Response memory freed in one go (arena.h), and the protobuf-c allocator
  * over it (the one over the Ferry heap is common's: ferry/pb_alloc.h). */
+#include "arena.h"
+
 #include <malloc.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -7,7 +9,6 @@
 #include <string.h>
 
 #include "ferry/alloc.h"
-#include "state_internal.h"
 
 /* Blocks carved from the front (a response is many small messages: a
  * client's heartbeat answer has one WorkerInfo per worker), so that a

@@ -13,8 +13,8 @@
  * live calls below, never during replay.
  *
  * Requests and responses are the protobuf-c messages of
- * ferry/v1/dispatcher.proto. Responses are built in a caller-owned arena:
- * everything they point to lives until ferry__arena_free.
+ * ferry/v1/dispatcher.proto. Responses are built in a caller-owned arena
+ * (arena.h): everything they point to lives until ferry__arena_free.
  */
 #ifndef FERRY_DISPATCHER_STATE_H
 #define FERRY_DISPATCHER_STATE_H
@@ -23,21 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "ferry/error.h"
 #include "ferry/roots.h"
 #include "ferry/v1/dispatcher.pb-c.h"
-
-/* ---- Arena: response memory freed in one go ---------------------------- */
-
-typedef struct ferry_arena_s {
-  void *head; /* private: singly linked list of blocks */
-} ferry_arena_t;
-
-/* Zeroed memory that lives until ferry__arena_free; NULL when out of
- * memory. */
-void *ferry__arena_alloc(ferry_arena_t *a, size_t size);
-/* Frees every block; the arena is then empty and reusable. */
-void ferry__arena_free(ferry_arena_t *a);
 
 /* ---- Configuration ------------------------------------------------------ */
 
@@ -330,9 +319,5 @@ void ferry__disp_split_order(bool shuffle, uint64_t seed, uint32_t epoch,
  * (state_internal.h) against the rows and workers they index, recomputed
  * the slow way. Returns true, or false with what disagrees in `why`. */
 bool ferry__disp_check_indexes(const ferry_disp_t *d, char *why, size_t cap);
-
-/* Protobuf-c allocator over an arena (free is a no-op); the one over the
- * Ferry heap is ferry__pb_allocator (ferry/pb_alloc.h). */
-void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out);
 
 #endif /* FERRY_DISPATCHER_STATE_H */

@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "arena.h"
 #include "check.h"
 #include "ferry/alloc.h"
 #include "ferry/lease.h"
@@ -339,18 +340,6 @@ struct ferry_disp_s {
   entry_t e = FERRY__V1__JOURNAL_ENTRY__INIT;                                  \
   e.entry_case = FERRY__V1__JOURNAL_ENTRY__ENTRY_##kind;                       \
   e.field = &(msg)
-
-/* arena.c */
-
-/* Hands the heap's free memory back to the system (glibc's malloc_trim;
- * a no-op elsewhere): after a large transient, such as the registration
- * of a dataset of a million splits or a replay, whose freed memory the
- * daemon's malloc settings (ferry_rpc_tune_malloc) would otherwise keep
- * resident. Costs a walk of the heap: only after such transients. */
-void ferry__disp_trim_heap(void);
-
-/* A copy of `s` in the arena; NULL when out of memory. */
-char *ferry__arena_strdup(ferry_arena_t *a, const char *s);
 
 /* state.c */
 
