@@ -7,6 +7,7 @@
 #include "ferry/log.h"
 #include "ferry/rpc_methods.h"
 #include "rpc_internal.h"
+#include "scan.h"
 
 /* ---- RegisterDataset on the thread pool -----------------------------------
  * ferry__disp_reg_begin runs in handle(); the expansion and the scan run on

@@ -18,7 +18,6 @@
 #include "ferry/log.h"
 #include "ferry/tfrecord.h"
 #include "shard_index.h"
-#include "state.h"
 
 int ferry__disp_push_split(splits_t *s, const split_t *sp) {
   if (!FERRY__GROW(s->v, s->cap, s->n + 1, 64))
@@ -257,9 +256,9 @@ void ferry__disp_reg_expand(ferry_disp_reg_t *r) {
       goto out;
   if ((rc = ferry_spec_expand_files(spec, &r->files, &r->nfiles, err)) != 0)
     goto out;
-  if (r->nfiles > FERRY_DISP_MAX_FILES) {
-    rc = ferry__seterr(err, FERRY_EINVAL, "%s: over %d files",
-                       spec->patterns[0], FERRY_DISP_MAX_FILES);
+  if (r->nfiles > r->max_files) {
+    rc = ferry__seterr(err, FERRY_EINVAL, "%s: over %u files",
+                       spec->patterns[0], r->max_files);
     goto out;
   }
   for (size_t i = 0; i < r->nfiles; i++)
@@ -298,7 +297,7 @@ out:
     r->rc = rc;
 }
 
-/* Test-only (state.h): FERRY_DISP_SCAN_DELAY_MS, cancellable. */
+/* Test-only (scan.h): FERRY_DISP_SCAN_DELAY_MS, cancellable. */
 static void scan_delay(ferry_disp_reg_t *r) {
   const char *e = getenv("FERRY_DISP_SCAN_DELAY_MS");
   long ms = e != NULL ? strtol(e, NULL, 10) : 0;

@@ -1,8 +1,9 @@
 /* The dataset scan: the steps of RegisterDataset that run off the loop
- * (ferry__disp_reg_expand and ferry__disp_reg_scan in state.h) and own
- * every file I/O of the state machine. A registration (ferry_disp_reg_t)
- * carries all they touch; they never see ferry_disp_t. The loop steps
- * (state_datasets.c) fill and read the same registration. */
+ * (state.h, "RegisterDataset in steps", tells the order) and own every
+ * file I/O of the state machine. A registration (ferry_disp_reg_t)
+ * carries all they touch; they never see ferry_disp_t, and nothing here
+ * knows the state. The loop steps (state_datasets.c) fill and read the
+ * same registration. */
 #ifndef FERRY_DISPATCHER_SCAN_H
 #define FERRY_DISPATCHER_SCAN_H
 
@@ -45,7 +46,7 @@ typedef struct splits_s {
   size_t n, cap;
 } splits_t;
 
-/* What a registration owns (see state.h). The loop sets the first
+/* What a registration owns (state.h names it too). The loop sets the first
  * block in begin; the thread steps fill the rest, reuse fills `reused`
  * and `reuse`. Steps never overlap: each hands over to the next through
  * libuv (uv_queue_work and its after callback), which orders memory. */
@@ -55,6 +56,7 @@ struct ferry_disp_reg_s {
   size_t clen;
   char id[17];
   uint32_t per;
+  uint32_t max_files; /* FERRY_DISP_MAX_FILES */
   uint64_t max_record_len;
   const ferry_roots_t *roots; /* the daemon's: immutable while it runs */
 
@@ -69,6 +71,24 @@ struct ferry_disp_reg_s {
   ferry_error_t err;
   atomic_bool cancel;
 };
+typedef struct ferry_disp_reg_s ferry_disp_reg_t;
+
+/* Any thread. Checks the patterns against the data roots, expands them,
+ * checks the file count, every file's root and UTF-8 name, and stats the
+ * files. */
+void ferry__disp_reg_expand(ferry_disp_reg_t *r);
+
+/* Any thread. Scans the files not reused. Test-only: the environment
+ * variable FERRY_DISP_SCAN_DELAY_MS (milliseconds, at most 60000) makes
+ * it wait that long first, to stand for a slow file system. */
+void ferry__disp_reg_scan(ferry_disp_reg_t *r);
+
+/* Any thread. Makes a running expand or scan stop early (between files,
+ * or during the test delay) with FERRY_ECANCELED. */
+void ferry__disp_reg_cancel(ferry_disp_reg_t *r);
+
+/* Any thread. Frees the registration. */
+void ferry__disp_reg_free(ferry_disp_reg_t *r);
 
 /* scan.c */
 

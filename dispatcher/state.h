@@ -137,9 +137,10 @@ int ferry__disp_register_dataset(ferry_disp_t *d,
  *   begin (loop)  -> expand (thread) -> reuse (loop) -> scan (thread)
  *   -> finish (loop) -> free (any).
  * A registration owns everything its thread steps touch (a copy of the
- * spec, the file list, the splits, its error); those steps never touch
- * ferry_disp_t, whose datasets the loop reallocates and collects. An
- * error in a step makes the later ones no-ops and finish returns it. */
+ * spec, the file list, the splits, its error); those steps (expand, scan,
+ * cancel, free: scan.h) never touch ferry_disp_t, whose datasets the loop
+ * reallocates and collects. An error in a step makes the later ones
+ * no-ops and finish returns it. */
 typedef struct ferry_disp_reg_s ferry_disp_reg_t;
 
 /* Loop. Checks the request (no file I/O). Returns a negative code with
@@ -161,23 +162,9 @@ bool ferry__disp_reg_same(const ferry_disp_reg_t *a,
 /* The dataset id `r` registers. */
 const char *ferry__disp_reg_id(const ferry_disp_reg_t *r);
 
-/* Any thread. Checks the patterns against the data roots, expands them,
- * checks the file count, every file's root and UTF-8 name, and stats the
- * files. */
-void ferry__disp_reg_expand(ferry_disp_reg_t *r);
-
 /* Loop. Copies the splits of the files that a dataset of this process
  * scanned with the same parameters and that did not change since. */
 void ferry__disp_reg_reuse(ferry_disp_t *d, ferry_disp_reg_t *r);
-
-/* Any thread. Scans the files not reused. Test-only: the environment
- * variable FERRY_DISP_SCAN_DELAY_MS (milliseconds, at most 60000) makes
- * it wait that long first, to stand for a slow file system. */
-void ferry__disp_reg_scan(ferry_disp_reg_t *r);
-
-/* Any thread. Makes a running expand or scan stop early (between files,
- * or during the test delay) with FERRY_ECANCELED. */
-void ferry__disp_reg_cancel(ferry_disp_reg_t *r);
 
 /* Loop. Returns the error of an earlier step; else answers with the
  * dataset registered meanwhile under the same fingerprint (two
@@ -187,8 +174,6 @@ int ferry__disp_reg_finish(ferry_disp_t *d, ferry_disp_reg_t *r,
                            Ferry__V1__RegisterDatasetResponse *resp,
                            ferry_arena_t *a, int64_t now_ms,
                            ferry_error_t *err);
-
-void ferry__disp_reg_free(ferry_disp_reg_t *r);
 
 /* Joins the running job named in the options, or creates one (always for
  * an anonymous job); the caller becomes a new client of it. */

@@ -138,6 +138,7 @@ int ferry__disp_reg_begin(ferry_disp_t *d,
   r->per = req->records_per_split ? req->records_per_split
                                   : d->cfg.records_per_split;
   r->max_record_len = d->cfg.max_record_len;
+  r->max_files = FERRY_DISP_MAX_FILES;
   r->roots = d->cfg.roots;
   if ((rc = request_spec(req->spec, &r->spec, err)) != 0)
     goto fail;
