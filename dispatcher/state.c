@@ -1,5 +1,6 @@
-/* The dispatcher's state machine: its lifetime, the split order and the
- * lookups every part uses (state_internal.h lists the parts). */
+/* The dispatcher's state machine: its lifetime, the split order, the
+ * lookups and indexes every part uses and the workers' unreachable lists
+ * (state_internal.h lists the parts). */
 #include "state_internal.h"
 
 #include "ferry/tfrecord.h"
@@ -123,6 +124,14 @@ int ferry__disp_new(const ferry_disp_config_t *cfg, int64_t now_ms,
   d->next_job = d->next_client = d->next_worker = 1;
   *out = d;
   return 0;
+}
+
+void ferry__disp_free_collected(ferry_disp_t *d) {
+  for (size_t i = 0; i < d->ncollected; i++)
+    ferry__disp_free_dataset(d->collected[i]);
+  ferry__free(d->collected);
+  d->collected = NULL;
+  d->ncollected = 0;
 }
 
 void ferry__disp_free_contents(ferry_disp_t *d) {
@@ -366,3 +375,59 @@ void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j) {
 }
 
 uint64_t ferry__disp_changes(const ferry_disp_t *d) { return d->changes; }
+
+/* ---- Unreachable lists (state_unreach.c records them) ------------------ */
+
+unreach_t *ferry__disp_unreach_find(const worker_t *w, uint64_t job,
+                                    uint64_t client) {
+  for (uint32_t i = 0; i < w->nunreach; i++)
+    if (w->unreach[i].job == job && w->unreach[i].client == client)
+      return &w->unreach[i];
+  return NULL;
+}
+
+void ferry__disp_unreach_drop(ferry_disp_t *d, worker_t *w, uint32_t i) {
+  job_t *j = ferry__disp_find_job(d, w->unreach[i].job);
+  client_t *c = j != NULL ? ferry__disp_find_client(j, w->unreach[i].client)
+                          : NULL;
+  if (c != NULL && c->nunreach > 0)
+    c->nunreach--;
+  w->unreach[i] = w->unreach[--w->nunreach];
+}
+
+bool ferry__disp_unreachable_for(const ferry_disp_t *d, const worker_t *w,
+                                 uint64_t job, uint64_t client) {
+  if (w->nunreach == 0 || client == 0)
+    return false;
+  const unreach_t *u = ferry__disp_unreach_find(w, job, client);
+  return u != NULL && d->now < u->avoid_until;
+}
+
+/* The entry's client, if still active in a running job. */
+static bool entry_live(ferry_disp_t *d, const unreach_t *u) {
+  job_t *j = ferry__disp_find_job(d, u->job);
+  client_t *c = j != NULL && RUNNING(j) ? ferry__disp_find_client(j, u->client)
+                                        : NULL;
+  return c != NULL && c->active;
+}
+
+uint32_t ferry__disp_unreachable_count(ferry_disp_t *d, const worker_t *w) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < w->nunreach; i++)
+    n += entry_live(d, &w->unreach[i]);
+  return n;
+}
+
+void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all) {
+  for (uint32_t k = w->nunreach; k-- > 0;)
+    if (all || !entry_live(d, &w->unreach[k]))
+      ferry__disp_unreach_drop(d, w, k);
+}
+
+void ferry__disp_free_unreachable(worker_t *w) {
+  ferry__free(w->unreach);
+  ferry__free(w->unreach_reason);
+  w->unreach = NULL;
+  w->unreach_reason = NULL;
+  w->nunreach = w->unreach_cap = 0;
+}

@@ -593,14 +593,6 @@ static int apply_dataset_gc(ferry_disp_t *d,
                        m->dataset_id);
 }
 
-void ferry__disp_free_collected(ferry_disp_t *d) {
-  for (size_t i = 0; i < d->ncollected; i++)
-    ferry__disp_free_dataset(d->collected[i]);
-  ferry__free(d->collected);
-  d->collected = NULL;
-  d->ncollected = 0;
-}
-
 static int apply_boot(ferry_disp_t *d, const Ferry__V1__JournalBoot *m,
                       ferry_error_t *err) {
   if (m->boot <= d->boot)

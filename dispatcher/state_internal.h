@@ -353,8 +353,10 @@ void ferry__disp_free_dataset(dataset_t *ds);
 void ferry__disp_free_rows(job_t *j);
 void ferry__disp_free_job(job_t *j);
 /* Frees every dataset, job and worker (the state is then empty; its
- * configuration, sink and scratch stay). */
+ * configuration, sink, scratch and counters stay). */
 void ferry__disp_free_contents(ferry_disp_t *d);
+/* Frees the datasets collected while snapshots pinned them. */
+void ferry__disp_free_collected(ferry_disp_t *d);
 
 /* Lookups by id: NULL when unknown (live_worker: or lost). */
 dataset_t *ferry__disp_find_dataset(ferry_disp_t *d, const char *id);
@@ -437,10 +439,29 @@ uint64_t ferry__disp_rank_dropped(const job_t *j);
 /* The job becomes GC-able from now on, unless it already is. */
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j);
 
-/* state_apply.c */
+/* The workers' unreachable lists (state_unreach.c records what clients
+ * report). The entry of (job, client) on `w`'s list, or NULL; dropping
+ * entry i of it (the last one takes its place). */
+unreach_t *ferry__disp_unreach_find(const worker_t *w, uint64_t job,
+                                    uint64_t client);
+void ferry__disp_unreach_drop(ferry_disp_t *d, worker_t *w, uint32_t i);
 
-/* Frees the datasets collected while snapshots pinned them. */
-void ferry__disp_free_collected(ferry_disp_t *d);
+/* True while `client` of job `job` reported `w` unreachable and its
+ * backoff runs: that client's rows are not leased to `w`. */
+bool ferry__disp_unreachable_for(const ferry_disp_t *d, const worker_t *w,
+                                 uint64_t job, uint64_t client);
+
+/* Clients of running jobs, still active, whose entries are on `w`. */
+uint32_t ferry__disp_unreachable_count(ferry_disp_t *d, const worker_t *w);
+
+/* Drops the entries of clients no longer active (tick), or every entry
+ * (`all`: the worker registered again). */
+void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all);
+
+/* Frees a worker's lists. */
+void ferry__disp_free_unreachable(worker_t *w);
+
+/* state_apply.c */
 
 /* True when a job still reads the dataset. */
 bool ferry__disp_dataset_used(const ferry_disp_t *d, const dataset_t *ds);
@@ -585,20 +606,6 @@ int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
 void ferry__disp_record_unreachable(ferry_disp_t *d, job_t *j, client_t *c,
                                     const Ferry__V1__ClientHeartbeatRequest *req);
 
-/* True while `client` of job `job` reported `w` unreachable and its
- * backoff runs: that client's rows are not leased to `w`. */
-bool ferry__disp_unreachable_for(const ferry_disp_t *d, const worker_t *w,
-                                 uint64_t job, uint64_t client);
-
-/* Clients of running jobs, still active, whose entries are on `w`. */
-uint32_t ferry__disp_unreachable_count(ferry_disp_t *d, const worker_t *w);
-
-/* Drops the entries of clients no longer active (tick), or every entry
- * (`all`: the worker registered again). */
-void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all);
-
-/* Frees a worker's lists (state.c). */
-void ferry__disp_free_unreachable(worker_t *w);
 
 /* state_status.c */
 

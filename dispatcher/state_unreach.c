@@ -5,7 +5,9 @@
  * dispatcher counts them per worker for GetStatus and the metrics, warns
  * once per worker, and keeps each such client's splits off the worker for
  * a backoff that doubles with each further failure. All of it is
- * volatile: clients list the workers again in every heartbeat. */
+ * volatile: clients list the workers again in every heartbeat. Here: the
+ * reports; the lists and what reads them (leasing, GetStatus, the tick)
+ * are state.c's, below the leases this moves. */
 #include "state_internal.h"
 
 int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
@@ -26,24 +28,6 @@ int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
       return rc;
   }
   return 0;
-}
-
-static unreach_t *find_entry(const worker_t *w, uint64_t job,
-                             uint64_t client) {
-  for (uint32_t i = 0; i < w->nunreach; i++)
-    if (w->unreach[i].job == job && w->unreach[i].client == client)
-      return &w->unreach[i];
-  return NULL;
-}
-
-/* Removes entry i of w's list (the last one takes its place). */
-static void drop_entry(ferry_disp_t *d, worker_t *w, uint32_t i) {
-  job_t *j = ferry__disp_find_job(d, w->unreach[i].job);
-  client_t *c = j != NULL ? ferry__disp_find_client(j, w->unreach[i].client)
-                          : NULL;
-  if (c != NULL && c->nunreach > 0)
-    c->nunreach--;
-  w->unreach[i] = w->unreach[--w->nunreach];
 }
 
 static unreach_t *add_entry(worker_t *w, uint64_t job, uint64_t client) {
@@ -102,7 +86,7 @@ static void drop_unlisted(ferry_disp_t *d, job_t *j, client_t *c,
                 "worker %" PRIu64 " (%s): job %" PRIu64 " client %" PRIu64
                 " reaches it again",
                 w->id, w->address, j->id, c->id);
-      drop_entry(d, w, k);
+      ferry__disp_unreach_drop(d, w, k);
     }
   }
 }
@@ -122,7 +106,7 @@ void ferry__disp_record_unreachable(
      * again since (a new process): it says nothing about this one. */
     if (w == NULL || r->address == NULL || strcmp(r->address, w->address) != 0)
       continue;
-    unreach_t *u = find_entry(w, j->id, c->id);
+    unreach_t *u = ferry__disp_unreach_find(w, j->id, c->id);
     uint32_t failures = r->failures > 0 ? r->failures : 1;
     bool fresh = u == NULL || failures > u->failures;
     if (u == NULL) {
@@ -158,41 +142,4 @@ void ferry__disp_record_unreachable(
   }
   if (c->nunreach > 0)
     drop_unlisted(d, j, c, gen);
-}
-
-bool ferry__disp_unreachable_for(const ferry_disp_t *d, const worker_t *w,
-                                 uint64_t job, uint64_t client) {
-  if (w->nunreach == 0 || client == 0)
-    return false;
-  const unreach_t *u = find_entry(w, job, client);
-  return u != NULL && d->now < u->avoid_until;
-}
-
-/* The entry's client, if still active in a running job. */
-static bool entry_live(ferry_disp_t *d, const unreach_t *u) {
-  job_t *j = ferry__disp_find_job(d, u->job);
-  client_t *c = j != NULL && RUNNING(j) ? ferry__disp_find_client(j, u->client)
-                                        : NULL;
-  return c != NULL && c->active;
-}
-
-uint32_t ferry__disp_unreachable_count(ferry_disp_t *d, const worker_t *w) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < w->nunreach; i++)
-    n += entry_live(d, &w->unreach[i]);
-  return n;
-}
-
-void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all) {
-  for (uint32_t k = w->nunreach; k-- > 0;)
-    if (all || !entry_live(d, &w->unreach[k]))
-      drop_entry(d, w, k);
-}
-
-void ferry__disp_free_unreachable(worker_t *w) {
-  ferry__free(w->unreach);
-  ferry__free(w->unreach_reason);
-  w->unreach = NULL;
-  w->unreach_reason = NULL;
-  w->nunreach = w->unreach_cap = 0;
 }
