@@ -2,7 +2,8 @@
  * state_internal.h), the commit path that applies a live entry and hands it
  * to the journal, replays, and the builders of the entries that several
  * parts commit. */
-#include "state_internal.h"
+#include "state_apply.h"
+#include "state_ranks.h"
 
 #include "ferry/pb_alloc.h"
 

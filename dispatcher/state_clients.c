@@ -3,6 +3,10 @@
 #include <stdlib.h>
 
 #include "state_internal.h"
+#include "state_apply.h"
+#include "state_jobs.h"
+#include "state_leases.h"
+#include "state_unreach.h"
 
 /* Commits one Progress entry with the rows whose delivered count grew. */
 /* The row a client's SplitProgress is about: of the current epoch, bound

@@ -2,6 +2,7 @@
  * request, reusing the splits of files this process scanned already, and
  * committing the dataset. The file I/O runs in scan.c, outside the state. */
 #include "state_internal.h"
+#include "state_apply.h"
 
 /* Registrations of at least this many splits trim the heap after. */
 #define TRIM_SPLITS 65536

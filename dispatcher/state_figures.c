@@ -1,7 +1,8 @@
 /* The figures behind the metrics and JobStatus: splits by
  * state, the counters, a job's stall fraction, batches per second and
  * workers wanted. */
-#include "state_internal.h"
+#include "state_figures.h"
+#include "state_leases.h"
 
 #include <math.h>
 

@@ -1,6 +1,8 @@
 /* Timeouts (lost workers and clients) and garbage collection of jobs and
  * datasets: the periodic tick. */
 #include "state_internal.h"
+#include "state_apply.h"
+#include "state_leases.h"
 
 static void expire_workers(ferry_disp_t *d) {
   for (size_t i = 0; i < d->nworkers; i++) {

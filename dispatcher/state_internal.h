@@ -1,10 +1,19 @@
 /* The dispatcher's state machine, inside (state.h is its public face): the
- * types every part of it shares and the functions they call across files.
- * The parts: state.c (lifetime, lookups), state_apply.c (journal entries),
- * state_leases.c, state_datasets.c (+ scan.c, off the loop), state_jobs.c,
- * state_clients.c, state_workers.c, state_unreach.c, state_gc.c,
- * state_status.c, state_figures.c; arena.c holds the response arena.
- * See state.h and docs/ARCHITECTURE.md, "The service".
+ * types every part of it shares, and what state.c does with them. Each
+ * other part declares what it gives the parts above it in a header of its
+ * own name and calls only parts before it in this list, bottom to top:
+ *   arena.c, check.c, scan.c (a registration's file I/O, off the loop):
+ *     nothing of the state;
+ *   state.c: lifetime, lookups, the rows' indexes, unreachable lists;
+ *   state_ranks.c: ranks, resumes, elastic cuts;
+ *   state_apply.c: journal entries, the commit path, the counters;
+ *   state_leases.c: binding, leasing, restarts, epochs;
+ *   state_jobs.c, state_unreach.c, state_figures.c;
+ *   state_datasets.c, state_clients.c, state_gc.c, state_status.c;
+ *   state_workers.c.
+ * The state knows no journal file, metrics or RPC: its entries go to a
+ * sink (ferry__disp_set_sink) and the metrics read its figures and
+ * counters. See state.h and docs/ARCHITECTURE.md, "The service".
  *
  * Invariants:
  * - Only apply_*() functions mutate the journaled state, and each is a
@@ -384,6 +393,13 @@ static inline uint64_t ferry__disp_row_pinned(const job_t *j, uint64_t r) {
  * the epoch's workers owns the block of rows [slot * nsplits, ...). */
 int64_t ferry__disp_row_index(const job_t *j, uint32_t split, uint64_t worker);
 
+/* The row a report about `split` is about: in a ranked job the split's
+ * part bound to `client` (non-zero; the part `lease` names when
+ * non-zero) or leased as `lease`; else as
+ * ferry__disp_row_index. -1: none. */
+int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
+                           uint64_t client, uint64_t lease);
+
 /* Row `r`'s client or done flag changed: updates the job's active list,
  * done count and first free rank. Returns 0 or FERRY_ENOMEM (the active
  * list could not grow; only when the row became active). `was_done`: the
@@ -404,37 +420,6 @@ uint32_t ferry__disp_first_free(job_t *j);
 uint64_t ferry__disp_epoch_delivered(const job_t *j);
 
 size_t ferry__disp_active_clients(const job_t *j);
-
-/* The records a cut of n records among w ranks of batch b
- * gives: its steps (drop: floor(n / (w x b)); pad: ceil), and rank k's
- * records (drop: steps x b; pad: an even share, the first n % w ranks
- * one more). state_ranks.c. */
-uint64_t ferry__disp_cut_steps(uint64_t n, uint32_t w, uint32_t b, bool pad);
-uint64_t ferry__disp_cut_quota(uint64_t n, uint32_t w, uint32_t b, bool pad,
-                               uint32_t k);
-
-/* Elastic: the positions of an epoch of n records left by
- * ncuts earlier cuts (cut i: cw[i] ranks took their first cs[i] batches
- * of b records of what the cuts before it left), as sorted disjoint
- * spans [from, to) of the epoch's order (*spans, *nspans: the caller
- * frees; NULL for none). Returns the records left. *spans is NULL and
- * the result UINT64_MAX when out of memory. */
-typedef struct ferry__span_s {
-  uint64_t from, to;
-} ferry__span_t;
-uint64_t ferry__disp_left_spans(uint64_t n, uint32_t b, bool pad,
-                                const uint32_t *cw, const uint64_t *cs,
-                                uint32_t ncuts, ferry__span_t **spans,
-                                uint32_t *nspans);
-
-/* The job's records in the current epoch (every split's count;
- * in an epoch resumed with another world size, what its earlier cuts
- * left), its steps per epoch, rank r's records in it, and the records
- * no rank receives (drop). */
-uint64_t ferry__disp_rank_records(const job_t *j);
-uint64_t ferry__disp_rank_steps(const job_t *j);
-uint64_t ferry__disp_rank_quota(const job_t *j, uint32_t rank);
-uint64_t ferry__disp_rank_dropped(const job_t *j);
 
 /* The job becomes GC-able from now on, unless it already is. */
 void ferry__disp_mark_idle(ferry_disp_t *d, job_t *j);
@@ -460,175 +445,5 @@ void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all);
 
 /* Frees a worker's lists. */
 void ferry__disp_free_unreachable(worker_t *w);
-
-/* state_apply.c */
-
-/* True when a job still reads the dataset. */
-bool ferry__disp_dataset_used(const ferry_disp_t *d, const dataset_t *ds);
-
-/* Applies a live entry, then hands its serialization to the sink. */
-int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err);
-
-/* Build one entry and commit it. */
-int ferry__disp_emit_assign(ferry_disp_t *d, job_t *j, uint32_t row,
-                            uint64_t client, uint64_t worker, uint64_t lease,
-                            uint64_t start, uint64_t end);
-
-int ferry__disp_emit_client_left(ferry_disp_t *d, job_t *j, uint64_t client,
-                                 bool lost);
-
-int ferry__disp_emit_client_joined(ferry_disp_t *d, job_t *j, uint64_t client,
-                                   const uint8_t *secret, int64_t rank,
-                                   ferry_error_t *err);
-
-int ferry__disp_emit_job_failed(ferry_disp_t *d, job_t *j, int code,
-                                const char *msg);
-
-/* state_leases.c */
-
-/* Recomputes every worker's count of leased rows that are not done. */
-void ferry__disp_recount(ferry_disp_t *d);
-
-/* A worker that may take new leases: live, not draining, heard from by
- * this process, not behind on its heartbeats (missed more than two
- * intervals) and not suspected (a client lost its stream to it and it has
- * not heartbeated since). A dead worker is thus skipped long before its
- * timeout declares it lost. */
-bool ferry__disp_eligible(const ferry_disp_t *d, const worker_t *w);
-
-/* Epoch transitions and pending leases of every running job: after a
- * change that may touch any job (a worker's heartbeat, loss or drain,
- * the tick's expiries and the passing of time). */
-void ferry__disp_schedule(ferry_disp_t *d);
-
-/* The same for job `j` alone: after a change inside `j` (its clients'
- * heartbeats, a join). A client's heartbeat costs the rows of its own
- * job, not of every job: 500 jobs that heartbeat 20 times a second
- * otherwise spent the dispatcher's core walking each other's rows. Rows
- * of other jobs that wait for a worker, or for a backoff to pass, are
- * leased at the next tick (TICK_MS) or worker heartbeat. */
-void ferry__disp_schedule_job(ferry_disp_t *d, job_t *j);
-
-/* FERRY_EINVAL naming both clients when a live client other than
- * `client` holds `rank` in `j`; else 0. */
-int ferry__disp_check_rank(const job_t *j, uint64_t client, int64_t rank,
-                           ferry_error_t *err);
-
-/* Records of the current epoch rank `rank` still needs beyond
- * what it took and what is bound to its clients (0 for an unranked job,
- * or before the epoch starts). */
-uint64_t ferry__disp_rank_unbound(const job_t *j, int64_t rank);
-
-#define FERRY__PART_DROPPED (-1)
-#define FERRY__PART_TAKEN (-2)
-
-/* Builds the rows of a ranked job's epoch from the epoch's
- * split order `perm` (job_t.part_*): j->rows, j->order, j->nrows. 0 or
- * FERRY_ENOMEM. */
-int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm);
-
-/* In the epoch a resumed job starts at, marks the records its
- * earlier cuts took done (FERRY__PART_TAKEN rows) and each rank's first
- * resume_step x B records of its share (rows wholly before that point
- * done, a row across it delivered from there), counting the latter
- * taken. 0 or FERRY_ENOMEM. */
-int ferry__disp_resume_rows(job_t *j);
-
-/* The records of rank `rank` a resumed job counts taken in its
- * first epoch before any client reported (0 in any other epoch). */
-uint64_t ferry__disp_resume_taken(const job_t *j, uint32_t rank);
-
-/* The row a report about `split` is about: in a ranked job the split's
- * part bound to `client` (non-zero; the part `lease` names when
- * non-zero) or leased as `lease`; else as
- * ferry__disp_row_index. -1: none. */
-int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
-                           uint64_t client, uint64_t lease);
-
-/* Binds up to `want` unassigned rows of the current epoch to the client
- * (ranked jobs: only up to its rank's quota). */
-void ferry__disp_bind_rows(ferry_disp_t *d, job_t *j, uint64_t client,
-                           uint32_t want);
-
-/* A client that has not read its streams for `stalled_ms` (its own
- * report, or a worker's of its stream; `source` says which) past
- * --client-stall-ms is no longer renewed: it expires one client timeout
- * after its last renewal and its rows go back to the pool. */
-void ferry__disp_stop_renewing_if_stalled(ferry_disp_t *d, const job_t *j,
-                                          client_t *c, uint64_t stalled_ms,
-                                          const char *source);
-
-/* The same, whatever --client-stall-ms: `c` (may be NULL) has not read
- * `source` for `stalled_ms`, logged as a warning once. */
-void ferry__disp_stop_renewing(const job_t *j, client_t *c,
-                               uint64_t stalled_ms, const char *source);
-
-/* Re-leases row `r`, whose current lease cannot complete. The worker that
- * held it is suspected until it heartbeats again, and the row avoids it
- * for a backoff that doubles with each restart in a row (100 ms up to the
- * worker timeout), so a dead worker is not handed the same split again and
- * again before its timeout. A row restarted FERRY_DISP_MAX_RESTARTS times
- * without progress fails its job, naming it. */
-int ferry__disp_restart_row(ferry_disp_t *d, job_t *j, uint32_t r);
-/* The same for a row whose worker reports chunks sent into a stream that
- * ended early (TaskProgress.resend): the worker is not suspect, and may
- * take the row again. */
-int ferry__disp_resend_row(ferry_disp_t *d, job_t *j, uint32_t r);
-
-/* Re-leases every row of `client` leased to `w` and not done to another
- * worker, from its delivered count (as a restart, without counting one or
- * suspecting `w`): the client cannot reach `w`. distributed_epoch only
- * (parallel_epochs rows are pinned). Returns the rows moved. */
-uint32_t ferry__disp_move_client_rows(ferry_disp_t *d, job_t *j,
-                                      uint64_t client, const worker_t *w);
-
-/* state_unreach.c */
-
-/* The reason text kept per worker (ClientHeartbeatRequest.unreachable's
- * bounds are in state.h). */
-#define FERRY_DISP_REASON_KEPT 256
-/* The first backoff after a client reports a worker unreachable, doubled
- * with each further failure up to the maximum. */
-#define FERRY_DISP_UNREACH_BACKOFF_MS 1000
-#define FERRY_DISP_UNREACH_BACKOFF_MAX_MS 60000
-
-/* FERRY_EINVAL naming the bound when the heartbeat's unreachable list is
- * too long or a reason or address too long. */
-int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
-                                  ferry_error_t *err);
-
-/* Records the client's unreachable list: each worker it names (by id and
- * address) gets or keeps an entry for the client; a new failure (a new
- * entry or a grown count) sets the backoff, moves the client's rows off
- * the worker, and the first one per worker is logged as a warning. Entries
- * of the client that the list no longer names are dropped (it reached the
- * worker again). `leaving`: every entry of the client goes. */
-void ferry__disp_record_unreachable(ferry_disp_t *d, job_t *j, client_t *c,
-                                    const Ferry__V1__ClientHeartbeatRequest *req);
-
-
-/* state_status.c */
-
-/* Nothing runs on the drained worker: no lease, and a heartbeat since the
- * drain listed no unfinished task; or it is lost. */
-bool ferry__disp_drained(const worker_t *w);
-
-/* WorkerStatus.state (dispatcher.proto). A worker known from the journal
- * but not heard from since this process started is "unknown", not alive:
- * it may have left before the restart (ferry__disp_recount() first). */
-const char *ferry__disp_worker_state(const worker_t *w);
-
-/* state_figures.c */
-
-/* The job's stall fraction (mean over its clients), batches per second
- * (summed) and workers wanted, from the clients' latest heartbeats: the
- * last interval's figures where the client sent them. */
-void ferry__disp_job_figures(const ferry_disp_t *d, const job_t *j,
-                             Ferry__V1__JobStatus *s);
-
-/* True when the client's figures are current: it is active and reported
- * within max(2 s, 4 of its heartbeat intervals). A killed client stays
- * active until its timeout, but its last rate is no longer a rate. */
-bool ferry__disp_client_live(const ferry_disp_t *d, const client_t *c);
 
 #endif /* FERRY_DISPATCHER_STATE_INTERNAL_H */

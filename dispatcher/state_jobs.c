@@ -1,5 +1,8 @@
 /* Jobs: GetOrCreateJob and the operator's CancelJob. */
-#include "state_internal.h"
+#include "state_jobs.h"
+#include "state_apply.h"
+#include "state_leases.h"
+#include "state_ranks.h"
 
 #include "ferry/cursor.h"
 #include "ferry/job_names.h"

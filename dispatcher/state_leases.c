@@ -1,7 +1,9 @@
 /* Decisions: which worker may take a lease and which one gets it, epoch
  * transitions, binding rows to clients, re-leases after a restart, and
  * the fencing of clients that stopped reading. */
-#include "state_internal.h"
+#include "state_leases.h"
+#include "state_apply.h"
+#include "state_ranks.h"
 
 /* The least loaded first: fewer tasks, then the lower id. */
 static bool lighter(const worker_t *a, const worker_t *b) {

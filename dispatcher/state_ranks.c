@@ -4,7 +4,7 @@
  * "Ranks", "Deterministic order", "Elastic"). */
 #include <stdlib.h>
 
-#include "state_internal.h"
+#include "state_ranks.h"
 
 uint64_t ferry__disp_cut_steps(uint64_t n, uint32_t w, uint32_t b, bool pad) {
   uint64_t round = (uint64_t)w * b;

@@ -1,5 +1,7 @@
 /* GetStatus: workers, jobs and their clients as the state stands. */
-#include "state_internal.h"
+#include "state_status.h"
+#include "state_figures.h"
+#include "state_leases.h"
 
 bool ferry__disp_drained(const worker_t *w) {
   return w->lost || (w->op_drained && w->ntasks == 0 &&

@@ -8,7 +8,8 @@
  * volatile: clients list the workers again in every heartbeat. Here: the
  * reports; the lists and what reads them (leasing, GetStatus, the tick)
  * are state.c's, below the leases this moves. */
-#include "state_internal.h"
+#include "state_unreach.h"
+#include "state_leases.h"
 
 int ferry__disp_check_unreachable(const Ferry__V1__ClientHeartbeatRequest *req,
                                   ferry_error_t *err) {

@@ -1,6 +1,9 @@
 /* WorkerHeartbeat (registration, task reports, the diff of leases), the
  * long-polled heartbeat, and the operator's DrainWorker. */
 #include "state_internal.h"
+#include "state_apply.h"
+#include "state_leases.h"
+#include "state_status.h"
 
 #include "ferry/transport.h"
 

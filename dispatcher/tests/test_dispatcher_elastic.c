@@ -16,7 +16,7 @@
 
 #include "ferry/lease.h"
 #include "fixture.h"
-#include "state_internal.h"
+#include "state_ranks.h"
 
 static ferry_disp_t *D;
 
