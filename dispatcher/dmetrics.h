@@ -4,7 +4,7 @@
  * state (workers, jobs, splits, per-job figures), on the loop thread that
  * owns them (the scrape asks the loop through a uv_async and waits,
  * bounded). The group commit (rpc_commit.c), which owns the journal's
- * batches, counts them into the object main.c hands it. */
+ * batches, counts them into the three metrics main.c hands it. */
 #ifndef FERRY_DMETRICS_H
 #define FERRY_DMETRICS_H
 
@@ -18,7 +18,8 @@
 typedef struct ferry__dmetrics_gauges_s ferry__dmetrics_gauges_t;
 
 typedef struct ferry__dmetrics_s {
-  /* Counted by the group commit as batches end. */
+  /* Counted by the group commit as batches end (main.c hands them to it:
+   * ferry_disp_service_t.metrics). */
   ferry_metric_t *fsync;          /* ..._journal_fsync_seconds (ns) */
   ferry_metric_t *write_failures; /* ..._journal_write_failures_total */
   ferry_metric_t *snapshots;      /* ..._snapshots_total */
@@ -38,8 +39,8 @@ typedef struct ferry__dmetrics_s {
 ferry__dmetrics_t *ferry__dmetrics_attach(uv_loop_t *loop, ferry_disp_t *d,
                                           ferry_journal_t *j);
 /* Loop thread: removes the collector (a scrape waiting on the loop gives
- * up at once) and closes its handle; `m` is freed once closed, so nothing
- * may count into it after this. NULL-safe. */
+ * up at once) and closes its handle; `m` is freed once closed (the
+ * metrics it points to stay in the registry). NULL-safe. */
 void ferry__dmetrics_detach(ferry__dmetrics_t *m);
 
 #endif /* FERRY_DMETRICS_H */

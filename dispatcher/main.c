@@ -18,6 +18,7 @@
 #include "dmetrics.h"
 #include "ferry/metrics.h"
 #include "journal.h"
+#include "rpc_commit.h"
 #include "rpc_handlers.h"
 #include "snapshot.h"
 #include "state.h"
@@ -225,7 +226,6 @@ static void stop(daemon_t *d, int code) {
   ferry_rpc_health_set_serving(d->rpc, false);
   /* The metrics server goes first: a scrape waiting on this loop returns
    * at once, then its thread is joined. */
-  d->svc.metrics = NULL;
   ferry__dmetrics_detach(d->metrics);
   d->metrics = NULL;
   ferry_metrics_http_stop(d->http);
@@ -420,7 +420,9 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
       return ferry__prefixerr(err, "--metrics-port");
     }
     ferry_metrics_http_set_ready(d->http, true);
-    d->svc.metrics = d->metrics;
+    d->svc.metrics.fsync = d->metrics->fsync;
+    d->svc.metrics.write_failures = d->metrics->write_failures;
+    d->svc.metrics.snapshots = d->metrics->snapshots;
   }
   if ((rc = ferry__disp_rpc_start(&d->svc, &d->loop)) != 0)
     return ferry__seterr(err, FERRY_EIO, "uv_timer_init: %s",

@@ -1,15 +1,13 @@
 /* The dispatcher's group commit: answers held until the journal made
  * their changes durable, the batch on libuv's pool, compaction, and the
- * rebuild from disk after a failed batch (see rpc_handlers.h). */
-#include "rpc_handlers.h"
+ * rebuild from disk after a failed batch (see rpc_commit.h). */
+#include "rpc_commit.h"
 
 #include <inttypes.h>
 #include <string.h>
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
-#include "dmetrics.h"
-#include "rpc_internal.h"
 #include "snapshot.h"
 
 /* ---- Group commit ----------------------------------------------------------
@@ -46,6 +44,19 @@ static void hold(ferry_disp_service_t *svc, ferry_disp_held_t *h) {
   svc->held_tail = &h->next;
   svc->n_held++;
   ferry__disp_rpc_flush(svc);
+}
+
+/* Packs the response into one buffer and answers the call now. */
+void ferry__disp_rpc_reply_msg(ferry_rpc_call_t *call,
+                               const ProtobufCMessage *msg, ferry_arena_t *a) {
+  size_t n = protobuf_c_message_get_packed_size(msg);
+  uint8_t *buf = ferry__arena_alloc(a, n ? n : 1);
+  if (buf == NULL) {
+    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    return;
+  }
+  protobuf_c_message_pack(msg, buf);
+  ferry_rpc_reply(call, buf, n);
 }
 
 /* Answers `call` with `msg` once what the state shows is durable. */
@@ -127,10 +138,10 @@ static void rebuild(ferry_disp_service_t *svc, const ferry_error_t *why) {
            why->msg);
   FERRY_LOG(FERRY_LOG_ERROR, "journal: %s; failing %zu held calls and "
             "rebuilding the state from disk", why->msg, svc->n_held);
-  if (svc->metrics != NULL)
-    ferry_metric_add(svc->metrics->write_failures, 1);
+  ferry_metric_add(svc->metrics.write_failures, 1);
   release_held(svc, 0, msg);
-  ferry__disp_wait_fail_all(svc, msg);
+  if (svc->on_failed != NULL)
+    svc->on_failed(svc, msg);
   ferry__disp_set_sink(svc->state, NULL, NULL);
   ferry__disp_reset(svc->state, t0);
   rc = ferry__disp_restore(svc->state, svc->journal, false, t0, &st, &err);
@@ -160,8 +171,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
 
   svc->compacting = false;
   ferry__journal_batch_end(j, rc);
-  if (svc->metrics != NULL)
-    ferry_metric_observe(svc->metrics->fsync, ferry__journal_batch_ns(j));
+  ferry_metric_observe(svc->metrics.fsync, ferry__journal_batch_ns(j));
   ferry__disp_snapshot_release(svc->state, svc->snap); /* before a rebuild */
   svc->snap = NULL;
   if (rc != 0) {
@@ -169,8 +179,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
     return;
   }
   if (compacted) {
-    if (svc->metrics != NULL)
-      ferry_metric_add(svc->metrics->snapshots, 1);
+    ferry_metric_add(svc->metrics.snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
               "journal: snapshot of %" PRIu64 " bytes written (captured "
@@ -182,7 +191,8 @@ static void synced(ferry_disp_service_t *svc, int rc,
   release_held(svc, ferry__journal_durable(j), NULL);
   /* Long polls hear only of what is durable (or wait for it,
    * ferry__disp_rpc_answer()). */
-  ferry__disp_wait_check(svc);
+  if (svc->on_durable != NULL)
+    svc->on_durable(svc);
   ferry__disp_rpc_flush(svc);
 }
 
@@ -248,7 +258,8 @@ void ferry__disp_rpc_flush(ferry_disp_service_t *svc) {
   if (!must_hold(svc)) {
     /* Everything is durable: a change that journaled nothing (a
      * re-lease) may still be news to a waiting heartbeat. */
-    ferry__disp_wait_check(svc);
+    if (svc->on_durable != NULL)
+      svc->on_durable(svc);
     return;
   }
   if (ferry__journal_busy(j))

@@ -1,13 +1,15 @@
 /* The dispatcher's gRPC glue: the method table, role checks, and the
  * dispatch of a call to the state machine (see rpc_handlers.h; group
  * commit, long polls and registrations are rpc_commit.c, rpc_wait.c and
- * rpc_register.c). */
+ * rpc_register.c, below it). */
 #include "rpc_handlers.h"
 
 #include "ferry/log.h"
 #include "ferry/pb_alloc.h"
 #include "ferry/rpc_methods.h"
-#include "rpc_internal.h"
+#include "rpc_commit.h"
+#include "rpc_register.h"
+#include "rpc_wait.h"
 
 typedef int (*op_fn)(ferry_disp_service_t *svc, const void *req, void *resp,
                      ferry_arena_t *a, int64_t now, ferry_error_t *err);
@@ -18,8 +20,6 @@ typedef struct method_s {
   op_fn fn;
   size_t max_request; /* bytes; larger requests are refused unread */
 } method_t;
-
-int64_t ferry__disp_now_ms(void) { return (int64_t)(uv_hrtime() / 1000000); }
 
 static int op_register(ferry_disp_service_t *svc, const void *req, void *resp,
                        ferry_arena_t *a, int64_t now, ferry_error_t *err) {
@@ -99,19 +99,6 @@ static const method_t methods[] = {
 _Static_assert(sizeof(methods) / sizeof(methods[0]) ==
                    FERRY_DISP_N_METHODS,
                "one binding per method");
-
-/* Packs the response into one buffer and answers the call now. */
-void ferry__disp_rpc_reply_msg(ferry_rpc_call_t *call,
-                               const ProtobufCMessage *msg, ferry_arena_t *a) {
-  size_t n = protobuf_c_message_get_packed_size(msg);
-  uint8_t *buf = ferry__arena_alloc(a, n ? n : 1);
-  if (buf == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
-    return;
-  }
-  protobuf_c_message_pack(msg, buf);
-  ferry_rpc_reply(call, buf, n);
-}
 
 int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop) {
   int rc = uv_timer_init(loop, &svc->wait_timer);
@@ -299,6 +286,8 @@ int ferry__disp_rpc_register(ferry_disp_service_t *svc,
   static const char *const services[] = {"ferry.v1.Dispatcher"};
   int rc;
 
+  svc->on_durable = ferry__disp_wait_check;
+  svc->on_failed = ferry__disp_wait_fail_all;
   for (int i = 0; i < (int)(sizeof(methods) / sizeof(methods[0])); i++) {
     svc->bindings[i].svc = svc;
     svc->bindings[i].method = i;

@@ -1,113 +1,15 @@
-/* The dispatcher's gRPC glue: unpacks each request, runs the state
- * machine, holds its answer until its journal entries (and every entry
- * appended before it) are durable, and answers. Group commit: one batch
- * (write + fdatasync) in flight at a time on libuv's thread pool, taking
- * everything appended meanwhile. Loop thread only. */
+/* The dispatcher's gRPC glue, the top of its RPC layer (rpc_service.h
+ * lists the files): unpacks each request, runs the state machine, holds
+ * its answer until its journal entries (and every entry appended before
+ * it) are durable (rpc_commit.h), and answers. Loop thread only. */
 #ifndef FERRY_DISPATCHER_RPC_HANDLERS_H
 #define FERRY_DISPATCHER_RPC_HANDLERS_H
 
-#include <stdint.h>
-#include <uv.h>
-
-#include "ferry/error.h"
-#include "ferry/rpc.h"
-#include "journal.h"
-#include "state.h"
-
-typedef struct ferry_disp_service_s ferry_disp_service_t;
-
-/* Dispatcher methods: the five of the protocol's core, DrainWorker and
- * CancelJob. */
-#define FERRY_DISP_N_METHODS 7
-
-/* Called once when the state cannot be rebuilt from disk after a failed
- * batch: the daemon must stop. */
-typedef void (*ferry_disp_fatal_cb)(const ferry_error_t *err, void *arg);
-
-typedef struct ferry_disp_binding_s {
-  ferry_disp_service_t *svc;
-  int method;
-} ferry_disp_binding_t;
-
-/* A worker heartbeat held back (long poll); private to rpc_wait.c. */
-typedef struct ferry_disp_wait_s ferry_disp_wait_t;
-
-/* A RegisterDataset call whose file I/O runs on libuv's thread pool;
- * private to rpc_register.c. */
-typedef struct ferry_disp_regcall_s ferry_disp_regcall_t;
-
-/* An answer held until the journal is durable up to its position;
- * private to rpc_commit.c. */
-typedef struct ferry_disp_held_s ferry_disp_held_t;
-
-/* RegisterDataset calls in progress at once; more are refused with
- * RESOURCE_EXHAUSTED (each holds a spec and, scanned, its splits). */
-#define FERRY_DISP_MAX_REGISTERING 64
-
-/* Calls that wait for one registration in progress of the same dataset
- * (each a few dozen bytes); more are refused with RESOURCE_EXHAUSTED. */
-#define FERRY_DISP_MAX_REG_FOLLOWERS 4096
-
-struct ferry_disp_service_s {
-  ferry_disp_t *state;
-  ferry_journal_t *journal; /* NULL: no journal (tests) */
-  /* What the group commit counts as batches end (dmetrics.h); NULL: not
-   * counted (no --metrics-port, tests). */
-  const struct ferry__dmetrics_s *metrics;
-  const char *version;
-  ferry_disp_fatal_cb fatal;
-  void *fatal_arg;
-  bool failed; /* the state could not be rebuilt: the daemon stops */
-  ferry_disp_binding_t bindings[FERRY_DISP_N_METHODS];
-
-  /* Group commit (rpc_commit.c): answers held in journal order, the
-   * batch in flight, and compaction once the journal exceeds
-   * max(compact_bytes, 2 x the last snapshot) (0: never). */
-  ferry_disp_held_t *held, **held_tail;
-  size_t n_held;
-  uv_work_t sync_req;
-  int sync_rc;
-  ferry_error_t sync_err;
-  bool compacting;
-  uint64_t compact_segment;
-  int64_t compact_ms; /* the last snapshot's capture, on the loop */
-  struct ferry_disp_snap_s *snap; /* the compaction's capture */
-  uint64_t compact_bytes;
-  bool need_boot; /* a rebuild from disk needs a new boot entry */
-  bool sync_per_call; /* no group commit: a batch per call, on the loop */
-
-  /* Held-back worker heartbeats (see ferry__disp_worker_may_wait). Calls
-   * wait only between ferry__disp_rpc_start and ferry__disp_rpc_stop. */
-  ferry_disp_wait_t *waiting;
-  uint64_t waiting_changes; /* ferry__disp_changes at their last check */
-  uv_timer_t wait_timer;    /* the earliest interval's end */
-  bool can_wait;
-
-  /* RegisterDataset calls whose globs, stats and scans run on the
-   * loop's thread pool (only between ferry__disp_rpc_start and
-   * ferry__disp_rpc_stop; without them a registration runs inline). */
-  uv_loop_t *loop;
-  ferry_disp_regcall_t *registering;
-  size_t n_registering;
-
-  /* Bearer tokens per role; NULL: the role is open. Checked on
-   * every Dispatcher call: WorkerHeartbeat needs the worker token,
-   * RegisterDataset, GetOrCreateJob and ClientHeartbeat the client
-   * token, GetStatus the status token or either of the others. */
-  const char *worker_token, *client_token, *status_token;
-  /* DrainWorker and CancelJob need this one (it allows
-   * GetStatus too, job errors included). NULL: those methods are open
-   * only while no role has a token; else refused to every caller. */
-  const char *admin_token;
-  /* Set for the call being handled: the caller may read every job's
-   * error text in GetStatus (it holds the status token, or no token is
-   * configured at all). Job errors name files and offsets of that job's
-   * data; other callers see them through their own job only. */
-  bool call_sees_errors;
-};
+#include "rpc_service.h"
 
 /* Registers the Dispatcher methods and the health service on
- * `server` (before it starts). `svc` must outlive the server. */
+ * `server` (before it starts), and sets the group commit's hooks. `svc`
+ * must outlive the server. */
 int ferry__disp_rpc_register(ferry_disp_service_t *svc,
                              ferry_rpc_server_t *server, ferry_error_t *err);
 
@@ -125,15 +27,5 @@ int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop);
  * and closes the timer. Call before ferry_rpc_server_shutdown, which
  * waits for every call to be answered. Idempotent. */
 void ferry__disp_rpc_stop(ferry_disp_service_t *svc);
-
-/* Makes the entries appended outside an RPC (the timer) durable: starts
- * a batch unless one is in flight. Once a batch is durable, answers the
- * held calls it covers and the waiting heartbeats whose answer changed.
- * A failed batch fails the held calls and rebuilds the state from disk
- * (the fatal callback runs only when that fails). */
-void ferry__disp_rpc_flush(ferry_disp_service_t *svc);
-
-/* Milliseconds of the monotonic clock the state machine runs on. */
-int64_t ferry__disp_now_ms(void);
 
 #endif /* FERRY_DISPATCHER_RPC_HANDLERS_H */

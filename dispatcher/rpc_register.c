@@ -1,12 +1,12 @@
 /* RegisterDataset off the loop: expansion and scan on libuv's pool, one
  * scan shared by concurrent registrations of a dataset (see
- * rpc_handlers.h). */
-#include "rpc_handlers.h"
+ * rpc_register.h). */
+#include "rpc_register.h"
 
 #include "ferry/alloc.h"
 #include "ferry/log.h"
 #include "ferry/rpc_methods.h"
-#include "rpc_internal.h"
+#include "rpc_commit.h"
 #include "scan.h"
 
 /* ---- RegisterDataset on the thread pool -----------------------------------

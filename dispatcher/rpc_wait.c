@@ -1,9 +1,9 @@
-/* The dispatcher's long-polled worker heartbeats (see rpc_handlers.h). */
-#include "rpc_handlers.h"
+/* The dispatcher's long-polled worker heartbeats (see rpc_wait.h). */
+#include "rpc_wait.h"
 
 #include "ferry/alloc.h"
 #include "ferry/pb_alloc.h"
-#include "rpc_internal.h"
+#include "rpc_commit.h"
 
 /* ---- Held-back worker heartbeats ------------------------------------------
  * A worker heartbeat whose answer would carry nothing waits here with its
