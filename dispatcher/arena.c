@@ -1,5 +1,5 @@
 /* Response memory freed in one go (arena.h), and the protobuf-c allocator
- * over it (the one over the Ferry heap is common's: ferry/pb_alloc.h). */
+ * over it (the one over the Ferry heap is common's: pb_alloc.h). */
 #include "arena.h"
 
 #include <malloc.h>
@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 
 /* Blocks carved from the front (a response is many small messages: a
  * client's heartbeat answer has one WorkerInfo per worker), so that a

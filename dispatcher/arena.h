@@ -23,13 +23,13 @@ void ferry__arena_free(ferry_arena_t *a);
 char *ferry__arena_strdup(ferry_arena_t *a, const char *s);
 
 /* Protobuf-c allocator over an arena (free is a no-op); the one over the
- * Ferry heap is ferry__pb_allocator (ferry/pb_alloc.h). */
+ * Ferry heap is ferry__pb_allocator (pb_alloc.h). */
 void ferry__disp_arena_allocator(ferry_arena_t *a, ProtobufCAllocator *out);
 
 /* Hands the heap's free memory back to the system (glibc's malloc_trim;
  * a no-op elsewhere): after a large transient, such as the registration
  * of a dataset of a million splits or a replay, whose freed memory the
- * daemon's malloc settings (ferry_rpc_tune_malloc) would otherwise keep
+ * daemon's malloc settings (ferry__rpc_tune_malloc) would otherwise keep
  * resident. Costs a walk of the heap: only after such transients. */
 void ferry__disp_trim_heap(void);
 

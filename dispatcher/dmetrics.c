@@ -9,9 +9,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
-#include "ferry/job_names.h"
+#include "alloc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "job_names.h"
 
 /* How long a scrape waits for the loop thread to compute the gauges
  * before it answers with the previous values. */
@@ -32,8 +32,8 @@ struct ferry__dmetrics_gauges_s {
 
 static ferry_metric_t *counter(ferry_metrics_t *r, const char *name,
                                const char *help) {
-  return ferry_metric_get(ferry_metrics_family(r, FERRY_METRIC_COUNTER, name,
-                                               help, NULL, 1, NULL, 0));
+  return ferry__metric_get(ferry__metrics_family(r, FERRY_METRIC_COUNTER, name,
+                                                 help, NULL, 1, NULL, 0));
 }
 
 /* The families of the gauges computed at scrape time (compute below). */
@@ -90,7 +90,7 @@ static const struct {
 /* Defines the families (defining one twice returns the first). */
 static void define(ferry__dmetrics_gauges_t *g) {
   ferry__dmetrics_t *dm = &g->m;
-  ferry_metrics_t *r = ferry_metrics_default();
+  ferry_metrics_t *r = ferry__metrics_default();
   static const double fsync_bounds[] = {1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
                                         3e-2, 0.1,  0.3,  1,    3};
   dm->leases = counter(r, "ferry_dispatcher_leases_granted_total",
@@ -113,12 +113,12 @@ static void define(ferry__dmetrics_gauges_t *g) {
                              "--client-timeout-ms, or a stalled stream).");
   dm->appends = counter(r, "ferry_dispatcher_journal_appends_total",
                         "Entries appended to the journal.");
-  dm->fsync = ferry_metric_get(ferry_metrics_family(
+  dm->fsync = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_HISTOGRAM, "ferry_dispatcher_journal_fsync_seconds",
       "Seconds one journal batch (the entries of every call since the "
       "last: group commit) or compaction took to write and fdatasync.",
-      NULL, 1e-9,
-      fsync_bounds, sizeof(fsync_bounds) / sizeof(fsync_bounds[0])));
+      NULL, 1e-9, fsync_bounds,
+      sizeof(fsync_bounds) / sizeof(fsync_bounds[0])));
   dm->write_failures = counter(
       r, "ferry_dispatcher_journal_write_failures_total",
       "Journal batches whose write or fdatasync failed (ENOSPC, EIO): their "
@@ -127,9 +127,9 @@ static void define(ferry__dmetrics_gauges_t *g) {
                           "Snapshots written (compactions).");
   for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
     *(ferry_metric_family_t **)((char *)g + families[i].f) =
-        ferry_metrics_family(r, families[i].type, families[i].name,
-                             families[i].help, families[i].labels,
-                             families[i].scale, NULL, 0);
+        ferry__metrics_family(r, families[i].type, families[i].name,
+                              families[i].help, families[i].labels,
+                              families[i].scale, NULL, 0);
 }
 
 /* ---- Scrape-time values -------------------------------------------------- */
@@ -141,29 +141,29 @@ static void compute(ferry__dmetrics_gauges_t *g) {
   int64_t now = (int64_t)(uv_hrtime() / 1000000); /* ferry__disp_now_ms */
   ferry_disp_counters_t c;
   ferry__disp_counters(g->d, &c);
-  ferry_metric_set(g->m.leases, (int64_t)c.leases);
-  ferry_metric_set(g->m.relets, (int64_t)c.relets);
-  ferry_metric_set(g->m.workers_lost, (int64_t)c.workers_lost);
-  ferry_metric_set(g->m.workers_left, (int64_t)c.workers_left);
-  ferry_metric_set(g->m.clients_lost, (int64_t)c.clients_lost);
-  ferry_metric_set(g->m.appends, (int64_t)ferry__journal_appends(g->j));
-  ferry_metric_set(ferry_metric_get(g->f_jbytes),
-                   (int64_t)ferry__journal_size(g->j));
-  ferry_metric_set(ferry_metric_get(g->f_sbytes),
-                   (int64_t)ferry__journal_snapshot_size(g->j));
+  ferry__metric_set(g->m.leases, (int64_t)c.leases);
+  ferry__metric_set(g->m.relets, (int64_t)c.relets);
+  ferry__metric_set(g->m.workers_lost, (int64_t)c.workers_lost);
+  ferry__metric_set(g->m.workers_left, (int64_t)c.workers_left);
+  ferry__metric_set(g->m.clients_lost, (int64_t)c.clients_lost);
+  ferry__metric_set(g->m.appends, (int64_t)ferry__journal_appends(g->j));
+  ferry__metric_set(ferry__metric_get(g->f_jbytes),
+                    (int64_t)ferry__journal_size(g->j));
+  ferry__metric_set(ferry__metric_get(g->f_sbytes),
+                    (int64_t)ferry__journal_snapshot_size(g->j));
   uint64_t splits[3];
   static const char *const split_states[3] = {"waiting", "leased", "done"};
   ferry__disp_split_counts(g->d, splits);
   for (int i = 0; i < 3; i++)
-    ferry_metric_set(ferry_metric_get1(g->f_splits, split_states[i]),
-                     (int64_t)splits[i]);
+    ferry__metric_set(ferry__metric_get1(g->f_splits, split_states[i]),
+                      (int64_t)splits[i]);
   if (ferry__disp_status(g->d, "", &resp, &a, now) == 0) {
     /* Workers: the states seen now (a state with none drops out). */
-    ferry_metric_family_clear(g->f_workers);
+    ferry__metric_family_clear(g->f_workers);
     for (size_t i = 0; i < resp.n_workers; i++)
-      ferry_metric_add(ferry_metric_get1(g->f_workers, resp.workers[i]->state),
-                       1);
-    ferry_metric_family_clear(g->f_unreach);
+      ferry__metric_add(
+          ferry__metric_get1(g->f_workers, resp.workers[i]->state), 1);
+    ferry__metric_family_clear(g->f_unreach);
     for (size_t i = 0; i < resp.n_workers; i++) {
       const Ferry__V1__WorkerStatus *ws = resp.workers[i];
       char id[24];
@@ -171,8 +171,8 @@ static void compute(ferry__dmetrics_gauges_t *g) {
         continue;
       snprintf(id, sizeof(id), "%" PRIu64, ws->worker_id);
       const char *v[2] = {id, ws->address != NULL ? ws->address : ""};
-      ferry_metric_set(ferry_metric_child(g->f_unreach, v),
-                       ws->unreachable_clients);
+      ferry__metric_set(ferry__metric_child(g->f_unreach, v),
+                        ws->unreachable_clients);
     }
     /* Jobs: every state, 0 included. */
     const ProtobufCEnumDescriptor *jd = &ferry__v1__job_state__descriptor;
@@ -181,28 +181,29 @@ static void compute(ferry__dmetrics_gauges_t *g) {
       for (size_t i = 0; i < resp.n_jobs; i++)
         n += (int)resp.jobs[i]->state == jd->values[v].value;
       const char *name = ferry__job_state_name(jd->values[v].value);
-      ferry_metric_set(ferry_metric_get1(g->f_jobs, name), n);
+      ferry__metric_set(ferry__metric_get1(g->f_jobs, name), n);
     }
-    ferry_metric_family_clear(g->f_stall);
-    ferry_metric_family_clear(g->f_bps);
-    ferry_metric_family_clear(g->f_wanted);
-    ferry_metric_family_clear(g->f_delivered);
-    ferry_metric_family_clear(g->f_live);
+    ferry__metric_family_clear(g->f_stall);
+    ferry__metric_family_clear(g->f_bps);
+    ferry__metric_family_clear(g->f_wanted);
+    ferry__metric_family_clear(g->f_delivered);
+    ferry__metric_family_clear(g->f_live);
     for (size_t i = 0; i < resp.n_jobs; i++) {
       const Ferry__V1__JobStatus *js = resp.jobs[i];
       char id[24];
       snprintf(id, sizeof(id), "%" PRIu64, js->job_id);
       const char *v[2] = {id, js->name != NULL ? js->name : ""};
-      ferry_metric_set_double(ferry_metric_child(g->f_stall, v),
-                              js->stall_fraction);
+      ferry__metric_set_double(ferry__metric_child(g->f_stall, v),
+                               js->stall_fraction);
       /* A dead client's last rate is no rate now. */
-      ferry_metric_set_double(ferry_metric_child(g->f_bps, v),
-                              js->live_clients > 0 ? js->batches_per_second
-                                                   : 0.0);
-      ferry_metric_set(ferry_metric_child(g->f_live, v), js->live_clients);
-      ferry_metric_set(ferry_metric_child(g->f_wanted, v), js->workers_wanted);
-      ferry_metric_set(ferry_metric_child(g->f_delivered, v),
-                       (int64_t)js->delivered_all);
+      ferry__metric_set_double(ferry__metric_child(g->f_bps, v),
+                               js->live_clients > 0 ? js->batches_per_second
+                                                    : 0.0);
+      ferry__metric_set(ferry__metric_child(g->f_live, v), js->live_clients);
+      ferry__metric_set(ferry__metric_child(g->f_wanted, v),
+                        js->workers_wanted);
+      ferry__metric_set(ferry__metric_child(g->f_delivered, v),
+                        (int64_t)js->delivered_all);
     }
   }
   ferry__arena_free(&a);
@@ -261,7 +262,7 @@ ferry__dmetrics_t *ferry__dmetrics_attach(uv_loop_t *loop, ferry_disp_t *d,
     return NULL;
   }
   g->async.data = g;
-  if (ferry_metrics_add_collector(ferry_metrics_default(), collect, g) != 0) {
+  if (ferry__metrics_add_collector(ferry__metrics_default(), collect, g) != 0) {
     g->closed = true;
     ferry__dmetrics_detach(&g->m);
     return NULL;
@@ -285,6 +286,6 @@ void ferry__dmetrics_detach(ferry__dmetrics_t *m) {
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->lock);
   /* Waits for a render in progress (it returns now that closed is set). */
-  ferry_metrics_remove_collector(ferry_metrics_default(), collect, g);
+  ferry__metrics_remove_collector(ferry__metrics_default(), collect, g);
   uv_close((uv_handle_t *)&g->async, on_closed);
 }

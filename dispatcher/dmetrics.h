@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <uv.h>
 
-#include "ferry/metrics.h"
 #include "journal.h"
+#include "metrics.h"
 #include "state.h"
 
 typedef struct ferry__dmetrics_gauges_s ferry__dmetrics_gauges_t;

@@ -12,9 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/tfrecord.h"
+#include "tfrecord.h"
 
 struct ferry_journal_s {
   int fd;
@@ -74,7 +74,7 @@ void ferry__journal_set_crash_step(int step) { crash_step = step; }
 
 static int sys_err(ferry_error_t *err, const char *what, const char *path) {
   int e = errno;
-  return ferry__seterr(err, ferry_err_from_errno(e), "%s: %s: %s", path, what,
+  return ferry__seterr(err, ferry__err_from_errno(e), "%s: %s: %s", path, what,
                        strerror(e));
 }
 
@@ -222,7 +222,7 @@ static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
   uint64_t n = 0, off = from;
   while (off + 16 <= end) {
     uint64_t len = 0;
-    int v = ferry_tfr_valid_record_at(fd, off, end, &len);
+    int v = ferry__tfr_valid_record_at(fd, off, end, &len);
     if (v < 0)
       break;
     if (v == 1) {
@@ -230,7 +230,7 @@ static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
       off += 16 + len;
       continue;
     }
-    int64_t next = ferry_tfr_next_valid_record(fd, off, end);
+    int64_t next = ferry__tfr_next_valid_record(fd, off, end);
     if (next < 0 || (uint64_t)next >= end)
       break;
     off = (uint64_t)next;
@@ -247,7 +247,7 @@ static uint64_t count_valid(int fd, uint64_t from, uint64_t end) {
 static int bad_record(ferry_journal_t *j, int code, uint64_t at,
                       uint64_t good, bool recover, const ferry_error_t *rerr,
                       ferry_error_t *err) {
-  int64_t next = ferry_tfr_next_valid_record(j->fd, at, j->size);
+  int64_t next = ferry__tfr_next_valid_record(j->fd, at, j->size);
   if (next < 0)
     return sys_err(err, "cannot read the journal's tail", j->path);
   if ((uint64_t)next >= j->size) {
@@ -289,12 +289,12 @@ static int read_records(const char *path, ferry_journal_entry_cb cb,
   ferry_record_t rec;
   int rc;
 
-  ferry_tfr_options_init(&opts);
+  ferry__tfr_options_init(&opts);
   opts.compression = FERRY_COMPRESSION_NONE;
   opts.on_error = FERRY_ON_ERROR_FAIL;
-  if ((rc = ferry_tfr_reader_open(path, &opts, &r, err)) != 0)
+  if ((rc = ferry__tfr_reader_open(path, &opts, &r, err)) != 0)
     return rc;
-  while ((rc = ferry_tfr_reader_next(r, &rec, rerr)) == 0) {
+  while ((rc = ferry__tfr_reader_next(r, &rec, rerr)) == 0) {
     if ((rc = cb(rec.data, rec.len, rec.offset, arg, err)) != 0) {
       if (err != NULL && err->code != 0)
         ferry__prefixerr(err, "%s: entry at byte offset %" PRIu64, path,
@@ -304,7 +304,7 @@ static int read_records(const char *path, ferry_journal_entry_cb cb,
     *good_end = rec.offset + 16 + rec.len;
     (*count)++;
   }
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   return rc == FERRY_EOF ? 0 : rc;
 }
 
@@ -371,9 +371,9 @@ int ferry__journal_frame(uint8_t **buf, size_t *len, size_t *cap,
   if (elen > SIZE_MAX - 16 - *len ||
       !ferry__grow(buf, cap, *len + elen + 16, 1, 4096))
     return FERRY_ENOMEM;
-  ferry_tfr_frame_header(elen, *buf + *len);
+  ferry__tfr_frame_header(elen, *buf + *len);
   memcpy(*buf + *len + 12, entry, elen);
-  ferry_tfr_frame_footer(entry, elen, *buf + *len + 12 + elen);
+  ferry__tfr_frame_footer(entry, elen, *buf + *len + 12 + elen);
   *len += elen + 16;
   return 0;
 }

@@ -4,7 +4,7 @@
  *
  * Per-entry checksum: every record carries the masked CRC-32C of its
  * 8-byte length and the masked CRC-32C of its data (the TFRecord frame,
- * common/include/ferry/tfrecord.h), so a flipped bit anywhere in an entry
+ * common/include/tfrecord.h), so a flipped bit anywhere in an entry
  * (length or payload) is caught before the entry is parsed; the protobuf
  * parse and the state's own checks (state_apply.c) come on top.
  *

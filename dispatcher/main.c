@@ -9,15 +9,15 @@
 #include <string.h>
 #include <uv.h>
 
-#include "ferry/alloc.h"
-#include "ferry/log.h"
-#include "ferry/notify.h"
-#include "ferry/options.h"
-#include "ferry/rpc.h"
-#include "ferry/version.h"
+#include "alloc.h"
 #include "dmetrics.h"
-#include "ferry/metrics.h"
+#include "ferry/log.h"
+#include "ferry/version.h"
 #include "journal.h"
+#include "metrics.h"
+#include "notify.h"
+#include "options.h"
+#include "rpc.h"
 #include "rpc_commit.h"
 #include "rpc_handlers.h"
 #include "snapshot.h"
@@ -183,9 +183,9 @@ static int parse_settings(settings_t *s, int argc, char **argv,
                           ferry_error_t *err) {
   int npos = 0, rc;
 
-  if ((rc = ferry_options_defaults(options, N_OPTIONS, s, err)) != 0 ||
-      (rc = ferry_options_parse_argv(options, N_OPTIONS, s, argc - 1,
-                                     argv + 1, &npos, err)) != 0)
+  if ((rc = ferry__options_defaults(options, N_OPTIONS, s, err)) != 0 ||
+      (rc = ferry__options_parse_argv(options, N_OPTIONS, s, argc - 1, argv + 1,
+                                      &npos, err)) != 0)
     return rc;
   if (npos > 0)
     return ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
@@ -193,9 +193,9 @@ static int parse_settings(settings_t *s, int argc, char **argv,
   if (s->config != NULL && !s->help && !s->version) {
     char path[4096];
     snprintf(path, sizeof(path), "%s", s->config);
-    if ((rc = ferry_options_parse_file(options, N_OPTIONS, s, path, err)) ||
-        (rc = ferry_options_parse_argv(options, N_OPTIONS, s, argc - 1,
-                                       argv + 1, &npos, err)))
+    if ((rc = ferry__options_parse_file(options, N_OPTIONS, s, path, err)) ||
+        (rc = ferry__options_parse_argv(options, N_OPTIONS, s, argc - 1,
+                                        argv + 1, &npos, err)))
       return rc;
   }
   if (!s->help && !s->version &&
@@ -218,21 +218,21 @@ static void stop(daemon_t *d, int code) {
   d->stopping = true;
   d->exit_code = code;
   /* systemd: deactivating from here on (TimeoutStopSec runs). */
-  ferry_notify_stopping(code == 0 ? "shutting down" : "stopping on an error");
+  ferry__notify_stopping(code == 0 ? "shutting down" : "stopping on an error");
   uv_close((uv_handle_t *)&d->tick, close_cb);
   uv_close((uv_handle_t *)&d->sigterm, close_cb);
   uv_close((uv_handle_t *)&d->sigint, close_cb);
   uv_close((uv_handle_t *)&d->sighup, close_cb);
-  ferry_rpc_health_set_serving(d->rpc, false);
+  ferry__rpc_health_set_serving(d->rpc, false);
   /* The metrics server goes first: a scrape waiting on this loop returns
    * at once, then its thread is joined. */
   ferry__dmetrics_detach(d->metrics);
   d->metrics = NULL;
-  ferry_metrics_http_stop(d->http);
+  ferry__metrics_http_stop(d->http);
   d->http = NULL;
   /* Held-back heartbeats first: the shutdown waits for every answer. */
   ferry__disp_rpc_stop(&d->svc);
-  ferry_rpc_server_shutdown(d->rpc, on_rpc_done, d);
+  ferry__rpc_server_shutdown(d->rpc, on_rpc_done, d);
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -289,7 +289,7 @@ static int load_tokens(daemon_t *d, const settings_t *s, bool reload,
                   "to any caller", roles[i], roles[i]);
       continue;
     }
-    if ((rc = ferry_rpc_read_token(files[i], &tok, err)) != 0) {
+    if ((rc = ferry__rpc_read_token(files[i], &tok, err)) != 0) {
       if (!reload)
         return ferry__prefixerr(err, "--%s-token-file", roles[i]);
       FERRY_LOG(FERRY_LOG_WARN, "SIGHUP: keeping the %s token: %s", roles[i],
@@ -313,7 +313,7 @@ static void on_sighup(uv_signal_t *h, int signum) {
   ferry_error_t err = {0};
   (void)signum;
   FERRY_LOG(FERRY_LOG_INFO, "SIGHUP: re-reading the TLS files and tokens");
-  ferry_rpc_server_reload_tls(d->rpc);
+  ferry__rpc_server_reload_tls(d->rpc);
   load_tokens(d, d->settings, true, &err);
 }
 
@@ -329,10 +329,10 @@ static int open_state(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   cfg.client_timeout_ms = s->client_timeout_ms;
   cfg.client_stall_ms = s->client_stall_ms;
   cfg.client_idle_ms = s->client_idle_ms;
-  if ((rc = ferry_roots_init(&d->roots, s->data_roots, err)) != 0)
+  if ((rc = ferry__roots_init(&d->roots, s->data_roots, err)) != 0)
     return rc;
   cfg.roots = &d->roots;
-  if (ferry_roots_open(&d->roots))
+  if (ferry__roots_open(&d->roots))
     FERRY_LOG(FERRY_LOG_WARN, "no --data-root: a spec may name any file "
               "this dispatcher can read");
   cfg.job_gc_ms = s->job_gc_ms;
@@ -393,12 +393,12 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
                          "--tls-key and --tls-client-auth need --tls-cert");
   if ((rc = load_tokens(d, s, false, err)) != 0)
     return rc;
-  if ((rc = ferry_rpc_server_new(&d->loop, &ro, &d->rpc, err)) != 0)
+  if ((rc = ferry__rpc_server_new(&d->loop, &ro, &d->rpc, err)) != 0)
     return rc;
   snprintf(addr, sizeof(addr), v6 ? "[%s]:%" PRId64 : "%s:%" PRId64, s->host,
            s->port);
   if ((rc = ferry__disp_rpc_register(&d->svc, d->rpc, err)) != 0 ||
-      (rc = ferry_rpc_server_start(d->rpc, addr, &port, err)) != 0)
+      (rc = ferry__rpc_server_start(d->rpc, addr, &port, err)) != 0)
     return rc;
   /* The metrics server, once the gRPC port listens: /readyz answers 200
    * from the start, since the journal is loaded by now. On a failure the
@@ -408,18 +408,18 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
                           : s->host;
   int mport = 0;
   if (s->metrics_port >= 0) {
-    ferry_metrics_count_rpcs(true);
+    ferry__metrics_count_rpcs(true);
     if ((d->metrics = ferry__dmetrics_attach(&d->loop, d->state,
                                              d->journal)) == NULL)
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-    if ((rc = ferry_metrics_http_start(ferry_metrics_default(), mhost,
-                                       (int)s->metrics_port, &d->http,
-                                       &mport, err)) != 0) {
+    if ((rc = ferry__metrics_http_start(ferry__metrics_default(), mhost,
+                                        (int)s->metrics_port, &d->http, &mport,
+                                        err)) != 0) {
       ferry__dmetrics_detach(d->metrics);
       d->metrics = NULL;
       return ferry__prefixerr(err, "--metrics-port");
     }
-    ferry_metrics_http_set_ready(d->http, true);
+    ferry__metrics_http_set_ready(d->http, true);
     d->svc.metrics.fsync = d->metrics->fsync;
     d->svc.metrics.write_failures = d->metrics->write_failures;
     d->svc.metrics.snapshots = d->metrics->snapshots;
@@ -442,7 +442,7 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
             s->tls_cert == NULL    ? "plaintext gRPC"
             : s->tls_client_auth ? "TLS, client certificates required"
                                  : "TLS");
-  if (s->tls_cert == NULL && !ferry_rpc_host_is_loopback(s->host))
+  if (s->tls_cert == NULL && !ferry__rpc_host_is_loopback(s->host))
     FERRY_LOG(FERRY_LOG_WARN,
               "*** PLAINTEXT on %s:%d: anyone on the network can read and "
               "forge this dispatcher's traffic; use --tls-cert/--tls-key "
@@ -454,7 +454,7 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
   if (d->http != NULL) {
     /* The metrics server is plain HTTP whatever --tls-cert says, and
      * binds --host unless told otherwise. */
-    if (!ferry_rpc_host_is_loopback(mhost))
+    if (!ferry__rpc_host_is_loopback(mhost))
       FERRY_LOG(FERRY_LOG_WARN,
                 "*** PLAIN HTTP metrics on %s:%d (--metrics-host %s): "
                 "anyone who reaches it reads job names and can open "
@@ -467,9 +467,9 @@ static int start(daemon_t *d, const settings_t *s, ferry_error_t *err) {
     fflush(stdout);
   }
   /* systemd Type=notify: the port accepts connections from here on. */
-  ferry_notify_ready("serving on %s:%d, journal %s", s->host, port,
-                     s->work_dir);
-  ferry_notify_watchdog_start(&d->watchdog, &d->loop);
+  ferry__notify_ready("serving on %s:%d, journal %s", s->host, port,
+                      s->work_dir);
+  ferry__notify_watchdog_start(&d->watchdog, &d->loop);
   return 0;
 }
 
@@ -487,24 +487,24 @@ int main(int argc, char **argv) {
   if ((rc = parse_settings(&s, argc, argv, &err)) != 0) {
     fprintf(stderr, "ferry-dispatcher: %s\n(--help lists the options)\n",
             err.msg);
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_free(options, N_OPTIONS, &s);
     return 2;
   }
   if (s.version) {
     printf("ferry-dispatcher %s\n", FERRY_VERSION_STRING);
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_free(options, N_OPTIONS, &s);
     return 0;
   }
   if (s.help) {
     printf("usage: ferry-dispatcher --work-dir DIR [options]\n");
-    ferry_options_help(options, N_OPTIONS, stdout);
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_help(options, N_OPTIONS, stdout);
+    ferry__options_free(options, N_OPTIONS, &s);
     return 0;
   }
   ferry_log_set_level(s.log_level);
   ferry__journal_test_env();
-  ferry_rpc_tune_malloc();
-  ferry_rpc_init();
+  ferry__rpc_tune_malloc();
+  ferry__rpc_init();
   uv_loop_init(&d.loop);
   d.lock_fd = -1;
   if ((rc = open_state(&d, &s, &err)) != 0 ||
@@ -512,21 +512,21 @@ int main(int argc, char **argv) {
     FERRY_LOG(FERRY_LOG_ERROR, "%s", err.msg);
     d.exit_code = 1;
     if (d.rpc != NULL)
-      ferry_rpc_server_shutdown(d.rpc, on_failed_start, NULL);
+      ferry__rpc_server_shutdown(d.rpc, on_failed_start, NULL);
   }
   uv_run(&d.loop, UV_RUN_DEFAULT);
   /* The watchdog timer does not hold the loop: close it, then let the
    * loop finish the close. */
-  ferry_notify_watchdog_stop(&d.watchdog);
+  ferry__notify_watchdog_stop(&d.watchdog);
   uv_run(&d.loop, UV_RUN_DEFAULT);
   ferry__journal_close(d.journal);
   ferry__workdir_unlock(d.lock_fd);
   ferry__disp_free(d.state);
   for (int i = 0; i < 4; i++)
     ferry_free(d.tokens[i]);
-  ferry_roots_close(&d.roots);
+  ferry__roots_close(&d.roots);
   uv_loop_close(&d.loop);
-  ferry_rpc_shutdown();
-  ferry_options_free(options, N_OPTIONS, &s);
+  ferry__rpc_shutdown();
+  ferry__options_free(options, N_OPTIONS, &s);
   return d.exit_code;
 }

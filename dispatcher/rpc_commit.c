@@ -6,7 +6,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
 #include "snapshot.h"
 
@@ -52,11 +52,11 @@ void ferry__disp_rpc_reply_msg(ferry_rpc_call_t *call,
   size_t n = protobuf_c_message_get_packed_size(msg);
   uint8_t *buf = ferry__arena_alloc(a, n ? n : 1);
   if (buf == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   protobuf_c_message_pack(msg, buf);
-  ferry_rpc_reply(call, buf, n);
+  ferry__rpc_reply(call, buf, n);
 }
 
 /* Answers `call` with `msg` once what the state shows is durable. */
@@ -71,7 +71,7 @@ void ferry__disp_rpc_answer(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   }
   n = protobuf_c_message_get_packed_size(msg);
   if ((h = ferry__malloc(sizeof(*h) + 1 + n)) == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   h->call = call;
@@ -89,7 +89,7 @@ void ferry__disp_rpc_answer_error(ferry_disp_service_t *svc,
   size_t n = strlen(text);
 
   if (!must_hold(svc) || (h = ferry__malloc(sizeof(*h) + n + 1)) == NULL) {
-    ferry_rpc_reply_error(call, status, text);
+    ferry__rpc_reply_error(call, status, text);
     return;
   }
   h->call = call;
@@ -109,11 +109,11 @@ static void release_held(ferry_disp_service_t *svc, uint64_t pos,
     svc->held = h->next;
     svc->n_held--;
     if (why != NULL)
-      ferry_rpc_reply_error(h->call, FERRY_RPC_UNAVAILABLE, why);
+      ferry__rpc_reply_error(h->call, FERRY_RPC_UNAVAILABLE, why);
     else if (h->status != 0)
-      ferry_rpc_reply_error(h->call, h->status, h->msg);
+      ferry__rpc_reply_error(h->call, h->status, h->msg);
     else
-      ferry_rpc_reply(h->call, h->buf, h->len);
+      ferry__rpc_reply(h->call, h->buf, h->len);
     ferry__free(h);
   }
   if (svc->held == NULL)
@@ -138,7 +138,7 @@ static void rebuild(ferry_disp_service_t *svc, const ferry_error_t *why) {
            why->msg);
   FERRY_LOG(FERRY_LOG_ERROR, "journal: %s; failing %zu held calls and "
             "rebuilding the state from disk", why->msg, svc->n_held);
-  ferry_metric_add(svc->metrics.write_failures, 1);
+  ferry__metric_add(svc->metrics.write_failures, 1);
   release_held(svc, 0, msg);
   if (svc->on_failed != NULL)
     svc->on_failed(svc, msg);
@@ -171,7 +171,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
 
   svc->compacting = false;
   ferry__journal_batch_end(j, rc);
-  ferry_metric_observe(svc->metrics.fsync, ferry__journal_batch_ns(j));
+  ferry__metric_observe(svc->metrics.fsync, ferry__journal_batch_ns(j));
   ferry__disp_snapshot_release(svc->state, svc->snap); /* before a rebuild */
   svc->snap = NULL;
   if (rc != 0) {
@@ -179,7 +179,7 @@ static void synced(ferry_disp_service_t *svc, int rc,
     return;
   }
   if (compacted) {
-    ferry_metric_add(svc->metrics.snapshots, 1);
+    ferry__metric_add(svc->metrics.snapshots, 1);
     ferry__disp_set_segment(svc->state, svc->compact_segment);
     FERRY_LOG(FERRY_LOG_INFO,
               "journal: snapshot of %" PRIu64 " bytes written (captured "

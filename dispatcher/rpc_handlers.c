@@ -5,9 +5,9 @@
 #include "rpc_handlers.h"
 
 #include "ferry/log.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc_methods.h"
+#include "pb_alloc.h"
 #include "rpc_commit.h"
+#include "rpc_methods.h"
 #include "rpc_register.h"
 #include "rpc_wait.h"
 
@@ -146,23 +146,22 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
                      : no_tokens           ? NULL
                                            : "";
   size_t n;
-  const char *tok = ferry_rpc_call_bearer(call, &n);
+  const char *tok = ferry__rpc_call_bearer(call, &n);
   bool w, c, st, adm;
   adm = tok != NULL && svc->admin_token != NULL &&
-        ferry_rpc_token_equal(tok, n, svc->admin_token);
-  svc->call_sees_errors =
-      no_tokens || adm ||
-      (tok != NULL && svc->status_token != NULL &&
-       ferry_rpc_token_equal(tok, n, svc->status_token));
+        ferry__rpc_token_equal(tok, n, svc->admin_token);
+  svc->call_sees_errors = no_tokens || adm ||
+                          (tok != NULL && svc->status_token != NULL &&
+                           ferry__rpc_token_equal(tok, n, svc->status_token));
   if (need == NULL)
     return 0;
   /* Every configured token is compared, whatever matches first. */
   w = tok != NULL && svc->worker_token != NULL &&
-      ferry_rpc_token_equal(tok, n, svc->worker_token);
+      ferry__rpc_token_equal(tok, n, svc->worker_token);
   c = tok != NULL && svc->client_token != NULL &&
-      ferry_rpc_token_equal(tok, n, svc->client_token);
+      ferry__rpc_token_equal(tok, n, svc->client_token);
   st = tok != NULL && svc->status_token != NULL &&
-       ferry_rpc_token_equal(tok, n, svc->status_token);
+       ferry__rpc_token_equal(tok, n, svc->status_token);
   if ((role == ROLE_WORKER && w) || (role == ROLE_CLIENT && c) ||
       (role == ROLE_STATUS && (st || w || c || adm)) ||
       (role == ROLE_ADMIN && adm))
@@ -174,29 +173,29 @@ static int authorize(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   if (role == ROLE_ADMIN && svc->admin_token == NULL) {
     FERRY_LOG(FERRY_LOG_WARN, "%s: refused: no --admin-token-file is "
               "configured", methods[method].name);
-    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
-                          "this method needs the admin token: the "
-                          "dispatcher was started without "
-                          "--admin-token-file");
+    ferry__rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                           "this method needs the admin token: the "
+                           "dispatcher was started without "
+                           "--admin-token-file");
     return FERRY_RPC_PERMISSION_DENIED;
   }
   if (w || c || st || adm) {
     FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller holding another role's "
               "token", methods[method].name);
-    ferry_rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
-                          role == ROLE_ADMIN
-                              ? "this credential does not allow this "
-                                "method: it needs the admin token"
-                              : "this credential does not allow this method");
+    ferry__rpc_reply_error(call, FERRY_RPC_PERMISSION_DENIED,
+                           role == ROLE_ADMIN
+                               ? "this credential does not allow this "
+                                 "method: it needs the admin token"
+                               : "this credential does not allow this method");
     return FERRY_RPC_PERMISSION_DENIED;
   }
   FERRY_LOG(FERRY_LOG_WARN, "%s: refused a caller with %s bearer token",
             methods[method].name, tok == NULL ? "no" : "a wrong");
-  ferry_rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
-                        role == ROLE_ADMIN
-                            ? "missing or invalid bearer token: this method "
-                              "needs the admin token"
-                            : "missing or invalid bearer token");
+  ferry__rpc_reply_error(call, FERRY_RPC_UNAUTHENTICATED,
+                         role == ROLE_ADMIN
+                             ? "missing or invalid bearer token: this method "
+                               "needs the admin token"
+                             : "missing or invalid bearer token");
   return FERRY_RPC_UNAUTHENTICATED;
 }
 
@@ -212,8 +211,8 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   int rc;
 
   if (svc->failed) {
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "dispatcher: the journal failed; shutting down");
+    ferry__rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
+                           "dispatcher: the journal failed; shutting down");
     return;
   }
   if (authorize(svc, call, b->method) != 0)
@@ -221,21 +220,21 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   /* Each method's requests are bounded in bytes before they are parsed
    * (the fields inside are bounded again by the state machine). */
   if (len > m->max_request) {
-    ferry_rpc_reply_error(call, FERRY_RPC_RESOURCE_EXHAUSTED,
-                          "request larger than this method accepts");
+    ferry__rpc_reply_error(call, FERRY_RPC_RESOURCE_EXHAUSTED,
+                           "request larger than this method accepts");
     return;
   }
   rq = protobuf_c_message_unpack(m->req, &ferry__pb_allocator, len, req);
   if (rq == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "malformed request message");
+    ferry__rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                           "malformed request message");
     return;
   }
   /* After a failed batch, the first mutating call journals the boot
    * entry again (rebuild()); GetStatus only reads. */
   if (svc->need_boot && m->fn != op_status) {
     if (ferry__disp_boot(svc->state, &err) != 0) {
-      ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, err.msg);
+      ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, err.msg);
       ferry__disp_rpc_free_request(rq);
       return;
     }
@@ -260,7 +259,7 @@ static void handle(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   /* What the call changed is durable before anyone hears of it:
    * ferry__disp_rpc_answer() holds the answer until then. */
   if (rc != 0) {
-    ferry__disp_rpc_answer_error(svc, call, ferry_rpc_status_from_err(rc),
+    ferry__disp_rpc_answer_error(svc, call, ferry__rpc_status_from_err(rc),
                                  err.msg);
   } else {
     /* A worker heartbeat with nothing to hear waits for news. */
@@ -291,10 +290,10 @@ int ferry__disp_rpc_register(ferry_disp_service_t *svc,
   for (int i = 0; i < (int)(sizeof(methods) / sizeof(methods[0])); i++) {
     svc->bindings[i].svc = svc;
     svc->bindings[i].method = i;
-    rc = ferry_rpc_server_register(server, methods[i].name, FERRY_RPC_UNARY,
-                                   handle, &svc->bindings[i], err);
+    rc = ferry__rpc_server_register(server, methods[i].name, FERRY_RPC_UNARY,
+                                    handle, &svc->bindings[i], err);
     if (rc != 0)
       return rc;
   }
-  return ferry_rpc_health_register(server, services, 1, err);
+  return ferry__rpc_health_register(server, services, 1, err);
 }

@@ -24,7 +24,7 @@ int ferry__disp_rpc_start(ferry_disp_service_t *svc, uv_loop_t *loop);
  * progress with UNAVAILABLE (its thread-pool work is cancelled or stops
  * early, and commits nothing; the loop keeps running until it returned,
  * so run the loop dry before freeing the state), lets no more calls wait
- * and closes the timer. Call before ferry_rpc_server_shutdown, which
+ * and closes the timer. Call before ferry__rpc_server_shutdown, which
  * waits for every call to be answered. Idempotent. */
 void ferry__disp_rpc_stop(ferry_disp_service_t *svc);
 

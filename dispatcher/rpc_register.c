@@ -3,10 +3,10 @@
  * rpc_register.h). */
 #include "rpc_register.h"
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/rpc_methods.h"
 #include "rpc_commit.h"
+#include "rpc_methods.h"
 #include "scan.h"
 
 /* ---- RegisterDataset on the thread pool -----------------------------------
@@ -92,13 +92,13 @@ static void reg_abandon(ferry_disp_regcall_t *p, int status,
   if (!reg_waited(p))
     return;
   if (p->call != NULL) {
-    ferry_rpc_reply_error(p->call, status, msg);
+    ferry__rpc_reply_error(p->call, status, msg);
     p->call = NULL;
   }
   for (reg_follower_t *f = p->followers; f != NULL; f = f->next)
     if (f->call != NULL) {
-      ferry_rpc_call_on_cancel(f->call, NULL, NULL);
-      ferry_rpc_reply_error(f->call, status, msg);
+      ferry__rpc_call_on_cancel(f->call, NULL, NULL);
+      ferry__rpc_reply_error(f->call, status, msg);
       f->call = NULL;
     }
   reg_stop_work(p);
@@ -110,7 +110,7 @@ static void reg_abandon(ferry_disp_regcall_t *p, int status,
 static void reg_cancelled(ferry_disp_regcall_t *p, ferry_rpc_call_t **call) {
   if (*call == NULL)
     return;
-  ferry_rpc_reply_error(*call, FERRY_RPC_CANCELLED, "the call was cancelled");
+  ferry__rpc_reply_error(*call, FERRY_RPC_CANCELLED, "the call was cancelled");
   *call = NULL;
   if (!reg_waited(p))
     reg_stop_work(p);
@@ -134,9 +134,9 @@ static void reg_answer(ferry_disp_service_t *svc, ferry_rpc_call_t **call,
                        ferry_arena_t *a, const ferry_error_t *err) {
   if (*call == NULL)
     return;
-  ferry_rpc_call_on_cancel(*call, NULL, NULL);
+  ferry__rpc_call_on_cancel(*call, NULL, NULL);
   if (rc != 0)
-    ferry__disp_rpc_answer_error(svc, *call, ferry_rpc_status_from_err(rc),
+    ferry__disp_rpc_answer_error(svc, *call, ferry__rpc_status_from_err(rc),
                                  err->msg);
   else
     ferry__disp_rpc_answer(svc, *call, &resp->base, a);
@@ -230,7 +230,7 @@ int ferry__disp_rpc_reg_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
     FERRY_LOG(FERRY_LOG_DEBUG, "dataset %s: a registration in progress "
               "answers this call too", ferry__disp_reg_id(p->reg));
     *later = true;
-    ferry_rpc_call_on_cancel(call, on_follower_cancel, f);
+    ferry__rpc_call_on_cancel(call, on_follower_cancel, f);
     return 0;
   }
   if (svc->n_registering >= FERRY_DISP_MAX_REGISTERING) {
@@ -263,7 +263,7 @@ int ferry__disp_rpc_reg_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
   svc->n_registering++;
   *later = true;
   /* May run on_reg_cancel at once (the call ended): reg_after copes. */
-  ferry_rpc_call_on_cancel(call, on_reg_cancel, p);
+  ferry__rpc_call_on_cancel(call, on_reg_cancel, p);
   return 0;
 }
 

@@ -13,9 +13,9 @@
 #include <uv.h>
 
 #include "ferry/error.h"
-#include "ferry/metrics.h"
-#include "ferry/rpc.h"
 #include "journal.h"
+#include "metrics.h"
+#include "rpc.h"
 #include "state.h"
 
 typedef struct ferry_disp_service_s ferry_disp_service_t;

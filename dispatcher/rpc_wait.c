@@ -1,8 +1,8 @@
 /* The dispatcher's long-polled worker heartbeats (see rpc_wait.h). */
 #include "rpc_wait.h"
 
-#include "ferry/alloc.h"
-#include "ferry/pb_alloc.h"
+#include "alloc.h"
+#include "pb_alloc.h"
 #include "rpc_commit.h"
 
 /* ---- Held-back worker heartbeats ------------------------------------------
@@ -51,10 +51,10 @@ bool ferry__disp_wait_answer(ferry_disp_service_t *svc, ferry_disp_wait_t *w,
   wait_unlink(svc, w);
   /* The answer may be held (group commit) and `w` is freed below: a
    * cancel of the call from here on must not reach it. */
-  ferry_rpc_call_on_cancel(w->call, NULL, NULL);
+  ferry__rpc_call_on_cancel(w->call, NULL, NULL);
   if (err.code != 0)
     ferry__disp_rpc_answer_error(svc, w->call,
-                                 ferry_rpc_status_from_err(err.code), err.msg);
+                                 ferry__rpc_status_from_err(err.code), err.msg);
   else
     ferry__disp_rpc_answer(svc, w->call, &resp.base, &a);
   ferry__arena_free(&a);
@@ -115,8 +115,8 @@ void ferry__disp_wait_fail_all(ferry_disp_service_t *svc, const char *why) {
   while (svc->waiting != NULL) {
     ferry_disp_wait_t *w = svc->waiting;
     svc->waiting = w->next;
-    ferry_rpc_call_on_cancel(w->call, NULL, NULL);
-    ferry_rpc_reply_error(w->call, FERRY_RPC_UNAVAILABLE, why);
+    ferry__rpc_call_on_cancel(w->call, NULL, NULL);
+    ferry__rpc_reply_error(w->call, FERRY_RPC_UNAVAILABLE, why);
     ferry__disp_rpc_free_request(&w->req->base);
     ferry__free(w);
   }
@@ -159,7 +159,7 @@ bool ferry__disp_wait_start(ferry_disp_service_t *svc, ferry_rpc_call_t *call,
     svc->waiting_changes = ferry__disp_changes(svc->state);
   w->next = svc->waiting;
   svc->waiting = w;
-  ferry_rpc_call_on_cancel(call, on_wait_cancel, w);
+  ferry__rpc_call_on_cancel(call, on_wait_cancel, w);
   /* on_wait_cancel may have answered it already: the timer copes. */
   wait_arm(svc);
   return true;

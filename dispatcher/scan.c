@@ -13,11 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "check.h"
-#include "ferry/alloc.h"
 #include "ferry/log.h"
-#include "ferry/tfrecord.h"
 #include "shard_index.h"
+#include "tfrecord.h"
 
 int ferry__disp_push_split(splits_t *s, const split_t *sp) {
   if (!FERRY__GROW(s->v, s->cap, s->n + 1, 64))
@@ -27,11 +27,11 @@ int ferry__disp_push_split(splits_t *s, const split_t *sp) {
 }
 
 /* Whether the file is compressed: per the spec, or for AUTO by the
- * reader's rule (ferry_tfr_sniff). */
+ * reader's rule (ferry__tfr_sniff). */
 static bool is_compressed(ferry_compression_t c, const uint8_t *h, size_t n) {
   return c == FERRY_COMPRESSION_GZIP || c == FERRY_COMPRESSION_ZLIB ||
          (c == FERRY_COMPRESSION_AUTO &&
-          ferry_tfr_sniff(h, n) != FERRY_COMPRESSION_NONE);
+          ferry__tfr_sniff(h, n) != FERRY_COMPRESSION_NONE);
 }
 
 #define HDR FERRY_TFR_HEADER_LEN
@@ -81,11 +81,11 @@ static int scan_plain(int fd, uint64_t size, uint32_t file, uint32_t per,
     const uint8_t *h;
     ssize_t n = window_header(&w, off, &h);
     if (n < 0) {
-      rc = ferry_err_from_errno(errno);
+      rc = ferry__err_from_errno(errno);
       goto out;
     }
     len = 0;
-    if (n < HDR || !ferry_tfr_header_check(h, &len) || len > max_len ||
+    if (n < HDR || !ferry__tfr_header_check(h, &len) || len > max_len ||
         size - off - HDR < 4 || len > size - off - 16) {
       FERRY_LOG(FERRY_LOG_WARN,
                 "%s: bad record header at byte offset %" PRIu64
@@ -179,14 +179,14 @@ static int scan_file(const ferry_roots_t *roots, const char *path,
    * FIFO or device named by a spec must not block the thread in open() (a
    * pool thread in the daemon, see ferry__disp_reg_scan); only regular
    * files are scanned. */
-  int fd, rc = ferry_roots_open_file(roots, path, &fd, err);
+  int fd, rc = ferry__roots_open_file(roots, path, &fd, err);
 
   if (rc != 0)
     return rc;
   if (fstat(fd, &st) != 0 ||
       (S_ISREG(st.st_mode) &&
        (n = ferry__pread_full(fd, h, sizeof(h), 0)) < 0)) {
-    rc = ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
+    rc = ferry__seterr(err, ferry__err_from_errno(errno), "%s: %s", path,
                        strerror(errno));
   } else if (!S_ISREG(st.st_mode)) {
     rc = ferry__seterr(err, FERRY_EINVAL, "%s: not a regular file", path);
@@ -224,9 +224,9 @@ void ferry__disp_reg_free(ferry_disp_reg_t *r) {
   ferry__free(r->reuse);
   ferry__free(r->scanned);
   ferry__free(r->sp.v);
-  ferry_spec_free_files(r->files, r->nfiles);
+  ferry__spec_free_files(r->files, r->nfiles);
   ferry__free(r->canon);
-  ferry_spec_close(&r->spec);
+  ferry__spec_close(&r->spec);
   ferry__free(r);
 }
 
@@ -252,9 +252,10 @@ void ferry__disp_reg_expand(ferry_disp_reg_t *r) {
   /* Data roots: the patterns before they are expanded (a glob must not
    * probe outside the roots), then every file they name. */
   for (size_t i = 0; i < spec->n_patterns; i++)
-    if ((rc = ferry_roots_check_pattern(r->roots, spec->patterns[i], err)) != 0)
+    if ((rc = ferry__roots_check_pattern(r->roots, spec->patterns[i], err)) !=
+        0)
       goto out;
-  if ((rc = ferry_spec_expand_files(spec, &r->files, &r->nfiles, err)) != 0)
+  if ((rc = ferry__spec_expand_files(spec, &r->files, &r->nfiles, err)) != 0)
     goto out;
   if (r->nfiles > r->max_files) {
     rc = ferry__seterr(err, FERRY_EINVAL, "%s: over %u files",
@@ -262,7 +263,7 @@ void ferry__disp_reg_expand(ferry_disp_reg_t *r) {
     goto out;
   }
   for (size_t i = 0; i < r->nfiles; i++)
-    if ((rc = ferry_roots_check(r->roots, r->files[i], err)) != 0)
+    if ((rc = ferry__roots_check(r->roots, r->files[i], err)) != 0)
       goto out;
   /* File names travel in `string` fields (Task.file, the status). */
   for (size_t i = 0; i < r->nfiles; i++)

@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "ferry/error.h"
-#include "ferry/roots.h"
-#include "ferry/spec.h"
+#include "roots.h"
+#include "spec.h"
 
 /* 32 bytes: a dataset holds one per split. A split holds at
  * most records_per_split (<= 2^24) records, so its count fits 32 bits. */

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
+#include "alloc.h"
+#include "crc32c.h"
 #include "ferry/log.h"
 
 static int64_t mtime_ns(const struct stat *st) {
@@ -31,7 +31,7 @@ static bool header_says(int fd, uint64_t off, uint64_t len) {
     got = got << 8 | h[i];
   uint32_t stored = (uint32_t)h[8] | (uint32_t)h[9] << 8 |
                     (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
-  return got == len && ferry_crc32c_unmask(stored) == ferry_crc32c(0, h, 8);
+  return got == len && ferry__crc32c_unmask(stored) == ferry__crc32c(0, h, 8);
 }
 
 /* Why the entries do not describe the shard, or NULL when they do. */
@@ -91,7 +91,7 @@ int ferry__shard_index_load(const ferry_roots_t *roots, const char *path,
   if (access(idx, F_OK) != 0)
     return 0;
   /* Read through the roots like the shard: an index is data too. */
-  if (ferry_roots_open_file(roots, idx, &ifd, &err) != 0) {
+  if (ferry__roots_open_file(roots, idx, &ifd, &err) != 0) {
     FERRY_LOG(FERRY_LOG_WARN, "%s; scanning %s instead", err.msg, path);
     return 0;
   }
@@ -107,7 +107,7 @@ int ferry__shard_index_load(const ferry_roots_t *roots, const char *path,
               idx, path);
     return 0;
   }
-  if ((rc = ferry_tfr_index_read_fd(ifd, idx, &v, &cnt, &err)) != 0) {
+  if ((rc = ferry__tfr_index_read_fd(ifd, idx, &v, &cnt, &err)) != 0) {
     if (rc == FERRY_ENOMEM)
       return rc;
     FERRY_LOG(FERRY_LOG_WARN, "%s: ignored: %s; scanning %s instead", idx,

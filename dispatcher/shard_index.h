@@ -24,15 +24,15 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "ferry/roots.h"
-#include "ferry/tfrecord.h"
+#include "roots.h"
+#include "tfrecord.h"
 
 /* Loads PATH.idx for the uncompressed shard `path` (open as `fd`, whose
- * fstat is `st`), opened through `roots` (ferry_roots_open_file: an index
- * outside them, or a symlink swapped in, is not read). Returns 1 with the entries in *out (ferry__free) and
- * their count in *n when the index exists and is trusted (see above);
- * 0 when there is none, or it is stale or malformed (a warning naming
- * the index file was logged); FERRY_ENOMEM. */
+ * fstat is `st`), opened through `roots` (ferry__roots_open_file: an index
+ * outside them, or a symlink swapped in, is not read). Returns 1 with the
+ * entries in *out (ferry__free) and their count in *n when the index exists and
+ * is trusted (see above); 0 when there is none, or it is stale or malformed (a
+ * warning naming the index file was logged); FERRY_ENOMEM. */
 int ferry__shard_index_load(const ferry_roots_t *roots, const char *path,
                             int fd, const struct stat *st, uint64_t max_len,
                             ferry_tfr_index_entry_t **out, size_t *n);

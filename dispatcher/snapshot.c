@@ -2,7 +2,7 @@
 #include "snapshot.h"
 #include "state_internal.h"
 
-#include "ferry/pb_alloc.h"
+#include "pb_alloc.h"
 
 /* The framed records of a snapshot being written. */
 typedef struct out_s {

@@ -3,7 +3,7 @@
  * (state_internal.h lists the parts). */
 #include "state_internal.h"
 
-#include "ferry/tfrecord.h"
+#include "tfrecord.h"
 
 static uint64_t splitmix64(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -57,7 +57,7 @@ void ferry__disp_free_dataset(dataset_t *ds) {
   if (ds == NULL)
     return;
   ferry__free(ds->id);
-  ferry_spec_close(&ds->spec);
+  ferry__spec_close(&ds->spec);
   ferry__free(ds->spec_bytes);
   for (uint32_t i = 0; i < ds->nfiles && ds->files != NULL; i++)
     ferry__free(ds->files[i]);
@@ -354,7 +354,7 @@ int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
     return ferry__disp_row_index(j, split, worker);
   if (!j->started || split >= j->ds->nsplits)
     return -1;
-  /* A client's report names the part by its lease (ferry/lease.h): an
+  /* A client's report names the part by its lease (lease.h): an
    * epoch resumed with another world size may bind a client two parts of
    * one split. Without a lease (an older client), its first part. */
   for (uint32_t x = 0; x < j->split_nparts[split]; x++) {
@@ -363,7 +363,7 @@ int64_t ferry__disp_row_of(const job_t *j, uint32_t split, uint64_t worker,
       return r;
     if (client == 0 || j->rows[r].client != client)
       continue;
-    if (lease == 0 || ferry_lease_part(lease) == x % FERRY_LEASE_MAX_PARTS)
+    if (lease == 0 || ferry__lease_part(lease) == x % FERRY_LEASE_MAX_PARTS)
       return r;
   }
   return -1;

@@ -25,8 +25,8 @@
 
 #include "arena.h"
 #include "ferry/error.h"
-#include "ferry/roots.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "roots.h"
 
 /* ---- Configuration ------------------------------------------------------ */
 

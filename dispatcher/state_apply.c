@@ -5,7 +5,7 @@
 #include "state_apply.h"
 #include "state_ranks.h"
 
-#include "ferry/pb_alloc.h"
+#include "pb_alloc.h"
 
 static void row_check_done(job_t *j, uint32_t idx) {
   row_t *r = &j->rows[idx];
@@ -43,8 +43,8 @@ static int apply_register(ferry_disp_t *d,
   ds = ferry__calloc(1, sizeof(*ds));
   if (ds == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  ferry_spec_init(&ds->spec);
-  rc = ferry_spec_unpack(m->spec.data, m->spec.len, &ds->spec, err);
+  ferry__spec_init(&ds->spec);
+  rc = ferry__spec_unpack(m->spec.data, m->spec.len, &ds->spec, err);
   if (rc != 0) {
     ferry__disp_free_dataset(ds);
     return rc;
@@ -852,7 +852,7 @@ int ferry__disp_commit(ferry_disp_t *d, const entry_t *e, ferry_error_t *err) {
         j != NULL
             ? ferry__disp_job_row((job_t *)j, e->assign->epoch, e->assign->row)
             : NULL;
-    relet = row != NULL && ferry_lease_issued(row->lease);
+    relet = row != NULL && ferry__lease_issued(row->lease);
   }
   rc = apply(d, e, err);
   if (rc != 0) {

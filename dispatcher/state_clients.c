@@ -317,8 +317,8 @@ int ferry__disp_client_heartbeat(ferry_disp_t *d,
   /* Only the client that joined (its secret) touches its state. */
   if (c->has_secret &&
       (req->client_secret.len != FERRY_CLIENT_SECRET_BYTES ||
-       !ferry_rpc_bytes_equal(req->client_secret.data, c->secret,
-                              FERRY_CLIENT_SECRET_BYTES))) {
+       !ferry__rpc_bytes_equal(req->client_secret.data, c->secret,
+                               FERRY_CLIENT_SECRET_BYTES))) {
     FERRY_LOG(FERRY_LOG_WARN,
               "ClientHeartbeat for job %" PRIu64 " client "
               "%" PRIu64 " without its secret: refused",

@@ -107,14 +107,14 @@ static int request_spec(const Ferry__V1__PipelineSpec *pb, ferry_spec_t *spec,
   uint8_t *buf;
   int rc;
 
-  ferry_spec_init(spec);
+  ferry__spec_init(spec);
   if (pb == NULL)
     return ferry__seterr(err, FERRY_ESPEC, "no pipeline spec in the request");
   n = protobuf_c_message_get_packed_size(&pb->base);
   if ((buf = ferry__malloc(n ? n : 1)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   protobuf_c_message_pack(&pb->base, buf);
-  rc = ferry_spec_unpack(buf, n, spec, err);
+  rc = ferry__spec_unpack(buf, n, spec, err);
   ferry__free(buf);
   return rc;
 }
@@ -158,12 +158,12 @@ int ferry__disp_reg_begin(ferry_disp_t *d,
       (rc = ferry__disp_check_len(r->spec.label_key, FERRY_DISP_MAX_NAME_LEN,
                                   "label key", err)) != 0)
     goto fail;
-  if ((rc = ferry_spec_pack(&r->spec, &r->canon, &r->clen)) != 0) {
+  if ((rc = ferry__spec_pack(&r->spec, &r->canon, &r->clen)) != 0) {
     ferry__seterr(err, rc, "pipeline spec: %s", ferry_strerror(rc));
     goto fail;
   }
   snprintf(r->id, sizeof(r->id), "%016" PRIx64,
-           ferry_spec_fingerprint(&r->spec));
+           ferry__spec_fingerprint(&r->spec));
   if ((ds = ferry__disp_find_dataset(d, r->id)) != NULL) {
     fill_register_resp(ds, resp);
     if ((resp->dataset_id = ferry__arena_strdup(a, r->id)) == NULL)

@@ -52,15 +52,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "arena.h"
 #include "check.h"
-#include "ferry/alloc.h"
-#include "ferry/lease.h"
 #include "ferry/log.h"
-#include "ferry/rpc.h"
-#include "ferry/spec.h"
 #include "ferry/v1/journal.pb-c.h"
+#include "lease.h"
+#include "rpc.h"
 #include "scan.h"
+#include "spec.h"
 #include "state.h"
 
 typedef Ferry__V1__JournalEntry entry_t;

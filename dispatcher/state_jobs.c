@@ -4,8 +4,8 @@
 #include "state_leases.h"
 #include "state_ranks.h"
 
-#include "ferry/cursor.h"
-#include "ferry/job_names.h"
+#include "cursor.h"
+#include "job_names.h"
 
 static job_t *find_named_job(ferry_disp_t *d, const char *name) {
   for (size_t i = 0; i < d->njobs; i++)
@@ -102,7 +102,7 @@ static int check_resume(const dataset_t *ds, const Ferry__V1__JobOptions *o,
       return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   }
   /* A split is cut at rank boundaries and around what earlier cuts took:
-   * its parts must stay apart in their leases (ferry/lease.h). */
+   * its parts must stay apart in their leases (lease.h). */
   if (ranks * 3 + 3 > FERRY_LEASE_MAX_PARTS)
     return ferry__seterr(err, FERRY_EINVAL,
                          "resume: %" PRIu64 " ranks over the cuts of epoch "
@@ -313,7 +313,7 @@ int ferry__disp_get_or_create_job(ferry_disp_t *d,
   uint8_t *secret = ferry__arena_alloc(a, FERRY_CLIENT_SECRET_BYTES);
   if (secret == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  if ((rc = ferry_rpc_random(secret, FERRY_CLIENT_SECRET_BYTES)) != 0)
+  if ((rc = ferry__rpc_random(secret, FERRY_CLIENT_SECRET_BYTES)) != 0)
     return ferry__seterr(err, rc, "getrandom: %s", ferry_strerror(rc));
   if ((rc = ferry__disp_emit_client_joined(
            d, j, client, secret,

@@ -135,7 +135,7 @@ static worker_t *pick_worker(ferry_disp_t *d, const job_t *j, uint64_t client,
 }
 
 /* The row's next lease generation: one more than its current one, and at
- * least the floor of this process and the row's part (ferry/lease.h), so
+ * least the floor of this process and the row's part (lease.h), so
  * that the first lease of a process is above every lease an earlier
  * process issued for the row without journaling it, and two parts of a
  * split never share a lease (a worker's task is (job, epoch, split,
@@ -147,7 +147,7 @@ static uint64_t next_lease(const ferry_disp_t *d, const job_t *j,
     uint32_t r = (uint32_t)(row - j->rows);
     part = r - j->split_part[j->part_split[r]];
   }
-  uint64_t floor = ferry_lease_floor(d->boot, part);
+  uint64_t floor = ferry__lease_floor(d->boot, part);
   return row->lease + 1 > floor ? row->lease + 1 : floor;
 }
 

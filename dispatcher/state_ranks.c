@@ -185,7 +185,7 @@ int ferry__disp_plan_ranks(job_t *j, const uint32_t *perm) {
       row->rank = n;
       /* Not issued yet, but naming its part already: a client bound to
        * the row before any worker took it keys it by this. */
-      row->lease = ferry_lease_floor(0, n - j->split_part[s]);
+      row->lease = ferry__lease_floor(0, n - j->split_part[s]);
       j->order[n] = n;
       j->row_end[n] = 0;
       j->part_split[n] = s;

@@ -5,7 +5,7 @@
 #include "state_leases.h"
 #include "state_status.h"
 
-#include "ferry/transport.h"
+#include "transport.h"
 
 /* The worker for this heartbeat: its live record, or a new registration. */
 static worker_t *
@@ -319,7 +319,7 @@ static int published(const Ferry__V1__WorkerHeartbeatRequest *req,
     out[i].address = e->address.data;
     out[i].address_len = e->address.len;
   }
-  int rc = ferry_transport_endpoints_check(out, req->n_endpoints, err);
+  int rc = ferry__transport_endpoints_check(out, req->n_endpoints, err);
   return rc != 0 ? ferry__prefixerr(err, "worker heartbeat") : 0;
 }
 

@@ -48,13 +48,12 @@ static int make_dirs(const char *dir, ferry_error_t *err) {
     path[i] = '\0';
     if (mkdir(path, 0755) != 0 && errno != EEXIST) {
       int e = errno;
-      return ferry__seterr(err, ferry_err_from_errno(e),
-                           "--work-dir %s: cannot create %s: %s%s", dir, path,
-                           strerror(e),
-                           e == EACCES || e == EPERM
-                               ? " (create it as a user who may, and give "
-                                 "the dispatcher's user ownership of it)"
-                               : "");
+      return ferry__seterr(
+          err, ferry__err_from_errno(e),
+          "--work-dir %s: cannot create %s: %s%s", dir, path, strerror(e),
+          e == EACCES || e == EPERM ? " (create it as a user who may, and give "
+                                      "the dispatcher's user ownership of it)"
+                                    : "");
     }
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
       return ferry__seterr(err, FERRY_EINVAL,
@@ -77,8 +76,8 @@ int ferry__workdir_lock(const char *dir, int *fd, ferry_error_t *err) {
   snprintf(path, sizeof(path), "%s/lock", dir);
   f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (f < 0)
-    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: open: %s", path,
-                         strerror(errno));
+    return ferry__seterr(err, ferry__err_from_errno(errno), "%s: open: %s",
+                         path, strerror(errno));
   while (flock(f, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR)
       continue;
@@ -86,7 +85,7 @@ int ferry__workdir_lock(const char *dir, int *fd, ferry_error_t *err) {
     prev = read_pid(f);
     close(f);
     if (e != EWOULDBLOCK)
-      return ferry__seterr(err, ferry_err_from_errno(e), "%s: flock: %s", path,
+      return ferry__seterr(err, ferry__err_from_errno(e), "%s: flock: %s", path,
                            strerror(e));
     if (prev > 0)
       return ferry__seterr(err, FERRY_EIO,
@@ -108,7 +107,7 @@ int ferry__workdir_lock(const char *dir, int *fd, ferry_error_t *err) {
   if (ftruncate(f, 0) != 0 || pwrite(f, text, (size_t)n, 0) != n) {
     e = errno;
     close(f);
-    return ferry__seterr(err, ferry_err_from_errno(e), "%s: write: %s", path,
+    return ferry__seterr(err, ferry__err_from_errno(e), "%s: write: %s", path,
                          strerror(e));
   }
   *fd = f;

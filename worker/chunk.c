@@ -2,7 +2,7 @@
  *
  * A chunk lives in one pool block: the struct, the header area, the labels
  * and ids, then the payload (64-byte aligned). The wire message is a valid
- * ferry.v1.Chunk written by the Chunk contract's encoder (ferry/chunk.h):
+ * ferry.v1.Chunk written by the Chunk contract's encoder (chunk.h):
  * the header (fields 1-14 and the payload's tag and length) in the header
  * area, then the pixels as their own piece without a copy.
  */
@@ -17,9 +17,8 @@
 #define ERROR_STORAGE 512u
 
 static size_t hdr_cap_for(uint32_t cap) {
-  return ALIGN_UP(ERROR_STORAGE +
-                      ferry_chunk_header_bound(cap, ERROR_STORAGE - 1),
-                  64);
+  return ALIGN_UP(
+      ERROR_STORAGE + ferry__chunk_header_bound(cap, ERROR_STORAGE - 1), 64);
 }
 
 size_t ferry__wchunk_block_size(uint32_t cap, size_t rec_bytes) {
@@ -76,9 +75,8 @@ int ferry__wchunk_encode(ferry__wchunk_t *c) {
       .payload_len = (size_t)c->count * c->rec_bytes,
   };
   /* The header must end before the error string it refers to. */
-  int n = ferry_chunk_encode(&h, c->payload, c->hdr,
-                             c->hdr_cap - ERROR_STORAGE,
-                             c->pieces);
+  int n = ferry__chunk_encode(&h, c->payload, c->hdr,
+                              c->hdr_cap - ERROR_STORAGE, c->pieces);
   if (n < 0)
     return n;
   c->n_pieces = (size_t)n;

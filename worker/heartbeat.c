@@ -27,11 +27,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/notify.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc_methods.h"
+#include "notify.h"
+#include "pb_alloc.h"
+#include "rpc_methods.h"
 #include "worker.h"
 
 /* The last heartbeat, on SIGTERM: short, and without waiting for a
@@ -49,9 +49,9 @@ static bool apply(ferry__worker_t *w,
     FERRY_LOG(FERRY_LOG_INFO, "registered with %s as worker %llu (%s)",
               w->cfg.dispatcher, (unsigned long long)resp->worker_id,
               w->address);
-    ferry_notify_status("serving on %s, registered with %s as worker %llu",
-                        w->address, w->cfg.dispatcher,
-                        (unsigned long long)resp->worker_id);
+    ferry__notify_status("serving on %s, registered with %s as worker %llu",
+                         w->address, w->cfg.dispatcher,
+                         (unsigned long long)resp->worker_id);
     atomic_store(&w->worker_id, resp->worker_id);
   }
   if (resp->heartbeat_ms != 0)
@@ -89,7 +89,7 @@ static bool apply(ferry__worker_t *w,
 
 /* The unary call, opened as a stream and published in w->hb_call (unless
  * `final`) so that news or quit can cancel it while the dispatcher holds
- * it back. Same contract as ferry_rpc_unary; a call cancelled that way
+ * it back. Same contract as ferry__rpc_unary; a call cancelled that way
  * fails with FERRY_EGRPC_CANCELLED. */
 static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
                 const uint8_t *req, size_t len, int deadline_ms,
@@ -99,8 +99,8 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   ferry_rpc_msg_t msg;
   *reply = NULL;
   *reply_len = 0;
-  int rc = ferry_rpc_stream_open(ch, FERRY_METHOD_WORKER_HEARTBEAT, req, len,
-                                 deadline_ms, flags, &s, err);
+  int rc = ferry__rpc_stream_open(ch, FERRY_METHOD_WORKER_HEARTBEAT, req, len,
+                                  deadline_ms, flags, &s, err);
   if (rc != 0)
     return rc;
   if (!final) {
@@ -109,11 +109,11 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
     /* News that came while the report was built may have missed it. */
     if (w->hb_quit || w->hb_news) {
       w->hb_cancelled = true;
-      ferry_rpc_stream_cancel(s);
+      ferry__rpc_stream_cancel(s);
     }
     pthread_mutex_unlock(&w->hb_lock);
   }
-  rc = ferry_rpc_stream_next(s, &msg, -1, err);
+  rc = ferry__rpc_stream_next(s, &msg, -1, err);
   if (!final) {
     /* No cancel from here on: the stream is ours to free. */
     pthread_mutex_lock(&w->hb_lock);
@@ -124,14 +124,14 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
     uint8_t *out = ferry__malloc(msg.len > 0 ? msg.len : 1);
     size_t out_len = msg.len;
     if (out != NULL)
-      ferry_rpc_msg_copy(&msg, 0, out, out_len);
-    ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_copy(&msg, 0, out, out_len);
+    ferry__rpc_msg_release(&msg);
     /* The status follows the one message. A cancel that raced with the
      * answer's arrival leaves the answer whole: keep it. */
     ferry_error_t e2 = {0};
-    rc = ferry_rpc_stream_next(s, &msg, -1, &e2);
+    rc = ferry__rpc_stream_next(s, &msg, -1, &e2);
     if (rc == 0) {
-      ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_release(&msg);
       rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: more than one reply",
                          FERRY_METHOD_WORKER_HEARTBEAT);
     } else if (rc == FERRY_EOF || rc == FERRY_EGRPC_CANCELLED) {
@@ -150,7 +150,7 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
     rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: no reply",
                        FERRY_METHOD_WORKER_HEARTBEAT);
   }
-  ferry_rpc_stream_free(s);
+  ferry__rpc_stream_free(s);
   return rc;
 }
 
@@ -220,7 +220,7 @@ static struct timespec add_ms(struct timespec t, int ms) {
 /* Why the dispatcher did not answer, for the log: gRPC reports a host
  * that does not resolve as "Deadline Exceeded" and a TLS mismatch as a
  * closed socket, the same words as a dispatcher that is down, so ask the
- * resolver and the port what is there (ferry_rpc_probe, at most about a
+ * resolver and the port what is there (ferry__rpc_probe, at most about a
  * second; only when the state turns unreachable). Empty when the probe
  * learns nothing the error does not already say. */
 static void unreachable_why(const ferry__worker_t *w, int rc, char *out,
@@ -230,7 +230,7 @@ static void unreachable_why(const ferry__worker_t *w, int rc, char *out,
     return;
   char why[320];
   bool tls = w->cfg.tls_ca != NULL;
-  switch (ferry_rpc_probe(w->cfg.dispatcher, 1000, why, sizeof(why))) {
+  switch (ferry__rpc_probe(w->cfg.dispatcher, 1000, why, sizeof(why))) {
   case FERRY_RPC_PROBE_UNRESOLVED:
     snprintf(out, cap, ": %s: check --dispatcher's host name, or give the "
              "dispatcher's IP address", why);
@@ -267,7 +267,7 @@ static void *hb_main(void *arg) {
   ferry_rpc_options_t ro = {0};
   ro.tls = w->cfg.tls_ca != NULL ? &tls : NULL;
   ro.bearer_token = w->worker_token;
-  if (ferry_rpc_channel_new(w->cfg.dispatcher, &ro, &ch, &err) != 0) {
+  if (ferry__rpc_channel_new(w->cfg.dispatcher, &ro, &ch, &err) != 0) {
     FERRY_LOG(FERRY_LOG_ERROR, "dispatcher %s: %s", w->cfg.dispatcher,
               err.msg);
     return NULL;
@@ -322,7 +322,7 @@ static void *hb_main(void *arg) {
       ;
     pthread_mutex_unlock(&w->hb_lock);
   }
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   return NULL;
 }
 
@@ -338,7 +338,7 @@ void ferry__whb_quit(ferry__worker_t *w) {
   w->hb_quit = true;
   if (w->hb_call != NULL) {
     w->hb_cancelled = true;
-    ferry_rpc_stream_cancel(w->hb_call);
+    ferry__rpc_stream_cancel(w->hb_call);
   }
   pthread_cond_broadcast(&w->hb_cv);
   pthread_mutex_unlock(&w->hb_lock);
@@ -352,7 +352,7 @@ void ferry__whb_task_ended(void *arg, bool news) {
     w->hb_news = true;
     if (w->hb_call != NULL && !w->hb_cancelled) {
       w->hb_cancelled = true;
-      ferry_rpc_stream_cancel(w->hb_call);
+      ferry__rpc_stream_cancel(w->hb_call);
     }
   }
   pthread_cond_broadcast(&w->hb_cv);

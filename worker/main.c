@@ -4,13 +4,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/hostport.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/notify.h"
-#include "ferry/options.h"
 #include "ferry/version.h"
-#include "ferry/metrics.h"
+#include "hostport.h"
+#include "metrics.h"
+#include "notify.h"
+#include "options.h"
 #include "wmetrics.h"
 #include "worker.h"
 
@@ -132,10 +132,10 @@ static const char usage[] =
 static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
                  ferry_error_t *err) {
   int npos = 0, rc;
-  rc = ferry_options_defaults(table, N_OPTS, cfg, err);
+  rc = ferry__options_defaults(table, N_OPTS, cfg, err);
   if (rc == 0)
-    rc = ferry_options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
-                                  &npos, err);
+    rc = ferry__options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
+                                   &npos, err);
   if (rc == 0 && npos > 0)
     rc = ferry__seterr(err, FERRY_EOPTION, "unexpected argument '%s'",
                        argv[1]);
@@ -145,15 +145,15 @@ static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
       !cfg->version && !cfg->help) {
     char *path = cfg->config;
     cfg->config = NULL;
-    ferry_options_free(table, N_OPTS, cfg);
-    rc = ferry_options_defaults(table, N_OPTS, cfg, err);
+    ferry__options_free(table, N_OPTS, cfg);
+    rc = ferry__options_defaults(table, N_OPTS, cfg, err);
     if (rc == 0)
-      rc = ferry_options_parse_file(table, N_OPTS, cfg, path, err);
+      rc = ferry__options_parse_file(table, N_OPTS, cfg, path, err);
     ferry__free(path);
     /* argv was reordered by the first pass: only options remain in it. */
     if (rc == 0)
-      rc = ferry_options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
-                                    &npos, err);
+      rc = ferry__options_parse_argv(table, N_OPTS, cfg, argc - 1, argv + 1,
+                                     &npos, err);
   }
   return rc;
 }
@@ -165,7 +165,7 @@ static int parse(ferry__wconfig_t *cfg, int argc, char **argv,
 static int check_addresses(const ferry__wconfig_t *cfg) {
   ferry_error_t err = {0};
   char v6[FERRY_HOST_MAX + 3];
-  if (ferry_hostport_parse(cfg->dispatcher, 0, NULL, 0, NULL, &err) != 0) {
+  if (ferry__hostport_parse(cfg->dispatcher, 0, NULL, 0, NULL, &err) != 0) {
     fprintf(stderr, "ferry-worker: --dispatcher: %s\n", err.msg);
     return -1;
   }
@@ -178,8 +178,8 @@ static int check_addresses(const ferry__wconfig_t *cfg) {
     snprintf(v6, sizeof(v6), "[%s]", adv);
     adv = v6;
   }
-  if (ferry_hostport_parse(adv, FERRY_HOSTPORT_PORT_OPTIONAL, NULL, 0, NULL,
-                           &err) != 0) {
+  if (ferry__hostport_parse(adv, FERRY_HOSTPORT_PORT_OPTIONAL, NULL, 0, NULL,
+                            &err) != 0) {
     fprintf(stderr, "ferry-worker: --advertise: %s\n", err.msg);
     return -1;
   }
@@ -196,36 +196,36 @@ int main(int argc, char **argv) {
   ferry_log_set_callback(ferry_log_to_stderr, NULL);
   if (parse(&cfg, argc, argv, &err) != 0) {
     fprintf(stderr, "ferry-worker: %s\n", err.msg);
-    ferry_options_free(table, N_OPTS, &cfg);
+    ferry__options_free(table, N_OPTS, &cfg);
     return 2;
   }
   if (cfg.version) {
     printf("ferry-worker %s\n", FERRY_VERSION_STRING);
-    ferry_options_free(table, N_OPTS, &cfg);
+    ferry__options_free(table, N_OPTS, &cfg);
     return 0;
   }
   if (cfg.help) {
     fputs(usage, stdout);
-    ferry_options_help(table, N_OPTS, stdout);
-    ferry_options_free(table, N_OPTS, &cfg);
+    ferry__options_help(table, N_OPTS, stdout);
+    ferry__options_free(table, N_OPTS, &cfg);
     return 0;
   }
   if (cfg.dispatcher == NULL || cfg.dispatcher[0] == '\0') {
     fprintf(stderr, "ferry-worker: --dispatcher HOST:PORT is required\n");
-    ferry_options_free(table, N_OPTS, &cfg);
+    ferry__options_free(table, N_OPTS, &cfg);
     return 2;
   }
   if (check_addresses(&cfg) != 0) {
-    ferry_options_free(table, N_OPTS, &cfg);
+    ferry__options_free(table, N_OPTS, &cfg);
     return 2;
   }
   ferry_log_set_level(cfg.log_level);
-  ferry_rpc_tune_malloc();
+  ferry__rpc_tune_malloc();
   signal(SIGPIPE, SIG_IGN);
   /* SIGHUP forces a TLS reload (worker.c); until its handler is installed
    * it must not kill. */
   signal(SIGHUP, SIG_IGN);
-  ferry_rpc_init();
+  ferry__rpc_init();
   uv_loop_init(&loop);
   ferry_notify_watchdog_t watchdog = {0};
   ferry_metrics_http_t *http = NULL;
@@ -234,7 +234,7 @@ int main(int argc, char **argv) {
   int rc = ferry__worker_start(&w, &cfg, &loop, true, &err);
   if (rc == 0) {
     /* Logged before the listening line, which tools wait for. */
-    if (cfg.tls_cert == NULL && !ferry_rpc_host_is_loopback(cfg.host))
+    if (cfg.tls_cert == NULL && !ferry__rpc_host_is_loopback(cfg.host))
       FERRY_LOG(FERRY_LOG_WARN,
                 "*** PLAINTEXT on %s:%d: anyone on the network can read "
                 "this worker's streams; use --tls-cert/--tls-key "
@@ -260,19 +260,19 @@ int main(int argc, char **argv) {
                            : cfg.host;
       int mport = 0;
       attached = ferry__wmetrics_attach(&w) == 0;
-      ferry_metrics_count_rpcs(true);
-      if (ferry_metrics_http_start(ferry_metrics_default(), mh,
-                                   (int)cfg.metrics_port, &http, &mport,
-                                   &err) != 0) {
+      ferry__metrics_count_rpcs(true);
+      if (ferry__metrics_http_start(ferry__metrics_default(), mh,
+                                    (int)cfg.metrics_port, &http, &mport,
+                                    &err) != 0) {
         fprintf(stderr, "ferry-worker: --metrics-port: %s\n", err.msg);
         rc = err.code;
         ferry__worker_request_stop(&w);
       } else {
         /* /readyz: 200 once the dispatcher registered this worker and
          * while it does not drain. */
-        ferry_metrics_http_set_ready_fn(http, worker_ready, &w);
+        ferry__metrics_http_set_ready_fn(http, worker_ready, &w);
         /* Plain HTTP whatever --tls-cert says, on --host by default. */
-        if (!ferry_rpc_host_is_loopback(mh))
+        if (!ferry__rpc_host_is_loopback(mh))
           FERRY_LOG(FERRY_LOG_WARN,
                     "*** PLAIN HTTP metrics on %s:%d (--metrics-host %s): "
                     "anyone who reaches it reads job names and can open "
@@ -287,9 +287,9 @@ int main(int argc, char **argv) {
     }
     /* systemd Type=notify: ready once the port accepts connections, not
      * once the dispatcher answered (docs/OPERATIONS.md, "systemd"). */
-    ferry_notify_ready("serving on %s, registering with %s", w.address,
-                       cfg.dispatcher);
-    ferry_notify_watchdog_start(&watchdog, &loop);
+    ferry__notify_ready("serving on %s, registering with %s", w.address,
+                        cfg.dispatcher);
+    ferry__notify_watchdog_start(&watchdog, &loop);
     FERRY_LOG(FERRY_LOG_INFO, "worker %s: %zu threads, buffer %llu bytes, "
               "dispatcher %s", w.address, w.tasks.nthreads,
               (unsigned long long)cfg.buffer_bytes, cfg.dispatcher);
@@ -298,12 +298,12 @@ int main(int argc, char **argv) {
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   /* The collector reads the pool and the task table: gone before them. */
-  ferry_metrics_http_stop(http);
+  ferry__metrics_http_stop(http);
   if (attached)
     ferry__wmetrics_detach(&w);
   /* The watchdog timer does not hold the loop: close it, then let the
    * loop finish the close. */
-  ferry_notify_watchdog_stop(&watchdog);
+  ferry__notify_watchdog_stop(&watchdog);
   uv_run(&loop, UV_RUN_DEFAULT);
   if (!ferry__worker_close(&w, 700)) {
     /* A heartbeat is stuck on an unresponsive dispatcher: everything
@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
     _exit(rc == 0 ? 0 : 1);
   }
   uv_loop_close(&loop);
-  ferry_rpc_shutdown();
-  ferry_options_free(table, N_OPTS, &cfg);
+  ferry__rpc_shutdown();
+  ferry__options_free(table, N_OPTS, &cfg);
   return rc == 0 ? 0 : 1;
 }

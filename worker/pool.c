@@ -5,7 +5,7 @@
  */
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "worker.h"
 
 /* ---- Chunk pool ---------------------------------------------------------- */

@@ -36,13 +36,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
+#include "alloc.h"
+#include "crc32c.h"
 #include "ferry/log.h"
-#include "ferry/tfrecord.h"
 #include "tasks_internal.h"
-#include "worker.h"
+#include "tfrecord.h"
 #include "wmetrics.h"
+#include "worker.h"
 
 /* ---- Shuffle ------------------------------------------------------------- */
 
@@ -80,7 +80,7 @@ void ferry__wshuffle(uint64_t *out, uint64_t n, bool shuffle, uint64_t seed,
 static ferry_pipeline_ctx_t *use_ctx(ferry__wthread_t *th,
                                      ferry_pipeline_ctx_t *ctx) {
   if (th->last != NULL && th->last != ctx)
-    ferry_pipeline_ctx_trim(th->last, CTX_KEEP_BYTES);
+    ferry__pipeline_ctx_trim(th->last, CTX_KEEP_BYTES);
   th->last = ctx;
   return ctx;
 }
@@ -97,7 +97,7 @@ void ferry__wthread_free(ferry__wthread_t *th) {
     return;
   for (int i = 0; i < CTX_SLOTS; i++)
     if (th->slots[i].pipe != NULL) {
-      ferry_pipeline_ctx_free(th->slots[i].ctx);
+      ferry__pipeline_ctx_free(th->slots[i].ctx);
       ferry__wpipe_unref(th->slots[i].pipe);
     }
   ferry__free(th);
@@ -120,17 +120,17 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
       victim = s;
   }
   ferry_pipeline_ctx_t *ctx;
-  if (ferry_pipeline_ctx_new(pipe->pipeline, &ctx, err) != 0)
+  if (ferry__pipeline_ctx_new(pipe->pipeline, &ctx, err) != 0)
     return NULL;
   /* A record's pixels go straight into a chunk (put_record copies them
    * out before the next read, also when it parks). */
-  ferry_pipeline_ctx_set_borrow(ctx, 1);
+  ferry__pipeline_ctx_set_borrow(ctx, 1);
   if (th->t->jpeg_set)
-    ferry_pipeline_ctx_set_jpeg_limits(ctx, &th->t->jpeg);
+    ferry__pipeline_ctx_set_jpeg_limits(ctx, &th->t->jpeg);
   if (victim->pipe != NULL) {
     if (th->last == victim->ctx)
       th->last = NULL;
-    ferry_pipeline_ctx_free(victim->ctx);
+    ferry__pipeline_ctx_free(victim->ctx);
     ferry__wpipe_unref(victim->pipe);
   }
   __atomic_add_fetch(&pipe->refs, 1, __ATOMIC_ACQ_REL);
@@ -183,7 +183,7 @@ typedef struct ferry__wrun_s {
 void ferry__wrun_free(wrun_t *ru) {
   if (ru == NULL)
     return;
-  ferry_tfr_reader_free(ru->rd);
+  ferry__tfr_reader_free(ru->rd);
   if (ru->fd >= 0)
     close(ru->fd);
   ferry__free(ru->recs);
@@ -240,8 +240,8 @@ static int flush(run_t *r, bool last) {
   r->task->skipped = r->skipped;
   pthread_mutex_unlock(&t->lock);
   const ferry__wmetrics_t *m = ferry__wmetrics();
-  ferry_metric_add(m->records, c->count);
-  ferry_metric_add(m->bytes, (int64_t)(c->count * c->rec_bytes));
+  ferry__metric_add(m->records, c->count);
+  ferry__metric_add(m->bytes, (int64_t)(c->count * c->rec_bytes));
   t->emit(c, t->emit_arg);
   return 0;
 }
@@ -364,32 +364,32 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
   if (timed) {
     const ferry__wmetrics_t *m = ferry__wmetrics();
     if (r->read_t0 != 0)
-      ferry_metric_observe(m->stage[FERRY_WSTAGE_READ],
-                           ferry_metrics_now_ns() - r->read_t0);
-    ferry_pipeline_ctx_times(r->ctx, t0);
-    ferry_pipeline_ctx_set_timing(r->ctx, 1);
+      ferry__metric_observe(m->stage[FERRY_WSTAGE_READ],
+                            ferry__metrics_now_ns() - r->read_t0);
+    ferry__pipeline_ctx_times(r->ctx, t0);
+    ferry__pipeline_ctx_set_timing(r->ctx, 1);
   }
   /* The random ops' key: the same record of the same epoch draws the
    * same crop whichever worker or lease runs it. */
-  ferry_pipeline_ctx_set_key(r->ctx, k->seed, k->epoch,
-                             (uint64_t)k->file_index << 40 | index);
-  int rc = ferry_pipeline_process(r->ctx, data, len, &pix, &h, &w, &c,
-                                  &label, &perr);
+  ferry__pipeline_ctx_set_key(r->ctx, k->seed, k->epoch,
+                              (uint64_t)k->file_index << 40 | index);
+  int rc = ferry__pipeline_process(r->ctx, data, len, &pix, &h, &w, &c, &label,
+                                   &perr);
   if (timed) {
     const ferry__wmetrics_t *m = ferry__wmetrics();
-    ferry_pipeline_ctx_set_timing(r->ctx, 0);
-    ferry_pipeline_ctx_times(r->ctx, t1);
+    ferry__pipeline_ctx_set_timing(r->ctx, 0);
+    ferry__pipeline_ctx_times(r->ctx, t1);
     for (int i = 0; i < FERRY_STAGE_COUNT; i++)
       if (t1[i] > t0[i]) /* stages the spec has */
-        ferry_metric_observe(m->stage[i], (int64_t)((t1[i] - t0[i]) * 1e9));
+        ferry__metric_observe(m->stage[i], (int64_t)((t1[i] - t0[i]) * 1e9));
     r->read_t0 = 0;
   } else if (((n + 1) & ((1u << FERRY_WSTAGE_SAMPLE_SHIFT) - 1)) == 0) {
-    r->read_t0 = ferry_metrics_now_ns(); /* the next record's read */
+    r->read_t0 = ferry__metrics_now_ns(); /* the next record's read */
   }
   if (rc == 0) {
-    ferry_decode_path_t dp = ferry_pipeline_ctx_last_decode(r->ctx);
+    ferry_decode_path_t dp = ferry__pipeline_ctx_last_decode(r->ctx);
     if (dp != FERRY_DECODE_NONE)
-      ferry_metric_add(ferry__wmetrics()->jpeg[dp], 1);
+      ferry__metric_add(ferry__wmetrics()->jpeg[dp], 1);
   }
   if (rc != 0) {
     if (k->policy == FERRY_ON_ERROR_SKIP) {
@@ -421,7 +421,7 @@ static int run_identity(run_t *r) {
   ferry__wtask_t *k = r->task;
   ferry_record_t rec;
   int rc;
-  while ((rc = ferry_tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
+  while ((rc = ferry__tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       return FERRY_EOF;
     if (k->end != 0 && r->out >= k->end)
@@ -442,7 +442,7 @@ static int spill_flush(run_t *r) {
       continue;
     if (n <= 0) {
       int e = n < 0 ? errno : ENOSPC;
-      return ferry__seterr(&r->err, ferry_err_from_errno(e),
+      return ferry__seterr(&r->err, ferry__err_from_errno(e),
                            "%s: spill file in %s: write: %s", r->task->file,
                            r->th->t->spill_dir != NULL ? r->th->t->spill_dir
                                                        : "$TMPDIR",
@@ -470,7 +470,7 @@ static int spill_open(run_t *r) {
       unlink(path);
   }
   if (fd < 0)
-    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
+    return ferry__seterr(&r->err, ferry__err_from_errno(errno),
                          "%s: cannot create a spill file in %s: %s",
                          r->task->file, dir, strerror(errno));
   r->ru->fd = fd;
@@ -485,20 +485,20 @@ static int collect(run_t *r) {
   wrun_t *ru = r->ru;
   ferry_record_t rec;
   int rc;
-  ru->spill = ferry_tfr_reader_compression(ru->rd) != FERRY_COMPRESSION_NONE;
+  ru->spill = ferry__tfr_reader_compression(ru->rd) != FERRY_COMPRESSION_NONE;
   if (ru->spill) {
     if ((rc = spill_open(r)) < 0)
       return rc;
     if ((ru->wbuf = ferry__malloc(SPILL_WBUF)) == NULL)
       return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-  } else if ((ru->fd = fcntl(ferry_tfr_reader_fd(ru->rd), F_DUPFD_CLOEXEC,
+  } else if ((ru->fd = fcntl(ferry__tfr_reader_fd(ru->rd), F_DUPFD_CLOEXEC,
                              0)) < 0) {
     /* The reader's file, not the path again: the name may lead elsewhere
      * by now (--data-root). */
-    return ferry__seterr(&r->err, ferry_err_from_errno(errno),
-                         "%s: dup: %s", k->file, strerror(errno));
+    return ferry__seterr(&r->err, ferry__err_from_errno(errno), "%s: dup: %s",
+                         k->file, strerror(errno));
   }
-  while ((rc = ferry_tfr_reader_next(ru->rd, &rec, &r->err)) == 0) {
+  while ((rc = ferry__tfr_reader_next(ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       break;
     if ((ru->nrecs & 1023) == 0 && should_stop(r))
@@ -557,11 +557,10 @@ static int read_back(run_t *r, const struct rec_ref *ref) {
   int64_t got = ferry__pread_full(ru->fd, ru->rbuf, n, ref->at);
   const char *what = ru->spill ? "spill file of " : "";
   if (got < 0)
-    return ferry__seterr(&r->err, ferry_err_from_errno((int)-got),
+    return ferry__seterr(&r->err, ferry__err_from_errno((int)-got),
                          "%s%s: record %llu at byte offset %llu: read: %s",
                          what, k->file, (unsigned long long)ref->index,
-                         (unsigned long long)ref->offset,
-                         strerror((int)-got));
+                         (unsigned long long)ref->offset, strerror((int)-got));
   if ((size_t)got < n)
     return ferry__seterr(&r->err, FERRY_ETRUNCDATA,
                          "%s%s: record %llu at byte offset %llu: file ends "
@@ -574,7 +573,7 @@ static int read_back(run_t *r, const struct rec_ref *ref) {
     uint32_t stored = (uint32_t)f[0] | (uint32_t)f[1] << 8 |
                       (uint32_t)f[2] << 16 | (uint32_t)f[3] << 24;
     uint32_t computed =
-        ferry_crc32c_mask(ferry_crc32c(0, ru->rbuf, (size_t)ref->len));
+        ferry__crc32c_mask(ferry__crc32c(0, ru->rbuf, (size_t)ref->len));
     if (stored != computed)
       return ferry__seterr(&r->err, FERRY_EDATACRC,
                            "%s: record %llu at byte offset %llu: record data "
@@ -710,7 +709,7 @@ static int run_begin(run_t *r) {
   ru->fd = -1;
   k->run = ru;
   ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   o.compression = k->pipe->spec.compression;
   o.on_error = (ferry_error_policy_t)k->policy;
   o.start_offset = k->byte_offset;
@@ -720,10 +719,10 @@ static int run_begin(run_t *r) {
    * where the file is opened (a forged or stale task, a symlink that
    * moved), and open what was checked: every read of the task, the
    * shuffle's included, goes through this one descriptor. */
-  int fd, rc = ferry_roots_open_file(&r->th->t->roots, k->file, &fd, &r->err);
+  int fd, rc = ferry__roots_open_file(&r->th->t->roots, k->file, &fd, &r->err);
   if (rc != 0)
     return rc;
-  return ferry_tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
+  return ferry__tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
 }
 
 /* Runs `k` until it ends (true) or parks (false: it is on the parked
@@ -778,14 +777,14 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
     /* The split is complete: its final chunk carries `last` (an empty
      * one when nothing was left to produce). */
     ferry_tfr_stats_t st;
-    ferry_tfr_reader_stats(k->run->rd, &st);
+    ferry__tfr_reader_stats(k->run->rd, &st);
     if (k->start == 0) {
       r.skipped += st.skipped;
       ferry__wmetrics_skipped(0, st.skipped);
     }
     if (r.cur == NULL) {
       int h = 0, w = 0, c = 0;
-      if (ferry_pipeline_shape(k->pipe->pipeline, &h, &w, &c) != 0)
+      if (ferry__pipeline_shape(k->pipe->pipeline, &h, &w, &c) != 0)
         h = w = c = 0;
       r.cur = new_chunk(&r, 0, h, w, c);
     }

@@ -2,7 +2,7 @@
  *
  * Pipeline threads push finished chunks into the inbox; the loop moves
  * them into one FIFO per (job, client), where they wait for that client's
- * stream, opened through any registered transport (ferry/transport.h).
+ * stream, opened through any registered transport (transport.h).
  * Each stream has at most the transport's window of sends in flight;
  * on_sent sends the next chunk. Chunks queued
  * before the stream opens, or while a client reconnects, wait in the
@@ -11,18 +11,18 @@
  *
  * Stall clock: each queue publishes in its pool key (stall_since_ms) since
  * when it has had chunks queued or a send in flight without the transport
- * taking one (a completed send); 0 while empty. Heartbeats report it per task as
- * TaskProgress.stalled_ms, and the dispatcher takes the splits of a client
+ * taking one (a completed send); 0 while empty. Heartbeats report it per task
+ * as TaskProgress.stalled_ms, and the dispatcher takes the splits of a client
  * whose stream stalls past --client-stall-ms.
  */
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/transport.h"
-#include "worker.h"
+#include "transport.h"
 #include "wmetrics.h"
+#include "worker.h"
 
 struct ferry__wqueue_s {
   struct ferry__wqueue_s *next;
@@ -64,7 +64,7 @@ static void queue_mark(ferry__wqueue_t *q, bool progress) {
   int64_t now = idle && since == 0 ? 0 : now_ms();
   /* The wait that ends here counts as time blocked on the client. */
   if (since != 0 && now > since)
-    ferry_metric_add(ferry__wmetrics()->client_wait, now - since);
+    ferry__metric_add(ferry__wmetrics()->client_wait, now - since);
   atomic_store(&q->key->stall_since_ms, idle ? 0 : now);
 }
 
@@ -173,7 +173,7 @@ static void queue_end_call(ferry__wqueue_t *q, int status, const char *msg) {
     queue_lost_call(q);
   queue_set_call(q, NULL);
   q->sending = 0;
-  ferry_transport_finish(call, status, msg);
+  ferry__transport_finish(call, status, msg);
 }
 
 static void on_sent(ferry_transport_stream_t *call, int ok, void *arg) {
@@ -182,7 +182,7 @@ static void on_sent(ferry_transport_stream_t *call, int ok, void *arg) {
     return;
   q->sending--;
   if (ok)
-    ferry_metric_add(ferry__wmetrics()->chunks_sent, 1);
+    ferry__metric_add(ferry__wmetrics()->chunks_sent, 1);
   if (!ok) {
     /* The client is gone; the chunks that were in flight are lost with
      * the stream. The queue waits for a reconnect. */
@@ -198,9 +198,9 @@ static void on_sent(ferry_transport_stream_t *call, int ok, void *arg) {
 static void chunk_release(void *arg) { ferry__wpool_release(arg); }
 
 static void send_next(ferry__wqueue_t *q) {
-  while (q->call != NULL && q->sending < ferry_transport_window(q->call) &&
+  while (q->call != NULL && q->sending < ferry__transport_window(q->call) &&
          q->head != NULL) {
-    if (ferry_transport_ended(q->call)) {
+    if (ferry__transport_ended(q->call)) {
       queue_end_call(q, FERRY_RPC_CANCELLED, "cancelled");
       return;
     }
@@ -208,8 +208,8 @@ static void send_next(ferry__wqueue_t *q) {
     /* A chunk goes only to the call that carries its client's
      * secret; any other call is ended and the chunk waits. */
     if (c->task != NULL && c->task->has_secret &&
-        !ferry_rpc_bytes_equal(c->task->secret, q->call_secret,
-                               FERRY_CLIENT_SECRET_BYTES)) {
+        !ferry__rpc_bytes_equal(c->task->secret, q->call_secret,
+                                FERRY_CLIENT_SECRET_BYTES)) {
       FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
                 "without that client's secret: ended",
                 (unsigned long long)q->job_id,
@@ -236,7 +236,7 @@ static void send_next(ferry__wqueue_t *q) {
     for (size_t i = 0; i < m.n; i++)
       m.pieces[i] = (ferry_transport_piece_t){c->pieces[i].ptr,
                                               c->pieces[i].len};
-    int rc = ferry_transport_send(q->call, &m);
+    int rc = ferry__transport_send(q->call, &m);
     if (rc != 0) {
       FERRY_LOG(FERRY_LOG_DEBUG, "stream job %llu client %llu: send: %s",
                 (unsigned long long)q->job_id,
@@ -283,7 +283,7 @@ static void on_call_end(ferry_transport_stream_t *call, void *arg) {
     queue_set_call(q, NULL);
     q->sending = 0;
   }
-  ferry_transport_finish(call, FERRY_RPC_CANCELLED, "cancelled");
+  ferry__transport_finish(call, FERRY_RPC_CANCELLED, "cancelled");
 }
 
 static void on_stream(ferry_transport_stream_t *call,
@@ -298,11 +298,11 @@ static void on_stream(ferry_transport_stream_t *call,
   if (w->client_token != NULL) {
     const char *tok = req->bearer;
     if (tok == NULL ||
-        !ferry_rpc_token_equal(tok, req->bearer_len, w->client_token)) {
+        !ferry__rpc_token_equal(tok, req->bearer_len, w->client_token)) {
       FERRY_LOG(FERRY_LOG_WARN, "StreamChunks: refused a caller with %s "
                 "bearer token", tok == NULL ? "no" : "a wrong");
-      ferry_transport_finish(call, FERRY_RPC_UNAUTHENTICATED,
-                             "missing or invalid bearer token");
+      ferry__transport_finish(call, FERRY_RPC_UNAUTHENTICATED,
+                              "missing or invalid bearer token");
       return;
     }
   }
@@ -310,38 +310,37 @@ static void on_stream(ferry_transport_stream_t *call,
     FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
               "without a client secret: refused",
               (unsigned long long)job_id, (unsigned long long)client_id);
-    ferry_transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
-                           "not this client's stream");
+    ferry__transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
+                            "not this client's stream");
     return;
   }
   if (w->stopping) {
-    ferry_transport_finish(call, FERRY_RPC_UNAVAILABLE,
-                           "worker shutting down");
+    ferry__transport_finish(call, FERRY_RPC_UNAVAILABLE,
+                            "worker shutting down");
     return;
   }
   ferry__wqueue_t *q = queue_get(w, job_id, client_id, true);
   if (q == NULL) {
-    ferry_transport_finish(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry__transport_finish(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   if (q->has_secret &&
-      !ferry_rpc_bytes_equal(q->secret, secret, FERRY_CLIENT_SECRET_BYTES)) {
+      !ferry__rpc_bytes_equal(q->secret, secret, FERRY_CLIENT_SECRET_BYTES)) {
     FERRY_LOG(FERRY_LOG_WARN, "StreamChunks for job %llu client %llu "
               "with a wrong client secret: refused",
               (unsigned long long)job_id, (unsigned long long)client_id);
-    ferry_transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
-                           "not this client's stream");
+    ferry__transport_finish(call, FERRY_RPC_PERMISSION_DENIED,
+                            "not this client's stream");
     if (q->call == NULL && q->head == NULL)
       queues_trim(w);
     return;
   }
   if (q->call != NULL && !q->has_secret &&
-      !ferry_rpc_bytes_equal(q->call_secret, secret,
-                             FERRY_CLIENT_SECRET_BYTES)) {
+      !ferry__rpc_bytes_equal(q->call_secret, secret,
+                              FERRY_CLIENT_SECRET_BYTES)) {
     /* Two callers claim one stream before any task told the secret: the
      * first keeps it until a chunk shows which one is the client. */
-    ferry_transport_finish(call, FERRY_RPC_UNAVAILABLE,
-                           "stream busy; retry");
+    ferry__transport_finish(call, FERRY_RPC_UNAVAILABLE, "stream busy; retry");
     return;
   }
   if (q->call != NULL) /* a reconnect replaces the older stream */
@@ -352,7 +351,7 @@ static void on_stream(ferry_transport_stream_t *call,
   FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued "
             "(%s)", (unsigned long long)job_id, (unsigned long long)client_id,
             q->n, call->ops->name);
-  ferry_transport_accept(call, on_sent, on_call_end, q);
+  ferry__transport_accept(call, on_sent, on_call_end, q);
   /* on_call_end may have run already (the client is gone). */
   if (q->call != call) {
     queue_mark(q, false);
@@ -364,9 +363,9 @@ static void on_stream(ferry_transport_stream_t *call,
 
 /* Publishes transport `i`'s endpoint (its address, if it needs one). */
 static void publish(ferry__worker_t *w, size_t i) {
-  const ferry_transport_ops_t *ops = ferry_transport_at(i);
+  const ferry_transport_ops_t *ops = ferry__transport_at(i);
   size_t n = 0;
-  const void *a = ferry_transport_server_address(w->transports[i], &n);
+  const void *a = ferry__transport_server_address(w->transports[i], &n);
   if ((ops->caps & FERRY_TRANSPORT_NEEDS_ADDRESS) &&
       (n == 0 || n > FERRY_TRANSPORT_ADDRESS_MAX)) {
     FERRY_LOG(FERRY_LOG_WARN, "worker: transport %s: an address of %zu "
@@ -394,8 +393,8 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
   cfg.on_open = on_stream;
   cfg.user = w;
   cfg.host = w->cfg.host;
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *ops = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *ops = ferry__transport_at(i);
     bool required = !(ops->caps & FERRY_TRANSPORT_NEEDS_ADDRESS);
     ferry_error_t e;
     if (ops->server_new(&cfg, &w->transports[i], required ? err : &e) != 0) {
@@ -417,7 +416,7 @@ static void transports_shutdown(ferry__worker_t *w) {
     ferry_transport_server_t *t = w->transports[i];
     w->transports[i] = NULL;
     if (t != NULL)
-      ferry_transport_server_shutdown(t, NULL, NULL);
+      ferry__transport_server_shutdown(t, NULL, NULL);
   }
 }
 

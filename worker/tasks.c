@@ -6,11 +6,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
-#include "ferry/spec.h"
+#include "alloc.h"
+#include "spec.h"
 #include "tasks_internal.h"
-#include "worker.h"
 #include "wmetrics.h"
+#include "worker.h"
 
 /* Compiled pipelines kept once no task uses them. */
 #define PIPE_CACHE_KEEP 8
@@ -24,8 +24,8 @@ void ferry__wpipe_unref(ferry__wpipe_t *p) {
 }
 
 static void pipe_free(ferry__wpipe_t *p) {
-  ferry_pipeline_free(p->pipeline);
-  ferry_spec_close(&p->spec);
+  ferry__pipeline_free(p->pipeline);
+  ferry__spec_close(&p->spec);
   ferry__free(p->spec_bytes);
   ferry__free(p);
 }
@@ -105,10 +105,10 @@ int ferry__wtasks_init(ferry__wtasks_t *t, ferry__wpool_t *pool,
 
 int ferry__wtasks_set_roots(ferry__wtasks_t *t, const char *list,
                             ferry_error_t *err) {
-  ferry_roots_close(&t->roots);
-  int rc = ferry_roots_init(&t->roots, list, err);
+  ferry__roots_close(&t->roots);
+  int rc = ferry__roots_init(&t->roots, list, err);
   if (rc != 0)
-    ferry_roots_close(&t->roots);
+    ferry__roots_close(&t->roots);
   return rc;
 }
 
@@ -152,12 +152,12 @@ static ferry__wpipe_t *pipe_get(ferry__wtasks_t *t, const uint8_t *bytes,
   }
   memcpy(p->spec_bytes, bytes, len);
   p->spec_len = len;
-  int rc = ferry_spec_unpack(bytes, len, &p->spec, err);
+  int rc = ferry__spec_unpack(bytes, len, &p->spec, err);
   if (rc == 0)
-    rc = ferry_pipeline_new(&p->spec, &p->pipeline, err);
+    rc = ferry__pipeline_new(&p->spec, &p->pipeline, err);
   if (rc != 0) {
     ferry__prefixerr(err, "task spec");
-    ferry_spec_close(&p->spec);
+    ferry__spec_close(&p->spec);
     ferry__free(p->spec_bytes);
     ferry__free(p);
     return NULL;
@@ -612,7 +612,7 @@ void ferry__wtasks_close(ferry__wtasks_t *t) {
   pipes_trim(t, 0);
   ferry__free(t->spill_dir);
   t->spill_dir = NULL;
-  ferry_roots_close(&t->roots);
+  ferry__roots_close(&t->roots);
   pthread_cond_destroy(&t->cv);
   pthread_mutex_destroy(&t->lock);
 }

@@ -14,7 +14,7 @@ static ferry_metric_family_t *f_pool_used, *f_pool_limit, *f_tasks,
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
-  ferry_metrics_t *r = ferry_metrics_default();
+  ferry_metrics_t *r = ferry__metrics_default();
   /* 10 us to 10 s, roughly x3 per bucket. */
   static const double stage_bounds[] = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3,
                                         1e-2, 3e-2, 0.1,  0.3,  1,    3,
@@ -23,58 +23,56 @@ static void init(void) {
       [FERRY_STAGE_PARSE] = "parse",   [FERRY_STAGE_DECODE] = "decode",
       [FERRY_STAGE_OPS] = "ops",       [FERRY_STAGE_DILATE] = "dilate",
       [FERRY_STAGE_BLUR] = "blur",     [FERRY_WSTAGE_READ] = "read"};
-  wm.records = ferry_metric_get(ferry_metrics_family(
+  wm.records = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_records_total",
       "Records produced into chunks (all jobs).", NULL, 1, NULL, 0));
-  wm.bytes = ferry_metric_get(ferry_metrics_family(
+  wm.bytes = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_bytes_total",
       "Bytes of record payload produced into chunks.", NULL, 1, NULL, 0));
-  wm.chunks_sent = ferry_metric_get(ferry_metrics_family(
+  wm.chunks_sent = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_chunks_sent_total",
       "Chunks gRPC took for sending to clients.", NULL, 1, NULL, 0));
-  wm.skipped = ferry_metrics_family(
+  wm.skipped = ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_records_skipped_total",
       "Bad records skipped under on_error=skip, by cause (the error's "
       "name).",
       "cause", 1, NULL, 0);
-  ferry_metric_family_t *st = ferry_metrics_family(
+  ferry_metric_family_t *st = ferry__metrics_family(
       r, FERRY_METRIC_HISTOGRAM, "ferry_worker_stage_seconds",
       "Seconds one record spends in a pipeline stage (one record in 16 is "
       "timed; ops = resize + dilate + blur).",
       "stage", 1e-9, stage_bounds,
       sizeof(stage_bounds) / sizeof(stage_bounds[0]));
   for (int i = 0; i < FERRY_WSTAGE_N; i++)
-    wm.stage[i] = ferry_metric_get1(st, stages[i]);
-  wm.client_wait = ferry_metric_get(ferry_metrics_family(
+    wm.stage[i] = ferry__metric_get1(st, stages[i]);
+  wm.client_wait = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_client_wait_seconds_total",
       "Seconds streams had chunks ready that their client did not take "
       "(summed over streams): time blocked on slow clients.",
       NULL, 1e-3, NULL, 0));
-  ferry_metric_family_t *jd = ferry_metrics_family(
+  ferry_metric_family_t *jd = ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_jpeg_decodes_total",
       "JPEGs decoded, by path: full (whole, at full scale), fused (only "
       "the crop's rows and columns, at a reduced DCT scale where it "
       "keeps the output's resolution), progressive (fused, but a "
       "progressive file: all its coefficients decoded).",
       "path", 1, NULL, 0);
-  wm.jpeg[FERRY_DECODE_FULL] = ferry_metric_get1(jd, "full");
-  wm.jpeg[FERRY_DECODE_FUSED] = ferry_metric_get1(jd, "fused");
-  wm.jpeg[FERRY_DECODE_PROGRESSIVE] = ferry_metric_get1(jd, "progressive");
-  f_pool_used = ferry_metrics_family(
+  wm.jpeg[FERRY_DECODE_FULL] = ferry__metric_get1(jd, "full");
+  wm.jpeg[FERRY_DECODE_FUSED] = ferry__metric_get1(jd, "fused");
+  wm.jpeg[FERRY_DECODE_PROGRESSIVE] = ferry__metric_get1(jd, "progressive");
+  f_pool_used = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_bytes",
       "Bytes of chunk buffers handed out (queued or being sent).", NULL, 1,
       NULL, 0);
-  f_pool_limit = ferry_metrics_family(
+  f_pool_limit = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_limit_bytes",
       "The chunk pool's bound (--buffer-bytes).", NULL, 1, NULL, 0);
-  f_tasks = ferry_metrics_family(r, FERRY_METRIC_GAUGE,
-                                 "ferry_worker_tasks_open",
-                                 "Tasks (leased splits) the worker holds.",
-                                 NULL, 1, NULL, 0);
-  f_streams = ferry_metrics_family(
+  f_tasks = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_tasks_open",
+      "Tasks (leased splits) the worker holds.", NULL, 1, NULL, 0);
+  f_streams = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_streams_open",
-      "Streams (job, client) with live tasks or chunks out.", NULL, 1, NULL,
-      0);
+      "Streams (job, client) with live tasks or chunks out.", NULL, 1, NULL, 0);
 }
 
 const ferry__wmetrics_t *ferry__wmetrics(void) {
@@ -98,7 +96,7 @@ void ferry__wmetrics_skipped(int code, uint64_t n) {
   for (; *name != '\0' && j + 1 < sizeof(cause); name++)
     cause[j++] = (char)tolower((unsigned char)*name);
   cause[j] = '\0';
-  ferry_metric_add(ferry_metric_get1(wm.skipped, cause), (int64_t)n);
+  ferry__metric_add(ferry__metric_get1(wm.skipped, cause), (int64_t)n);
 }
 
 static void collect(void *arg) {
@@ -116,17 +114,17 @@ static void collect(void *arg) {
   for (ferry__wtask_t *k = w->tasks.list; k != NULL; k = k->next)
     tasks++;
   pthread_mutex_unlock(&w->tasks.lock);
-  ferry_metric_set(ferry_metric_get(f_pool_used), (int64_t)used);
-  ferry_metric_set(ferry_metric_get(f_pool_limit), (int64_t)cap);
-  ferry_metric_set(ferry_metric_get(f_tasks), tasks);
-  ferry_metric_set(ferry_metric_get(f_streams), streams);
+  ferry__metric_set(ferry__metric_get(f_pool_used), (int64_t)used);
+  ferry__metric_set(ferry__metric_get(f_pool_limit), (int64_t)cap);
+  ferry__metric_set(ferry__metric_get(f_tasks), tasks);
+  ferry__metric_set(ferry__metric_get(f_streams), streams);
 }
 
 int ferry__wmetrics_attach(struct ferry__worker_s *w) {
   ferry__wmetrics();
-  return ferry_metrics_add_collector(ferry_metrics_default(), collect, w);
+  return ferry__metrics_add_collector(ferry__metrics_default(), collect, w);
 }
 
 void ferry__wmetrics_detach(struct ferry__worker_s *w) {
-  ferry_metrics_remove_collector(ferry_metrics_default(), collect, w);
+  ferry__metrics_remove_collector(ferry__metrics_default(), collect, w);
 }

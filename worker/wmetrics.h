@@ -1,11 +1,11 @@
 /* The worker's Prometheus metrics (docs/OPERATIONS.md, "Metrics"): the
- * families live in the process's registry (ferry_metrics_default); hot
+ * families live in the process's registry (ferry__metrics_default); hot
  * paths update the children below, looked up once. */
 #ifndef FERRY_WMETRICS_H
 #define FERRY_WMETRICS_H
 
-#include "ferry/metrics.h"
-#include "ferry/pipeline.h"
+#include "metrics.h"
+#include "pipeline.h"
 
 /* Stages of the seconds-per-stage histogram: read, then the pipeline's. */
 enum { FERRY_WSTAGE_READ = FERRY_STAGE_COUNT, FERRY_WSTAGE_N };

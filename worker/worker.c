@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/notify.h"
+#include "notify.h"
 #include "worker.h"
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -60,7 +60,7 @@ static void on_sighup(uv_signal_t *h, int signum) {
   (void)signum;
   FERRY_LOG(FERRY_LOG_INFO, "SIGHUP: re-reading the TLS files");
   if (w->server != NULL)
-    ferry_rpc_server_reload_tls(w->server);
+    ferry__rpc_server_reload_tls(w->server);
 }
 
 static void on_server_done(void *arg) {
@@ -96,16 +96,16 @@ void ferry__worker_shutdown(ferry__worker_t *w) {
     return;
   w->stopping = true;
   /* systemd: deactivating from here on (TimeoutStopSec covers the drain). */
-  ferry_notify_stopping("draining");
+  ferry__notify_stopping("draining");
   atomic_store(&w->draining, true);
   ferry__wtasks_drain(&w->tasks);
   if (atomic_load(&w->hb_started))
     ferry__whb_quit(w);
   ferry__wtasks_stop(&w->tasks);
   if (w->server != NULL) {
-    ferry_rpc_health_set_serving(w->server, false);
+    ferry__rpc_health_set_serving(w->server, false);
     ferry__wstream_close_all(w);
-    ferry_rpc_server_shutdown(w->server, on_server_done, w);
+    ferry__rpc_server_shutdown(w->server, on_server_done, w);
   } else {
     on_server_done(w);
   }
@@ -149,7 +149,7 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
   w->tasks.test_record_delay_ms = cfg->test_record_delay_ms;
   /* Tasks start only while their client reads (worker.h, the gate). */
   w->tasks.gate = true;
-  if (ferry_roots_open(&w->tasks.roots))
+  if (ferry__roots_open(&w->tasks.roots))
     FERRY_LOG(FERRY_LOG_WARN, "no --data-root: tasks may read any file this "
               "worker can open");
   if (cfg->dispatcher != NULL && cfg->dispatcher[0] != '\0') {
@@ -192,18 +192,18 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
       goto fail;
     }
     if ((cfg->worker_token_file != NULL &&
-         (rc = ferry_rpc_read_token(cfg->worker_token_file, &w->worker_token,
-                                    err)) != 0) ||
+         (rc = ferry__rpc_read_token(cfg->worker_token_file, &w->worker_token,
+                                     err)) != 0) ||
         (cfg->client_token_file != NULL &&
-         (rc = ferry_rpc_read_token(cfg->client_token_file, &w->client_token,
-                                    err)) != 0))
+         (rc = ferry__rpc_read_token(cfg->client_token_file, &w->client_token,
+                                     err)) != 0))
       goto fail;
-    rc = ferry_rpc_server_new(loop, &ro, &w->server, err);
+    rc = ferry__rpc_server_new(loop, &ro, &w->server, err);
   }
   if (rc != 0)
     goto fail;
   if ((rc = ferry__wstream_register(w, err)) != 0 ||
-      (rc = ferry_rpc_health_register(w->server, services, 1, err)) != 0)
+      (rc = ferry__rpc_health_register(w->server, services, 1, err)) != 0)
     goto fail;
   {
     const char *h = cfg->host != NULL && cfg->host[0] != '\0' ? cfg->host
@@ -213,7 +213,7 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
              strchr(h, ':') != NULL && h[0] != '[' ? "[%s]:%d" : "%s:%d", h,
              (int)cfg->port);
   }
-  rc = ferry_rpc_server_start(w->server, addr, &w->port, err);
+  rc = ferry__rpc_server_start(w->server, addr, &w->port, err);
   if (rc != 0)
     goto fail;
   make_address(w);

@@ -49,16 +49,16 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "ferry/chunk.h"
+#include "chunk.h"
 #include "ferry/error.h"
-#include "ferry/pipeline.h"
-#include "ferry/imgops.h"
-#include "ferry/roots.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "imgops.h"
+#include "pipeline.h"
+#include "roots.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "transport.h"
 
 /* Settings (the options table in main.c fills this). */
 typedef struct ferry__wconfig_s {
@@ -229,7 +229,7 @@ size_t ferry__wchunk_block_size(uint32_t cap, size_t rec_bytes);
 ferry__wchunk_t *ferry__wchunk_layout(void *block, size_t block_size,
                                       uint32_t cap, size_t rec_bytes);
 
-/* Encodes the message with ferry_chunk_encode (ferry/chunk.h): the
+/* Encodes the message with ferry__chunk_encode (chunk.h): the
  * header into c->hdr, and c->pieces / c->n_pieces the message (the
  * header, then payload[0, count * rec_bytes) when not empty, not copied).
  * Returns 0 or FERRY_ERANGE. */

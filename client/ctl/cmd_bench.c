@@ -23,16 +23,16 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include "alloc.h"
+#include "crc32c.h"
 #include "ctl.h"
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
-#include "ferry/example.h"
-#include "ferry/imgops.h"
-#include "ferry/pipeline.h"
-#include "ferry/spec.h"
-#include "ferry/tfrecord.h"
-#include "ferry/varint.h"
+#include "example.h"
+#include "imgops.h"
+#include "pipeline.h"
+#include "spec.h"
 #include "tensorflow/core/example/example.pb-c.h"
+#include "tfrecord.h"
+#include "varint.h"
 
 static const char bench_usage[] =
     "usage: ferryctl bench pipeline [--records N] [--size HxW]\n"
@@ -130,7 +130,7 @@ static int buf_put(buf_t *b, const void *data, size_t len) {
 
 static int buf_varint(buf_t *b, uint64_t v) {
   uint8_t tmp[FERRY_VARINT_MAX];
-  return buf_put(b, tmp, ferry_varint_put(tmp, v));
+  return buf_put(b, tmp, ferry__varint_put(tmp, v));
 }
 
 /* A length-delimited field: tag, length, bytes. */
@@ -168,7 +168,7 @@ static int enc_entry(enc_t *e, const char *key, int kind) {
 
 static int enc_int64(enc_t *e, const char *key, int64_t v) {
   uint8_t tmp[FERRY_VARINT_MAX];
-  size_t n = ferry_varint_put(tmp, (uint64_t)v);
+  size_t n = ferry__varint_put(tmp, (uint64_t)v);
   int rc;
 
   e->list.n = 0;
@@ -358,12 +358,12 @@ static void add_row(bench_t *b, const char *section, const char *name,
 
 static int reader_reopen(worker_t *w) {
   ferry_tfr_options_t o;
-  ferry_tfr_reader_free(w->reader);
+  ferry__tfr_reader_free(w->reader);
   w->reader = NULL;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   o.compression = FERRY_COMPRESSION_NONE;
   o.verify_crc = w->verify_crc;
-  return ferry_tfr_reader_open(w->path, &o, &w->reader, &w->err);
+  return ferry__tfr_reader_open(w->path, &o, &w->reader, &w->err);
 }
 
 /* The next record of the shard, starting over at its end. */
@@ -371,11 +371,11 @@ static int next_record(worker_t *w, ferry_record_t *rec) {
   int rc;
   if (w->reader == NULL && (rc = reader_reopen(w)) < 0)
     return rc;
-  rc = ferry_tfr_reader_next(w->reader, rec, &w->err);
+  rc = ferry__tfr_reader_next(w->reader, rec, &w->err);
   if (rc == FERRY_EOF) {
     if ((rc = reader_reopen(w)) < 0)
       return rc;
-    rc = ferry_tfr_reader_next(w->reader, rec, &w->err);
+    rc = ferry__tfr_reader_next(w->reader, rec, &w->err);
   }
   return rc;
 }
@@ -420,13 +420,13 @@ static int step_parse(worker_t *w) {
   int rc;
 
   cur_record(w, &p, &len);
-  if ((rc = ferry_example_parse(&w->ex, p, len, &w->err)) < 0)
+  if ((rc = ferry__example_parse(&w->ex, p, len, &w->err)) < 0)
     return rc;
-  fi = ferry_example_find(&w->ex, "image");
-  fl = ferry_example_find(&w->ex, "label");
+  fi = ferry__example_find(&w->ex, "image");
+  fl = ferry__example_find(&w->ex, "label");
   if (fi == NULL || fl == NULL ||
-      ferry_feature_bytes(fi, 0, &img, &ilen) < 0 ||
-      ferry_feature_int64s(fl, &label, 1, &n) < 0)
+      ferry__feature_bytes(fi, 0, &img, &ilen) < 0 ||
+      ferry__feature_int64s(fl, &label, 1, &n) < 0)
     return ferry__seterr(&w->err, FERRY_ENOFEATURE, "parse: no image");
   w->sink += ilen + (uint64_t)label;
   return 0;
@@ -485,9 +485,9 @@ static int decode_into(worker_t *w, uint8_t *dst) {
 
   cur_image_bytes(w, &img, &len);
   if (cfg->fmt == FERRY_IMAGE_RAW)
-    return ferry_decode_raw(img, len, cfg->h, cfg->w, cfg->c, dst, &w->err);
-  return ferry_jpeg_decode(w->jpeg, img, len, dst, w->img_bytes, &h, &wd,
-                           &w->err);
+    return ferry__decode_raw(img, len, cfg->h, cfg->w, cfg->c, dst, &w->err);
+  return ferry__jpeg_decode(w->jpeg, img, len, dst, w->img_bytes, &h, &wd,
+                            &w->err);
 }
 
 static int step_decode(worker_t *w) { return decode_into(w, w->out); }
@@ -500,28 +500,28 @@ static const uint8_t *cur_image(worker_t *w) {
 }
 
 static int step_dilate(worker_t *w) {
-  ferry_dilate3x3(cur_image(w), w->out, w->cfg->h, w->cfg->w, w->cfg->c);
+  ferry__dilate3x3(cur_image(w), w->out, w->cfg->h, w->cfg->w, w->cfg->c);
   w->sink += w->out[0];
   return 0;
 }
 
 static int step_dilate_base(worker_t *w) {
-  ferry_dilate3x3_reference(cur_image(w), w->out, w->cfg->h, w->cfg->w,
-                            w->cfg->c);
+  ferry__dilate3x3_reference(cur_image(w), w->out, w->cfg->h, w->cfg->w,
+                             w->cfg->c);
   w->sink += w->out[0];
   return 0;
 }
 
 static int step_blur(worker_t *w) {
-  int rc = ferry_blur_apply(w->blur, cur_image(w), w->out, w->cfg->h,
-                            w->cfg->w, w->cfg->c, &w->err);
+  int rc = ferry__blur_apply(w->blur, cur_image(w), w->out, w->cfg->h,
+                             w->cfg->w, w->cfg->c, &w->err);
   w->sink += w->out[0];
   return rc;
 }
 
 static int step_blur_base(worker_t *w) {
-  int rc = ferry_blur_reference(11, 0.8f, cur_image(w), w->out, w->cfg->h,
-                                w->cfg->w, w->cfg->c);
+  int rc = ferry__blur_reference(11, 0.8f, cur_image(w), w->out, w->cfg->h,
+                                 w->cfg->w, w->cfg->c);
   w->sink += w->out[0];
   return rc < 0 ? ferry__seterr(&w->err, rc, "blur reference") : 0;
 }
@@ -530,16 +530,16 @@ static int step_decode_blur(worker_t *w) {
   int rc = decode_into(w, w->tmp);
   if (rc < 0)
     return rc;
-  return ferry_blur_apply(w->blur, w->tmp, w->out, w->cfg->h, w->cfg->w,
-                          w->cfg->c, &w->err);
+  return ferry__blur_apply(w->blur, w->tmp, w->out, w->cfg->h, w->cfg->w,
+                           w->cfg->c, &w->err);
 }
 
 static int step_decode_blur_base(worker_t *w) {
   int rc = decode_into(w, w->tmp);
   if (rc < 0)
     return rc;
-  rc = ferry_blur_reference(11, 0.8f, w->tmp, w->out, w->cfg->h, w->cfg->w,
-                            w->cfg->c);
+  rc = ferry__blur_reference(11, 0.8f, w->tmp, w->out, w->cfg->h, w->cfg->w,
+                             w->cfg->c);
   return rc < 0 ? ferry__seterr(&w->err, rc, "blur reference") : 0;
 }
 
@@ -551,8 +551,8 @@ static int step_pipeline(worker_t *w) {
 
   if ((rc = next_record(w, &rec)) < 0)
     return rc;
-  rc = ferry_pipeline_process(w->ctx, rec.data, rec.len, &px, &h, &wd, &c,
-                              &label, &w->err);
+  rc = ferry__pipeline_process(w->ctx, rec.data, rec.len, &px, &h, &wd, &c,
+                               &label, &w->err);
   if (rc < 0) {
     ferry__prefixerr(&w->err, "%s, offset %llu", w->path,
                      (unsigned long long)rec.offset);
@@ -601,15 +601,14 @@ static int step_pipeline_base(worker_t *w) {
     else
       memcpy(w->tmp, img->data, img->len);
   } else {
-    rc = ferry_jpeg_decode(w->jpeg, img->data, img->len, w->tmp,
-                           w->img_bytes, &h, &wd, &w->err);
+    rc = ferry__jpeg_decode(w->jpeg, img->data, img->len, w->tmp, w->img_bytes,
+                            &h, &wd, &w->err);
   }
   tensorflow__example__free_unpacked(m, NULL);
   if (rc < 0)
     return rc;
-  ferry_dilate3x3_reference(w->tmp, w->out, cfg->h, cfg->w, cfg->c);
-  rc = ferry_blur_reference(11, 0.8f, w->out, w->tmp, cfg->h, cfg->w,
-                            cfg->c);
+  ferry__dilate3x3_reference(w->tmp, w->out, cfg->h, cfg->w, cfg->c);
+  rc = ferry__blur_reference(11, 0.8f, w->out, w->tmp, cfg->h, cfg->w, cfg->c);
   w->sink += w->tmp[0];
   return rc < 0 ? ferry__seterr(&w->err, rc, "blur reference") : 0;
 }
@@ -633,7 +632,7 @@ static int step_crc_hw3(worker_t *w) {
 }
 
 static int step_crc(worker_t *w) {
-  w->sink += ferry_crc32c(0, w->crcbuf, CRC_BUF_BYTES);
+  w->sink += ferry__crc32c(0, w->crcbuf, CRC_BUF_BYTES);
   w->bytes += CRC_BUF_BYTES;
   return 0;
 }
@@ -777,7 +776,7 @@ static int write_shard(const cfg_t *cfg, int shard, const char *path) {
     fprintf(stderr, "bench: tjInitCompress: %s\n", tjGetErrorStr2(NULL));
     return FERRY_EJPEG;
   }
-  rc = ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &wr, &err);
+  rc = ferry__tfr_writer_open(path, FERRY_COMPRESSION_NONE, &wr, &err);
   for (long i = 0; rc == 0 && i < cfg->records; i++) {
     int64_t id = (int64_t)shard * cfg->records + i;
     synth_image(px, cfg->h, cfg->w, cfg->c, (uint64_t)id + 1);
@@ -797,10 +796,10 @@ static int write_shard(const cfg_t *cfg, int shard, const char *path) {
       tjFree(jpeg);
     }
     if (rc == 0)
-      rc = ferry_tfr_writer_write(wr, enc.out.p, enc.out.n, &err);
+      rc = ferry__tfr_writer_write(wr, enc.out.p, enc.out.n, &err);
   }
   if (wr != NULL) {
-    int rc2 = ferry_tfr_writer_close(wr, rc == 0 ? &err : NULL);
+    int rc2 = ferry__tfr_writer_close(wr, rc == 0 ? &err : NULL);
     if (rc == 0)
       rc = rc2;
   }
@@ -814,7 +813,7 @@ static int write_shard(const cfg_t *cfg, int shard, const char *path) {
 }
 
 static void worker_free(worker_t *w) {
-  ferry_tfr_reader_free(w->reader);
+  ferry__tfr_reader_free(w->reader);
   ferry__free(w->recs);
   ferry__free(w->rec_off);
   ferry__free(w->rec_len);
@@ -824,10 +823,10 @@ static void worker_free(worker_t *w) {
   ferry__aligned_free(w->out);
   ferry__aligned_free(w->tmp);
   ferry__aligned_free(w->crcbuf);
-  ferry_example_close(&w->ex);
-  ferry_jpeg_free(w->jpeg);
-  ferry_blur_free(w->blur);
-  ferry_pipeline_ctx_free(w->ctx);
+  ferry__example_close(&w->ex);
+  ferry__jpeg_free(w->jpeg);
+  ferry__blur_free(w->blur);
+  ferry__pipeline_ctx_free(w->ctx);
   memset(w, 0, sizeof(*w));
 }
 
@@ -845,7 +844,7 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
   w->cfg = cfg;
   w->path = path;
   w->verify_crc = true;
-  ferry_example_init(&w->ex);
+  ferry__example_init(&w->ex);
   w->img_bytes = (size_t)cfg->h * (size_t)cfg->w * (size_t)cfg->c;
   w->rec_off = ferry__calloc((size_t)nrec, sizeof(size_t));
   w->rec_len = ferry__calloc((size_t)nrec, sizeof(size_t));
@@ -861,20 +860,20 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
   for (size_t i = 0; i < CRC_BUF_BYTES; i++)
     w->crcbuf[i] = (uint8_t)(i * 131 + (i >> 9));
 
-  if ((rc = ferry_blur_new(11, 0.8f, &w->blur, &w->err)) < 0 ||
-      (rc = ferry_pipeline_ctx_new(cfg->pipe, &w->ctx, &w->err)) < 0)
+  if ((rc = ferry__blur_new(11, 0.8f, &w->blur, &w->err)) < 0 ||
+      (rc = ferry__pipeline_ctx_new(cfg->pipe, &w->ctx, &w->err)) < 0)
     return rc;
   if (cfg->fmt == FERRY_IMAGE_JPEG &&
-      (rc = ferry_jpeg_new(&w->jpeg, &w->err)) < 0)
+      (rc = ferry__jpeg_new(&w->jpeg, &w->err)) < 0)
     return rc;
 
-  ferry_tfr_options_init(&o);
-  if ((rc = ferry_tfr_reader_open(path, &o, &r, &w->err)) < 0)
+  ferry__tfr_options_init(&o);
+  if ((rc = ferry__tfr_reader_open(path, &o, &r, &w->err)) < 0)
     return rc;
   while (w->nrec < nrec &&
-         (rc = ferry_tfr_reader_next(r, &rec, &w->err)) == 0) {
+         (rc = ferry__tfr_reader_next(r, &rec, &w->err)) == 0) {
     if (!FERRY__GROW(w->recs, cap, used + rec.len, 4096)) {
-      ferry_tfr_reader_free(r);
+      ferry__tfr_reader_free(r);
       return ferry__seterr(&w->err, FERRY_ENOMEM, "bench: out of memory");
     }
     memcpy(w->recs + used, rec.data, rec.len);
@@ -883,7 +882,7 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
     used += rec.len;
     w->nrec++;
   }
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   if (rc < 0 && rc != FERRY_EOF)
     return rc;
   if (w->nrec == 0)
@@ -892,10 +891,10 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
     const uint8_t *p = w->recs + w->rec_off[i], *img;
     const ferry_feature_t *f;
     size_t len;
-    if ((rc = ferry_example_parse(&w->ex, p, w->rec_len[i], &w->err)) < 0)
+    if ((rc = ferry__example_parse(&w->ex, p, w->rec_len[i], &w->err)) < 0)
       return rc;
-    f = ferry_example_find(&w->ex, "image");
-    if (f == NULL || ferry_feature_bytes(f, 0, &img, &len) < 0)
+    f = ferry__example_find(&w->ex, "image");
+    if (f == NULL || ferry__feature_bytes(f, 0, &img, &len) < 0)
       return ferry__seterr(&w->err, FERRY_ENOFEATURE,
                            "bench: record %d has no image", i);
     w->img_off[i] = (size_t)(img - w->recs);
@@ -914,9 +913,9 @@ static int worker_init(worker_t *w, const cfg_t *cfg, const char *path,
  * blur picks up the level now in force). */
 static int renew_blur(worker_t *ws, int n) {
   for (int i = 0; i < n; i++) {
-    ferry_blur_free(ws[i].blur);
+    ferry__blur_free(ws[i].blur);
     ws[i].blur = NULL;
-    int rc = ferry_blur_new(11, 0.8f, &ws[i].blur, &ws[i].err);
+    int rc = ferry__blur_new(11, 0.8f, &ws[i].blur, &ws[i].err);
     if (rc < 0)
       return rc;
   }
@@ -926,7 +925,7 @@ static int renew_blur(worker_t *ws, int n) {
 static void set_verify(worker_t *ws, int n, bool on) {
   for (int i = 0; i < n; i++) {
     ws[i].verify_crc = on;
-    ferry_tfr_reader_free(ws[i].reader);
+    ferry__tfr_reader_free(ws[i].reader);
     ws[i].reader = NULL;
   }
 }
@@ -951,7 +950,7 @@ static int bench_cfg_threads(bench_t *b, const cfg_t *cfg, worker_t *ws,
   static const char *isas[] = {"avx512", "avx2", "scalar"};
   char best[16];
 
-  snprintf(best, sizeof(best), "%s", ferry_imgops_isa());
+  snprintf(best, sizeof(best), "%s", ferry__imgops_isa());
   snprintf(sec, sizeof(sec), "%s, %d thread%s", cfg->label, n,
            n == 1 ? "" : "s");
 
@@ -978,26 +977,26 @@ static int bench_cfg_threads(bench_t *b, const cfg_t *cfg, worker_t *ws,
   for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
     if (n > 1 && strcmp(isas[i], best) != 0)
       continue;
-    if (ferry_imgops_set_isa(isas[i]) < 0)
+    if (ferry__imgops_set_isa(isas[i]) < 0)
       continue;
     snprintf(name, sizeof(name), "dilate 3x3 [%s]", isas[i]);
     TRY(measure(b, ws, n, step_dilate, false, name, &v));
     add_row(b, sec, name, v, false, "scalar reference", base, 0);
   }
-  ferry_imgops_set_isa(best);
+  ferry__imgops_set_isa(best);
 
   TRY(measure(b, ws, n, step_blur_base, false, "blur ref", &base));
   for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
     if (n > 1 && strcmp(isas[i], best) != 0)
       continue;
-    if (ferry_imgops_set_isa(isas[i]) < 0)
+    if (ferry__imgops_set_isa(isas[i]) < 0)
       continue;
     TRY(renew_blur(ws, n));
     snprintf(name, sizeof(name), "blur 11x11 [%s]", isas[i]);
     TRY(measure(b, ws, n, step_blur, false, name, &v));
     add_row(b, sec, name, v, false, "direct 2-D reference", base, 0);
   }
-  ferry_imgops_set_isa(best);
+  ferry__imgops_set_isa(best);
   TRY(renew_blur(ws, n));
 
   TRY(measure(b, ws, n, step_decode_blur, false, "decode+blur", &v));
@@ -1021,7 +1020,7 @@ static int pipeline_split(bench_t *b, const cfg_t *cfg, worker_t *w) {
   uint64_t n = 0;
   int rc;
 
-  ferry_pipeline_ctx_set_timing(w->ctx, 1);
+  ferry__pipeline_ctx_set_timing(w->ctx, 1);
   t0 = now();
   do {
     for (int k = 0; k < 64; k++, n++)
@@ -1029,8 +1028,8 @@ static int pipeline_split(bench_t *b, const cfg_t *cfg, worker_t *w) {
         return rc;
   } while (now() - t0 < b->budget);
   total = now() - t0;
-  ferry_pipeline_ctx_set_timing(w->ctx, 0);
-  ferry_pipeline_ctx_times(w->ctx, t);
+  ferry__pipeline_ctx_set_timing(w->ctx, 0);
+  ferry__pipeline_ctx_times(w->ctx, t);
   rest = total - t[FERRY_STAGE_PARSE] - t[FERRY_STAGE_DECODE] -
          t[FERRY_STAGE_OPS];
   if (b->nnotes < 8)
@@ -1061,7 +1060,7 @@ static int bench_cfg(bench_t *b, cfg_t *cfg) {
   double t0;
 
   /* The pipeline: decode, dilate(3), blur(11, 0.8). */
-  ferry_spec_init(&spec); /* keys "image" and "label" */
+  ferry__spec_init(&spec); /* keys "image" and "label" */
   spec.format = cfg->fmt;
   spec.height = cfg->h;
   spec.width = cfg->w;
@@ -1070,7 +1069,7 @@ static int bench_cfg(bench_t *b, cfg_t *cfg) {
   spec.ops[1] =
       (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 11, .sigma = 0.8f};
   spec.n_ops = 2;
-  if ((rc = ferry_pipeline_new(&spec, &cfg->pipe, &err)) < 0) {
+  if ((rc = ferry__pipeline_new(&spec, &cfg->pipe, &err)) < 0) {
     fprintf(stderr, "bench: %s\n", err.msg);
     return rc;
   }
@@ -1136,7 +1135,7 @@ static void cfg_close(cfg_t *cfg) {
     ferry__free(cfg->paths[i]);
   }
   ferry__free(cfg->paths);
-  ferry_pipeline_free(cfg->pipe);
+  ferry__pipeline_free(cfg->pipe);
   cfg->paths = NULL;
   cfg->pipe = NULL;
 }
@@ -1164,7 +1163,7 @@ static int bench_crc(bench_t *b) {
     goto out;
   add_row(b, sec, "portable (slicing-by-8)", port, true, "portable", port,
           0);
-  if (ferry_crc32c_have_hw()) {
+  if (ferry__crc32c_have_hw()) {
     if ((rc = measure(b, ws, 1, step_crc_hw1, true, "crc hw1", &v)) < 0)
       goto out;
     add_row(b, sec, "hw1 (one crc32 chain)", v, true, "portable", port, 0);
@@ -1176,7 +1175,7 @@ static int bench_crc(bench_t *b) {
     goto out;
   {
     char name[64];
-    snprintf(name, sizeof(name), "ferry_crc32c (%s)", ferry_crc32c_impl());
+    snprintf(name, sizeof(name), "ferry__crc32c (%s)", ferry__crc32c_impl());
     add_row(b, sec, name, v, true, "portable", port, TARGET_CRC_GBPS);
     if (n > 1) {
       snprintf(sec, sizeof(sec), "CRC-32C, 256 KiB buffer, %d threads", n);
@@ -1415,7 +1414,7 @@ static int bench_pipeline(int argc, char **argv) {
   printf("cpu: %s, %ld cores online; flags: %s\n", model, cores, flags);
   printf("imgops: %s, crc32c: %s; threads: %d; each figure: median of "
          "%d x %.0f ms of thread CPU time, per core\n",
-         ferry_imgops_isa(), ferry_crc32c_impl(), b->threads, b->reps,
+         ferry__imgops_isa(), ferry__crc32c_impl(), b->threads, b->reps,
          b->budget * 1e3);
   printf("pipeline: decode | dilate(3) | blur(11, 0.8); shards in %s\n",
          b->dir);

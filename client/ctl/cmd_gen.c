@@ -16,11 +16,11 @@
 #include <sys/stat.h>
 #include <turbojpeg.h>
 
+#include "alloc.h"
 #include "ctl.h"
-#include "ferry/alloc.h"
-#include "ferry/options.h"
-#include "ferry/tfrecord.h"
-#include "ferry/varint.h"
+#include "options.h"
+#include "tfrecord.h"
+#include "varint.h"
 
 #define MAX_CHANNELS 16
 #define MAX_IMAGE_BYTES (256ull << 20)
@@ -585,7 +585,7 @@ static uint64_t render_photo(const image_spec_t *sp, photo_scratch_t *ps,
 /* ---- Example wire format ---------------------------------------------- */
 
 /* Length of a length-delimited field (tag, length, body of `len`). */
-static size_t ld_len(size_t len) { return 1 + ferry_varint_len(len) + len; }
+static size_t ld_len(size_t len) { return 1 + ferry__varint_len(len) + len; }
 
 /* Sizes of one map entry {key, Feature}: its body and the Feature's. */
 static size_t entry_body(size_t key_len, size_t feature_body) {
@@ -593,7 +593,7 @@ static size_t entry_body(size_t key_len, size_t feature_body) {
 }
 
 static size_t int64_feature_body(uint64_t v) {
-  return ld_len(ld_len(ferry_varint_len(v))); /* Feature{int64_list{value}} */
+  return ld_len(ld_len(ferry__varint_len(v))); /* Feature{int64_list{value}} */
 }
 
 static size_t bytes_feature_body(size_t len) {
@@ -602,7 +602,7 @@ static size_t bytes_feature_body(size_t len) {
 
 static uint8_t *put_ld(uint8_t *p, uint8_t tag, size_t len) {
   *p++ = tag;
-  return p + ferry_varint_put(p, len);
+  return p + ferry__varint_put(p, len);
 }
 
 static uint8_t *put_int64_entry(uint8_t *p, const char *key, uint64_t v) {
@@ -612,9 +612,9 @@ static uint8_t *put_int64_entry(uint8_t *p, const char *key, uint64_t v) {
   memcpy(p, key, kl);
   p += kl;
   p = put_ld(p, 0x12, fb);                    /* entry.value */
-  p = put_ld(p, 0x1A, ld_len(ferry_varint_len(v))); /* Feature.int64_list */
-  p = put_ld(p, 0x0A, ferry_varint_len(v)); /* Int64List.value, packed */
-  return p + ferry_varint_put(p, v);
+  p = put_ld(p, 0x1A, ld_len(ferry__varint_len(v))); /* Feature.int64_list */
+  p = put_ld(p, 0x0A, ferry__varint_len(v)); /* Int64List.value, packed */
+  return p + ferry__varint_put(p, v);
 }
 
 /* Total size of the Example {image: bytes[img_len], label, id}. */
@@ -765,7 +765,7 @@ static int write_shard(gen_state_t *g, const char *path,
                        uint64_t count, ferryctl_progress_t *prog,
                        uint64_t *done, ferry_error_t *err) {
   ferry_tfr_writer_t *w = NULL;
-  int rc = ferry_tfr_writer_open(path, comp, &w, err);
+  int rc = ferry__tfr_writer_open(path, comp, &w, err);
   if (rc < 0)
     return rc;
   for (uint64_t i = 0; i < count; i++) {
@@ -773,7 +773,7 @@ static int write_shard(gen_state_t *g, const char *path,
     rc = make_record(g, first + i, &len, err);
     if (rc < 0)
       break;
-    rc = ferry_tfr_writer_write(w, g->rec, len, err);
+    rc = ferry__tfr_writer_write(w, g->rec, len, err);
     if (rc < 0)
       break;
     ++*done;
@@ -782,7 +782,7 @@ static int write_shard(gen_state_t *g, const char *path,
   }
   ferry_error_t cerr;
   ferry_error_clear(&cerr);
-  int crc = ferry_tfr_writer_close(w, &cerr);
+  int crc = ferry__tfr_writer_close(w, &cerr);
   if (rc == 0 && crc < 0) {
     if (err != NULL)
       *err = cerr;
@@ -799,7 +799,7 @@ int ferryctl_gen(int argc, char **argv) {
                                       GEN_N, &o, offsetof(gen_opts_t, help),
                                       argc - 1, argv + 1, &npos);
   if (status != FERRYCTL_CONTINUE) {
-    ferry_options_free(gen_table, GEN_N, &o);
+    ferry__options_free(gen_table, GEN_N, &o);
     return status;
   }
   status = FERRYCTL_EXIT_USAGE;
@@ -961,6 +961,6 @@ out:
   ferry__free(g.jbuf);
   ferry__free(g.rec);
   ferry__free(path);
-  ferry_options_free(gen_table, GEN_N, &o);
+  ferry__options_free(gen_table, GEN_N, &o);
   return status;
 }

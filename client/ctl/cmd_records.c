@@ -11,11 +11,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "alloc.h"
 #include "ctl.h"
-#include "ferry/alloc.h"
-#include "ferry/example.h"
-#include "ferry/options.h"
-#include "ferry/tfrecord.h"
+#include "example.h"
+#include "options.h"
+#include "tfrecord.h"
 
 #define MAX_KEYS 4096       /* distinct keys tracked per file */
 #define MAX_ERRORS 100000   /* error entries kept per file and kind */
@@ -273,7 +273,7 @@ static void on_bad_record(const ferry_error_t *err, uint64_t offset,
 static int inspect_file(file_report_t *f, const inspect_opts_t *o,
                         ferry_example_t *ex) {
   ferry_tfr_options_t ro;
-  ferry_tfr_options_init(&ro);
+  ferry__tfr_options_init(&ro);
   ro.on_error = FERRY_ON_ERROR_SKIP;
   ro.max_record_len = o->max_record_bytes;
   ro.compression = compression_of_choice[o->compression];
@@ -282,18 +282,18 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
   ro.file_bytes_in_errors = true; /* the file's owner reads these */
 
   ferry_tfr_reader_t *r = NULL;
-  int rc = ferry_tfr_reader_open(f->path, &ro, &r, &f->open_err);
+  int rc = ferry__tfr_reader_open(f->path, &ro, &r, &f->open_err);
   if (rc < 0) {
     f->open_code = rc;
     return 0;
   }
-  f->compression = ferry_tfr_reader_compression(r);
+  f->compression = ferry__tfr_reader_compression(r);
   ferry_error_t err;
   ferry_error_clear(&err);
   int out = 0;
   for (;;) {
     ferry_record_t rec;
-    rc = ferry_tfr_reader_next(r, &rec, &err);
+    rc = ferry__tfr_reader_next(r, &rec, &err);
     if (f->skip_rc < 0) {
       out = f->skip_rc;
       break;
@@ -320,7 +320,7 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
       s->index = rec.index;
       f->n_shown++;
     }
-    rc = ferry_example_parse(ex, rec.data, rec.len, &err);
+    rc = ferry__example_parse(ex, rec.data, rec.len, &err);
     if (rc == FERRY_ENOMEM) {
       out = rc;
       break;
@@ -338,9 +338,9 @@ static int inspect_file(file_report_t *f, const inspect_opts_t *o,
       break;
   }
   ferry_tfr_stats_t st;
-  ferry_tfr_reader_stats(r, &st);
+  ferry__tfr_reader_stats(r, &st);
   f->skipped = st.skipped;
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   return out;
 }
 
@@ -351,7 +351,7 @@ static bool report_clean(const file_report_t *f) {
 }
 
 static const char *kind_name(const keystat_t *k) {
-  return k->mixed ? "mixed" : ferry_feature_kind_name(k->kind);
+  return k->mixed ? "mixed" : ferry__feature_kind_name(k->kind);
 }
 
 /* Prints bytes for a terminal: printable ASCII as is, the rest as \xNN. */
@@ -394,13 +394,13 @@ static void print_values(FILE *out, const ferry_feature_t *ft, bool json) {
   if (ft->kind == FERRY_FEATURE_INT64) {
     int64_t v[SHOW_NUMBERS];
     size_t n = 0;
-    ferry_feature_int64s(ft, v, SHOW_NUMBERS, &n);
+    ferry__feature_int64s(ft, v, SHOW_NUMBERS, &n);
     for (size_t i = 0; i < n && i < SHOW_NUMBERS; i++)
       fprintf(out, "%s%lld", i ? (json ? ", " : " ") : "", (long long)v[i]);
   } else if (ft->kind == FERRY_FEATURE_FLOAT) {
     float v[SHOW_NUMBERS];
     size_t n = 0;
-    ferry_feature_floats(ft, v, SHOW_NUMBERS, &n);
+    ferry__feature_floats(ft, v, SHOW_NUMBERS, &n);
     for (size_t i = 0; i < n && i < SHOW_NUMBERS; i++) {
       if (i)
         fputs(json ? ", " : " ", out);
@@ -410,7 +410,7 @@ static void print_values(FILE *out, const ferry_feature_t *ft, bool json) {
     for (size_t i = 0; i < ft->count && i < SHOW_BYTES; i++) {
       const uint8_t *d = NULL;
       size_t len = 0;
-      if (ferry_feature_bytes(ft, i, &d, &len) < 0)
+      if (ferry__feature_bytes(ft, i, &d, &len) < 0)
         break;
       if (i)
         fputs(json ? ", " : " ", out);
@@ -487,7 +487,7 @@ static void json_report(FILE *out, const file_report_t *f,
           ", \"compression\": \"%s\", \"records\": %llu, "
           "\"data_bytes\": %llu, \"bad_records\": %llu, "
           "\"examples\": %llu, \"malformed_examples\": %llu",
-          ferry_compression_name(f->compression),
+          ferry__compression_name(f->compression),
           (unsigned long long)f->records, (unsigned long long)f->bytes,
           (unsigned long long)f->skipped, (unsigned long long)f->examples_ok,
           (unsigned long long)(f->malformed.n + f->malformed.dropped));
@@ -520,13 +520,13 @@ static void json_report(FILE *out, const file_report_t *f,
             "\"bytes\": %zu, \"features\": [",
             i ? ", " : "", (unsigned long long)s->index,
             (unsigned long long)s->offset, s->len);
-    if (ferry_example_parse(ex, s->data, s->len, NULL) == 0) {
+    if (ferry__example_parse(ex, s->data, s->len, NULL) == 0) {
       for (size_t j = 0; j < ex->n; j++) {
         const ferry_feature_t *ft = &ex->features[j];
         fputs(j ? ", {\"key\": " : "{\"key\": ", out);
         ferryctl_json_string(out, ft->key, ft->key_len);
         fprintf(out, ", \"type\": \"%s\", \"count\": %zu, \"values\": ",
-                ferry_feature_kind_name(ft->kind), ft->count);
+                ferry__feature_kind_name(ft->kind), ft->count);
         print_values(out, ft, true);
         putc('}', out);
       }
@@ -546,7 +546,7 @@ static void text_report(FILE *out, const file_report_t *f,
             ferry_err_name(f->open_code));
     return;
   }
-  fprintf(out, "  compression: %s\n", ferry_compression_name(f->compression));
+  fprintf(out, "  compression: %s\n", ferry__compression_name(f->compression));
   fprintf(out, "  records: %llu, %llu data bytes (%s)\n",
           (unsigned long long)f->records, (unsigned long long)f->bytes,
           ferryctl_human_bytes(f->bytes, hb, sizeof(hb)));
@@ -609,7 +609,7 @@ static void text_report(FILE *out, const file_report_t *f,
     fprintf(out, "  record %llu (offset %llu, %zu bytes):\n",
             (unsigned long long)s->index, (unsigned long long)s->offset,
             s->len);
-    if (ferry_example_parse(ex, s->data, s->len, NULL) < 0) {
+    if (ferry__example_parse(ex, s->data, s->len, NULL) < 0) {
       fputs("    (not a valid Example)\n", out);
       continue;
     }
@@ -617,7 +617,7 @@ static void text_report(FILE *out, const file_report_t *f,
       const ferry_feature_t *ft = &ex->features[j];
       fputs("    ", out);
       print_escaped(out, ft->key, ft->key_len);
-      fprintf(out, "  %s[%zu]: ", ferry_feature_kind_name(ft->kind),
+      fprintf(out, "  %s[%zu]: ", ferry__feature_kind_name(ft->kind),
               ft->count);
       print_values(out, ft, false);
       putc('\n', out);
@@ -634,19 +634,19 @@ static int cmd_inspect(int argc, char **argv) {
       "records inspect", inspect_usage, inspect_footer, inspect_table,
       INSPECT_N, &o, offsetof(inspect_opts_t, help), argc, argv, &npos);
   if (rc != FERRYCTL_CONTINUE) {
-    ferry_options_free(inspect_table, INSPECT_N, &o);
+    ferry__options_free(inspect_table, INSPECT_N, &o);
     return rc;
   }
   if (npos == 0) {
     fprintf(stderr, "ferryctl records inspect: no FILE given\n\n%s",
             inspect_usage);
-    ferry_options_free(inspect_table, INSPECT_N, &o);
+    ferry__options_free(inspect_table, INSPECT_N, &o);
     return FERRYCTL_EXIT_USAGE;
   }
 
   int status = FERRYCTL_EXIT_OK;
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   for (int i = 0; i < npos; i++) {
     file_report_t f;
     memset(&f, 0, sizeof(f));
@@ -674,8 +674,8 @@ static int cmd_inspect(int argc, char **argv) {
     }
     report_free(&f);
   }
-  ferry_example_close(&ex);
-  ferry_options_free(inspect_table, INSPECT_N, &o);
+  ferry__example_close(&ex);
+  ferry__options_free(inspect_table, INSPECT_N, &o);
   return status;
 }
 
@@ -727,7 +727,7 @@ static bool is_framing_error(int rc) {
 static int index_one(const char *path, const char *out_dir) {
   ferry_error_t err;
   ferry_error_clear(&err);
-  int c = ferry_tfr_sniff_file(path, &err);
+  int c = ferry__tfr_sniff_file(path, &err);
   if (c < 0) {
     index_error(path, &err, c);
     return FERRYCTL_EXIT_USAGE;
@@ -737,12 +737,12 @@ static int index_one(const char *path, const char *out_dir) {
             "ferryctl records index: %s: the file is %s-compressed; index "
             "files are only for uncompressed TFRecords (a reader cannot "
             "seek to an offset inside a compressed stream)\n",
-            path, ferry_compression_name((ferry_compression_t)c));
+            path, ferry__compression_name((ferry_compression_t)c));
     return FERRYCTL_EXIT_USAGE;
   }
   ferry_tfr_index_entry_t *e = NULL;
   size_t n = 0;
-  int rc = ferry_tfr_index_build(path, &e, &n, &err);
+  int rc = ferry__tfr_index_build(path, &e, &n, &err);
   if (rc < 0) {
     index_error(path, &err, rc);
     ferry_free(e);
@@ -768,7 +768,7 @@ static int index_one(const char *path, const char *out_dir) {
     fprintf(stderr, "ferryctl records index: %s: out of memory\n", path);
     return FERRYCTL_EXIT_USAGE;
   }
-  rc = ferry_tfr_index_write(out, e, n, &err);
+  rc = ferry__tfr_index_write(out, e, n, &err);
   if (rc < 0) {
     index_error(out, &err, rc);
   } else {
@@ -788,7 +788,7 @@ static int cmd_index(int argc, char **argv) {
                                   offsetof(index_opts_t, help), argc, argv,
                                   &npos);
   if (rc != FERRYCTL_CONTINUE) {
-    ferry_options_free(index_table, INDEX_N, &o);
+    ferry__options_free(index_table, INDEX_N, &o);
     return rc;
   }
   int status = FERRYCTL_EXIT_OK;
@@ -810,7 +810,7 @@ static int cmd_index(int argc, char **argv) {
         status = r;
     }
   }
-  ferry_options_free(index_table, INDEX_N, &o);
+  ferry__options_free(index_table, INDEX_N, &o);
   return status;
 }
 

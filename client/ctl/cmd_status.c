@@ -16,13 +16,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "ctl.h"
-#include "ferry/alloc.h"
-#include "ferry/job_names.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "job_names.h"
+#include "pb_alloc.h"
+#include "rpc.h"
+#include "rpc_methods.h"
 
 /* How long the dispatcher has to answer one call. */
 #define CALL_DEADLINE_MS 5000
@@ -157,7 +157,7 @@ static int session_open(session_t *s, const char *cmd, const char *usage,
   ferry_rpc_options_t ro = {0};
   ro.tls = s->o.tls_ca != NULL || s->o.tls_cert != NULL ? &tls : NULL;
   if (s->o.token_file != NULL &&
-      ferry_rpc_read_token(s->o.token_file, &token, &err) != 0) {
+      ferry__rpc_read_token(s->o.token_file, &token, &err) != 0) {
     fprintf(stderr, "ferryctl %s: --token-file: %s\n", cmd, err.msg);
     return FERRYCTL_EXIT_USAGE;
   }
@@ -167,13 +167,13 @@ static int session_open(session_t *s, const char *cmd, const char *usage,
     ferry_free(token);
     return rc;
   }
-  ferry_rpc_init();
-  rc = ferry_rpc_channel_new(s->o.dispatcher, &ro, &s->ch, &err);
+  ferry__rpc_init();
+  rc = ferry__rpc_channel_new(s->o.dispatcher, &ro, &s->ch, &err);
   ferry_free(token); /* the channel keeps a copy */
   if (rc != 0) {
     fprintf(stderr, "ferryctl %s: --dispatcher %s: %s\n", cmd,
             s->o.dispatcher, err.msg);
-    ferry_rpc_shutdown();
+    ferry__rpc_shutdown();
     s->ch = NULL;
     return FERRYCTL_EXIT_USAGE;
   }
@@ -182,10 +182,10 @@ static int session_open(session_t *s, const char *cmd, const char *usage,
 
 static void session_close(session_t *s, const ferry_option_t *t, size_t n) {
   if (s->ch != NULL) {
-    ferry_rpc_channel_free(s->ch);
-    ferry_rpc_shutdown();
+    ferry__rpc_channel_free(s->ch);
+    ferry__rpc_shutdown();
   }
-  ferry_options_free(t, n, &s->o);
+  ferry__options_free(t, n, &s->o);
 }
 
 /* True for the codes that mean nobody answered (exit 3), as opposed to a
@@ -209,8 +209,8 @@ static int call(session_t *s, const char *method, const ProtobufCMessage *req,
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   protobuf_c_message_pack(req, buf);
-  int rc = ferry_rpc_unary(s->ch, method, buf, len, CALL_DEADLINE_MS, 0,
-                           &reply, &reply_len, err);
+  int rc = ferry__rpc_unary(s->ch, method, buf, len, CALL_DEADLINE_MS, 0,
+                            &reply, &reply_len, err);
   ferry__free(buf);
   if (rc != 0)
     return rc;

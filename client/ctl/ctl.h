@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #include "ferry/error.h"
-#include "ferry/options.h"
+#include "options.h"
 
 int ferryctl_records(int argc, char **argv); /* records inspect|index */
 int ferryctl_gen(int argc, char **argv);     /* gen */
@@ -57,7 +57,7 @@ int ferryctl_call_failed(const char *cmd, const char *dispatcher, bool tls,
                          const char *method, int rc,
                          const ferry_error_t *err);
 
-/* Checks a --dispatcher value (HOST:PORT, ferry/hostport.h). Returns
+/* Checks a --dispatcher value (HOST:PORT, hostport.h). Returns
  * FERRYCTL_CONTINUE, or prints the usage error and returns 2. */
 int ferryctl_check_dispatcher(const char *cmd, const char *dispatcher);
 

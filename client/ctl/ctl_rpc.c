@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "ctl.h"
-#include "ferry/hostport.h"
-#include "ferry/rpc.h"
+#include "hostport.h"
+#include "rpc.h"
 
 /* How long the probe of an address nobody answered on may take. */
 #define PROBE_MS 2000
@@ -24,8 +24,8 @@ static bool is_admin_method(const char *method) {
 static int unreachable_failed(const char *cmd, const char *dispatcher,
                               bool tls, const ferry_error_t *err) {
   char why[512];
-  ferry_rpc_probe_t k = ferry_rpc_probe(dispatcher, PROBE_MS, why,
-                                        sizeof(why));
+  ferry_rpc_probe_t k =
+      ferry__rpc_probe(dispatcher, PROBE_MS, why, sizeof(why));
   const char *hint = NULL;
   switch (k) {
   case FERRY_RPC_PROBE_UNRESOLVED:
@@ -110,7 +110,7 @@ int ferryctl_call_failed(const char *cmd, const char *dispatcher, bool tls,
 
 int ferryctl_check_dispatcher(const char *cmd, const char *dispatcher) {
   ferry_error_t err = {0};
-  if (ferry_hostport_parse(dispatcher, 0, NULL, 0, NULL, &err) == 0)
+  if (ferry__hostport_parse(dispatcher, 0, NULL, 0, NULL, &err) == 0)
     return FERRYCTL_CONTINUE;
   fprintf(stderr, "ferryctl %s: --dispatcher: %s (see 'ferryctl %s "
           "--help')\n", cmd, err.msg, cmd);

@@ -13,12 +13,12 @@ int ferryctl_parse_options(const char *cmd, const char *usage,
   ferry_error_t err;
   ferry_error_clear(&err);
   *n_positional = 0;
-  if (ferry_options_defaults(t, n, base, &err) < 0) {
+  if (ferry__options_defaults(t, n, base, &err) < 0) {
     fprintf(stderr, "ferryctl %s: %s\n", cmd, err.msg);
     return FERRYCTL_EXIT_USAGE;
   }
-  int rc = ferry_options_parse_argv(t, n, base, argc, argv, n_positional,
-                                    &err);
+  int rc =
+      ferry__options_parse_argv(t, n, base, argc, argv, n_positional, &err);
   bool help = *(bool *)((char *)base + help_offset);
   /* A lone "-h" is not a long option, so it arrives as a positional. */
   for (int i = 0; rc == 0 && i < *n_positional; i++)
@@ -27,7 +27,7 @@ int ferryctl_parse_options(const char *cmd, const char *usage,
   if (rc == 0 && help) {
     fputs(usage, stdout);
     fputs("\nOptions:\n", stdout);
-    ferry_options_help(t, n, stdout);
+    ferry__options_help(t, n, stdout);
     if (footer != NULL)
       fputs(footer, stdout);
     return FERRYCTL_EXIT_OK;

@@ -22,7 +22,7 @@
 
 #include "ferry/client.h"
 #include "ferry/log.h"
-#include "ferry/options.h"
+#include "options.h"
 
 typedef struct settings_s {
   char *dispatcher;
@@ -113,12 +113,12 @@ int main(int argc, char **argv) {
   ferry_error_t err = {0};
   int npos = 0, status = 1;
   ferry_client_t *c = NULL;
-  if (ferry_options_defaults(options, N_OPTIONS, &s, &err) != 0 ||
-      ferry_options_parse_argv(options, N_OPTIONS, &s, argc - 1, argv + 1,
-                               &npos, &err) != 0) {
+  if (ferry__options_defaults(options, N_OPTIONS, &s, &err) != 0 ||
+      ferry__options_parse_argv(options, N_OPTIONS, &s, argc - 1, argv + 1,
+                                &npos, &err) != 0) {
     fprintf(stderr, "ferry-example-trainer: %s (see "
             "'ferry-example-trainer --help')\n", err.msg);
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_free(options, N_OPTIONS, &s);
     return 2;
   }
   if (s.help || npos != 0) {
@@ -128,16 +128,16 @@ int main(int argc, char **argv) {
       fprintf(stderr, "ferry-example-trainer: unexpected argument '%s'\n\n",
               argv[1]);
     fputs(usage, out);
-    ferry_options_help(options, N_OPTIONS, out);
+    ferry__options_help(options, N_OPTIONS, out);
     fputs(footer, out);
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_free(options, N_OPTIONS, &s);
     return s.help ? 0 : 2;
   }
   if ((s.spec == NULL || s.spec[0] == '\0') ==
       (s.dataset_id == NULL || s.dataset_id[0] == '\0')) {
     fprintf(stderr, "ferry-example-trainer: give either --spec SPEC or "
             "--dataset-id ID (see 'ferry-example-trainer --help')\n");
-    ferry_options_free(options, N_OPTIONS, &s);
+    ferry__options_free(options, N_OPTIONS, &s);
     return 2;
   }
   ferry_log_set_callback(ferry_log_to_stderr, NULL);
@@ -229,6 +229,6 @@ int main(int argc, char **argv) {
          st.stall_fraction);
 out:
   ferry_client_free(c);
-  ferry_options_free(options, N_OPTIONS, &s);
+  ferry__options_free(options, N_OPTIONS, &s);
   return status;
 }

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/clocale.h"
+#include "alloc.h"
+#include "clocale.h"
 #include "lex.h"
 
 /* ---------------------------------------------------------------------

@@ -10,8 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
 #include "ferry/log.h"
 
 struct timespec ferry__client_deadline(uint32_t ms) {
@@ -146,7 +146,7 @@ ferry__split_t *ferry__client_split(ferry_client_t *c, uint32_t epoch,
  * received count drops the duplicates). */
 uint64_t ferry__client_split_key(const ferry_client_t *c, uint64_t worker,
                                  uint64_t lease) {
-  return c->ap.per_worker ? worker : ferry_lease_part(lease);
+  return c->ap.per_worker ? worker : ferry__lease_part(lease);
 }
 
 ferry__split_t *ferry__client_split_of(ferry_client_t *c, uint32_t epoch,
@@ -332,7 +332,7 @@ size_t ferry__client_progress_locked(ferry_client_t *c,
     prog[i].split = s->split;
     prog[i].delivered = s->delivered;
     prog[i].worker_id = s->worker_id;
-    /* The lease names the part of the split (ferry/lease.h). */
+    /* The lease names the part of the split (lease.h). */
     prog[i].lease = s->lease;
     if (s->restart == FERRY__RESTART_PENDING) {
       prog[i].restart = true;
@@ -1188,8 +1188,7 @@ static bool det_feed_locked(ferry_client_t *c, bool may_wait,
                         .n_labels = h->count, .ids = h->ids,
                         .n_ids = h->count};
     ferry_chunk_src_t src;
-    ferry_chunk_src_bytes(&src, h->images, (size_t)h->count *
-                                               c->record_bytes);
+    ferry__chunk_src_bytes(&src, h->images, (size_t)h->count * c->record_bytes);
     uint64_t end = h->first + h->count, fences = c->fences;
     uint64_t moved = det_place_locked(c, &hc, &src, kw, end, false,
                                       may_wait, stop);

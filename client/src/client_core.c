@@ -11,13 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
-#include "ferry/hostport.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
-#include "ferry/varint.h"
+#include "hostport.h"
+#include "pb_alloc.h"
+#include "rpc_methods.h"
+#include "spec.h"
+#include "varint.h"
 
 /* Every field of ferry_client_options_t in order, for the struct_size
  * checks: a caller's struct may end after any field, never inside one. */
@@ -184,7 +184,7 @@ int ferry_client_state(ferry_client_t *c, void *buf, size_t cap,
     cur.ncuts = c->ep_ncuts;
     memcpy(cur.cuts, c->ep_cuts, c->ep_ncuts * sizeof(cur.cuts[0]));
   }
-  rc = ferry_cursor_encode(&cur, buf, cap, len);
+  rc = ferry__cursor_encode(&cur, buf, cap, len);
   if (rc != 0)
     return ferry__seterr(err, rc, "client: a cursor needs %zu bytes, the "
                          "buffer has %zu", *len, cap);
@@ -227,7 +227,7 @@ int ferry__client_forked(const ferry_client_t *c, ferry_error_t *err) {
 }
 
 static pthread_once_t tune_once = PTHREAD_ONCE_INIT;
-static void tune(void) { (void)ferry_rpc_tune_malloc(); }
+static void tune(void) { (void)ferry__rpc_tune_malloc(); }
 
 /* Packs a protobuf-c message into a ferry__malloc'd buffer. */
 uint8_t *ferry__client_pack(const ProtobufCMessage *m, size_t *len) {
@@ -239,7 +239,7 @@ uint8_t *ferry__client_pack(const ProtobufCMessage *m, size_t *len) {
 }
 
 /* Milliseconds left of the connect budget that started at t0, at least 1
- * (0 would mean no deadline to ferry_rpc_unary). */
+ * (0 would mean no deadline to ferry__rpc_unary). */
 static int left_ms(const ferry_client_t *c, double t0) {
   double left = c->opts.connect_timeout_ms - (ferry__client_now() - t0) * 1e3;
   return left < 1 ? 1 : (int)left;
@@ -262,7 +262,7 @@ static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
   err->code = code;
   if (rc == FERRY_EGRPC_DEADLINE_EXCEEDED || rc == FERRY_EGRPC_UNAVAILABLE) {
     /* gRPC reports a host that does not resolve as a deadline: ask the
-     * resolver and the port what is there (ferry_rpc_probe). */
+     * resolver and the port what is there (ferry__rpc_probe). */
     char why[320];
     bool tls = c->rpc_opts.tls != NULL;
     const char *hint = tls ? "down, or the TLS handshake failed: does "
@@ -270,7 +270,7 @@ static int dispatcher_error(const ferry_client_t *c, int rc, const char *what,
                              "certificate valid, is tls_cert accepted?"
                            : "down, or it serves TLS and this client "
                              "plaintext (set tls_ca)";
-    switch (ferry_rpc_probe(c->dispatcher, 1000, why, sizeof(why))) {
+    switch (ferry__rpc_probe(c->dispatcher, 1000, why, sizeof(why))) {
     case FERRY_RPC_PROBE_UNRESOLVED:
     case FERRY_RPC_PROBE_REFUSED:
     case FERRY_RPC_PROBE_SILENT:
@@ -306,12 +306,12 @@ static int register_dataset(ferry_client_t *c, const uint8_t *spec,
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   size_t n = 0;
   req[n++] = 0x0a;
-  n += ferry_varint_put(req + n, spec_len);
+  n += ferry__varint_put(req + n, spec_len);
   memcpy(req + n, spec, spec_len);
   n += spec_len;
-  int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_REGISTER_DATASET, req, n,
-                           left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
-                           &reply_len, err);
+  int rc = ferry__rpc_unary(c->dch, FERRY_METHOD_REGISTER_DATASET, req, n,
+                            left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
+                            &reply_len, err);
   ferry__free(req);
   if (rc != 0)
     return dispatcher_error(c, rc, "register dataset", err);
@@ -418,9 +418,9 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   }
   if ((buf = ferry__client_pack(&req.base, &len)) == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
-  int rc = ferry_rpc_unary(c->dch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, len,
-                           left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
-                           &reply_len, err);
+  int rc = ferry__rpc_unary(c->dch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, len,
+                            left_ms(c, t0), FERRY_RPC_WAIT_FOR_READY, &reply,
+                            &reply_len, err);
   ferry__free(buf);
   if (rc != 0)
     return dispatcher_error(c, rc, "get or create job", err);
@@ -480,7 +480,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   }
   rc = 0;
   if (parsed != NULL) {
-    rc = ferry_spec_copy(spec, parsed);
+    rc = ferry__spec_copy(spec, parsed);
     if (rc != 0)
       ferry__seterr(err, rc, "client: out of memory");
   } else if (r->spec == NULL) {
@@ -490,7 +490,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
   } else if ((buf = ferry__client_pack(&r->spec->base, &len)) == NULL) {
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
   } else {
-    rc = ferry_spec_unpack(buf, len, spec, err);
+    rc = ferry__spec_unpack(buf, len, spec, err);
     ferry__free(buf);
     if (rc != 0)
       ferry__prefixerr(err, "dataset %s: the job's spec", c->dataset_id);
@@ -523,7 +523,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
 static int batch_shape(ferry_client_t *c, const ferry_spec_t *spec,
                        ferry_error_t *err) {
   int h, w, ch;
-  if (ferry_spec_output_shape(spec, &h, &w, &ch) != 0)
+  if (ferry__spec_output_shape(spec, &h, &w, &ch) != 0)
     return ferry__seterr(err, FERRY_ESHAPE,
                          "spec: images vary in size and a batch needs one "
                          "shape: add resize(height, width)");
@@ -560,7 +560,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   size_t packed_len = 0;
   int rc;
   *out = NULL;
-  ferry_spec_init(&spec);
+  ferry__spec_init(&spec);
   ferry_client_options_t full_opts;
   if ((rc = ferry__client_options_copy(user_opts, &full_opts, err)) != 0)
     return rc;
@@ -571,7 +571,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                          "'dispatcher' option to HOST:PORT");
   /* A malformed address is the caller's mistake, told now: gRPC would
    * dial port 0 or a wrapped-around port and time out much later. */
-  if ((rc = ferry_hostport_parse(opts->dispatcher, 0, NULL, 0, NULL, err)) !=
+  if ((rc = ferry__hostport_parse(opts->dispatcher, 0, NULL, 0, NULL, err)) !=
       0)
     return ferry__prefixerr(err, "client: option 'dispatcher'");
   bool has_spec = opts->spec != NULL && opts->spec[0] != '\0';
@@ -627,17 +627,16 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
   ferry_cursor_t resume_cur;
   bool has_resume = opts->resume != NULL && opts->resume_len > 0;
   memset(&resume_cur, 0, sizeof(resume_cur));
-  if (has_resume &&
-      (rc = ferry_cursor_decode(opts->resume, opts->resume_len, &resume_cur,
-                                err)) != 0)
+  if (has_resume && (rc = ferry__cursor_decode(opts->resume, opts->resume_len,
+                                               &resume_cur, err)) != 0)
     return ferry__prefixerr(err, "client: option 'resume'");
   /* A bad spec fails here, before any RPC. */
   if (has_spec) {
-    if ((rc = ferry_spec_parse(opts->spec, &parsed, err)) != 0)
+    if ((rc = ferry__spec_parse(opts->spec, &parsed, err)) != 0)
       return ferry__prefixerr(err, "spec");
     have_parsed = true;
-    if ((rc = ferry_spec_pack(&parsed, &packed, &packed_len)) != 0) {
-      ferry_spec_close(&parsed);
+    if ((rc = ferry__spec_pack(&parsed, &packed, &packed_len)) != 0) {
+      ferry__spec_close(&parsed);
       return ferry__seterr(err, rc, "spec: cannot serialize it (%s)",
                            ferry_strerror(rc));
     }
@@ -704,7 +703,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     rc = ferry__seterr(err, FERRY_ENOMEM, "client: out of memory");
     goto fail;
   }
-  if ((rc = ferry_transport_want_check(c->transport, err)) != 0) {
+  if ((rc = ferry__transport_want_check(c->transport, err)) != 0) {
     rc = ferry__prefixerr(err, "client");
     goto fail;
   }
@@ -731,7 +730,7 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                       (rc = ferry__staging_check(c, false, err)) != 0))
     goto fail;
   if (opts->token_file != NULL && opts->token_file[0] != '\0') {
-    if ((rc = ferry_rpc_read_token(opts->token_file, &c->token, err)) != 0) {
+    if ((rc = ferry__rpc_read_token(opts->token_file, &c->token, err)) != 0) {
       ferry__prefixerr(err, "client: token file");
       goto fail;
     }
@@ -753,12 +752,12 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
                        (long)__atomic_load_n(&g_rpc_pid, __ATOMIC_ACQUIRE));
     goto fail;
   }
-  ferry_rpc_init();
+  ferry__rpc_init();
   c->rpc_inited = true;
   __atomic_store_n(&g_rpc_pid, getpid(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&g_rpc_users, 1, __ATOMIC_ACQ_REL);
-  if ((rc = ferry_rpc_channel_new(c->dispatcher, &c->rpc_opts, &c->dch,
-                                  err)) != 0) {
+  if ((rc = ferry__rpc_channel_new(c->dispatcher, &c->rpc_opts, &c->dch,
+                                   err)) != 0) {
     ferry__prefixerr(err, "client: dispatcher %s", c->dispatcher);
     goto fail;
   }
@@ -788,18 +787,18 @@ int ferry_client_new(const ferry_client_options_t *user_opts,
     goto fail;
   }
   c->hb_started = true;
-  ferry_spec_close(&spec);
+  ferry__spec_close(&spec);
   if (have_parsed)
-    ferry_spec_close(&parsed);
+    ferry__spec_close(&parsed);
   ferry__free(packed);
   *out = c;
   return 0;
 fail:
   ferry_client_free(c);
 fail_early:
-  ferry_spec_close(&spec);
+  ferry__spec_close(&spec);
   if (have_parsed)
-    ferry_spec_close(&parsed);
+    ferry__spec_close(&parsed);
   ferry__free(packed);
   return rc;
 }
@@ -822,7 +821,7 @@ void ferry_client_free(ferry_client_t *c) {
     c->stopping = true;
     if (c->hb_call != NULL) {
       __atomic_store_n(&c->hb_cancelled, true, __ATOMIC_RELEASE);
-      ferry_rpc_stream_cancel(c->hb_call);
+      ferry__rpc_stream_cancel(c->hb_call);
     }
     pthread_cond_broadcast(&c->hb_cv);
     pthread_cond_broadcast(&c->space_cv);
@@ -851,7 +850,7 @@ void ferry_client_free(ferry_client_t *c) {
   }
   for (size_t i = 0; i < c->n_workers; i++)
     if (c->workers[i]->stream != NULL)
-      ferry_transport_cancel(c->workers[i]->stream);
+      ferry__transport_cancel(c->workers[i]->stream);
   for (size_t i = 0; i < c->n_workers; i++)
     ferry__client_worker_free(c, c->workers[i]);
   ferry__free(c->workers);
@@ -862,9 +861,9 @@ void ferry_client_free(ferry_client_t *c) {
   for (size_t i = 0; i < c->n_fallbacks; i++)
     ferry__free(c->fallbacks[i].address);
   ferry__free(c->fallbacks);
-  ferry_rpc_channel_free(c->dch);
+  ferry__rpc_channel_free(c->dch);
   if (c->rpc_inited) {
-    ferry_rpc_shutdown();
+    ferry__rpc_shutdown();
     __atomic_sub_fetch(&g_rpc_users, 1, __ATOMIC_ACQ_REL);
   }
   ferry__asm_close(c);

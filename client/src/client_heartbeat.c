@@ -10,15 +10,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
 #include "ferry/log.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc_methods.h"
+#include "pb_alloc.h"
+#include "rpc_methods.h"
 
 /* ---- Heartbeats -------------------------------------------------------- */
 
-/* ferry_rpc_unary for the heartbeat thread's beats: the call is kept in
+/* ferry__rpc_unary for the heartbeat thread's beats: the call is kept in
  * c->hb_call while it runs so that ferry_client_free can cancel it
  * (`cancellable`; the goodbye is not) instead of waiting out its
  * deadline. Notes in c->hb_failed whether the beat failed. */
@@ -30,31 +30,31 @@ static int hb_unary(ferry_client_t *c, bool cancellable, const uint8_t *req,
   ferry_rpc_msg_t msg;
   *reply = NULL;
   *reply_len = 0;
-  int rc = ferry_rpc_stream_open(c->dch, method, req, len, deadline_ms, flags,
-                                 &s, err);
+  int rc = ferry__rpc_stream_open(c->dch, method, req, len, deadline_ms, flags,
+                                  &s, err);
   if (rc != 0)
     return rc;
   if (cancellable) {
     pthread_mutex_lock(&c->mu);
     if (c->stopping) {
       __atomic_store_n(&c->hb_cancelled, true, __ATOMIC_RELEASE);
-      ferry_rpc_stream_cancel(s);
+      ferry__rpc_stream_cancel(s);
     } else {
       c->hb_call = s;
     }
     pthread_mutex_unlock(&c->mu);
   }
-  rc = ferry_rpc_stream_next(s, &msg, -1, err);
+  rc = ferry__rpc_stream_next(s, &msg, -1, err);
   if (rc == 0) {
     size_t n = msg.len;
     uint8_t *out = ferry__malloc(n > 0 ? n : 1);
     if (out != NULL)
-      ferry_rpc_msg_copy(&msg, 0, out, n);
-    ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_copy(&msg, 0, out, n);
+    ferry__rpc_msg_release(&msg);
     /* The status follows the one message. */
-    rc = ferry_rpc_stream_next(s, &msg, -1, err);
+    rc = ferry__rpc_stream_next(s, &msg, -1, err);
     if (rc == 0) {
-      ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_release(&msg);
       rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: more than one reply",
                          method);
     } else if (rc == FERRY_EOF) {
@@ -76,7 +76,7 @@ static int hb_unary(ferry_client_t *c, bool cancellable, const uint8_t *req,
     c->hb_call = NULL;
   c->hb_failed = rc != 0;
   pthread_mutex_unlock(&c->mu);
-  ferry_rpc_stream_free(s);
+  ferry__rpc_stream_free(s);
   return rc;
 }
 

@@ -18,21 +18,21 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "chunk.h"
+#include "cursor.h"
 #include "ferry/augment.h"
-#include "ferry/chunk.h"
 #include "ferry/client.h"
-#include "ferry/cursor.h"
 #include "ferry/dlpack.h"
 #include "ferry/error.h"
-#include "ferry/lease.h"
-#include "ferry/rpc.h"
-#include "ferry/transport.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "lease.h"
+#include "rpc.h"
+#include "transport.h"
 
 /* ---- Chunk header ------------------------------------------------------ */
 
 /* The parser, its source and the parsed header are the Chunk contract's
- * (ferry/chunk.h): ferry_chunk_parse, ferry_chunk_src_t, ferry_chunk_t
+ * (chunk.h): ferry__chunk_parse, ferry_chunk_src_t, ferry_chunk_t
  * (worker_id is set by the stream reader). */
 
 /* ---- The client -------------------------------------------------------- */
@@ -417,7 +417,7 @@ struct ferry_client_s {
   char transport_why[160]; /* the last choice logged (heartbeat thread) */
   /* Workers (by address) and the transports (a bit per registry
    * position) whose streams to them fell back: they failed before their
-   * first chunk (ferry_transport_falls_back), and auto avoids them for
+   * first chunk (ferry__transport_falls_back), and auto avoids them for
    * that worker from then on (mu). */
   struct ferry__fallback_s {
     char *address;
@@ -614,7 +614,7 @@ uint32_t ferry__client_held_locked(const ferry_client_t *c);
 
 /* The key of a split's entry besides (epoch, split): the worker under
  * ap.per_worker (parallel_epochs), else the part of the split a lease is
- * of (ferry/lease.h: an epoch resumed with another world size may give a
+ * of (lease.h: an epoch resumed with another world size may give a
  * rank two parts of one split; 0 for unranked jobs). */
 uint64_t ferry__client_split_key(const ferry_client_t *c, uint64_t worker,
                                  uint64_t lease);

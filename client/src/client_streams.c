@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
 #include "ferry/log.h"
 
 /* ---- Stream readers ---------------------------------------------------- */
@@ -132,7 +132,7 @@ static void *reader_main(void *arg) {
     ferry_transport_msg_t msg;
     ferry_chunk_src_t src;
     ferry_chunk_t ch;
-    int rc = ferry_transport_next(w->stream, &msg, -1, &e);
+    int rc = ferry__transport_next(w->stream, &msg, -1, &e);
     if (rc != 0) {
       pthread_mutex_lock(&c->mu);
       bool asked_to_stop = w->stop || c->stopping;
@@ -142,10 +142,9 @@ static void *reader_main(void *arg) {
       if (rc != FERRY_EOF && !asked_to_stop) {
         FERRY_LOG(FERRY_LOG_WARN, "client: worker %s: %s", w->address,
                   e.msg);
-        /* The seam's fallback rule (ferry/transport.h, "Choosing"):
+        /* The seam's fallback rule (transport.h, "Choosing"):
          * pick_transport avoids this transport for this worker. */
-        if (ferry_transport_falls_back(c->transport, w->transport,
-                                       chunks)) {
+        if (ferry__transport_falls_back(c->transport, w->transport, chunks)) {
           pthread_mutex_lock(&c->mu);
           fallback_add_locked(c, w->address, w->transport);
           pthread_mutex_unlock(&c->mu);
@@ -186,7 +185,7 @@ static void *reader_main(void *arg) {
     src.len = msg.len;
     src.copy = tmsg_copy;
     src.ctx = &msg;
-    rc = ferry_chunk_parse(&w->parser, &src, &ch, &e);
+    rc = ferry__chunk_parse(&w->parser, &src, &ch, &e);
     if (rc != 0) {
       pthread_mutex_lock(&c->mu);
       ferry__client_fail_locked(c, rc, "worker %s: %s", w->address, e.msg);
@@ -201,7 +200,7 @@ static void *reader_main(void *arg) {
       ch.worker_id = __atomic_load_n(&w->worker_id, __ATOMIC_RELAXED);
       rc = ferry__client_on_chunk(c, &ch, &src, &w->stop);
     }
-    ferry_transport_msg_release(&msg);
+    ferry__transport_msg_release(&msg);
     if (rc != 0)
       break;
     pthread_mutex_lock(&c->mu);
@@ -226,17 +225,17 @@ void ferry__client_worker_free(ferry_client_t *c, ferry__worker_t *w) {
   pthread_cond_broadcast(&c->space_cv);
   pthread_mutex_unlock(&c->mu);
   if (w->stream != NULL)
-    ferry_transport_cancel(w->stream);
+    ferry__transport_cancel(w->stream);
   if (w->thread_started)
     pthread_join(w->thread, NULL);
-  ferry_transport_cstream_free(w->stream);
-  ferry_chunk_parser_close(&w->parser);
+  ferry__transport_cstream_free(w->stream);
+  ferry__chunk_parser_close(&w->parser);
   ferry__free(w->address);
   ferry__free(w);
 }
 
 /* The transport for a stream to a worker that published `offered`
- * endpoints (ferry_transport_choose), and that transport's client
+ * endpoints (ferry__transport_choose), and that transport's client
  * context. Logs the choice when it changes. Heartbeat thread. */
 static int pick_transport(ferry_client_t *c, const char *address,
                           const ferry_transport_endpoint_t *offered,
@@ -245,8 +244,8 @@ static int pick_transport(ferry_client_t *c, const char *address,
   pthread_mutex_lock(&c->mu);
   uint32_t failed = fallbacks_locked(c, address);
   pthread_mutex_unlock(&c->mu);
-  int rc = ferry_transport_choose(c->transport, c->rpc_opts.tls != NULL,
-                                  offered, n_offered, failed, choice, e);
+  int rc = ferry__transport_choose(c->transport, c->rpc_opts.tls != NULL,
+                                   offered, n_offered, failed, choice, e);
   if (rc != 0)
     return ferry__prefixerr(e, "worker %s", address);
   if (strcmp(choice->why, c->transport_why) != 0) {
@@ -254,7 +253,7 @@ static int pick_transport(ferry_client_t *c, const char *address,
               choice->why);
     snprintf(c->transport_why, sizeof(c->transport_why), "%s", choice->why);
   }
-  const ferry_transport_ops_t *ops = ferry_transport_at((size_t)choice->index);
+  const ferry_transport_ops_t *ops = ferry__transport_at((size_t)choice->index);
   ferry_transport_client_t **tc = &c->transports[choice->index];
   if (*tc == NULL) {
     ferry_transport_client_config_t cfg = {0};
@@ -283,7 +282,7 @@ static int worker_start(ferry_client_t *c, uint64_t worker_id,
   }
   w->client = c;
   w->worker_id = worker_id;
-  ferry_chunk_parser_init(&w->parser);
+  ferry__chunk_parser_init(&w->parser);
   req.job_id = c->job_id;
   req.client_id = c->client_id;
   if (c->has_secret)

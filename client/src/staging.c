@@ -13,9 +13,9 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "client_internal.h"
+#include "alloc.h"
 #include "augment.h"
-#include "ferry/alloc.h"
+#include "client_internal.h"
 #include "ferry/log.h"
 #include "staging.h"
 

@@ -12,7 +12,7 @@
 #include "staging.h"
 
 extern "C" {
-#include "ferry/alloc.h"
+#include "alloc.h"
 }
 
 struct ferry__stg_gpu_s {

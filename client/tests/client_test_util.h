@@ -11,10 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
-#include "ferry/varint.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "varint.h"
 
 /* The pixel byte `i` of the record at `pos` of `split`. */
 static inline uint8_t tu_pixel(uint32_t epoch, uint32_t split, uint64_t pos,
@@ -72,7 +72,7 @@ static inline uint8_t *tu_chunk(const tu_chunk_opts_t *o, size_t *len) {
   uint8_t pfx[16];
   size_t np = 0;
   pfx[np++] = FERRY_CHUNK_PAYLOAD << 3 | 2;
-  np += ferry_varint_put(pfx + np, plen);
+  np += ferry__varint_put(pfx + np, plen);
   size_t at = 0;
   if (o->error_code == 0 && o->payload_first) {
     memcpy(buf, pfx, np);
@@ -166,13 +166,13 @@ static inline int tu_feed(ferry_client_t *c, const tu_chunk_opts_t *o,
   ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, slice);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  int rc = ferry_chunk_parse(&p, &src, &ch, NULL);
+  ferry__chunk_parser_init(&p);
+  int rc = ferry__chunk_parse(&p, &src, &ch, NULL);
   if (rc == 0) {
     ch.worker_id = worker;
     rc = ferry__client_on_chunk(c, &ch, &src, NULL);
   }
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   return rc;

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "augment.h"
-#include "ferry/alloc.h"
 #include "ferry/augment.h"
 
 /* ---------------------------------------------------------------------

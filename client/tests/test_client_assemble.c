@@ -324,11 +324,11 @@ Test(client_assemble, job_failed_and_wrong_shape) {
   ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, 64);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
   cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, NULL), FERRY_ESHAPE);
   cr_assert_eq(ferry_next(c, &b, 0, &err), FERRY_ESHAPE);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   ferry_client_free(c);
@@ -464,13 +464,13 @@ Test(client_assemble, a_stopped_reader_takes_nothing) {
   ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, 7);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
   stop = true;
   cr_assert_eq(ferry__client_on_chunk(c, &ch, &src, &stop), 0);
   /* Nothing was taken: a later lease redelivers those positions. */
   cr_assert_eq(ferry__client_split(c, 0, 0)->received, 2);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
   ferry_client_free(c);

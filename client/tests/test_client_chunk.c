@@ -17,8 +17,8 @@ static void check_chunk(const tu_chunk_opts_t *o, size_t slice) {
   ferry_error_t err = {0};
   tu_slices_init(&t, buf, len, slice);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), 0, "%s", err.msg);
 
   /* protobuf-c reads the same message (payload included) as the oracle. */
   Ferry__V1__Chunk *m = ferry__v1__chunk__unpack(NULL, len, buf);
@@ -50,7 +50,7 @@ static void check_chunk(const tu_chunk_opts_t *o, size_t slice) {
   if (!o->payload_first && ch.payload_len > 8192)
     cr_assert_lt(p.win_base + p.win_len, ch.payload_off + 4096 + 16);
   ferry__v1__chunk__free_unpacked(m, NULL);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
 }
@@ -90,11 +90,11 @@ Test(client_chunk, error_chunk) {
   ferry_chunk_t ch;
   tu_slices_init(&t, buf, len, 3);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
   cr_assert_eq(ch.error_code, FERRY_EDATACRC);
   cr_assert_str_eq(ch.error, o.error);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
 }
@@ -106,7 +106,7 @@ Test(client_chunk, truncated_messages_are_refused) {
   uint8_t *buf = tu_chunk(&o, &len);
   ferry_chunk_parser_t p;
   size_t refused_from = 1;
-  ferry_chunk_parser_init(&p);
+  ferry__chunk_parser_init(&p);
   for (size_t cut = 1; cut < len; cut++) {
     tu_slices_t t;
     ferry_chunk_src_t src;
@@ -114,7 +114,7 @@ Test(client_chunk, truncated_messages_are_refused) {
     ferry_error_t err = {0};
     tu_slices_init(&t, buf, cut, 2);
     tu_src(&src, &t);
-    int rc = ferry_chunk_parse(&p, &src, &ch, &err);
+    int rc = ferry__chunk_parse(&p, &src, &ch, &err);
     /* A cut between whole fields before `count` is a valid empty chunk;
      * any later cut leaves the payload or the labels short. */
     cr_assert(rc != 0 || ch.count == 0, "cut at %zu parsed", cut);
@@ -126,7 +126,7 @@ Test(client_chunk, truncated_messages_are_refused) {
   }
   /* Only the few header bytes before `count` can parse. */
   cr_assert_lt(refused_from, 16);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   ferry__free(buf);
 }
 
@@ -134,7 +134,7 @@ Test(client_chunk, malformed_fields) {
   ferry_chunk_parser_t p;
   ferry_chunk_t ch;
   ferry_error_t err = {0};
-  ferry_chunk_parser_init(&p);
+  ferry__chunk_parser_init(&p);
   struct {
     const uint8_t *b;
     size_t n;
@@ -173,11 +173,11 @@ Test(client_chunk, malformed_fields) {
     ferry_chunk_src_t src;
     tu_slices_init(&t, cases[i].b, cases[i].n, 1);
     tu_src(&src, &t);
-    cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, &err), cases[i].code,
+    cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, &err), cases[i].code,
                  "case %zu: %s", i, err.msg);
     tu_slices_close(&t);
   }
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
 }
 
 Test(client_chunk, steady_state_allocates_nothing) {
@@ -191,15 +191,15 @@ Test(client_chunk, steady_state_allocates_nothing) {
   ferry_alloc_stats_t a, b;
   tu_slices_init(&t, buf, len, 100);
   tu_src(&src, &t);
-  ferry_chunk_parser_init(&p);
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
+  ferry__chunk_parser_init(&p);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
   ferry__alloc_stats(&a);
   for (int i = 0; i < 100; i++)
-    cr_assert_eq(ferry_chunk_parse(&p, &src, &ch, NULL), 0);
+    cr_assert_eq(ferry__chunk_parse(&p, &src, &ch, NULL), 0);
   ferry__alloc_stats(&b);
   cr_assert_eq(a.blocks, b.blocks);
   cr_assert_eq(a.bytes, b.bytes);
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   tu_slices_close(&t);
   ferry__free(buf);
 }

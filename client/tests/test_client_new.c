@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <uv.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
+#include "rpc.h"
+#include "rpc_methods.h"
 
 static const char *spec_ok =
     "tfrecord(\"/nonexistent/train-*.tfrecord\") | decode(raw, 4, 4, 3) | "
@@ -127,8 +127,8 @@ typedef struct fake_s {
 
 static void on_register(ferry_rpc_call_t *call, const uint8_t *req,
                         size_t len, void *user) {
-  ferry_rpc_reply_error(call, FERRY_RPC_NOT_FOUND,
-                        "no file matches /nonexistent/train-*.tfrecord");
+  ferry__rpc_reply_error(call, FERRY_RPC_NOT_FOUND,
+                         "no file matches /nonexistent/train-*.tfrecord");
 }
 
 static void server_done(void *arg) {
@@ -138,7 +138,7 @@ static void server_done(void *arg) {
 
 static void on_stop(uv_async_t *h) {
   fake_t *f = h->data;
-  ferry_rpc_server_shutdown(f->server, server_done, f);
+  ferry__rpc_server_shutdown(f->server, server_done, f);
 }
 
 static void *fake_main(void *arg) {
@@ -147,14 +147,14 @@ static void *fake_main(void *arg) {
   uv_loop_init(&f->loop);
   uv_async_init(&f->loop, &f->stop, on_stop);
   f->stop.data = f;
-  cr_assert_eq(ferry_rpc_server_new(&f->loop, NULL, &f->server, &err), 0);
-  cr_assert_eq(ferry_rpc_server_register(
-                   f->server, FERRY_METHOD_REGISTER_DATASET,
-                   FERRY_RPC_UNARY, on_register, f, &err),
-               0);
-  cr_assert_eq(ferry_rpc_server_start(f->server, "127.0.0.1:0", &f->port,
-                                      &err),
-               0, "%s", err.msg);
+  cr_assert_eq(ferry__rpc_server_new(&f->loop, NULL, &f->server, &err), 0);
+  cr_assert_eq(
+      ferry__rpc_server_register(f->server, FERRY_METHOD_REGISTER_DATASET,
+                                 FERRY_RPC_UNARY, on_register, f, &err),
+      0);
+  cr_assert_eq(
+      ferry__rpc_server_start(f->server, "127.0.0.1:0", &f->port, &err), 0,
+      "%s", err.msg);
   pthread_mutex_lock(&f->mu);
   f->ready = true;
   pthread_cond_signal(&f->cv);
@@ -172,7 +172,7 @@ Test(client_new, dispatcher_refusal_keeps_its_text) {
   /* Counted around the server's whole life: it allocates per call. */
   ferry_alloc_stats_t a, b;
   ferry__alloc_stats(&a);
-  ferry_rpc_init();
+  ferry__rpc_init();
   pthread_create(&f.thread, NULL, fake_main, &f);
   pthread_mutex_lock(&f.mu);
   while (!f.ready)
@@ -194,7 +194,7 @@ Test(client_new, dispatcher_refusal_keeps_its_text) {
 
   uv_async_send(&f.stop);
   pthread_join(f.thread, NULL);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   ferry__alloc_stats(&b);
   cr_assert_eq(a.blocks, b.blocks);
   cr_assert_eq(a.bytes, b.bytes);

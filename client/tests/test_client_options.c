@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "client_internal.h"
-#include "ferry/alloc.h"
 
 static const char *spec_ok =
     "tfrecord(\"/nonexistent/train-*.tfrecord\") | decode(raw, 4, 4, 3) | "

@@ -12,10 +12,10 @@
 #include <uv.h>
 
 #include "client_test_util.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
-#include "ferry/tsan.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "spec.h"
+#include "tsan.h"
 
 #define SPEC "tfrecord(\"/fake/train-*.tfrecord\") | decode(raw, 2, 3, 1) | " \
              "batch(4)"
@@ -61,7 +61,7 @@ static void finish(stream_t *s, int status) {
   if (s->finished)
     return;
   s->finished = true;
-  ferry_rpc_stream_finish(s->call, status, NULL);
+  ferry__rpc_stream_finish(s->call, status, NULL);
   free(s);
 }
 
@@ -97,7 +97,7 @@ static void send_next(stream_t *s) {
   ferry_rpc_piece_t piece = {buf, len, free_sent, buf};
   s->next++;
   s->sending = true;
-  if (ferry_rpc_stream_send(s->call, &piece, 1, on_sent, s) != 0) {
+  if (ferry__rpc_stream_send(s->call, &piece, 1, on_sent, s) != 0) {
     s->sending = false;
     finish(s, FERRY_RPC_CANCELLED);
   }
@@ -121,7 +121,7 @@ static void on_stream(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   stream_t *s = calloc(1, sizeof(*s));
   s->call = call;
   fake.streams++;
-  ferry_rpc_call_on_cancel(call, on_cancel, s);
+  ferry__rpc_call_on_cancel(call, on_cancel, s);
   if (!s->finished)
     send_next(s);
 }
@@ -130,7 +130,7 @@ static void reply_msg(ferry_rpc_call_t *call, const ProtobufCMessage *m) {
   size_t n = protobuf_c_message_get_packed_size(m);
   uint8_t *buf = malloc(n + 1);
   protobuf_c_message_pack(m, buf);
-  ferry_rpc_reply(call, buf, n);
+  ferry__rpc_reply(call, buf, n);
   free(buf);
 }
 
@@ -223,27 +223,25 @@ static void server_done(void *arg) {
 }
 
 static void on_stop(uv_async_t *h) {
-  ferry_rpc_server_shutdown(fake.server, server_done, NULL);
+  ferry__rpc_server_shutdown(fake.server, server_done, NULL);
 }
 
 static void *fake_main(void *arg) {
   ferry_error_t err = {0};
   uv_loop_init(&fake.loop);
   uv_async_init(&fake.loop, &fake.stop, on_stop);
-  cr_assert_eq(ferry_rpc_server_new(&fake.loop, NULL, &fake.server, &err), 0);
-  ferry_rpc_server_register(fake.server,
-                            FERRY_METHOD_REGISTER_DATASET,
-                            FERRY_RPC_UNARY, on_register, NULL, &err);
-  ferry_rpc_server_register(fake.server, FERRY_METHOD_GET_OR_CREATE_JOB,
-                            FERRY_RPC_UNARY, on_job, NULL, &err);
-  ferry_rpc_server_register(fake.server,
-                            FERRY_METHOD_CLIENT_HEARTBEAT,
-                            FERRY_RPC_UNARY, on_heartbeat, NULL, &err);
-  ferry_rpc_server_register(fake.server, FERRY_METHOD_STREAM_CHUNKS,
-                            FERRY_RPC_SERVER_STREAM, on_stream, NULL, &err);
-  cr_assert_eq(ferry_rpc_server_start(fake.server, "127.0.0.1:0", &fake.port,
-                                      &err),
-               0, "%s", err.msg);
+  cr_assert_eq(ferry__rpc_server_new(&fake.loop, NULL, &fake.server, &err), 0);
+  ferry__rpc_server_register(fake.server, FERRY_METHOD_REGISTER_DATASET,
+                             FERRY_RPC_UNARY, on_register, NULL, &err);
+  ferry__rpc_server_register(fake.server, FERRY_METHOD_GET_OR_CREATE_JOB,
+                             FERRY_RPC_UNARY, on_job, NULL, &err);
+  ferry__rpc_server_register(fake.server, FERRY_METHOD_CLIENT_HEARTBEAT,
+                             FERRY_RPC_UNARY, on_heartbeat, NULL, &err);
+  ferry__rpc_server_register(fake.server, FERRY_METHOD_STREAM_CHUNKS,
+                             FERRY_RPC_SERVER_STREAM, on_stream, NULL, &err);
+  cr_assert_eq(
+      ferry__rpc_server_start(fake.server, "127.0.0.1:0", &fake.port, &err), 0,
+      "%s", err.msg);
   snprintf(fake.addr, sizeof(fake.addr), "127.0.0.1:%d", fake.port);
   pthread_mutex_lock(&fake.mu);
   fake.ready = true;
@@ -259,7 +257,7 @@ Test(client_stream, exactly_once_through_a_fake_cluster, .timeout = 60) {
   ferry__alloc_stats(&a0);
   pthread_mutex_init(&fake.mu, NULL);
   pthread_cond_init(&fake.cv, NULL);
-  ferry_rpc_init();
+  ferry__rpc_init();
   pthread_create(&fake.thread, NULL, fake_main, NULL);
   pthread_mutex_lock(&fake.mu);
   while (!fake.ready)
@@ -323,7 +321,7 @@ Test(client_stream, exactly_once_through_a_fake_cluster, .timeout = 60) {
 
   uv_async_send(&fake.stop);
   pthread_join(fake.thread, NULL);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   cr_assert(fake.left, "no leaving heartbeat");
   cr_assert_geq(fake.streams, 1);
   ferry__alloc_stats(&a1);

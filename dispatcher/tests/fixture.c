@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/spec.h"
+#include "alloc.h"
+#include "spec.h"
 
 ferry_arena_t fx_arena;
 char fx_dir[64];
@@ -61,13 +61,13 @@ const char *fx_write(const char *name, int n, ferry_compression_t c) {
   uint8_t buf[64];
 
   snprintf(path, 256, "%s/%s", fx_dir, name);
-  cr_assert_eq(ferry_tfr_writer_open(path, c, &w, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_writer_open(path, c, &w, &err), 0, "%s", err.msg);
   for (int i = 0; i < n; i++) {
     size_t len = 1 + (size_t)(i * 7) % 50;
     memset(buf, 'a' + i % 26, len);
-    cr_assert_eq(ferry_tfr_writer_write(w, buf, len, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_writer_write(w, buf, len, &err), 0, "%s", err.msg);
   }
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0, "%s", err.msg);
   return path;
 }
 
@@ -105,9 +105,9 @@ int fx_register(ferry_disp_t *d, const char *spec_text, uint32_t per_split,
   uint8_t *buf;
   size_t len;
 
-  cr_assert_eq(ferry_spec_parse(spec_text, &spec, err), 0, "%s", err->msg);
-  cr_assert_eq(ferry_spec_pack(&spec, &buf, &len), 0);
-  ferry_spec_close(&spec);
+  cr_assert_eq(ferry__spec_parse(spec_text, &spec, err), 0, "%s", err->msg);
+  cr_assert_eq(ferry__spec_pack(&spec, &buf, &len), 0);
+  ferry__spec_close(&spec);
   ferry__disp_arena_allocator(&fx_arena, &al);
   req.spec = ferry__v1__pipeline_spec__unpack(&al, len, buf);
   ferry_free(buf);

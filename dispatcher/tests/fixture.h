@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "ferry/tfrecord.h"
 #include "ferry/v1/journal.pb-c.h"
 #include "state.h"
+#include "tfrecord.h"
 
 extern ferry_arena_t fx_arena; /* responses; freed by fx_teardown */
 extern char fx_dir[64];        /* this test's temporary directory */

@@ -27,14 +27,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
-#include "ferry/tsan.h"
+#include "alloc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "fixture.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "spec.h"
+#include "tsan.h"
 
 #define WAIT_MS 10000
 
@@ -176,7 +176,7 @@ static ferry_rpc_channel_t *channel(const daemon_t *d) {
   ferry_rpc_channel_t *ch;
   ferry_error_t err = {0};
   snprintf(target, sizeof(target), "127.0.0.1:%d", d->port);
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
                err.msg);
   return ch;
 }
@@ -187,9 +187,8 @@ static Ferry__V1__GetStatusResponse *status(ferry_rpc_channel_t *ch) {
   size_t n = ferry__v1__get_status_request__pack(&req, buf), len;
   ferry_error_t err = {0};
   Ferry__V1__GetStatusResponse *s;
-  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, n,
-                               WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
-                               &err),
+  cr_assert_eq(ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, n, WAIT_MS,
+                                FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err),
                0, "%s", err.msg);
   s = ferry__v1__get_status_response__unpack(NULL, len, reply);
   ferry_free(reply);
@@ -211,15 +210,15 @@ static int register_ds(ferry_rpc_channel_t *ch, const char *pattern,
 
   snprintf(text, sizeof(text), "tfrecord(\"%s/%s\") | decode(raw, 1, 1, 1)",
            fx_dir, pattern);
-  cr_assert_eq(ferry_spec_parse(text, &spec, err), 0);
-  cr_assert_eq(ferry_spec_pack(&spec, &sb, &sl), 0);
-  ferry_spec_close(&spec);
+  cr_assert_eq(ferry__spec_parse(text, &spec, err), 0);
+  cr_assert_eq(ferry__spec_pack(&spec, &sb, &sl), 0);
+  ferry__spec_close(&spec);
   req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
   n = ferry__v1__register_dataset_request__get_packed_size(&req);
   buf = malloc(n);
   ferry__v1__register_dataset_request__pack(&req, buf);
-  rc = ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n,
-                       WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len, err);
+  rc = ferry__rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, WAIT_MS,
+                        FERRY_RPC_WAIT_FOR_READY, &reply, &len, err);
   if (rc == 0) {
     resp = ferry__v1__register_dataset_response__unpack(NULL, len, reply);
     cr_assert_not_null(resp);
@@ -247,13 +246,12 @@ Test(daemon, serves_and_stops_on_sigterm) {
   char id[17] = {0};
 
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   start(&d);
   ch = channel(&d);
   n = grpc__health__v1__health_check_request__pack(&hreq, buf);
-  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_HEALTH_CHECK, buf, n,
-                               WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
-                               &err),
+  cr_assert_eq(ferry__rpc_unary(ch, FERRY_METHOD_HEALTH_CHECK, buf, n, WAIT_MS,
+                                FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err),
                0, "%s", err.msg);
   h = grpc__health__v1__health_check_response__unpack(NULL, len, reply);
   cr_assert_not_null(h);
@@ -271,7 +269,7 @@ Test(daemon, serves_and_stops_on_sigterm) {
                FERRY_EGRPC_NOT_FOUND);
   cr_assert(strstr(err.msg, "missing-*.tfrecord") != NULL, "%s", err.msg);
   cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
 
   /* The journal brings the dataset back. */
@@ -280,9 +278,9 @@ Test(daemon, serves_and_stops_on_sigterm) {
   s = status(ch);
   cr_assert_eq(s->datasets, 1);
   ferry__v1__get_status_response__free_unpacked(s, NULL);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 /* ---- Long-polled worker heartbeats --------------------------------------- */
@@ -317,9 +315,9 @@ static void *whb_run(void *arg) {
   size_t n = ferry__v1__worker_heartbeat_request__pack(&req, buf);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   h->resp = NULL;
-  h->rc = ferry_rpc_unary(h->ch, FERRY_METHOD_WORKER_HEARTBEAT, buf,
-                          n, WAIT_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
-                          &h->err);
+  h->rc =
+      ferry__rpc_unary(h->ch, FERRY_METHOD_WORKER_HEARTBEAT, buf, n, WAIT_MS,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &len, &h->err);
   h->ms = ms_since(&t0);
   if (h->rc == 0) {
     h->resp = ferry__v1__worker_heartbeat_response__unpack(NULL, len, reply);
@@ -365,8 +363,8 @@ static int create_job(ferry_rpc_channel_t *ch, const char *id,
   jq.dataset_id = (char *)id;
   jq.options = &o;
   n = ferry__v1__get_or_create_job_request__pack(&jq, buf);
-  rc = ferry_rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, n, WAIT_MS,
-                       0, &reply, &len, err);
+  rc = ferry__rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, n, WAIT_MS, 0,
+                        &reply, &len, err);
   if (rc != 0)
     return rc;
   j = ferry__v1__get_or_create_job_response__unpack(NULL, len, reply);
@@ -397,8 +395,8 @@ static void client_takes_a_split(ferry_rpc_channel_t *ch, const char *id) {
   cq.client_secret.len = 16;
   ferry__v1__get_or_create_job_response__free_unpacked(j, NULL);
   n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
-  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT,
-                               buf, n, WAIT_MS, 0, &reply, &len, &err),
+  cr_assert_eq(ferry__rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, n,
+                                WAIT_MS, 0, &reply, &len, &err),
                0, "%s", err.msg);
   Ferry__V1__ClientHeartbeatResponse *c =
       ferry__v1__client_heartbeat_response__unpack(NULL, len, reply);
@@ -416,7 +414,7 @@ Test(daemon, idle_worker_heartbeats_wait_for_a_lease) {
 
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
   snprintf(hb_arg, sizeof(hb_arg), "1500");
-  ferry_rpc_init();
+  ferry__rpc_init();
   start(&d);
   ferry_rpc_channel_t *ch = channel(&d);
 
@@ -469,8 +467,8 @@ Test(daemon, idle_worker_heartbeats_wait_for_a_lease) {
   cr_assert_lt(h2.ms, 1500.0, "the held call was not answered at the stop");
   if (h2.resp != NULL)
     ferry__v1__worker_heartbeat_response__free_unpacked(h2.resp, NULL);
-  ferry_rpc_channel_free(ch);
-  ferry_rpc_shutdown();
+  ferry__rpc_channel_free(ch);
+  ferry__rpc_shutdown();
 }
 
 /* ---- Registrations off the loop thread ------------------------ */
@@ -495,10 +493,9 @@ static void *reg_run(void *arg) {
   size_t len;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  r->rc = ferry_rpc_unary(r->ch, FERRY_METHOD_REGISTER_DATASET,
-                          r->buf, r->n, r->timeout_ms ? r->timeout_ms : WAIT_MS,
-                          FERRY_RPC_WAIT_FOR_READY,
-                          &reply, &len, &r->err);
+  r->rc = ferry__rpc_unary(r->ch, FERRY_METHOD_REGISTER_DATASET, r->buf, r->n,
+                           r->timeout_ms ? r->timeout_ms : WAIT_MS,
+                           FERRY_RPC_WAIT_FOR_READY, &reply, &len, &r->err);
   r->ms = ms_since(&t0);
   if (r->rc == 0) {
     Ferry__V1__RegisterDatasetResponse *resp =
@@ -523,9 +520,9 @@ static uint8_t *register_request(const char *pattern, size_t *n) {
   size_t sl;
   snprintf(text, sizeof(text), "tfrecord(\"%s/%s\") | decode(raw, 1, 1, 1)",
            fx_dir, pattern);
-  cr_assert_eq(ferry_spec_parse(text, &spec, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_spec_pack(&spec, &sb, &sl), 0);
-  ferry_spec_close(&spec);
+  cr_assert_eq(ferry__spec_parse(text, &spec, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_pack(&spec, &sb, &sl), 0);
+  ferry__spec_close(&spec);
   req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb);
   *n = ferry__v1__register_dataset_request__get_packed_size(&req);
   buf = malloc(*n);
@@ -567,7 +564,7 @@ Test(daemon, a_slow_scan_does_not_block_other_calls) {
 
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
   fx_write("e.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   /* Test-only: every scan waits 1.5 s first (a slow file system). */
   setenv("FERRY_DISP_SCAN_DELAY_MS", "1500", 1);
   start(&d);
@@ -653,8 +650,8 @@ Test(daemon, a_slow_scan_does_not_block_other_calls) {
   cr_assert_eq(r2.rc, FERRY_EGRPC_UNAVAILABLE, "%d %s", r2.rc, r2.err.msg);
   cr_assert_lt(r2.ms, 1500.0);
   free(r2.buf);
-  ferry_rpc_channel_free(ch);
-  ferry_rpc_shutdown();
+  ferry__rpc_channel_free(ch);
+  ferry__rpc_shutdown();
 }
 
 /* Every rank of a data-parallel job registers its dataset as it starts:
@@ -672,7 +669,7 @@ Test(daemon, concurrent_registrations_of_one_dataset_share_a_scan) {
 
   cr_assert_not_null(r);
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   setenv("FERRY_DISP_SCAN_DELAY_MS", "1000", 1);
   start(&d);
   unsetenv("FERRY_DISP_SCAN_DELAY_MS");
@@ -714,9 +711,9 @@ Test(daemon, concurrent_registrations_of_one_dataset_share_a_scan) {
   ferry__v1__get_status_response__free_unpacked(s, NULL);
   free(buf);
   free(r);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 /* ---- Group commit and a full disk ------------------------------ */
@@ -745,7 +742,7 @@ static size_t jobs_after_restart(daemon_t *d) {
   s = status(ch);
   n = s->n_jobs;
   ferry__v1__get_status_response__free_unpacked(s, NULL);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(d);
   return n;
 }
@@ -764,7 +761,7 @@ Test(daemon, concurrent_calls_are_all_durable_across_a_compaction) {
   int ok = 0;
 
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   snprintf(extra_arg, sizeof(extra_arg), "--snapshot-bytes=4096");
   start(&d);
   ch = channel(&d);
@@ -778,14 +775,14 @@ Test(daemon, concurrent_calls_are_all_durable_across_a_compaction) {
     ok += t[i].ok;
   }
   cr_assert_eq(ok, THREADS * EACH);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
   snprintf(snap, sizeof(snap), "%s/work/snapshot", fx_dir);
   cr_assert_eq(access(snap, F_OK), 0, "no compaction happened");
   cr_assert(log_has("journal: snapshot of "));
   cr_assert_eq(jobs_after_restart(&d), (size_t)THREADS * EACH);
   extra_arg[0] = '\0';
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 /* Writes d.tfrecord, starts the daemon, registers it and creates one job:
@@ -794,7 +791,7 @@ static ferry_rpc_channel_t *start_with_a_job(daemon_t *d, char id[17]) {
   ferry_rpc_channel_t *ch;
   ferry_error_t err = {0};
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   start(d);
   ch = channel(d);
   cr_assert_eq(register_ds(ch, "d.tfrecord", id, &err), 0, "%s", err.msg);
@@ -840,7 +837,7 @@ Test(daemon, a_corrupt_journal_refuses_unless_recovered) {
   int fd;
 
   ch = start_with_a_job(&d, id);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
   /* The first entry (the boot) gets a flipped byte in its data. */
   snprintf(path, sizeof(path), "%s/work/journal", fx_dir);
@@ -860,9 +857,9 @@ Test(daemon, a_corrupt_journal_refuses_unless_recovered) {
   s = status(ch);
   cr_assert_eq(s->datasets, 0, "everything after offset 0 was dropped");
   ferry__v1__get_status_response__free_unpacked(s, NULL);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 /* A snapshot whose journal is missing refuses to start, naming the
@@ -877,7 +874,7 @@ Test(daemon, a_snapshot_without_its_journal_refuses_unless_recovered) {
   int made = 0;
 
   fx_write("d.tfrecord", 20, FERRY_COMPRESSION_NONE);
-  ferry_rpc_init();
+  ferry__rpc_init();
   snprintf(extra_arg, sizeof(extra_arg), "--snapshot-bytes=4096");
   start(&d);
   ch = channel(&d);
@@ -890,7 +887,7 @@ Test(daemon, a_snapshot_without_its_journal_refuses_unless_recovered) {
       more--;
   }
   cr_assert_eq(access(snap, F_OK), 0, "no compaction after %d jobs", made);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
   extra_arg[0] = '\0';
   snprintf(path, sizeof(path), "%s/work/journal", fx_dir);
@@ -911,9 +908,9 @@ Test(daemon, a_snapshot_without_its_journal_refuses_unless_recovered) {
   cr_assert_gt(s->n_jobs, 0);
   cr_assert_leq(s->n_jobs, (size_t)made);
   ferry__v1__get_status_response__free_unpacked(s, NULL);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 /* A real full disk (a small tmpfs on the work directory; root only):
@@ -975,10 +972,10 @@ Test(daemon, a_full_disk_fails_mutations_and_recovers) {
   cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
   cr_assert_eq(create_job(ch, id, NULL, &err), 0, "%s", err.msg);
   acked += 2;
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
   cr_assert_eq(jobs_after_restart(&d), acked);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 typedef struct timed_job_s {
@@ -1064,7 +1061,7 @@ Test(daemon, answers_wait_for_the_batch_that_covers_them) {
     cr_assert_eq(a.rc, 0);
     jobs++;
   }
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   stop(&d);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }

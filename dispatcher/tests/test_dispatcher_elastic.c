@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferry/lease.h"
 #include "fixture.h"
+#include "lease.h"
 #include "state_ranks.h"
 
 static ferry_disp_t *D;
@@ -151,7 +151,7 @@ static Ferry__V1__ClientHeartbeatResponse *beat(rk_t *k, uint32_t r,
   }
   for (size_t i = 0; i < resp->n_assignments; i++) {
     const Ferry__V1__Assignment *a = resp->assignments[i];
-    uint32_t x = ferry_lease_part(a->lease);
+    uint32_t x = ferry__lease_part(a->lease);
     cr_assert_lt(x, MAXPARTS);
     cr_assert_lt(a->split, MAXSPLITS);
     cr_assert_eq(a->epoch, k->epoch);

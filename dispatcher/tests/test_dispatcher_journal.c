@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
 #include "fixture.h"
 #include "journal.h"

@@ -4,8 +4,8 @@
 #include <ctype.h>
 #include <string.h>
 
-#include "ferry/job_names.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "job_names.h"
 #include "state.h"
 
 Test(workers_wanted, stalled_trainer_asks_for_more) {
@@ -34,7 +34,7 @@ Test(workers_wanted, clients_weigh_by_their_rates) {
   cr_assert_eq(ferry__disp_workers_wanted(2, s, r, 2, 0), 4);
 }
 
-/* ferry/job_names.h is the one table of the names ferryctl prints and the
+/* job_names.h is the one table of the names ferryctl prints and the
  * ferry_dispatcher_jobs{state} labels use: each must be the .proto value's
  * name without its prefix, in lower case, for every value the proto has. */
 static void check_names(const ProtobufCEnumDescriptor *desc,

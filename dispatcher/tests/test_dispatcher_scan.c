@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
 #include "fixture.h"
 
@@ -55,9 +55,9 @@ static ferry_tfr_index_entry_t *shard_and_index(char *path, size_t cap,
   ferry_error_t err = {0};
   snprintf(path, cap, "%s", fx_write("a.tfrecord", 40, FERRY_COMPRESSION_NONE));
   snprintf(idx, cap + 4, "%s.idx", path);
-  cr_assert_eq(ferry_tfr_index_build(path, &v, n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_build(path, &v, n, &err), 0, "%s", err.msg);
   cr_assert_eq(*n, 40);
-  cr_assert_eq(ferry_tfr_index_write(idx, v, *n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_write(idx, v, *n, &err), 0, "%s", err.msg);
   return v;
 }
 
@@ -166,7 +166,7 @@ Test(scan, index_whose_sizes_do_not_add_up_is_ignored) {
 
   break_header(path, v, 20);
   /* The last record missing: the index ends before the shard does. */
-  cr_assert_eq(ferry_tfr_index_write(idx, v, n - 1, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_write(idx, v, n - 1, &err), 0, "%s", err.msg);
   set_mtime(idx, path, 1);
   expect_scan_splits(register_all(), v);
   cr_assert_not_null(find_log(idx, "but the shard has"));
@@ -182,7 +182,7 @@ Test(scan, index_with_a_gap_is_ignored) {
 
   break_header(path, v, 20);
   v[5].offset += 1; /* not where record 4 ends */
-  cr_assert_eq(ferry_tfr_index_write(idx, v, n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_write(idx, v, n, &err), 0, "%s", err.msg);
   v[5].offset -= 1;
   set_mtime(idx, path, 1);
   expect_scan_splits(register_all(), v);
@@ -204,7 +204,7 @@ Test(scan, index_of_other_records_is_ignored) {
   w[0].size = 16;
   w[1].offset = 16;
   w[1].size = v[n - 1].offset + v[n - 1].size - 16;
-  cr_assert_eq(ferry_tfr_index_write(idx, w, 2, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_write(idx, w, 2, &err), 0, "%s", err.msg);
   set_mtime(idx, path, 1);
   expect_scan_splits(register_all(), v);
   cr_assert_not_null(find_log(idx, "record headers"));

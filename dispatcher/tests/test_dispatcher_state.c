@@ -10,9 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/transport.h"
+#include "transport.h"
 #include <sys/stat.h>
 
 #include "fixture.h"
@@ -63,7 +63,7 @@ Test(dispatcher, splits_match_the_index) {
 
   D = fx_state(1000, 1000, 1000, 1024);
   a = fx_write("a.tfrecord", 2500, FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_tfr_index_build(a, &idx, &n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_build(a, &idx, &n, &err), 0, "%s", err.msg);
   fx_write("b.tfrecord", 10, FERRY_COMPRESSION_NONE);
   reg("*.tfrecord", "", 0, &r);
   cr_assert_eq(r->num_files, 2);
@@ -100,15 +100,15 @@ Test(dispatcher, splits_match_the_index_across_read_windows) {
 
   D = fx_state(1000, 1000, 1000, 1024);
   snprintf(path, sizeof(path), "%s/big.tfrecord", fx_dir);
-  cr_assert_eq(ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err),
+  cr_assert_eq(ferry__tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err),
                0, "%s", err.msg);
   for (int i = 0; i < 60; i++) {
     size_t len = i % 7 == 3 ? 150000 + (size_t)i : 1 + (size_t)i * 4099 % 70000;
-    cr_assert_eq(ferry_tfr_writer_write(w, buf, len, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_writer_write(w, buf, len, &err), 0, "%s", err.msg);
   }
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0, "%s", err.msg);
   free(buf);
-  cr_assert_eq(ferry_tfr_index_build(path, &idx, &n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_build(path, &idx, &n, &err), 0, "%s", err.msg);
   cr_assert_eq(n, 60);
   reg("big.tfrecord", "", 7, &r);
   cr_assert_eq(r->num_records, 60);
@@ -242,7 +242,7 @@ Test(dispatcher, corrupt_header_ends_the_scan_with_a_tail_split) {
 
   D = fx_state(1000, 1000, 1000, 16);
   p = fx_write("c.tfrecord", 100, FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_tfr_index_build(p, &idx, &n, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_index_build(p, &idx, &n, &err), 0, "%s", err.msg);
   f = fopen(p, "r+b");
   fseek(f, (long)idx[40].offset + 9, SEEK_SET); /* inside the length CRC */
   fputc(0x5a ^ fgetc(f), f);
@@ -1771,7 +1771,7 @@ static ferry_disp_t *rooted_state(const char *root) {
   ferry_disp_config_t cfg;
   ferry_error_t err = {0};
   ferry_disp_t *d;
-  cr_assert_eq(ferry_roots_init(&roots, root, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__roots_init(&roots, root, &err), 0, "%s", err.msg);
   ferry__disp_config_init(&cfg);
   cfg.records_per_split = 10;
   cfg.roots = &roots;
@@ -1823,7 +1823,7 @@ Test(dispatcher, data_roots_refuse_files_outside_and_answer_globs_alike) {
   cr_assert_eq(reg_text(pat, &e1), FERRY_EACCES, "%s", e1.msg);
   cr_assert(strstr(e1.msg, "evil.tfrecord is outside") != NULL, "%s",
             e1.msg);
-  ferry_roots_close(&roots);
+  ferry__roots_close(&roots);
 }
 
 /* Every string and repeated field of a request is bounded before anything

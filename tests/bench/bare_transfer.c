@@ -41,11 +41,11 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "ferry/alloc.h"
-#include "ferry/log.h"
-#include "ferry/rpc.h"
-#include "ferry/varint.h"
+#include "alloc.h"
 #include "bare_ucx.h"
+#include "ferry/log.h"
+#include "rpc.h"
+#include "varint.h"
 
 extern char **environ;
 
@@ -80,7 +80,7 @@ static void grpc_send(ferry_rpc_call_t *call);
 static void grpc_sent(ferry_rpc_call_t *call, int ok, void *arg) {
   (void)arg;
   if (!ok) {
-    ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "peer gone");
+    ferry__rpc_stream_finish(call, FERRY_RPC_CANCELLED, "peer gone");
     return;
   }
   grpc_send(call);
@@ -88,7 +88,7 @@ static void grpc_sent(ferry_rpc_call_t *call, int ok, void *arg) {
 
 static void grpc_send(ferry_rpc_call_t *call) {
   if (G.sent == G.count) {
-    ferry_rpc_stream_finish(call, FERRY_RPC_OK, NULL);
+    ferry__rpc_stream_finish(call, FERRY_RPC_OK, NULL);
     return;
   }
   /* Field 1 (index), then field 2's tag and length: valid protobuf with
@@ -96,16 +96,16 @@ static void grpc_send(ferry_rpc_call_t *call) {
   uint8_t hdr[24];
   size_t n = 0;
   hdr[n++] = 0x08;
-  n += ferry_varint_put(hdr + n, G.sent);
+  n += ferry__varint_put(hdr + n, G.sent);
   hdr[n++] = 0x12;
-  n += ferry_varint_put(hdr + n, G.msg_bytes);
+  n += ferry__varint_put(hdr + n, G.msg_bytes);
   ferry_rpc_piece_t pieces[2] = {
       {hdr, n, NULL, NULL},
       {G.payload, G.msg_bytes, no_free, NULL},
   };
   G.sent++;
-  if (ferry_rpc_stream_send(call, pieces, 2, grpc_sent, NULL) != 0)
-    ferry_rpc_stream_finish(call, FERRY_RPC_INTERNAL, "send failed");
+  if (ferry__rpc_stream_send(call, pieces, 2, grpc_sent, NULL) != 0)
+    ferry__rpc_stream_finish(call, FERRY_RPC_INTERNAL, "send failed");
 }
 
 static void grpc_handler(ferry_rpc_call_t *call, const uint8_t *req,
@@ -125,19 +125,19 @@ static void on_stdin(uv_poll_t *h, int status, int events) {
   /* The receiver closed the pipe: it is done. */
   uv_poll_stop(h);
   uv_close((uv_handle_t *)h, NULL);
-  ferry_rpc_server_shutdown(G.server, NULL, NULL);
+  ferry__rpc_server_shutdown(G.server, NULL, NULL);
 }
 
 static int serve_grpc(int out_fd) {
   ferry_error_t err = {0};
   int port = 0;
-  ferry_rpc_init();
+  ferry__rpc_init();
   if (uv_loop_init(&G.loop) != 0 ||
-      ferry_rpc_server_new(&G.loop, NULL, &G.server, &err) != 0 ||
-      ferry_rpc_server_register(G.server, "/bench.Bare/Stream",
-                                FERRY_RPC_SERVER_STREAM, grpc_handler, NULL,
-                                &err) != 0 ||
-      ferry_rpc_server_start(G.server, "127.0.0.1:0", &port, &err) != 0) {
+      ferry__rpc_server_new(&G.loop, NULL, &G.server, &err) != 0 ||
+      ferry__rpc_server_register(G.server, "/bench.Bare/Stream",
+                                 FERRY_RPC_SERVER_STREAM, grpc_handler, NULL,
+                                 &err) != 0 ||
+      ferry__rpc_server_start(G.server, "127.0.0.1:0", &port, &err) != 0) {
     fprintf(stderr, "bare_transfer: gRPC sender: %s\n", err.msg);
     return 1;
   }
@@ -147,7 +147,7 @@ static int serve_grpc(int out_fd) {
   uv_poll_start(&stdin_poll, UV_READABLE | UV_DISCONNECT, on_stdin);
   uv_run(&G.loop, UV_RUN_DEFAULT);
   uv_loop_close(&G.loop);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   return 0;
 }
 
@@ -162,14 +162,14 @@ static uint64_t recv_grpc(const char *port, uint64_t msg_bytes,
   ferry_rpc_stream_t *s = NULL;
   uint64_t got = 0, i = 0;
   double t0 = now_s();
-  if (ferry_rpc_channel_new(target, NULL, &ch, &err) != 0 ||
-      ferry_rpc_stream_open(ch, "/bench.Bare/Stream", "", 0, 0,
-                            FERRY_RPC_WAIT_FOR_READY, &s, &err) != 0) {
+  if (ferry__rpc_channel_new(target, NULL, &ch, &err) != 0 ||
+      ferry__rpc_stream_open(ch, "/bench.Bare/Stream", "", 0, 0,
+                             FERRY_RPC_WAIT_FOR_READY, &s, &err) != 0) {
     fprintf(stderr, "bare_transfer: gRPC receiver: %s\n", err.msg);
   } else {
     for (;;) {
       ferry_rpc_msg_t m;
-      int rc = ferry_rpc_stream_next(s, &m, 30000, &err);
+      int rc = ferry__rpc_stream_next(s, &m, 30000, &err);
       if (rc != 0) {
         if (rc != FERRY_EOF)
           fprintf(stderr, "bare_transfer: gRPC stream: %s\n", err.msg);
@@ -177,15 +177,15 @@ static uint64_t recv_grpc(const char *port, uint64_t msg_bytes,
       }
       /* The payload is the last msg_bytes of the message. */
       if (m.len >= msg_bytes)
-        got += ferry_rpc_msg_copy(&m, m.len - msg_bytes, ring[i++ % RING],
-                                  msg_bytes);
-      ferry_rpc_msg_release(&m);
+        got += ferry__rpc_msg_copy(&m, m.len - msg_bytes, ring[i++ % RING],
+                                   msg_bytes);
+      ferry__rpc_msg_release(&m);
     }
   }
   *secs = now_s() - t0;
   (void)count;
-  ferry_rpc_stream_free(s);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_stream_free(s);
+  ferry__rpc_channel_free(ch);
   return got;
 }
 
@@ -363,7 +363,7 @@ int main(int argc, char **argv) {
   if (k <= 0)
     return 1;
   self[k] = '\0';
-  ferry_rpc_init();
+  ferry__rpc_init();
   const char *env_tls = getenv("UCX_TLS");
   printf("bare transfer: %.0f MiB per run between two processes; UCX %s, "
          "UCX_TLS=%s, window %d\n",
@@ -413,7 +413,7 @@ int main(int argc, char **argv) {
            r->secs > 0 ? gb / r->secs : 0.0, r->secs,
            gb > 0 ? r->cpu / gb : 0.0);
   }
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   if (status == 0)
     printf("bare transfer: ok\n");
   return status;

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "ctl.h"
-#include "ferry/alloc.h"
 #include "ferry/log.h"
 
 int ferryctl_isatty(void) { return isatty(STDOUT_FILENO); }

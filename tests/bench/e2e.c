@@ -61,16 +61,16 @@
 #include <sys/resource.h>
 #include <uv.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/client.h"
 #include "ferry/log.h"
-#include "ferry/pipeline.h"
-#include "ferry/rpc.h"
-#include "ferry/spec.h"
-#include "ferry/tfrecord.h"
-#include "ferry/transport.h"
-#include "ferry/varint.h"
 #include "harness.h"
+#include "pipeline.h"
+#include "rpc.h"
+#include "spec.h"
+#include "tfrecord.h"
+#include "transport.h"
+#include "varint.h"
 
 #define H 32
 #define W 32
@@ -237,32 +237,32 @@ static void *inproc_main(void *arg) {
   int64_t *labels = ferry__malloc((size_t)opt_batch * sizeof(int64_t));
   uint32_t fill = 0;
   if (batch == NULL || labels == NULL ||
-      ferry_pipeline_ctx_new(t->p, &ctx, &err) != 0) {
+      ferry__pipeline_ctx_new(t->p, &ctx, &err) != 0) {
     t->rc = -1;
     snprintf(t->msg, sizeof(t->msg), "ctx: %s", err.msg);
     ferry__free(batch);
     ferry__free(labels);
     return NULL;
   }
-  ferry_pipeline_ctx_set_borrow(ctx, 1); /* as the worker's */
+  ferry__pipeline_ctx_set_borrow(ctx, 1); /* as the worker's */
   /* Files round-robin over the threads, like splits over workers. */
   for (int f = t->index; f < t->ds->nfiles && t->rc == 0; f += t->nthreads) {
     ferry_tfr_reader_t *r;
     ferry_tfr_options_t ro;
-    ferry_tfr_options_init(&ro);
-    if (ferry_tfr_reader_open(t->ds->files[f], &ro, &r, &err) != 0) {
+    ferry__tfr_options_init(&ro);
+    if (ferry__tfr_reader_open(t->ds->files[f], &ro, &r, &err) != 0) {
       t->rc = -1;
       snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
       break;
     }
     ferry_record_t rec;
     int rc;
-    while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0) {
+    while ((rc = ferry__tfr_reader_next(r, &rec, &err)) == 0) {
       const uint8_t *px;
       int h, w, c;
       int64_t label;
-      if (ferry_pipeline_process(ctx, rec.data, rec.len, &px, &h, &w, &c,
-                                 &label, &err) != 0) {
+      if (ferry__pipeline_process(ctx, rec.data, rec.len, &px, &h, &w, &c,
+                                  &label, &err) != 0) {
         t->rc = -1;
         snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
         break;
@@ -278,10 +278,10 @@ static void *inproc_main(void *arg) {
       t->rc = rc;
       snprintf(t->msg, sizeof(t->msg), "%s", err.msg);
     }
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
   }
 
-  ferry_pipeline_ctx_free(ctx);
+  ferry__pipeline_ctx_free(ctx);
   ferry__free(batch);
   ferry__free(labels);
   return NULL;
@@ -292,12 +292,12 @@ static uint64_t inproc_epoch(const hx_dataset_t *ds, const char *spec_text,
   ferry_spec_t spec;
   ferry_error_t err = {0};
   ferry_pipeline_t *p = NULL;
-  if (ferry_spec_parse(spec_text, &spec, &err) != 0 ||
-      ferry_pipeline_new(&spec, &p, &err) != 0) {
+  if (ferry__spec_parse(spec_text, &spec, &err) != 0 ||
+      ferry__pipeline_new(&spec, &p, &err) != 0) {
     fprintf(stderr, "bench_e2e: in-process pipeline: %s\n", err.msg);
     return 0;
   }
-  ferry_spec_close(&spec);
+  ferry__spec_close(&spec);
   inproc_t t[64];
   pthread_t th[64];
   double t0 = hx_now_ms();
@@ -313,7 +313,7 @@ static uint64_t inproc_epoch(const hx_dataset_t *ds, const char *spec_text,
     records += t[i].records;
   }
   *seconds = (hx_now_ms() - t0) / 1e3;
-  ferry_pipeline_free(p);
+  ferry__pipeline_free(p);
   return records;
 }
 
@@ -338,7 +338,7 @@ static void bare_send(ferry_rpc_call_t *call);
 static void bare_sent(ferry_rpc_call_t *call, int ok, void *arg) {
   (void)arg;
   if (!ok) {
-    ferry_rpc_stream_finish(call, FERRY_RPC_CANCELLED, "peer gone");
+    ferry__rpc_stream_finish(call, FERRY_RPC_CANCELLED, "peer gone");
     return;
   }
   bare_send(call);
@@ -349,22 +349,22 @@ static void bare_sent(ferry_rpc_call_t *call, int ok, void *arg) {
  * as the workers send chunks. */
 static void bare_send(ferry_rpc_call_t *call) {
   if (B.sent == B.total) {
-    ferry_rpc_stream_finish(call, FERRY_RPC_OK, NULL);
+    ferry__rpc_stream_finish(call, FERRY_RPC_OK, NULL);
     return;
   }
   uint8_t hdr[24];
   size_t n = 0;
   hdr[n++] = 0x08;
-  n += ferry_varint_put(hdr + n, B.sent);
+  n += ferry__varint_put(hdr + n, B.sent);
   hdr[n++] = 0x12;
-  n += ferry_varint_put(hdr + n, MSG_BYTES);
+  n += ferry__varint_put(hdr + n, MSG_BYTES);
   ferry_rpc_piece_t pieces[2] = {
       {hdr, n, NULL, NULL},
       {B.payload, MSG_BYTES, no_free, NULL},
   };
   B.sent++;
-  if (ferry_rpc_stream_send(call, pieces, 2, bare_sent, NULL) != 0)
-    ferry_rpc_stream_finish(call, FERRY_RPC_INTERNAL, "send failed");
+  if (ferry__rpc_stream_send(call, pieces, 2, bare_sent, NULL) != 0)
+    ferry__rpc_stream_finish(call, FERRY_RPC_INTERNAL, "send failed");
 }
 
 static void bare_handler(ferry_rpc_call_t *call, const uint8_t *req,
@@ -384,7 +384,7 @@ static void bare_done(void *arg) {
 static void bare_wake(uv_async_t *h) {
   (void)h;
   if (atomic_load(&B.stop))
-    ferry_rpc_server_shutdown(B.server, bare_done, NULL);
+    ferry__rpc_server_shutdown(B.server, bare_done, NULL);
 }
 
 static void *bare_loop(void *arg) {
@@ -407,11 +407,11 @@ static uint64_t bare_stream(uint64_t bytes, double *seconds) {
   atomic_store(&B.stop, false);
   if (uv_loop_init(&B.loop) != 0 ||
       uv_async_init(&B.loop, &B.wake, bare_wake) != 0 ||
-      ferry_rpc_server_new(&B.loop, NULL, &B.server, &err) != 0 ||
-      ferry_rpc_server_register(B.server, "/bench.Bare/Stream",
-                                FERRY_RPC_SERVER_STREAM, bare_handler, NULL,
-                                &err) != 0 ||
-      ferry_rpc_server_start(B.server, "127.0.0.1:0", &B.port, &err) != 0) {
+      ferry__rpc_server_new(&B.loop, NULL, &B.server, &err) != 0 ||
+      ferry__rpc_server_register(B.server, "/bench.Bare/Stream",
+                                 FERRY_RPC_SERVER_STREAM, bare_handler, NULL,
+                                 &err) != 0 ||
+      ferry__rpc_server_start(B.server, "127.0.0.1:0", &B.port, &err) != 0) {
     fprintf(stderr, "bench_e2e: bare server: %s\n", err.msg);
     return 0;
   }
@@ -421,26 +421,26 @@ static uint64_t bare_stream(uint64_t bytes, double *seconds) {
   ferry_rpc_channel_t *ch = NULL;
   ferry_rpc_stream_t *s = NULL;
   double t0 = hx_now_ms();
-  if (ferry_rpc_channel_new(target, NULL, &ch, &err) == 0 &&
-      ferry_rpc_stream_open(ch, "/bench.Bare/Stream", "", 0, 0,
-                            FERRY_RPC_WAIT_FOR_READY, &s, &err) == 0) {
+  if (ferry__rpc_channel_new(target, NULL, &ch, &err) == 0 &&
+      ferry__rpc_stream_open(ch, "/bench.Bare/Stream", "", 0, 0,
+                             FERRY_RPC_WAIT_FOR_READY, &s, &err) == 0) {
     for (;;) {
       ferry_rpc_msg_t m;
-      int rc = ferry_rpc_stream_next(s, &m, 30000, &err);
+      int rc = ferry__rpc_stream_next(s, &m, 30000, &err);
       if (rc != 0) {
         if (rc != FERRY_EOF)
           fprintf(stderr, "bench_e2e: bare stream: %s\n", err.msg);
         break;
       }
       got += m.len;
-      ferry_rpc_msg_release(&m);
+      ferry__rpc_msg_release(&m);
     }
   } else {
     fprintf(stderr, "bench_e2e: bare client: %s\n", err.msg);
   }
   *seconds = (hx_now_ms() - t0) / 1e3;
-  ferry_rpc_stream_free(s);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_stream_free(s);
+  ferry__rpc_channel_free(ch);
   atomic_store(&B.stop, true);
   uv_async_send(&B.wake);
   pthread_join(B.thread, NULL);
@@ -550,7 +550,7 @@ int main(int argc, char **argv) {
   long records = 100000;
   int wthreads = 1;
   const char *transports[2] = {"grpc", "ucx"};
-  int ntransports = ferry_transport_find("ucx") != NULL ? 2 : 1;
+  int ntransports = ferry__transport_find("ucx") != NULL ? 2 : 1;
   static const struct option longopts[] = {
       {"quick", no_argument, NULL, 'q'},
       {"records", required_argument, NULL, 'n'},
@@ -640,7 +640,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   ferry_log_set_callback(ferry_log_to_stderr, NULL);
   hx_client_log_from_env(); /* FERRY_IT_CLIENT_LOG=debug */
-  ferry_rpc_init();
+  ferry__rpc_init();
 
   int nfiles = 8;
   int per_file = (int)((records + nfiles - 1) / nfiles);
@@ -846,7 +846,7 @@ out:
     hx_stop(d, SIGTERM, 3000, NULL);
   hx_reap_all();
   hx_dataset_free(&ds);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   if (status == 0)
     printf("bench e2e: ok\n");
   return status;

@@ -37,15 +37,15 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
+#include "alloc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/journal.pb-c.h"
 #include "harness.h"
 #include "journal.h"
+#include "rpc.h"
+#include "rpc_methods.h"
 #include "snapshot.h"
+#include "spec.h"
 
 #define CALL_MS 30000
 
@@ -61,7 +61,7 @@ static void die(const char *what, const ferry_error_t *err) {
 static ferry_rpc_channel_t *channel(const hx_proc_t *p) {
   ferry_rpc_channel_t *ch;
   ferry_error_t err = {0};
-  if (ferry_rpc_channel_new(p->addr, NULL, &ch, &err) != 0)
+  if (ferry__rpc_channel_new(p->addr, NULL, &ch, &err) != 0)
     die("channel", &err);
   return ch;
 }
@@ -95,8 +95,8 @@ static int one_job(ferry_rpc_channel_t *ch, const char *id, bool leave) {
   jq.dataset_id = (char *)id;
   jq.options = &o;
   n = ferry__v1__get_or_create_job_request__pack(&jq, buf);
-  if ((rc = ferry_rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, n,
-                            CALL_MS, 0, &reply, &len, &err)) != 0)
+  if ((rc = ferry__rpc_unary(ch, FERRY_METHOD_GET_OR_CREATE_JOB, buf, n,
+                             CALL_MS, 0, &reply, &len, &err)) != 0)
     return rc;
   j = ferry__v1__get_or_create_job_response__unpack(NULL, len, reply);
   ferry_free(reply);
@@ -112,8 +112,8 @@ static int one_job(ferry_rpc_channel_t *ch, const char *id, bool leave) {
   cq.client_secret.len = 16;
   cq.leaving = true;
   n = ferry__v1__client_heartbeat_request__pack(&cq, buf);
-  rc = ferry_rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, n, CALL_MS, 0,
-                       &reply, &len, &err);
+  rc = ferry__rpc_unary(ch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, n, CALL_MS, 0,
+                        &reply, &len, &err);
   if (rc == 0)
     ferry_free(reply);
   return rc;
@@ -132,7 +132,7 @@ static void register_and_keep(const hx_proc_t *d, char id[17]) {
     if (one_job(ch, id, false) == 0)
       break;
   }
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   if (i == 20)
     die("the job that keeps the dataset", NULL);
 }
@@ -153,7 +153,7 @@ static void *load_run(void *arg) {
     else
       l->errors++;
   }
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   return NULL;
 }
 
@@ -243,7 +243,7 @@ static void *hist_run(void *arg) {
   ferry_rpc_channel_t *ch = channel(h->d);
   for (int i = 0; i < h->n; i++)
     h->failed += one_job(ch, h->id, true) != 0;
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   return NULL;
 }
 
@@ -287,12 +287,12 @@ static void snapshot_scale(uint32_t n) {
   ferry__disp_config_init(&cfg);
   if (ferry__disp_new(&cfg, 0, &d) != 0 || ferry__disp_new(&cfg, 0, &r) != 0)
     die("out of memory", NULL);
-  if (ferry_spec_parse("tfrecord(\"/data/*.tfrecord\") | decode(raw, 4, 4, "
-                       "1)",
-                       &spec, &err) != 0 ||
-      ferry_spec_pack(&spec, &sb, &sl) != 0)
+  if (ferry__spec_parse("tfrecord(\"/data/*.tfrecord\") | decode(raw, 4, 4, "
+                        "1)",
+                        &spec, &err) != 0 ||
+      ferry__spec_pack(&spec, &sb, &sl) != 0)
     die("spec", &err);
-  ferry_spec_close(&spec);
+  ferry__spec_close(&spec);
   for (uint32_t i = 0; i < n; i++) {
     ferry__v1__split__init(&sp[i]);
     sp[i].index = i;
@@ -417,7 +417,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "bench journal: --threads: 1 to 256 each\n");
       return 2;
     }
-  ferry_rpc_init();
+  ferry__rpc_init();
   if (hx_make_dataset(&ds, "data", 2, 64, 4, 4, 1) != 0)
     die("dataset", NULL);
 
@@ -479,7 +479,7 @@ int main(int argc, char **argv) {
     ch = channel(d);
     for (int i = 0; i < 100 && file_size(wd, "snapshot") < 0; i++)
       one_job(ch, id, true); /* each call's batch may compact */
-    ferry_rpc_channel_free(ch);
+    ferry__rpc_channel_free(ch);
     stop(d);
     ssize = file_size(wd, "snapshot");
     if (ssize < 0)
@@ -500,7 +500,7 @@ int main(int argc, char **argv) {
   snapshot_scale((uint32_t)splits);
   hx_dataset_free(&ds);
   hx_reap_all();
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   printf("bench journal: ok\n");
   return 0;
 }

@@ -14,7 +14,7 @@
  * crop alone. Every pass first checks every image: it must decode to
  * 224x224x3 on both paths, else the benchmark fails naming the record.
  * Then the two paths alternate in rounds of one pass over the images
- * (round r crops image i with ferry_crop_key(7, r, i), the same crop on
+ * (round r crops image i with ferry__crop_key(7, r, i), the same crop on
  * both paths), until each has run for --seconds; the figure of each is
  * images per second of the thread's CPU time over all its rounds (and
  * per second of wall time, next to it).
@@ -38,11 +38,11 @@
 
 #include <turbojpeg.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crop.h"
-#include "ferry/example.h"
-#include "ferry/imgops.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "crop.h"
+#include "example.h"
+#include "imgops.h"
+#include "tfrecord.h"
 
 #define MAX_SIZES 32
 #define NPATHS 4
@@ -177,8 +177,8 @@ static int add_record(images_t *im, ferry_jpeg_t *j, ferry_example_t *ex,
   ferry_error_t err = {0};
   const uint8_t *d;
   size_t len;
-  if (ferry_example_parse(ex, rec->data, rec->len, &err) != 0 ||
-      ferry_feature_bytes(ferry_example_find(ex, "image"), 0, &d, &len) !=
+  if (ferry__example_parse(ex, rec->data, rec->len, &err) != 0 ||
+      ferry__feature_bytes(ferry__example_find(ex, "image"), 0, &d, &len) !=
           0) {
     fprintf(stderr, "bench_jpeg_crop: %s, record at offset %llu: no "
             "\"image\" bytes feature%s%s\n", path,
@@ -189,7 +189,7 @@ static int add_record(images_t *im, ferry_jpeg_t *j, ferry_example_t *ex,
   image_t m = {0};
   snprintf(m.where, sizeof(m.where), "%.60s at offset %llu", path,
            (unsigned long long)rec->offset);
-  if (ferry_jpeg_header(j, d, len, &m.h, &m.w, &err) != 0) {
+  if (ferry__jpeg_header(j, d, len, &m.h, &m.w, &err) != 0) {
     fprintf(stderr, "bench_jpeg_crop: %s: %s\n", m.where, err.msg);
     return -1;
   }
@@ -228,20 +228,20 @@ static int load(images_t *im, ferry_jpeg_t *j) {
   }
   int rc = 0;
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   for (size_t f = 0; f < g.gl_pathc && rc == 0; f++) {
     ferry_tfr_reader_t *rd;
     ferry_error_t err = {0};
-    if (ferry_tfr_reader_open(g.gl_pathv[f], &o, &rd, &err) != 0) {
+    if (ferry__tfr_reader_open(g.gl_pathv[f], &o, &rd, &err) != 0) {
       fprintf(stderr, "bench_jpeg_crop: %s\n", err.msg);
       rc = -1;
       break;
     }
     ferry_record_t rec;
     while (rc == 0 && (opt.records == 0 || im->n < (size_t)opt.records)) {
-      int r = ferry_tfr_reader_next(rd, &rec, &err);
+      int r = ferry__tfr_reader_next(rd, &rec, &err);
       if (r == FERRY_EOF)
         break;
       if (r != 0) {
@@ -252,9 +252,9 @@ static int load(images_t *im, ferry_jpeg_t *j) {
         rc = -1;
       }
     }
-    ferry_tfr_reader_free(rd);
+    ferry__tfr_reader_free(rd);
   }
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   globfree(&g);
   if (rc == 0 && im->n == 0) {
     fprintf(stderr, "bench_jpeg_crop: no records in %s\n", opt.data);
@@ -353,9 +353,9 @@ static int pass(path_t *p, const images_t *im, ferry_jpeg_t *j,
   for (size_t i = 0; i < im->n; i++) {
     ferry_error_t err = {0};
     int oh = 0, ow = 0;
-    op.key = ferry_crop_key(7, round, i);
-    int rc = ferry_jpeg_decode_crop(j, im->v[i].jpeg, im->v[i].len, &op,
-                                    out, cap, &oh, &ow, NULL, &err);
+    op.key = ferry__crop_key(7, round, i);
+    int rc = ferry__jpeg_decode_crop(j, im->v[i].jpeg, im->v[i].len, &op, out,
+                                     cap, &oh, &ow, NULL, &err);
     if (rc != 0) {
       fprintf(stderr, "bench_jpeg_crop: %s: record %zu (%s): %s\n", p->name,
               i, im->v[i].where, err.msg);
@@ -393,7 +393,7 @@ int main(int argc, char **argv) {
   size_t fcap = 0;
   tjhandle tj = NULL;
   ferry_error_t err = {0};
-  if (ferry_jpeg_new(&j, &err) != 0) {
+  if (ferry__jpeg_new(&j, &err) != 0) {
     fprintf(stderr, "bench_jpeg_crop: %s\n", err.msg);
     goto done;
   }
@@ -413,10 +413,10 @@ int main(int argc, char **argv) {
   int cpu = pin_to_one_cpu();
   if (cpu >= 0)
     printf("one thread, pinned to CPU %d; SIMD: %s\n", cpu,
-           ferry_imgops_isa());
+           ferry__imgops_isa());
   else
     printf("one thread (not pinned: %s); SIMD: %s\n", strerror(errno),
-           ferry_imgops_isa());
+           ferry__imgops_isa());
 
   size_t cap = (size_t)opt.size * (size_t)opt.size * 3;
   out = ferry__malloc(cap);
@@ -456,7 +456,7 @@ int main(int argc, char **argv) {
                        : pass(&paths[p], &im, j, out, cap, 0, &sink) != 0)
       goto done;
     if (p == 0)
-      ferry_jpeg_crop_stats(j, &st);
+      ferry__jpeg_crop_stats(j, &st);
   }
   printf("sanity: %zu images decoded to %dx%dx3 on all %d crop paths; "
          "fused path: %llu of %zu images decoded partially or scaled (by "
@@ -554,7 +554,7 @@ done:
     tjDestroy(tj);
   ferry__free(fbuf);
   ferry__free(out);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   images_free(&im);
   return status;
 }

@@ -52,8 +52,8 @@
 
 #include "ferry/client.h"
 #include "ferry/log.h"
-#include "ferry/rpc.h"
 #include "harness.h"
+#include "rpc.h"
 
 #define H 32
 #define W 32
@@ -363,7 +363,7 @@ int main(int argc, char **argv) {
   ferry_log_set_callback(ferry_log_to_stderr, NULL);
   ferry_log_set_level(FERRY_LOG_WARN); /* not 16 transport lines a round */
   hx_client_log_from_env(); /* FERRY_IT_CLIENT_LOG=debug */
-  ferry_rpc_init();
+  ferry__rpc_init();
 
   hx_dataset_t ds;
   double t0 = hx_now_ms();
@@ -520,7 +520,7 @@ out:;
     hx_stop(d, SIGTERM, 3000, NULL);
   hx_reap_all();
   hx_dataset_free(&ds);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   if (status == 0)
     printf("bench ranks: ok\n");
   return status;

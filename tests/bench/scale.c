@@ -68,16 +68,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/error_internal.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "error_internal.h"
 #include "ferry/v1/dispatcher.pb-c.h"
-#include "ferry/varint.h"
 #include "harness.h"
+#include "pb_alloc.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "spec.h"
+#include "tfrecord.h"
+#include "varint.h"
 
 #define JOB_NAME "scale"
 #define PROBE_EVERY_MS 100
@@ -172,8 +172,8 @@ static int call(ferry_rpc_channel_t *ch, const char *method,
   *out = NULL;
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
-  int rc = ferry_rpc_unary(ch, method, buf, len, CALL_DEADLINE_MS,
-                           FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
+  int rc = ferry__rpc_unary(ch, method, buf, len, CALL_DEADLINE_MS,
+                            FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
   free(buf);
   if (rc != 0)
     return rc;
@@ -544,19 +544,19 @@ static void *client_main(void *arg) {
 static int write_dataset(const char *path, uint32_t n) {
   ferry_tfr_writer_t *w;
   ferry_error_t err = {0};
-  if (ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err) != 0) {
+  if (ferry__tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, &err) != 0) {
     fprintf(stderr, "bench_scale: %s\n", err.msg);
     return -1;
   }
   for (uint32_t i = 0; i < n; i++) {
     uint8_t b = (uint8_t)i;
-    if (ferry_tfr_writer_write(w, &b, 1, &err) != 0) {
+    if (ferry__tfr_writer_write(w, &b, 1, &err) != 0) {
       fprintf(stderr, "bench_scale: %s\n", err.msg);
-      ferry_tfr_writer_close(w, &err);
+      ferry__tfr_writer_close(w, &err);
       return -1;
     }
   }
-  if (ferry_tfr_writer_close(w, &err) != 0) {
+  if (ferry__tfr_writer_close(w, &err) != 0) {
     fprintf(stderr, "bench_scale: %s\n", err.msg);
     return -1;
   }
@@ -572,11 +572,11 @@ static int register_dataset(const char *path, char *id, size_t id_cap,
   size_t clen;
   snprintf(text, sizeof(text),
            "tfrecord(\"%s\") | decode(raw, 1, 1, 1) | batch(1)", path);
-  ferry_spec_init(&spec);
-  int rc = ferry_spec_parse(text, &spec, err);
-  if (rc == 0 && (rc = ferry_spec_pack(&spec, &canon, &clen)) != 0)
+  ferry__spec_init(&spec);
+  int rc = ferry__spec_parse(text, &spec, err);
+  if (rc == 0 && (rc = ferry__spec_pack(&spec, &canon, &clen)) != 0)
     ferry__seterr(err, rc, "cannot pack the spec");
-  ferry_spec_close(&spec);
+  ferry__spec_close(&spec);
   if (rc != 0)
     return rc;
   /* RegisterDatasetRequest{spec = 1 (the canonical bytes as they are),
@@ -588,15 +588,15 @@ static int register_dataset(const char *path, char *id, size_t id_cap,
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   }
   req[n++] = 0x0a;
-  n += ferry_varint_put(req + n, clen);
+  n += ferry__varint_put(req + n, clen);
   memcpy(req + n, canon, clen);
   n += clen;
   req[n++] = 0x10;
-  n += ferry_varint_put(req + n, 1);
+  n += ferry__varint_put(req + n, 1);
   ferry_free(canon);
-  rc = ferry_rpc_unary(chan, FERRY_METHOD_REGISTER_DATASET, req, n,
-                       10 * CALL_DEADLINE_MS, FERRY_RPC_WAIT_FOR_READY, &reply,
-                       &rlen, err);
+  rc = ferry__rpc_unary(chan, FERRY_METHOD_REGISTER_DATASET, req, n,
+                        10 * CALL_DEADLINE_MS, FERRY_RPC_WAIT_FOR_READY, &reply,
+                        &rlen, err);
   free(req);
   if (rc != 0)
     return rc;
@@ -740,7 +740,7 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv) != 0)
     return 2;
   signal(SIGPIPE, SIG_IGN);
-  ferry_rpc_init();
+  ferry__rpc_init();
   if (cfg.dir != NULL) {
     mkdir(cfg.dir, 0755);
     snprintf(dir, sizeof(dir), "%s", cfg.dir);
@@ -774,7 +774,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_scale: dispatcher: %s\n", why);
     return 1;
   }
-  if (ferry_rpc_channel_new(p->addr, NULL, &chan, &err) != 0) {
+  if (ferry__rpc_channel_new(p->addr, NULL, &chan, &err) != 0) {
     fprintf(stderr, "bench_scale: %s\n", err.msg);
     return 1;
   }
@@ -788,7 +788,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < npeer_chans; i++) {
     ferry_rpc_options_t ro = {0};
     ro.max_message_bytes = FERRY_RPC_DEFAULT_MAX_MESSAGE + i;
-    if (ferry_rpc_channel_new(p->addr, &ro, &peer_chans[i], &err) != 0) {
+    if (ferry__rpc_channel_new(p->addr, &ro, &peer_chans[i], &err) != 0) {
       fprintf(stderr, "bench_scale: %s\n", err.msg);
       return 1;
     }
@@ -928,12 +928,12 @@ int main(int argc, char **argv) {
   uint64_t jbytes = stat(jpath, &jst) == 0 ? (uint64_t)jst.st_size : 0;
 
   for (int i = 0; i < npeer_chans; i++)
-    ferry_rpc_channel_free(peer_chans[i]);
+    ferry__rpc_channel_free(peer_chans[i]);
   free(peer_chans);
 
   /* Restart on the journal of the run: kill -9, start, first answer. */
   hx_stop(p, SIGKILL, 5000, NULL);
-  ferry_rpc_channel_free(chan);
+  ferry__rpc_channel_free(chan);
   chan = NULL;
   t = hx_now_ms();
   hx_proc_t *p2;
@@ -945,7 +945,7 @@ int main(int argc, char **argv) {
     failures++;
   } else {
     listen_ms = hx_now_ms() - t;
-    if (ferry_rpc_channel_new(p2->addr, NULL, &chan, &err) == 0 &&
+    if (ferry__rpc_channel_new(p2->addr, NULL, &chan, &err) == 0 &&
         (st = wait_status(60000, &err)) != NULL) {
       restart_ms = hx_now_ms() - t;
       js = find_job(st);
@@ -956,7 +956,7 @@ int main(int argc, char **argv) {
       failures++;
     }
     read_proc_stats(p2->pid, &s4);
-    ferry_rpc_channel_free(chan);
+    ferry__rpc_channel_free(chan);
     chan = NULL;
     hx_stop(p2, SIGTERM, 10000, NULL);
   }
@@ -1055,7 +1055,7 @@ int main(int argc, char **argv) {
   free(probe.v);
   free(cs);
   free(ws);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   if (cfg.keep)
     setenv("FERRY_IT_KEEP", "1", 1);
   if (failures > 0) {

@@ -61,8 +61,8 @@ static void feeder_init(feeder_t *f, uint32_t count, uint32_t h, uint32_t w,
   f->buf = tu_chunk(&o, &len);
   tu_slices_init(&f->t, f->buf, len, 1 << 20);
   tu_src(&f->src, &f->t);
-  ferry_chunk_parser_init(&f->p);
-  if (ferry_chunk_parse(&f->p, &f->src, &f->ch, &err) != 0) {
+  ferry__chunk_parser_init(&f->p);
+  if (ferry__chunk_parse(&f->p, &f->src, &f->ch, &err) != 0) {
     fprintf(stderr, "chunk: %s\n", err.msg);
     exit(1);
   }
@@ -74,7 +74,7 @@ static int feed(ferry_client_t *cl, feeder_t *f, uint64_t first) {
 }
 
 static void feeder_close(feeder_t *f) {
-  ferry_chunk_parser_close(&f->p);
+  ferry__chunk_parser_close(&f->p);
   tu_slices_close(&f->t);
   ferry__free(f->buf);
 }

@@ -19,16 +19,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
-#include "ferry/tfrecord.h"
-#include "ferry/transport.h"
-#include "ferry/tsan.h"
-#include "ferry/varint.h"
 #include "ferry/v1/dispatcher.pb-c.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "spec.h"
+#include "tfrecord.h"
+#include "transport.h"
+#include "tsan.h"
+#include "varint.h"
 
 extern char **environ;
 
@@ -54,8 +54,8 @@ void hx_ucx_probe(void) {
 #ifdef FERRY_HAVE_UCX
   ferry_error_t err = {0};
   ferry_transport_client_t *cl = NULL;
-  if (ferry_transport_ucx.client_new(NULL, &cl, &err) == 0) {
-    ferry_transport_ucx.client_free(cl);
+  if (ferry__transport_ucx.client_new(NULL, &cl, &err) == 0) {
+    ferry__transport_ucx.client_free(cl);
     return;
   }
   snprintf(why, sizeof(why), "%s", err.msg);
@@ -648,8 +648,8 @@ static int status_once(ferry_rpc_channel_t *ch, hx_status_counts_t *out) {
   size_t len = ferry__v1__get_status_request__pack(&req, buf);
   uint8_t *reply = NULL;
   size_t rlen = 0;
-  if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, len, 2000,
-                      FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) != 0)
+  if (ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, buf, len, 2000,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, &err) != 0)
     return -1;
   Ferry__V1__GetStatusResponse *st =
       ferry__v1__get_status_response__unpack(NULL, rlen, reply);
@@ -670,12 +670,12 @@ static int status_once(ferry_rpc_channel_t *ch, hx_status_counts_t *out) {
 int hx_status_counts(const char *dispatcher, hx_status_counts_t *out) {
   ferry_rpc_channel_t *ch = NULL;
   ferry_error_t err = {0};
-  ferry_rpc_init();
-  int rc = ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) == 0
+  ferry__rpc_init();
+  int rc = ferry__rpc_channel_new(dispatcher, NULL, &ch, &err) == 0
                ? status_once(ch, out)
                : -1;
-  ferry_rpc_channel_free(ch);
-  ferry_rpc_shutdown();
+  ferry__rpc_channel_free(ch);
+  ferry__rpc_shutdown();
   return rc;
 }
 
@@ -683,9 +683,9 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
   ferry_rpc_channel_t *ch = NULL;
   ferry_error_t err = {0};
   int seen = 0;
-  ferry_rpc_init();
-  if (ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) != 0) {
-    ferry_rpc_shutdown();
+  ferry__rpc_init();
+  if (ferry__rpc_channel_new(dispatcher, NULL, &ch, &err) != 0) {
+    ferry__rpc_shutdown();
     return 0;
   }
   double deadline = hx_now_ms() + wait_ms;
@@ -700,8 +700,8 @@ int hx_wait_workers(const char *dispatcher, int n, int wait_ms) {
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
   } while (hx_now_ms() < deadline);
-  ferry_rpc_channel_free(ch);
-  ferry_rpc_shutdown();
+  ferry__rpc_channel_free(ch);
+  ferry__rpc_shutdown();
   return seen;
 }
 
@@ -714,33 +714,33 @@ size_t hx_put_feature(uint8_t *p, const char *key, int kind,
   /* The list: BytesList{1: bytes} or Int64List{1: packed [v]}. */
   size_t list_len;
   if (kind == 1)
-    list_len = 1 + ferry_varint_len(blen) + blen;
+    list_len = 1 + ferry__varint_len(blen) + blen;
   else
-    list_len = 1 + ferry_varint_len(ferry_varint_len((uint64_t)v)) +
-               ferry_varint_len((uint64_t)v);
-  size_t feat_len = 1 + ferry_varint_len(list_len) + list_len;
-  size_t entry_len = 1 + ferry_varint_len(klen) + klen + 1 + ferry_varint_len(feat_len) +
-                     feat_len;
+    list_len = 1 + ferry__varint_len(ferry__varint_len((uint64_t)v)) +
+               ferry__varint_len((uint64_t)v);
+  size_t feat_len = 1 + ferry__varint_len(list_len) + list_len;
+  size_t entry_len = 1 + ferry__varint_len(klen) + klen + 1 +
+                     ferry__varint_len(feat_len) + feat_len;
   size_t n = 0;
   p[n++] = 0x0a; /* Features.feature, a map entry */
-  n += ferry_varint_put(p + n, entry_len);
+  n += ferry__varint_put(p + n, entry_len);
   p[n++] = 0x0a; /* key */
-  n += ferry_varint_put(p + n, klen);
+  n += ferry__varint_put(p + n, klen);
   memcpy(p + n, key, klen);
   n += klen;
   p[n++] = 0x12; /* value: Feature */
-  n += ferry_varint_put(p + n, feat_len);
+  n += ferry__varint_put(p + n, feat_len);
   p[n++] = kind == 1 ? 0x0a : 0x1a; /* bytes_list = 1, int64_list = 3 */
-  n += ferry_varint_put(p + n, list_len);
+  n += ferry__varint_put(p + n, list_len);
   if (kind == 1) {
     p[n++] = 0x0a;
-    n += ferry_varint_put(p + n, blen);
+    n += ferry__varint_put(p + n, blen);
     memcpy(p + n, bytes, blen);
     n += blen;
   } else {
     p[n++] = 0x0a; /* packed */
-    n += ferry_varint_put(p + n, ferry_varint_len((uint64_t)v));
-    n += ferry_varint_put(p + n, (uint64_t)v);
+    n += ferry__varint_put(p + n, ferry__varint_len((uint64_t)v));
+    n += ferry__varint_put(p + n, (uint64_t)v);
   }
   return n;
 }
@@ -787,8 +787,8 @@ int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
     ferry_tfr_writer_t *wr;
     ferry_error_t err = {0};
     if (ds->offsets[f] == NULL ||
-        ferry_tfr_writer_open(ds->files[f], FERRY_COMPRESSION_NONE, &wr,
-                              &err) != 0)
+        ferry__tfr_writer_open(ds->files[f], FERRY_COMPRESSION_NONE, &wr,
+                               &err) != 0)
       goto fail;
     uint64_t off = 0;
     for (int r = 0; r < per_file; r++) {
@@ -801,17 +801,17 @@ int hx_make_dataset(hx_dataset_t *ds, const char *sub, int nfiles,
       /* Example{1: Features} */
       size_t m = 0;
       rec[m++] = 0x0a;
-      m += ferry_varint_put(rec + m, n);
+      m += ferry__varint_put(rec + m, n);
       memcpy(rec + m, feats, n);
       m += n;
       ds->offsets[f][r] = off;
       off += 16 + m;
-      if (ferry_tfr_writer_write(wr, rec, m, &err) != 0) {
-        ferry_tfr_writer_close(wr, NULL);
+      if (ferry__tfr_writer_write(wr, rec, m, &err) != 0) {
+        ferry__tfr_writer_close(wr, NULL);
         goto fail;
       }
     }
-    if (ferry_tfr_writer_close(wr, &err) != 0)
+    if (ferry__tfr_writer_close(wr, &err) != 0)
       goto fail;
   }
   free(px);
@@ -1202,24 +1202,24 @@ int hx_compress_dataset(hx_dataset_t *ds, int c) {
     char tmp[700];
     snprintf(tmp, sizeof(tmp), "%s.z", ds->files[f]);
     ferry_tfr_options_t o;
-    ferry_tfr_options_init(&o);
+    ferry__tfr_options_init(&o);
     o.compression = FERRY_COMPRESSION_NONE;
     ferry_tfr_reader_t *rd = NULL;
     ferry_tfr_writer_t *wr = NULL;
     ferry_error_t err = {0};
     ferry_record_t rec;
     int rc;
-    if (ferry_tfr_reader_open(ds->files[f], &o, &rd, &err) != 0)
+    if (ferry__tfr_reader_open(ds->files[f], &o, &rd, &err) != 0)
       return -1;
-    if (ferry_tfr_writer_open(tmp, (ferry_compression_t)c, &wr, &err) != 0) {
-      ferry_tfr_reader_free(rd);
+    if (ferry__tfr_writer_open(tmp, (ferry_compression_t)c, &wr, &err) != 0) {
+      ferry__tfr_reader_free(rd);
       return -1;
     }
-    while ((rc = ferry_tfr_reader_next(rd, &rec, &err)) == 0)
-      if (ferry_tfr_writer_write(wr, rec.data, rec.len, &err) != 0)
+    while ((rc = ferry__tfr_reader_next(rd, &rec, &err)) == 0)
+      if (ferry__tfr_writer_write(wr, rec.data, rec.len, &err) != 0)
         break;
-    ferry_tfr_reader_free(rd);
-    if (ferry_tfr_writer_close(wr, &err) != 0 || rc != FERRY_EOF ||
+    ferry__tfr_reader_free(rd);
+    if (ferry__tfr_writer_close(wr, &err) != 0 || rc != FERRY_EOF ||
         rename(tmp, ds->files[f]) != 0)
       return -1;
   }
@@ -1392,12 +1392,12 @@ int hx_register_dataset(const char *dispatcher, const char *spec_text,
   int rc = -1;
   Ferry__V1__RegisterDatasetRequest req =
       FERRY__V1__REGISTER_DATASET_REQUEST__INIT;
-  if (ferry_spec_parse(spec_text, &spec, &err) != 0) {
+  if (ferry__spec_parse(spec_text, &spec, &err) != 0) {
     snprintf(why, why_cap, "spec: %s", err.msg);
     return -1;
   }
-  int packed = ferry_spec_pack(&spec, &sb, &sl);
-  ferry_spec_close(&spec);
+  int packed = ferry__spec_pack(&spec, &sb, &sl);
+  ferry__spec_close(&spec);
   if (packed != 0 ||
       (req.spec = ferry__v1__pipeline_spec__unpack(NULL, sl, sb)) == NULL) {
     snprintf(why, why_cap, "spec: cannot pack");
@@ -1409,9 +1409,9 @@ int hx_register_dataset(const char *dispatcher, const char *spec_text,
     goto out;
   }
   ferry__v1__register_dataset_request__pack(&req, buf);
-  if (ferry_rpc_channel_new(dispatcher, NULL, &ch, &err) != 0 ||
-      ferry_rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, 60000,
-                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0) {
+  if (ferry__rpc_channel_new(dispatcher, NULL, &ch, &err) != 0 ||
+      ferry__rpc_unary(ch, FERRY_METHOD_REGISTER_DATASET, buf, n, 60000,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0) {
     snprintf(why, why_cap, "RegisterDataset: %s", err.msg);
     goto out;
   }
@@ -1427,7 +1427,7 @@ int hx_register_dataset(const char *dispatcher, const char *spec_text,
   rc = 0;
 out:
   ferry_free(reply);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   if (req.spec != NULL)
     ferry__v1__pipeline_spec__free_unpacked(req.spec, NULL);
   ferry_free(sb);

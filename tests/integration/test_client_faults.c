@@ -35,8 +35,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ferry/tsan.h"
 #include "harness.h"
+#include "tsan.h"
 
 #define CLIENTS 3
 #define EPOCHS 3

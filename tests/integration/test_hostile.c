@@ -25,9 +25,9 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-#include "ferry/tfrecord.h"
-#include "ferry/varint.h"
 #include "harness.h"
+#include "tfrecord.h"
+#include "varint.h"
 
 static hx_proc_t *D, *W;
 static hx_dataset_t DS;
@@ -478,9 +478,9 @@ static void make_jpeg_dataset(hx_dataset_t *ds) {
     snprintf(path, sizeof(path), "%s/data-%03d.tfrecord", ds->dir, f);
     ferry_tfr_writer_t *wr;
     ferry_error_t err = {0};
-    cr_assert_eq(ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &wr,
-                                       &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__tfr_writer_open(path, FERRY_COMPRESSION_NONE, &wr, &err), 0,
+        "%s", err.msg);
     for (int r = 0; r < JPG_PER_FILE; r++) {
       bool bad = f == JPG_BAD_FILE && r == JPG_BAD_REC;
       size_t n = hx_put_feature(feats, "image", 1, bad ? big : small,
@@ -488,13 +488,12 @@ static void make_jpeg_dataset(hx_dataset_t *ds) {
       n += hx_put_feature(feats + n, "label", 3, NULL, 0, (f * 7 + r) % 10);
       size_t m = 0;
       rec[m++] = 0x0a; /* Example{1: Features} */
-      m += ferry_varint_put(rec + m, n);
+      m += ferry__varint_put(rec + m, n);
       memcpy(rec + m, feats, n);
       m += n;
-      cr_assert_eq(ferry_tfr_writer_write(wr, rec, m, &err), 0, "%s",
-                   err.msg);
+      cr_assert_eq(ferry__tfr_writer_write(wr, rec, m, &err), 0, "%s", err.msg);
     }
-    cr_assert_eq(ferry_tfr_writer_close(wr, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_writer_close(wr, &err), 0, "%s", err.msg);
   }
   tjFree(small);
   tjFree(big);

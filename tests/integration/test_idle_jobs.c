@@ -21,13 +21,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/spec.h"
+#include "alloc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "harness.h"
 #include "it_cluster.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "spec.h"
 
 #define NEXT_TIMEOUT_MS 20000
 #define WORKER_BUFFER (8u << 20)
@@ -206,8 +206,8 @@ static int hostile_call(ferry_rpc_channel_t *ch, const char *method,
   if (buf == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   protobuf_c_message_pack(m, buf);
-  int rc = ferry_rpc_unary(ch, method, buf, len, 5000,
-                           FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
+  int rc = ferry__rpc_unary(ch, method, buf, len, 5000,
+                            FERRY_RPC_WAIT_FOR_READY, &reply, &rlen, err);
   free(buf);
   if (rc != 0)
     return rc;
@@ -226,13 +226,13 @@ static int hostile_join(hostile_t *h, ferry_rpc_channel_t *ch,
   ferry_spec_t parsed;
   uint8_t *packed = NULL;
   size_t packed_len = 0;
-  int rc = ferry_spec_parse(h->spec, &parsed, err);
+  int rc = ferry__spec_parse(h->spec, &parsed, err);
   if (rc != 0)
     return rc;
-  rc = ferry_spec_pack(&parsed, &packed, &packed_len);
-  ferry_spec_close(&parsed);
+  rc = ferry__spec_pack(&parsed, &packed, &packed_len);
+  ferry__spec_close(&parsed);
   if (rc != 0)
-    return ferry__seterr(err, rc, "ferry_spec_pack: %s", ferry_strerror(rc));
+    return ferry__seterr(err, rc, "ferry__spec_pack: %s", ferry_strerror(rc));
   rq.spec = ferry__v1__pipeline_spec__unpack(NULL, packed_len, packed);
   ferry_free(packed);
   if (rq.spec == NULL)
@@ -273,11 +273,11 @@ static void *hostile_main(void *arg) {
   ferry_rpc_options_t ro = {0};
   ferry_rpc_channel_t *ch = NULL;
   ferry_error_t err = {0};
-  if (ferry_rpc_channel_new(h->dispatcher, &ro, &ch, &err) != 0 ||
+  if (ferry__rpc_channel_new(h->dispatcher, &ro, &ch, &err) != 0 ||
       hostile_join(h, ch, &err) != 0) {
     snprintf(h->err, sizeof(h->err), "%s", err.msg);
     __atomic_fetch_add(&h->errors, 1, __ATOMIC_RELAXED);
-    ferry_rpc_channel_free(ch);
+    ferry__rpc_channel_free(ch);
     return NULL;
   }
   while (!atomic_load(&h->stop)) {
@@ -304,7 +304,7 @@ static void *hostile_main(void *arg) {
     }
     usleep(50 * 1000);
   }
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   return NULL;
 }
 

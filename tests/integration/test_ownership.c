@@ -18,8 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ferry/tsan.h"
 #include "harness.h"
+#include "tsan.h"
 
 #define NEXT_TIMEOUT_MS 10000
 #define REFUSE_BUDGET_MS (1000.0 * FERRY_TSAN_SLOWDOWN)

@@ -15,12 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
+#include "alloc.h"
 #include "ferry/v1/dispatcher.pb-c.h"
 #include "ferry/v1/worker.pb-c.h"
 #include "harness.h"
+#include "rpc.h"
+#include "rpc_methods.h"
 
 #define NEXT_TIMEOUT_MS 10000
 #define REFUSE_MS 2000
@@ -31,12 +31,10 @@ static hx_proc_t *W[2];
 static void reset(void) {
   D = NULL;
   memset(W, 0, sizeof(W));
-  ferry_rpc_init();
+  ferry__rpc_init();
 }
 
-static void cleanup(void) {
-  ferry_rpc_shutdown();
-}
+static void cleanup(void) { ferry__rpc_shutdown(); }
 
 HX_SUITE(security, 120, reset, cleanup);
 
@@ -99,10 +97,10 @@ static ferry_rpc_channel_t *channel(const char *addr, const char *ca,
   char *token = NULL;
   ro.tls = ca != NULL ? &tls : NULL;
   if (token_file != NULL)
-    cr_assert_eq(ferry_rpc_read_token(token_file, &token, &err), 0, "%s",
+    cr_assert_eq(ferry__rpc_read_token(token_file, &token, &err), 0, "%s",
                  err.msg);
   ro.bearer_token = token;
-  cr_assert_eq(ferry_rpc_channel_new(addr, &ro, &ch, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__rpc_channel_new(addr, &ro, &ch, &err), 0, "%s", err.msg);
   ferry_free(token);
   return ch;
 }
@@ -113,9 +111,8 @@ static int get_status(ferry_rpc_channel_t *ch, int *workers, char *msg,
   uint8_t *reply = NULL;
   size_t len = 0;
   ferry_error_t err = {0};
-  int rc = ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0,
-                           REFUSE_MS, FERRY_RPC_WAIT_FOR_READY, &reply, &len,
-                           &err);
+  int rc = ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
+                            FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err);
   if (msg != NULL)
     snprintf(msg, cap, "%s", err.msg);
   if (rc == 0 && workers != NULL) {
@@ -158,7 +155,7 @@ static void secure_cluster(int n) {
   ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), C("client.pem"),
                                     C("client.key"), C("status.token"));
   int alive = wait_alive(ch, n);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   if (alive != n)
     hx_dump_logs();
   cr_assert_eq(alive, n, "%d of %d TLS workers registered within 10 s",
@@ -289,7 +286,7 @@ Test(security, tls_without_a_ca_serves) {
                "%s", why);
   ferry_rpc_channel_t *ch = channel(D->addr, C("ca.pem"), NULL, NULL, NULL);
   int alive = wait_alive(ch, 1);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   if (alive != 1)
     hx_dump_logs();
   cr_assert_eq(alive, 1, "the TLS worker without a CA registered within "
@@ -308,8 +305,8 @@ static int unreachable_reason(ferry_rpc_channel_t *ch, const char *addr,
   ferry_error_t err = {0};
   int n = 0;
   out[0] = '\0';
-  if (ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
-                      FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0)
+  if (ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0)
     return 0;
   Ferry__V1__GetStatusResponse *st =
       ferry__v1__get_status_response__unpack(NULL, len, reply);
@@ -427,7 +424,7 @@ Test(security, a_certificate_not_naming_the_worker_is_reported) {
                 strstr(reason, "SSL") != NULL,
             "the reason does not point at TLS: %s", reason);
   ferry_client_free(c);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   hx_dataset_free(&ds);
 }
 
@@ -500,7 +497,7 @@ Test(security, strangers_are_refused) {
     int rc = get_status(ch, NULL, m, sizeof(m));
     cr_expect_eq(rc, st[i].rc, "GetStatus with %s: %d (%s)",
                  st[i].token ? st[i].token : "no token", rc, m);
-    ferry_rpc_channel_free(ch);
+    ferry__rpc_channel_free(ch);
   }
   /* The worker role with the client token. */
   {
@@ -512,12 +509,12 @@ Test(security, strangers_are_refused) {
     uint8_t buf[64], *reply = NULL;
     size_t len = ferry__v1__worker_heartbeat_request__pack(&req, buf), rlen;
     ferry_error_t err = {0};
-    int rc = ferry_rpc_unary(ch, FERRY_METHOD_WORKER_HEARTBEAT, buf,
-                             len, REFUSE_MS, 0, &reply, &rlen, &err);
+    int rc = ferry__rpc_unary(ch, FERRY_METHOD_WORKER_HEARTBEAT, buf, len,
+                              REFUSE_MS, 0, &reply, &rlen, &err);
     ferry_free(reply);
     cr_expect_eq(rc, FERRY_EGRPC_PERMISSION_DENIED,
                  "a client forging a WorkerHeartbeat: %d (%s)", rc, err.msg);
-    ferry_rpc_channel_free(ch);
+    ferry__rpc_channel_free(ch);
   }
 
   /* An expired server certificate is refused by a client that trusts its
@@ -613,21 +610,21 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     uint8_t buf[64];
     size_t len = ferry__v1__stream_chunks_request__pack(&sq, buf);
     ferry_rpc_stream_t *st = NULL;
-    cr_assert_eq(ferry_rpc_stream_open(wch, FERRY_METHOD_STREAM_CHUNKS,
-                                       buf, len, 0, 0, &st, &err),
+    cr_assert_eq(ferry__rpc_stream_open(wch, FERRY_METHOD_STREAM_CHUNKS, buf,
+                                        len, 0, 0, &st, &err),
                  0, "%s", err.msg);
     ferry_rpc_msg_t msg;
-    int rc = ferry_rpc_stream_next(st, &msg, 1500, &err);
+    int rc = ferry__rpc_stream_next(st, &msg, 1500, &err);
     if (rc == 0)
-      ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_release(&msg);
     cr_assert_neq(rc, 0, "a stolen stream (%s secret) received a chunk",
                   attempt ? "forged" : "no");
     cr_expect(rc == FERRY_EGRPC_PERMISSION_DENIED || rc == FERRY_ETIMEDOUT ||
                   rc == FERRY_EGRPC_UNAVAILABLE,
               "stolen stream: %d (%s)", rc, err.msg);
-    ferry_rpc_stream_free(st);
+    ferry__rpc_stream_free(st);
   }
-  ferry_rpc_channel_free(wch);
+  ferry__rpc_channel_free(wch);
   /* Without the client token the worker refuses the call outright. */
   {
     ferry_rpc_channel_t *nt = channel(W[0]->addr, C("ca.pem"), C("client.pem"),
@@ -638,18 +635,18 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     uint8_t buf[64];
     size_t len = ferry__v1__stream_chunks_request__pack(&sq, buf);
     ferry_rpc_stream_t *st = NULL;
-    cr_assert_eq(ferry_rpc_stream_open(nt, FERRY_METHOD_STREAM_CHUNKS,
-                                       buf, len, 0, 0, &st, &err),
+    cr_assert_eq(ferry__rpc_stream_open(nt, FERRY_METHOD_STREAM_CHUNKS, buf,
+                                        len, 0, 0, &st, &err),
                  0, "%s", err.msg);
     ferry_rpc_msg_t msg;
-    int rc = ferry_rpc_stream_next(st, &msg, 5000, &err);
+    int rc = ferry__rpc_stream_next(st, &msg, 5000, &err);
     if (rc == 0)
-      ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_release(&msg);
     cr_assert_eq(rc, FERRY_EGRPC_UNAUTHENTICATED,
                  "StreamChunks without the client token: %d (%s)", rc,
                  err.msg);
-    ferry_rpc_stream_free(st);
-    ferry_rpc_channel_free(nt);
+    ferry__rpc_stream_free(st);
+    ferry__rpc_channel_free(nt);
   }
 
   /* A forged ClientHeartbeat (the victim's ids, claims of progress, no or
@@ -673,15 +670,15 @@ Test(security, stolen_stream_and_forged_heartbeat_get_nothing) {
     }
     uint8_t buf[128], *reply = NULL;
     size_t len = ferry__v1__client_heartbeat_request__pack(&hq, buf), rlen;
-    int rc = ferry_rpc_unary(dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf,
-                             len, REFUSE_MS, 0, &reply, &rlen, &err);
+    int rc = ferry__rpc_unary(dch, FERRY_METHOD_CLIENT_HEARTBEAT, buf, len,
+                              REFUSE_MS, 0, &reply, &rlen, &err);
     ferry_free(reply);
     cr_assert_eq(rc, FERRY_EGRPC_PERMISSION_DENIED,
                  "forged ClientHeartbeat (%s secret): %d (%s)",
                  attempt ? "wrong" : "no", rc, err.msg);
     cr_assert(strstr(err.msg, "secret") != NULL, "%s", err.msg);
   }
-  ferry_rpc_channel_free(dch);
+  ferry__rpc_channel_free(dch);
 
   /* The victim still gets its epoch exactly once. */
   hx_ids_t rest = {0};
@@ -735,7 +732,7 @@ Test(security, certificate_files_are_reloaded_when_they_change) {
   char m[600];
   cr_assert_neq(get_status(ch, NULL, m, sizeof(m)), 0,
                 "a certificate of another CA was accepted");
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   /* A stream... a channel opened before the change keeps working: use a
    * plain long-lived status channel trusting the other CA. */
   ferry_rpc_channel_t *before = channel(D->addr, C("other-ca.pem"),
@@ -748,11 +745,11 @@ Test(security, certificate_files_are_reloaded_when_they_change) {
                C("status.token"));
   cr_assert_eq(get_status(ch, NULL, m, sizeof(m)), 0,
                "the new certificate was not served: %s", m);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   /* The connection made before the change was not dropped. */
   cr_assert_eq(get_status(before, NULL, m, sizeof(m)), 0,
                "the old connection broke: %s", m);
-  ferry_rpc_channel_free(before);
+  ferry__rpc_channel_free(before);
 }
 
 /* The first job's error as GetStatus shows it to `token_file`'s holder. */
@@ -762,9 +759,8 @@ static void job_error(const char *token_file, char *out, size_t cap) {
   uint8_t *reply = NULL;
   size_t len = 0;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0,
-                               REFUSE_MS, FERRY_RPC_WAIT_FOR_READY, &reply,
-                               &len, &err),
+  cr_assert_eq(ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
+                                FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err),
                0, "%s", err.msg);
   Ferry__V1__GetStatusResponse *s =
       ferry__v1__get_status_response__unpack(NULL, len, reply);
@@ -772,7 +768,7 @@ static void job_error(const char *token_file, char *out, size_t cap) {
   snprintf(out, cap, "%s", s->jobs[0]->error);
   ferry__v1__get_status_response__free_unpacked(s, NULL);
   ferry_free(reply);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
 }
 
 /* A job's error names its files: GetStatus shows it to the status

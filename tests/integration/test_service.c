@@ -21,10 +21,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "ferry/tfrecord.h"
-#include "ferry/tsan.h"
 #include "harness.h"
 #include "it_cluster.h"
+#include "tfrecord.h"
+#include "tsan.h"
 
 #define NEXT_TIMEOUT_MS 10000
 #define ERROR_BUDGET_MS 5000.0

@@ -21,9 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/tfrecord.h"
 #include "harness.h"
 #include "it_cluster.h"
+#include "tfrecord.h"
 
 #define NEXT_TIMEOUT_MS 10000
 

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "example.h"
 #include "ferry/error.h"
-#include "ferry/example.h"
-#include "ferry/imgops.h"
-#include "ferry/tfrecord.h"
+#include "imgops.h"
+#include "tfrecord.h"
 
 /* JPEG tolerance against tf.io.decode_jpeg. TensorFlow links its own
  * libjpeg-turbo, Ferry the system's; both run the same IFAST IDCT and
@@ -267,7 +267,7 @@ static bool feat_matches(const ferry_example_t *ex, char **tok, int ntok,
     die("expected.txt: bad key %s", tok[1]);
   memcpy(keyz, key, (size_t)klen);
   keyz[klen] = 0;
-  const ferry_feature_t *f = ferry_example_find(ex, keyz);
+  const ferry_feature_t *f = ferry__example_find(ex, keyz);
   if (!f) {
     snprintf(why, whylen, "feature '%s' not found", keyz);
     return false;
@@ -284,7 +284,7 @@ static bool feat_matches(const ferry_example_t *ex, char **tok, int ntok,
                                : FERRY_FEATURE_NONE;
   if (f->kind != want_kind) {
     snprintf(why, whylen, "feature '%s' kind %s, want %s", keyz,
-             ferry_feature_kind_name(f->kind), kind);
+             ferry__feature_kind_name(f->kind), kind);
     return false;
   }
   if (f->count != count) {
@@ -296,7 +296,7 @@ static bool feat_matches(const ferry_example_t *ex, char **tok, int ntok,
     for (size_t i = 0; i < count; i++) {
       const uint8_t *d;
       size_t dl;
-      int rc = ferry_feature_bytes(f, i, &d, &dl);
+      int rc = ferry__feature_bytes(f, i, &d, &dl);
       if (rc < 0) {
         snprintf(why, whylen, "feature '%s' value %zu: %s", keyz, i,
                  ferry_err_name(rc));
@@ -326,7 +326,7 @@ static bool feat_matches(const ferry_example_t *ex, char **tok, int ntok,
   } else if (want_kind == FERRY_FEATURE_INT64) {
     int64_t *v = xmalloc((count + 1) * sizeof *v);
     size_t n = 0;
-    int rc = ferry_feature_int64s(f, v, count, &n);
+    int rc = ferry__feature_int64s(f, v, count, &n);
     bool ok = rc == 0 && n == count;
     for (size_t i = 0; ok && i < count; i++) {
       int64_t want = strtoll(tok[4 + i], NULL, 10);
@@ -344,7 +344,7 @@ static bool feat_matches(const ferry_example_t *ex, char **tok, int ntok,
   } else if (want_kind == FERRY_FEATURE_FLOAT) {
     float *v = xmalloc((count + 1) * sizeof *v);
     size_t n = 0;
-    int rc = ferry_feature_floats(f, v, count, &n);
+    int rc = ferry__feature_floats(f, v, count, &n);
     bool ok = rc == 0 && n == count;
     for (size_t i = 0; ok && i < count; i++) {
       uint32_t bits, want = (uint32_t)strtoul(tok[4 + i], NULL, 16);
@@ -380,23 +380,23 @@ static void check_file(const char *dir, const exp_file_t *ef,
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, ef->name);
   ferry_tfr_options_t opts;
-  ferry_tfr_options_init(&opts);
+  ferry__tfr_options_init(&opts);
   opts.compression = comp;
   ferry_error_t err = {0};
   ferry_tfr_reader_t *r = NULL;
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   char why[1024] = "";
   char *tok[4096 + 8];
   size_t li = 0, nrec = 0;
-  int rc = ferry_tfr_reader_open(path, &opts, &r, &err);
+  int rc = ferry__tfr_reader_open(path, &opts, &r, &err);
   if (rc < 0) {
     snprintf(why, sizeof why, "open: %s: %s", ferry_err_name(rc), err.msg);
     goto out;
   }
   for (;;) {
     ferry_record_t rec;
-    rc = ferry_tfr_reader_next(r, &rec, &err);
+    rc = ferry__tfr_reader_next(r, &rec, &err);
     if (rc == FERRY_EOF)
       break;
     if (rc < 0) {
@@ -427,7 +427,7 @@ static void check_file(const char *dir, const exp_file_t *ef,
     free(line);
     if (ef->example) {
       size_t nfeat = 0;
-      rc = ferry_example_parse(&ex, rec.data, rec.len, &err);
+      rc = ferry__example_parse(&ex, rec.data, rec.len, &err);
       if (rc < 0) {
         snprintf(why, sizeof why, "record %zu: Example parse: %s: %s", nrec,
                  ferry_err_name(rc), err.msg);
@@ -456,12 +456,12 @@ static void check_file(const char *dir, const exp_file_t *ef,
   if (nrec != ef->nrec)
     snprintf(why, sizeof why, "%zu records, want %zu", nrec, ef->nrec);
 out:
-  check(why[0] == 0, "ferry reads %s (%s as %s): %zu records%s%s%s",
-        ef->name, ef->comp, ferry_compression_name(comp), nrec,
+  check(why[0] == 0, "ferry reads %s (%s as %s): %zu records%s%s%s", ef->name,
+        ef->comp, ferry__compression_name(comp), nrec,
         ef->example ? ", Examples parsed" : "", why[0] ? ": " : "", why);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   if (r)
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
 }
 
 static int cmd_read_expected(const char *dir) {
@@ -506,8 +506,8 @@ static int cmd_read_expected(const char *dir) {
     /* AUTO detection is what users get by default; the explicit setting
      * checks that path too. */
     check_file(dir, ef, FERRY_COMPRESSION_AUTO);
-    check_file(dir, ef, (ferry_compression_t)ferry_compression_parse(
-                            ef->comp));
+    check_file(dir, ef,
+               (ferry_compression_t)ferry__compression_parse(ef->comp));
     for (size_t j = 0; j < ef->nlines; j++)
       free(ef->lines[j]);
     free(ef->lines);
@@ -551,8 +551,8 @@ static int cmd_write(const char *dir) {
       ferry_error_t err = {0};
       ferry_tfr_writer_t *w = NULL;
       size_t n = empty ? 0 : nsizes;
-      int rc = ferry_tfr_writer_open(
-          path, (ferry_compression_t)ferry_compression_parse(comps[c]), &w,
+      int rc = ferry__tfr_writer_open(
+          path, (ferry_compression_t)ferry__compression_parse(comps[c]), &w,
           &err);
       char why[700] = "";
       if (rc < 0) {
@@ -567,12 +567,12 @@ static int cmd_write(const char *dir) {
           char hex[65];
           sha256_hex(buf, sizes[i], hex);
           fprintf(man, "rec %zu %zu %s\n", i, sizes[i], hex);
-          rc = ferry_tfr_writer_write(w, buf, sizes[i], &err);
+          rc = ferry__tfr_writer_write(w, buf, sizes[i], &err);
           if (rc < 0)
             snprintf(why, sizeof why, "write %zu: %s: %s", i,
                      ferry_err_name(rc), err.msg);
         }
-        int crc = ferry_tfr_writer_close(w, &err);
+        int crc = ferry__tfr_writer_close(w, &err);
         if (crc < 0 && !why[0])
           snprintf(why, sizeof why, "close: %s: %s", ferry_err_name(crc),
                    err.msg);
@@ -627,9 +627,9 @@ typedef struct {
 static void ops_images(const char *dir, const op_case_t *cases, size_t n) {
   static const char *isas[] = {"avx512", "avx2", "scalar"};
   char path[4200];
-  /* Highest level first: ferry_imgops_set_isa only promises lowering. */
+  /* Highest level first: ferry__imgops_set_isa only promises lowering. */
   for (int k = 0; k < 3; k++) {
-    int rc = ferry_imgops_set_isa(isas[k]);
+    int rc = ferry__imgops_set_isa(isas[k]);
     if (rc < 0) {
       skip("dilate/blur [%s]: %s (the CPU lacks it)", isas[k],
            ferry_err_name(rc));
@@ -637,9 +637,9 @@ static void ops_images(const char *dir, const op_case_t *cases, size_t n) {
     }
     ferry_blur_t *blur = NULL;
     ferry_error_t err = {0};
-    rc = ferry_blur_new(11, 0.8f, &blur, &err);
+    rc = ferry__blur_new(11, 0.8f, &blur, &err);
     if (rc < 0) {
-      check(false, "blur [%s]: ferry_blur_new(11, 0.8): %s: %s", isas[k],
+      check(false, "blur [%s]: ferry__blur_new(11, 0.8): %s: %s", isas[k],
             ferry_err_name(rc), err.msg);
       continue;
     }
@@ -658,7 +658,7 @@ static void ops_images(const char *dir, const op_case_t *cases, size_t n) {
       uint8_t *out = xmalloc(sz);
 
       memset(out, 0xa5, sz);
-      ferry_dilate3x3(in, out, oc->h, oc->w, oc->c);
+      ferry__dilate3x3(in, out, oc->h, oc->w, oc->c);
       diff_t d = compare(out, dref, sz);
       check(d.ndiff == 0, "dilate [%s] %s (%dx%dx%d) equals "
             "tf.nn.dilation2d: %zu of %zu values differ, max diff %d",
@@ -666,7 +666,7 @@ static void ops_images(const char *dir, const op_case_t *cases, size_t n) {
             d.maxdiff);
 
       memset(out, 0xa5, sz);
-      rc = ferry_blur_apply(blur, in, out, oc->h, oc->w, oc->c, &err);
+      rc = ferry__blur_apply(blur, in, out, oc->h, oc->w, oc->c, &err);
       if (rc < 0) {
         check(false, "blur [%s] %s: %s: %s", isas[k], oc->name,
               ferry_err_name(rc), err.msg);
@@ -690,7 +690,7 @@ static void ops_images(const char *dir, const op_case_t *cases, size_t n) {
            isas[k], btot.maxdiff, btot.ndiff, btot.n,
            btot.n ? 100.0 * (double)btot.ndiff / (double)btot.n : 0.0,
            btot.nhigh);
-    ferry_blur_free(blur);
+    ferry__blur_free(blur);
   }
 }
 
@@ -701,10 +701,9 @@ static void ops_jpeg(const char *dir, const op_case_t *cases, size_t n) {
     tol = atoi(env);
   ferry_jpeg_t *j = NULL;
   ferry_error_t err = {0};
-  int rc = ferry_jpeg_new(&j, &err);
+  int rc = ferry__jpeg_new(&j, &err);
   if (rc < 0) {
-    check(false, "jpeg: ferry_jpeg_new: %s: %s", ferry_err_name(rc),
-          err.msg);
+    check(false, "jpeg: ferry__jpeg_new: %s: %s", ferry_err_name(rc), err.msg);
     return;
   }
   diff_t tot = {0, 0, 0, 0};
@@ -721,7 +720,7 @@ static void ops_jpeg(const char *dir, const op_case_t *cases, size_t n) {
     uint8_t *ref = slurp_exact(path, sz);
     uint8_t *out = xmalloc(sz);
     int h = 0, w = 0;
-    rc = ferry_jpeg_decode(j, src, len, out, sz, &h, &w, &err);
+    rc = ferry__jpeg_decode(j, src, len, out, sz, &h, &w, &err);
     if (rc < 0) {
       check(false, "jpeg %s (%dx%d): Ferry fails where TensorFlow decodes: "
             "%s: %s", oc->name, oc->h, oc->w, ferry_err_name(rc), err.msg);
@@ -742,7 +741,7 @@ static void ops_jpeg(const char *dir, const op_case_t *cases, size_t n) {
   printf("info jpeg over all decoded images: max diff %d, %zu of %zu values "
          "(%.3f%%) differ\n", tot.maxdiff, tot.ndiff, tot.n,
          tot.n ? 100.0 * (double)tot.ndiff / (double)tot.n : 0.0);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 static int cmd_ops(const char *dir) {
@@ -778,7 +777,7 @@ static int cmd_ops(const char *dir) {
   fclose(f);
   if (n == 0)
     die("%s lists no cases", path);
-  printf("info imgops ISA before forcing: %s\n", ferry_imgops_isa());
+  printf("info imgops ISA before forcing: %s\n", ferry__imgops_isa());
   ops_images(dir, cases, n);
   ops_jpeg(dir, cases, n);
   free(cases);

@@ -8,6 +8,9 @@
 2. libferry.so holds only the objects of common/ the client reaches: the
    objects it contains are listed, and those no client path may need
    (NOT_IN_LIBFERRY) must be absent.
+3. Names say what is public: every symbol common/ defines with the
+   prefix ferry_ is one libferry.so exports (FERRY_API); internal ones
+   are ferry__.
 
 Usage: check_layers.py BUILD_DIR   (exit 1 on a violation)
 """
@@ -91,6 +94,23 @@ def main():
     print("libferry.so holds %d of common's %d objects:" % (len(inside), total))
     for o in inside:
         print("  " + o)
+    exported = set(l.split()[-1] for l in nm(so, "-D", "--defined-only")
+                   if len(l.split()) >= 3)
+    # The daemons' own parts of ops/ are named by the same rule.
+    for extra in ("metrics-http", "notify"):
+        p = os.path.join(build, "common", "libferry-%s.a" % extra)
+        if os.path.exists(p):
+            for obj, (d, _) in archive_symbols(p).items():
+                for s in d:
+                    defined_in.setdefault(s, ("ops", obj))
+    misnamed = sorted(s for s in defined_in
+                      if s.startswith("ferry_") and not s.startswith("ferry__")
+                      and s not in exported)
+    for s in misnamed:
+        print("%s (%s) is internal but named ferry_, not ferry__"
+              % (s, "/".join(defined_in[s])))
+    bad += len(misnamed)
+    print("names: %d internal symbol(s) named as public" % len(misnamed))
     for o in NOT_IN_LIBFERRY:
         if any(x.endswith("/" + o) for x in inside):
             print("libferry.so holds %s, which no client path needs" % o)

@@ -1,12 +1,12 @@
-/* The Chunk contract (ferry/chunk.h): the encoder writes, byte for byte,
+/* The Chunk contract (chunk.h): the encoder writes, byte for byte,
  * what protobuf-c packs for the same ferry.v1.Chunk; the parser reads
  * back what the encoder wrote; the header bound holds for extreme values.
  */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/chunk.h"
+#include "alloc.h"
+#include "chunk.h"
 #include "ferry/v1/worker.pb-c.h"
 
 typedef struct {
@@ -62,17 +62,17 @@ static uint8_t *pb_pack(const sample_t *s, size_t *len) {
 
 /* Encodes, compares with protobuf-c, parses back and compares fields. */
 static void round_trip(sample_t *s) {
-  size_t cap = ferry_chunk_header_size(&s->ch);
-  size_t bound = ferry_chunk_header_bound(
+  size_t cap = ferry__chunk_header_size(&s->ch);
+  size_t bound = ferry__chunk_header_bound(
       s->ch.n_labels > s->ch.n_ids ? s->ch.n_labels : s->ch.n_ids,
       s->ch.error != NULL ? strlen(s->ch.error) : 0);
   cr_assert_leq(cap, bound);
   uint8_t *hdr = ferry__malloc(cap + 1);
   ferry_chunk_piece_t pieces[FERRY_CHUNK_MAX_PIECES];
-  cr_assert_eq(ferry_chunk_encode(&s->ch, s->payload, hdr, cap - (cap > 0),
-                                  pieces),
-               cap > 0 ? FERRY_ERANGE : 1);
-  int n = ferry_chunk_encode(&s->ch, s->payload, hdr, cap, pieces);
+  cr_assert_eq(
+      ferry__chunk_encode(&s->ch, s->payload, hdr, cap - (cap > 0), pieces),
+      cap > 0 ? FERRY_ERANGE : 1);
+  int n = ferry__chunk_encode(&s->ch, s->payload, hdr, cap, pieces);
   cr_assert_eq(n, s->ch.payload_len > 0 ? 2 : 1);
   cr_assert_eq(pieces[0].ptr, hdr);
   cr_assert_eq(pieces[0].len, cap);
@@ -96,12 +96,12 @@ static void round_trip(sample_t *s) {
   cr_assert_eq(memcmp(msg, pb, len), 0, "bytes differ from protobuf-c's");
 
   ferry_chunk_src_t src;
-  ferry_chunk_src_bytes(&src, msg, len);
+  ferry__chunk_src_bytes(&src, msg, len);
   ferry_chunk_parser_t p;
-  ferry_chunk_parser_init(&p);
+  ferry__chunk_parser_init(&p);
   ferry_chunk_t got;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_chunk_parse(&p, &src, &got, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__chunk_parse(&p, &src, &got, &err), 0, "%s", err.msg);
   cr_assert_eq(got.job_id, s->ch.job_id);
   cr_assert_eq(got.epoch, s->ch.epoch);
   cr_assert_eq(got.split, s->ch.split);
@@ -133,7 +133,7 @@ static void round_trip(sample_t *s) {
     cr_assert_eq(memcmp(msg + got.payload_off, s->payload, got.payload_len),
                  0);
   }
-  ferry_chunk_parser_close(&p);
+  ferry__chunk_parser_close(&p);
   ferry__free(pb);
   ferry__free(msg);
   ferry__free(hdr);
@@ -211,7 +211,7 @@ Test(chunk, bytes_source_stops_at_its_end) {
   const uint8_t b[4] = {1, 2, 3, 4};
   uint8_t d[8] = {0};
   ferry_chunk_src_t src;
-  ferry_chunk_src_bytes(&src, b, sizeof(b));
+  ferry__chunk_src_bytes(&src, b, sizeof(b));
   cr_assert_eq(src.copy(&src, 1, d, 8), 3);
   cr_assert_eq(d[0], 2);
   cr_assert_eq(d[2], 4);

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/error.h"
 #include "ferry/log.h"
 
@@ -44,8 +44,8 @@ Test(error, seterr_and_prefix) {
   ferry_error_clear(&err);
   cr_assert_eq(err.code, 0);
   cr_assert_str_eq(err.msg, "");
-  cr_assert_eq(ferry_err_from_errno(ENOENT), FERRY_ENOENT);
-  cr_assert_eq(ferry_err_from_errno(EXDEV), FERRY_EIO);
+  cr_assert_eq(ferry__err_from_errno(ENOENT), FERRY_ENOENT);
+  cr_assert_eq(ferry__err_from_errno(EXDEV), FERRY_EIO);
 }
 
 Test(alloc, accounts_bytes_and_blocks) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/crc32c.h"
+#include "crc32c.h"
 
 typedef uint32_t (*crc_fn)(uint32_t, const void *, size_t);
 
@@ -35,10 +35,10 @@ static uint32_t crc_ref(uint32_t crc, const uint8_t *p, size_t n) {
 }
 
 Test(crc32c, check_value) {
-  cr_assert_eq(ferry_crc32c(0, "123456789", 9), 0xE3069283u);
+  cr_assert_eq(ferry__crc32c(0, "123456789", 9), 0xE3069283u);
   cr_assert_eq(ferry__crc32c_portable(0, "123456789", 9), 0xE3069283u);
-  cr_assert_eq(ferry_crc32c(0, "", 0), 0u);
-  if (ferry_crc32c_have_hw()) {
+  cr_assert_eq(ferry__crc32c(0, "", 0), 0u);
+  if (ferry__crc32c_have_hw()) {
     cr_assert_eq(ferry__crc32c_hw1(0, "123456789", 9), 0xE3069283u);
     cr_assert_eq(ferry__crc32c_hw3(0, "123456789", 9), 0xE3069283u);
   }
@@ -48,25 +48,25 @@ Test(crc32c, check_value) {
 Test(crc32c, rfc3720_vectors) {
   uint8_t b[32];
   memset(b, 0, sizeof(b));
-  cr_assert_eq(ferry_crc32c(0, b, 32), 0x8A9136AAu);
+  cr_assert_eq(ferry__crc32c(0, b, 32), 0x8A9136AAu);
   memset(b, 0xff, sizeof(b));
-  cr_assert_eq(ferry_crc32c(0, b, 32), 0x62A8AB43u);
+  cr_assert_eq(ferry__crc32c(0, b, 32), 0x62A8AB43u);
   for (int i = 0; i < 32; i++)
     b[i] = (uint8_t)i;
-  cr_assert_eq(ferry_crc32c(0, b, 32), 0x46DD794Eu);
+  cr_assert_eq(ferry__crc32c(0, b, 32), 0x46DD794Eu);
 }
 
 Test(crc32c, masking) {
-  uint32_t c = ferry_crc32c(0, "hello", 5);
-  cr_assert_eq(ferry_crc32c_unmask(ferry_crc32c_mask(c)), c);
+  uint32_t c = ferry__crc32c(0, "hello", 5);
+  cr_assert_eq(ferry__crc32c_unmask(ferry__crc32c_mask(c)), c);
   /* The data CRC of the "hello" record in OPS.md: bytes bb 1f 1c 19. */
-  cr_assert_eq(ferry_crc32c_mask(c), 0x191c1fbbu);
-  cr_assert_eq(ferry_crc32c_mask(ferry_crc32c(0, "", 0)), 0xa282ead8u);
+  cr_assert_eq(ferry__crc32c_mask(c), 0x191c1fbbu);
+  cr_assert_eq(ferry__crc32c_mask(ferry__crc32c(0, "", 0)), 0xa282ead8u);
 }
 
 Test(crc32c, impl_name) {
-  const char *name = ferry_crc32c_impl();
-  cr_assert(strcmp(name, ferry_crc32c_have_hw() ? "sse42x3" : "portable") ==
+  const char *name = ferry__crc32c_impl();
+  cr_assert(strcmp(name, ferry__crc32c_have_hw() ? "sse42x3" : "portable") ==
             0);
 }
 
@@ -76,7 +76,7 @@ Test(crc32c, impl_name) {
 Test(crc32c, all_lengths_and_alignments) {
   enum { MAXLEN = 1024, SLACK = 16 };
   uint8_t *buf = malloc(MAXLEN + SLACK);
-  int hw = ferry_crc32c_have_hw();
+  int hw = ferry__crc32c_have_hw();
   fill(buf, MAXLEN + SLACK);
   for (size_t len = 0; len <= MAXLEN; len++) {
     for (size_t off = 0; off < SLACK; off++) {
@@ -85,7 +85,7 @@ Test(crc32c, all_lengths_and_alignments) {
       uint32_t want = crc_ref(init, p, len);
       cr_assert_eq(ferry__crc32c_portable(init, p, len), want,
                    "portable len %zu off %zu", len, off);
-      cr_assert_eq(ferry_crc32c(init, p, len), want, "len %zu off %zu", len,
+      cr_assert_eq(ferry__crc32c(init, p, len), want, "len %zu off %zu", len,
                    off);
       if (hw) {
         cr_assert_eq(ferry__crc32c_hw1(init, p, len), want,
@@ -112,8 +112,8 @@ Test(crc32c, large_buffers_agree) {
     uint32_t want = ferry__crc32c_portable(init, buf + off, len);
     if (i < 40)
       cr_assert_eq(crc_ref(init, buf + off, len), want, "len %zu", len);
-    cr_assert_eq(ferry_crc32c(init, buf + off, len), want, "len %zu", len);
-    if (ferry_crc32c_have_hw()) {
+    cr_assert_eq(ferry__crc32c(init, buf + off, len), want, "len %zu", len);
+    if (ferry__crc32c_have_hw()) {
       cr_assert_eq(ferry__crc32c_hw1(init, buf + off, len), want, "len %zu",
                    len);
       cr_assert_eq(ferry__crc32c_hw3(init, buf + off, len), want, "len %zu",
@@ -127,9 +127,9 @@ Test(crc32c, large_buffers_agree) {
  * split points. */
 Test(crc32c, incremental_extension) {
   enum { LEN = 70000 };
-  crc_fn fns[4] = {ferry_crc32c, ferry__crc32c_portable, ferry__crc32c_hw1,
+  crc_fn fns[4] = {ferry__crc32c, ferry__crc32c_portable, ferry__crc32c_hw1,
                    ferry__crc32c_hw3};
-  int nfns = ferry_crc32c_have_hw() ? 4 : 2;
+  int nfns = ferry__crc32c_have_hw() ? 4 : 2;
   uint8_t *buf = malloc(LEN);
   fill(buf, LEN);
   for (int f = 0; f < nfns; f++) {

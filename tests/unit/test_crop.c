@@ -1,4 +1,4 @@
-/* The crop ops (ferry/crop.h, docs/TORCHVISION_OPS.md): torchvision's
+/* The crop ops (crop.h, docs/TORCHVISION_OPS.md): torchvision's
  * RandomResizedCrop sampler, Resize(shorter) and CenterCrop geometry, the
  * antialiased resampler against a double-precision reference of
  * torchvision's antialias=True resize, and the JPEG decode fused with the
@@ -13,11 +13,11 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "ferry/crop.h"
+#include "crop.h"
+#include "example.h"
+#include "imgops.h"
+#include "tfrecord.h"
 #include "unit_files.h"
-#include "ferry/example.h"
-#include "ferry/imgops.h"
-#include "ferry/tfrecord.h"
 
 /* ---------------------------------------------------------------------
  * The reference: torchvision's antialiased bilinear resize
@@ -98,9 +98,9 @@ Test(crop, rrc_sampler_matches_torchvision_rules) {
   for (uint64_t rec = 0; rec < 20000; rec++) {
     int h = 100 + (int)(rec % 400), w = 100 + (int)((rec * 7) % 500);
     ferry_box_t b, b2;
-    uint64_t key = ferry_crop_key(seed, rec % 3, rec);
-    ferry_rrc_sample(&p, h, w, key, &b);
-    ferry_rrc_sample(&p, h, w, key, &b2);
+    uint64_t key = ferry__crop_key(seed, rec % 3, rec);
+    ferry__rrc_sample(&p, h, w, key, &b);
+    ferry__rrc_sample(&p, h, w, key, &b2);
     cr_assert(memcmp(&b, &b2, sizeof(b)) == 0, "not deterministic");
     cr_assert(b.top >= 0 && b.left >= 0 && b.height >= 1 && b.width >= 1 &&
                   b.top + b.height <= h && b.left + b.width <= w,
@@ -121,8 +121,8 @@ Test(crop, rrc_sampler_matches_torchvision_rules) {
   }
   /* Keys differ by epoch and record. */
   ferry_box_t a, b;
-  ferry_rrc_sample(&p, 375, 500, ferry_crop_key(1, 0, 5), &a);
-  ferry_rrc_sample(&p, 375, 500, ferry_crop_key(1, 1, 5), &b);
+  ferry__rrc_sample(&p, 375, 500, ferry__crop_key(1, 0, 5), &a);
+  ferry__rrc_sample(&p, 375, 500, ferry__crop_key(1, 1, 5), &b);
   cr_assert(memcmp(&a, &b, sizeof(a)) != 0, "epoch does not change the crop");
   printf("rrc sampler: %d of 20000 whole-image crops\n", fallbacks);
 }
@@ -132,38 +132,38 @@ Test(crop, rrc_sampler_matches_torchvision_rules) {
 Test(crop, rrc_fallback_is_torchvision_centre_crop) {
   ferry_rrc_t p = {0.99, 1.0, 3.0, 4.0}; /* wide crops of a tall image */
   ferry_box_t b;
-  ferry_rrc_sample(&p, 400, 100, ferry_crop_key(3, 0, 0), &b);
+  ferry__rrc_sample(&p, 400, 100, ferry__crop_key(3, 0, 0), &b);
   /* in_ratio 0.25 < 3: w = W = 100, h = round(100 / 3) = 33, centred. */
   cr_assert(b.width == 100 && b.height == 33 && b.left == 0 &&
                 b.top == (400 - 33) / 2,
             "%d,%d %dx%d", b.top, b.left, b.height, b.width);
   ferry_rrc_t q = {0.99, 1.0, 0.2, 0.25}; /* tall crops of a wide image */
-  ferry_rrc_sample(&q, 100, 400, ferry_crop_key(3, 0, 0), &b);
+  ferry__rrc_sample(&q, 100, 400, ferry__crop_key(3, 0, 0), &b);
   /* in_ratio 4 > 0.25: h = H = 100, w = round(100 * 0.25) = 25. */
   cr_assert(b.height == 100 && b.width == 25 && b.top == 0 &&
             b.left == (400 - 25) / 2);
   ferry_rrc_t r = {1.0, 1.0, 0.5, 2.0}; /* only the whole image */
-  ferry_rrc_sample(&r, 300, 200, ferry_crop_key(3, 0, 0), &b);
+  ferry__rrc_sample(&r, 300, 200, ferry__crop_key(3, 0, 0), &b);
   cr_assert(b.height == 300 && b.width == 200 && b.top == 0 && b.left == 0);
 }
 
 Test(crop, resize_and_center_crop_geometry) {
   int oh, ow;
   ferry_box_t b;
-  ferry_resize_shorter_size(375, 500, 256, &oh, &ow);
+  ferry__resize_shorter_size(375, 500, 256, &oh, &ow);
   cr_assert(oh == 256 && ow == 341, "%dx%d", oh, ow); /* int(341.33) */
-  ferry_resize_shorter_size(500, 333, 256, &oh, &ow);
+  ferry__resize_shorter_size(500, 333, 256, &oh, &ow);
   cr_assert(ow == 256 && oh == 384, "%dx%d", oh, ow); /* int(384.38) */
-  ferry_resize_shorter_size(100, 100, 7, &oh, &ow);
+  ferry__resize_shorter_size(100, 100, 7, &oh, &ow);
   cr_assert(oh == 7 && ow == 7);
   /* round((341 - 224) / 2) = round(58.5) = 58 (half to even);
    * round((256 - 224) / 2) = 16; round(2.5) = 2; round(3.5) = 4. */
-  ferry_center_crop_box(256, 341, 224, 224, &b);
+  ferry__center_crop_box(256, 341, 224, 224, &b);
   cr_assert(b.top == 16 && b.left == 58, "%d %d", b.top, b.left);
-  ferry_center_crop_box(229, 231, 224, 224, &b);
+  ferry__center_crop_box(229, 231, 224, 224, &b);
   cr_assert(b.top == 2 && b.left == 4, "%d %d", b.top, b.left);
   /* Larger than the image: torchvision pads (c - n) // 2 on the left. */
-  ferry_center_crop_box(10, 20, 15, 10, &b);
+  ferry__center_crop_box(10, 20, 15, 10, &b);
   cr_assert(b.top == -2 && b.left == 5, "%d %d", b.top, b.left);
 }
 
@@ -178,7 +178,7 @@ Test(crop, resampler_within_one_of_reference) {
   uint64_t seed = 77, s;
   ferry_resampler_t *r;
   int worst = 0;
-  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  cr_assert_eq(ferry__resampler_new(&r, NULL), 0);
   printf("resampler: seed %llu\n", (unsigned long long)seed);
   s = seed;
   for (int it = 0; it < 300; it++) {
@@ -198,10 +198,10 @@ Test(crop, resampler_within_one_of_reference) {
     box.top = (int)(lcg(&s) % (h - box.height + 1));
     box.left = (int)(lcg(&s) % (w - box.width + 1));
     ferry_window_t win;
-    ferry_window_of_box(&box, &win);
-    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * 3, 3, &win, a, oh,
-                                ow, NULL),
-                 0);
+    ferry__window_of_box(&box, &win);
+    cr_assert_eq(
+        ferry__resample(r, img, h, w, (size_t)w * 3, 3, &win, a, oh, ow, NULL),
+        0);
     ref_resize(img, w, &box, b, oh, ow);
     for (size_t i = 0; i < (size_t)oh * ow * 3; i++) {
       int d = abs((int)a[i] - (int)b[i]);
@@ -218,7 +218,7 @@ Test(crop, resampler_within_one_of_reference) {
     free(b);
   }
   printf("resampler: max |fast - reference| = %d over 300 cases\n", worst);
-  ferry_resampler_free(r);
+  ferry__resampler_free(r);
 }
 
 /* Resize(shorter) | CenterCrop through the window equals resizing the
@@ -230,21 +230,21 @@ Test(crop, resize_center_window_equals_resize_then_crop) {
   for (size_t i = 0; i < (size_t)h * w * 3; i++)
     img[i] = (uint8_t)lcg(&s);
   ferry_resampler_t *r;
-  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  cr_assert_eq(ferry__resampler_new(&r, NULL), 0);
   ferry_window_t win;
-  ferry_window_resize_center(h, w, 100, 90, 90, &win, &oh, &ow);
+  ferry__window_resize_center(h, w, 100, 90, 90, &win, &oh, &ow);
   cr_assert(oh == 90 && ow == 90);
   uint8_t *a = malloc(90 * 90 * 3);
-  cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * 3, 3, &win, a, 90, 90,
-                              NULL),
-               0);
+  cr_assert_eq(
+      ferry__resample(r, img, h, w, (size_t)w * 3, 3, &win, a, 90, 90, NULL),
+      0);
   int nh, nw;
-  ferry_resize_shorter_size(h, w, 100, &nh, &nw);
+  ferry__resize_shorter_size(h, w, 100, &nh, &nw);
   cr_assert(nh == 100 && nw == 133);
   uint8_t *full = malloc((size_t)nh * nw * 3);
   ferry_box_t whole = {0, 0, h, w}, cc;
   ref_resize(img, w, &whole, full, nh, nw);
-  ferry_center_crop_box(nh, nw, 90, 90, &cc);
+  ferry__center_crop_box(nh, nw, 90, 90, &cc);
   for (int y = 0; y < 90; y++)
     for (int x = 0; x < 90 * 3; x++) {
       int d = abs((int)a[(size_t)y * 270 + x] -
@@ -252,11 +252,11 @@ Test(crop, resize_center_window_equals_resize_then_crop) {
       cr_assert_leq(d, 1, "pixel %d,%d", y, x / 3);
     }
   /* A centre crop larger than the resized image: zeros around it. */
-  ferry_window_resize_center(h, w, 20, 40, 40, &win, &oh, &ow);
+  ferry__window_resize_center(h, w, 20, 40, 40, &win, &oh, &ow);
   uint8_t *z = malloc(40 * 40 * 3);
-  cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * 3, 3, &win, z, 40, 40,
-                              NULL),
-               0);
+  cr_assert_eq(
+      ferry__resample(r, img, h, w, (size_t)w * 3, 3, &win, z, 40, 40, NULL),
+      0);
   /* Resized to 20x26: 10 rows of zeros above and below, 7 columns left. */
   for (int x = 0; x < 40 * 3; x++)
     cr_assert(z[x] == 0 && z[(size_t)39 * 120 + x] == 0);
@@ -268,7 +268,7 @@ Test(crop, resize_center_window_equals_resize_then_crop) {
   free(a);
   free(full);
   free(img);
-  ferry_resampler_free(r);
+  ferry__resampler_free(r);
 }
 
 /* ---------------------------------------------------------------------
@@ -320,20 +320,20 @@ static size_t load_photos(photo_t *out, size_t cap, char *why,
     ferry_example_t ex;
     snprintf(path, sizeof(path), "%s/tfrecord/%s", FERRY_TESTDATA_DIR,
              recs[f]);
-    ferry_tfr_options_init(&o);
-    if (ferry_tfr_reader_open(path, &o, &rd, NULL) != 0) {
+    ferry__tfr_options_init(&o);
+    if (ferry__tfr_reader_open(path, &o, &rd, NULL) != 0) {
       snprintf(why, whycap, "%s is absent", path);
       return 0;
     }
-    ferry_example_init(&ex);
-    while (n < cap && ferry_tfr_reader_next(rd, &rec, NULL) == 0) {
+    ferry__example_init(&ex);
+    while (n < cap && ferry__tfr_reader_next(rd, &rec, NULL) == 0) {
       const ferry_feature_t *ft;
       const uint8_t *d;
       size_t dl;
-      cr_assert_eq(ferry_example_parse(&ex, rec.data, rec.len, NULL), 0);
-      ft = ferry_example_find(&ex, "image/encoded");
+      cr_assert_eq(ferry__example_parse(&ex, rec.data, rec.len, NULL), 0);
+      ft = ferry__example_find(&ex, "image/encoded");
       cr_assert_not_null(ft);
-      cr_assert_eq(ferry_feature_bytes(ft, 0, &d, &dl), 0);
+      cr_assert_eq(ferry__feature_bytes(ft, 0, &d, &dl), 0);
       out[n].data = malloc(dl);
       memcpy(out[n].data, d, dl);
       out[n].len = dl;
@@ -341,8 +341,8 @@ static size_t load_photos(photo_t *out, size_t cap, char *why,
                (unsigned long long)rec.index);
       n++;
     }
-    ferry_example_close(&ex);
-    ferry_tfr_reader_free(rd);
+    ferry__example_close(&ex);
+    ferry__tfr_reader_free(rd);
   }
   return n;
 }
@@ -392,7 +392,7 @@ static void accuracy_run(const char *label, ferry_crop_op_t op, int crops,
     cr_skip_test("%s", why);
   }
   ferry_jpeg_t *j;
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   size_t cap = 64u << 20;
   uint8_t *full = malloc(cap), *fused = malloc(cap), *exact = malloc(cap),
           *ref = malloc(cap);
@@ -406,35 +406,35 @@ static void accuracy_run(const char *label, ferry_crop_op_t op, int crops,
     ferry_error_t err = {0};
     acc_t a = {0}, ax = {0};
     char scales[64] = "";
-    cr_assert_eq(ferry_jpeg_decode(j, photos[i].data, photos[i].len, full,
-                                   cap, &h, &w, &err),
+    cr_assert_eq(ferry__jpeg_decode(j, photos[i].data, photos[i].len, full, cap,
+                                    &h, &w, &err),
                  0, "%s: %s", photos[i].name, err.msg);
     for (int k = 0; k < crops; k++) {
       ferry_jpeg_crop_info_t info;
       ferry_window_t win;
-      op.key = ferry_crop_key(11, 0, (uint64_t)i * 1000 + (uint64_t)k);
+      op.key = ferry__crop_key(11, 0, (uint64_t)i * 1000 + (uint64_t)k);
       op.exact = 0;
-      cr_assert_eq(ferry_jpeg_decode_crop(j, photos[i].data, photos[i].len,
-                                          &op, fused, cap, &oh, &ow, &info,
-                                          &err),
+      cr_assert_eq(ferry__jpeg_decode_crop(j, photos[i].data, photos[i].len,
+                                           &op, fused, cap, &oh, &ow, &info,
+                                           &err),
                    0, "%s: %s", photos[i].name, err.msg);
       op.exact = 1;
-      cr_assert_eq(ferry_jpeg_decode_crop(j, photos[i].data, photos[i].len,
-                                          &op, exact, cap, &oh2, &ow2, NULL,
-                                          &err),
+      cr_assert_eq(ferry__jpeg_decode_crop(j, photos[i].data, photos[i].len,
+                                           &op, exact, cap, &oh2, &ow2, NULL,
+                                           &err),
                    0, "%s: %s", photos[i].name, err.msg);
       cr_assert(oh == oh2 && ow == ow2);
-      cr_assert_eq(ferry_crop_plan(&op, h, w, &win, &oh2, &ow2, NULL), 0);
+      cr_assert_eq(ferry__crop_plan(&op, h, w, &win, &oh2, &ow2, NULL), 0);
       if (op.kind == FERRY_CROP_RANDOM_RESIZED) {
         ref_resize(full, w, &win.clip, ref, oh, ow);
       } else {
         /* Resize the whole image, then crop (torchvision's order). */
         int nh, nw;
         ferry_box_t whole = {0, 0, h, w}, cc;
-        ferry_resize_shorter_size(h, w, op.shorter, &nh, &nw);
+        ferry__resize_shorter_size(h, w, op.shorter, &nh, &nw);
         uint8_t *rs = malloc((size_t)nh * nw * 3);
         ref_resize(full, w, &whole, rs, nh, nw);
-        ferry_center_crop_box(nh, nw, oh, ow, &cc);
+        ferry__center_crop_box(nh, nw, oh, ow, &cc);
         cr_assert(cc.top >= 0 && cc.left >= 0);
         for (int y = 0; y < oh; y++)
           memcpy(ref + (size_t)y * ow * 3,
@@ -465,7 +465,7 @@ static void accuracy_run(const char *label, ferry_crop_op_t op, int crops,
       all_exact.maxerr = ax.maxerr;
   }
   ferry_jpeg_crop_stats_t st;
-  ferry_jpeg_crop_stats(j, &st);
+  ferry__jpeg_crop_stats(j, &st);
   printf("accuracy %s: %zu photos x %d crops: fused PSNR %.2f dB (worst "
          "image %.2f), max err %d; exact max err %d; fused %llu, "
          "progressive %llu, full %llu\n",
@@ -483,7 +483,7 @@ static void accuracy_run(const char *label, ferry_crop_op_t op, int crops,
   free(fused);
   free(exact);
   free(ref);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 Test(crop, accuracy_random_resized_crop_224, .timeout = 240) {
@@ -584,7 +584,7 @@ Test(crop, cross_check_with_torchvision, .timeout = 240) {
   fputs(tv_script, f);
   fclose(f);
   ferry_resampler_t *r;
-  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  cr_assert_eq(ferry__resampler_new(&r, NULL), 0);
   uint64_t s = 99;
   printf("torchvision cross-check: seed 99\n");
   /* A smooth and a noisy image; downscales, upscales, odd boxes. */
@@ -612,9 +612,9 @@ Test(crop, cross_check_with_torchvision, .timeout = 240) {
     fclose(f);
     ferry_box_t box = {cfg[t][2], cfg[t][3], cfg[t][4], cfg[t][5]};
     ferry_window_t win;
-    ferry_window_of_box(&box, &win);
-    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * 3, 3, &win, mine,
-                                oh, ow, NULL),
+    ferry__window_of_box(&box, &win);
+    cr_assert_eq(ferry__resample(r, img, h, w, (size_t)w * 3, 3, &win, mine, oh,
+                                 ow, NULL),
                  0);
     int worst = 0;
     for (size_t i = 0; i < (size_t)oh * ow * 3; i++) {
@@ -640,10 +640,10 @@ Test(crop, cross_check_with_torchvision, .timeout = 240) {
     int th, tw, ttop, tleft, mh, mw;
     ferry_box_t b;
     cr_assert_eq(fscanf(f, "%d %d %d %d", &th, &tw, &ttop, &tleft), 4);
-    ferry_resize_shorter_size(geo_in[t][0], geo_in[t][1], geo_in[t][2], &mh,
-                              &mw);
-    ferry_center_crop_box(geo_in[t][0], geo_in[t][1], geo_in[t][3],
-                          geo_in[t][3], &b);
+    ferry__resize_shorter_size(geo_in[t][0], geo_in[t][1], geo_in[t][2], &mh,
+                               &mw);
+    ferry__center_crop_box(geo_in[t][0], geo_in[t][1], geo_in[t][3],
+                           geo_in[t][3], &b);
     cr_assert(mh == th && mw == tw, "resize(%d) of %dx%d: %dx%d, torchvision "
               "%dx%d", geo_in[t][2], geo_in[t][0], geo_in[t][1], mh, mw, th,
               tw);
@@ -657,19 +657,19 @@ Test(crop, cross_check_with_torchvision, .timeout = 240) {
          "6 shapes\n");
   snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
-  ferry_resampler_free(r);
+  ferry__resampler_free(r);
 }
 
 /* The baseline and AVX2 paths of the resampler give the same bits (the
  * same float operations in the same order, no contraction). */
 Test(crop, resampler_paths_are_bitwise_equal) {
-  if (ferry_imgops_set_isa("avx2") != 0) {
+  if (ferry__imgops_set_isa("avx2") != 0) {
     printf("skip: the CPU has no AVX2\n");
     cr_skip_test("no AVX2");
   }
   uint64_t s = 4242;
   ferry_resampler_t *r;
-  cr_assert_eq(ferry_resampler_new(&r, NULL), 0);
+  cr_assert_eq(ferry__resampler_new(&r, NULL), 0);
   for (int it = 0; it < 60; it++) {
     int h = 1 + (int)(lcg(&s) % 200), w = 1 + (int)(lcg(&s) % 200);
     int oh = 1 + (int)(lcg(&s) % 150), ow = 1 + (int)(lcg(&s) % 150);
@@ -680,15 +680,15 @@ Test(crop, resampler_paths_are_bitwise_equal) {
       img[i] = (uint8_t)lcg(&s);
     ferry_box_t box = {0, 0, h, w};
     ferry_window_t win;
-    ferry_window_of_box(&box, &win);
-    cr_assert_eq(ferry_imgops_set_isa("avx2"), 0);
-    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * c, c, &win, a, oh,
-                                ow, NULL),
-                 0);
-    cr_assert_eq(ferry_imgops_set_isa("scalar"), 0);
-    cr_assert_eq(ferry_resample(r, img, h, w, (size_t)w * c, c, &win, b, oh,
-                                ow, NULL),
-                 0);
+    ferry__window_of_box(&box, &win);
+    cr_assert_eq(ferry__imgops_set_isa("avx2"), 0);
+    cr_assert_eq(
+        ferry__resample(r, img, h, w, (size_t)w * c, c, &win, a, oh, ow, NULL),
+        0);
+    cr_assert_eq(ferry__imgops_set_isa("scalar"), 0);
+    cr_assert_eq(
+        ferry__resample(r, img, h, w, (size_t)w * c, c, &win, b, oh, ow, NULL),
+        0);
     cr_assert(memcmp(a, b, (size_t)oh * ow * c) == 0,
               "seed 4242 iteration %d: %dx%dx%d to %dx%d differs", it, h, w,
               c, oh, ow);
@@ -696,5 +696,5 @@ Test(crop, resampler_paths_are_bitwise_equal) {
     free(a);
     free(b);
   }
-  ferry_resampler_free(r);
+  ferry__resampler_free(r);
 }

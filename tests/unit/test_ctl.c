@@ -23,9 +23,9 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/example.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "example.h"
+#include "tfrecord.h"
 
 #define FERRYCTL FERRY_BINARY_DIR "/client/ctl/ferryctl"
 #define TIMEOUT_MS 30000
@@ -374,28 +374,27 @@ static size_t check_shard(const char *path, size_t img_len, int64_t classes,
                           bool jpeg, int h, int w, int64_t *ids,
                           size_t cap, ferry_compression_t want) {
   ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   ferry_tfr_reader_t *rd = NULL;
   ferry_error_t err;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &rd, &err), 0, "%s", err.msg);
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   size_t n = 0;
   ferry_record_t rec;
   int rc;
-  while ((rc = ferry_tfr_reader_next(rd, &rec, &err)) == 0) {
-    cr_assert_eq(ferry_tfr_reader_compression(rd), want);
-    cr_assert_eq(ferry_example_parse(&ex, rec.data, rec.len, &err), 0,
-                 "%s", err.msg);
+  while ((rc = ferry__tfr_reader_next(rd, &rec, &err)) == 0) {
+    cr_assert_eq(ferry__tfr_reader_compression(rd), want);
+    cr_assert_eq(ferry__example_parse(&ex, rec.data, rec.len, &err), 0, "%s",
+                 err.msg);
     cr_assert_eq(ex.n, 3);
-    const ferry_feature_t *img = ferry_example_find(&ex, "image");
-    const ferry_feature_t *lab = ferry_example_find(&ex, "label");
-    const ferry_feature_t *id = ferry_example_find(&ex, "id");
+    const ferry_feature_t *img = ferry__example_find(&ex, "image");
+    const ferry_feature_t *lab = ferry__example_find(&ex, "label");
+    const ferry_feature_t *id = ferry__example_find(&ex, "id");
     cr_assert(img && lab && id);
     const uint8_t *d;
     size_t len;
-    cr_assert_eq(ferry_feature_bytes(img, 0, &d, &len), 0);
+    cr_assert_eq(ferry__feature_bytes(img, 0, &d, &len), 0);
     if (jpeg) {
       tjhandle tj = tjInitDecompress();
       int jw, jh, ss, cs;
@@ -410,17 +409,17 @@ static size_t check_shard(const char *path, size_t img_len, int64_t classes,
     }
     int64_t v[2];
     size_t nv;
-    cr_assert_eq(ferry_feature_int64s(lab, v, 2, &nv), 0);
+    cr_assert_eq(ferry__feature_int64s(lab, v, 2, &nv), 0);
     cr_assert_eq(nv, 1);
     cr_assert(v[0] >= 0 && v[0] < classes, "label %lld", (long long)v[0]);
-    cr_assert_eq(ferry_feature_int64s(id, v, 2, &nv), 0);
+    cr_assert_eq(ferry__feature_int64s(id, v, 2, &nv), 0);
     cr_assert_eq(nv, 1);
     cr_assert_lt(n, cap);
     ids[n++] = v[0];
   }
   cr_assert_eq(rc, FERRY_EOF, "%s", err.msg);
-  ferry_example_close(&ex);
-  ferry_tfr_reader_free(rd);
+  ferry__example_close(&ex);
+  ferry__tfr_reader_free(rd);
   return n;
 }
 
@@ -519,9 +518,9 @@ static ferry_tfr_reader_t *open_only_shard(const char *dir) {
   char path[600];
   snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", dir);
   ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   ferry_tfr_reader_t *rd = NULL;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &rd, NULL), 0, "%s", path);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &rd, NULL), 0, "%s", path);
   return rd;
 }
 
@@ -536,20 +535,20 @@ Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
   run_free(&r);
   ferry_tfr_reader_t *rd = open_only_shard(dir);
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   ferry_record_t rec;
   bool seen[10] = {false};
   uint8_t first[192];
   bool differ = false;
-  for (int i = 0; ferry_tfr_reader_next(rd, &rec, NULL) == 0; i++) {
-    cr_assert_eq(ferry_example_parse(&ex, rec.data, rec.len, NULL), 0);
+  for (int i = 0; ferry__tfr_reader_next(rd, &rec, NULL) == 0; i++) {
+    cr_assert_eq(ferry__example_parse(&ex, rec.data, rec.len, NULL), 0);
     int64_t label;
     size_t nv;
-    ferry_feature_int64s(ferry_example_find(&ex, "label"), &label, 1, &nv);
+    ferry__feature_int64s(ferry__example_find(&ex, "label"), &label, 1, &nv);
     seen[label] = true;
     const uint8_t *d;
     size_t len;
-    ferry_feature_bytes(ferry_example_find(&ex, "image"), 0, &d, &len);
+    ferry__feature_bytes(ferry__example_find(&ex, "image"), 0, &d, &len);
     cr_assert_eq(len, sizeof(first));
     if (i == 0)
       memcpy(first, d, len);
@@ -562,8 +561,8 @@ Test(ctl, gen_records_vary, .init = setup_tmp, .fini = teardown_tmp) {
   cr_assert_geq(classes_seen, 5, "only %d labels among 50 records",
                 classes_seen);
   cr_assert(differ);
-  ferry_example_close(&ex);
-  ferry_tfr_reader_free(rd);
+  ferry__example_close(&ex);
+  ferry__tfr_reader_free(rd);
 }
 
 /* --content photo --size imagenet: each record has one of ImageNet's
@@ -586,19 +585,19 @@ Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
   run_free(&r);
   ferry_tfr_reader_t *rd = open_only_shard(dir);
   ferry_example_t ex;
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   ferry_record_t rec;
   tjhandle tj = tjInitDecompress();
   cr_assert_not_null(tj);
   uint64_t bytes = 0, pixels = 0;
   int n = 0, h0 = 0, w0 = 0;
   bool sizes_differ = false;
-  while (ferry_tfr_reader_next(rd, &rec, NULL) == 0) {
-    cr_assert_eq(ferry_example_parse(&ex, rec.data, rec.len, NULL), 0);
+  while (ferry__tfr_reader_next(rd, &rec, NULL) == 0) {
+    cr_assert_eq(ferry__example_parse(&ex, rec.data, rec.len, NULL), 0);
     const uint8_t *d;
     size_t len;
     cr_assert_eq(
-        ferry_feature_bytes(ferry_example_find(&ex, "image"), 0, &d, &len),
+        ferry__feature_bytes(ferry__example_find(&ex, "image"), 0, &d, &len),
         0);
     int w, h, sub, cs;
     cr_assert_eq(tjDecompressHeader3(tj, d, (unsigned long)len, &w, &h,
@@ -628,8 +627,8 @@ Test(ctl, gen_photo_imagenet, .init = setup_tmp, .fini = teardown_tmp) {
   cr_assert(printed_bpp > bpp - 0.001 && printed_bpp < bpp + 0.001,
             "printed %.3f, measured %.4f", printed_bpp, bpp);
   tjDestroy(tj);
-  ferry_example_close(&ex);
-  ferry_tfr_reader_free(rd);
+  ferry__example_close(&ex);
+  ferry__tfr_reader_free(rd);
 
   /* Tiny images too (leaves larger than the image, radius 0). */
   static const char *const tiny[] = {"1x1", "2x3", "5x4", "3x40"};
@@ -849,10 +848,10 @@ Test(ctl, inspect_json_escapes_keys_and_values, .init = setup_tmp,
                                0x01, 'k',  0x12, 0x07, 0x0A, 0x05, 0x0A,
                                0x03, 'a',  '"',  'b'};
   ferry_tfr_writer_t *w;
-  cr_assert_eq(ferry_tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, NULL),
+  cr_assert_eq(ferry__tfr_writer_open(path, FERRY_COMPRESSION_NONE, &w, NULL),
                0);
-  cr_assert_eq(ferry_tfr_writer_write(w, ex, sizeof(ex), NULL), 0);
-  cr_assert_eq(ferry_tfr_writer_close(w, NULL), 0);
+  cr_assert_eq(ferry__tfr_writer_write(w, ex, sizeof(ex), NULL), 0);
+  cr_assert_eq(ferry__tfr_writer_close(w, NULL), 0);
   run_t r = run_ctl("records", "inspect", "--json", path, NULL);
   cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
   cr_assert_eq(json_lines(r.out), 1, "%s", r.out);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 
 static char *slurp(const char *rel) {
   char path[1024];

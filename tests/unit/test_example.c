@@ -18,10 +18,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
-#include "ferry/example.h"
-#include "ferry/varint.h"
+#include "alloc.h"
+#include "example.h"
 #include "tensorflow/core/example/example.pb-c.h"
+#include "varint.h"
 
 /* ---- Wire-format builder (plain malloc: the tests count ferry's
  * allocations, not their own). ---- */
@@ -45,7 +45,7 @@ static void wb_put(wb_t *b, const void *d, size_t n) {
 
 static void wb_varint(wb_t *b, uint64_t v) {
   uint8_t tmp[FERRY_VARINT_MAX];
-  wb_put(b, tmp, ferry_varint_put(tmp, v));
+  wb_put(b, tmp, ferry__varint_put(tmp, v));
 }
 
 static void wb_tag(wb_t *b, uint32_t field, unsigned wire) {
@@ -145,7 +145,7 @@ static int64_t get_int64(const ferry_feature_t *f, size_t i) {
   size_t n = 0;
 
   cr_assert_lt(i, 64);
-  cr_assert_eq(ferry_feature_int64s(f, v, 64, &n), 0);
+  cr_assert_eq(ferry__feature_int64s(f, v, 64, &n), 0);
   cr_assert_lt(i, n);
   return v[i];
 }
@@ -163,57 +163,57 @@ static void compare_feature(const ferry_feature_t *f,
     size_t dl;
     cr_assert_eq(f->count, l->n_value, "key '%s'", key);
     for (i = 0; i < l->n_value; i++) {
-      cr_assert_eq(ferry_feature_bytes(f, i, &d, &dl), 0);
+      cr_assert_eq(ferry__feature_bytes(f, i, &d, &dl), 0);
       cr_assert_eq(dl, l->value[i].len, "key '%s' value %zu", key, i);
       if (dl > 0)
         cr_assert_eq(memcmp(d, l->value[i].data, dl), 0);
     }
-    cr_assert_eq(ferry_feature_bytes(f, l->n_value, &d, &dl), FERRY_ERANGE);
-    cr_assert_eq(ferry_feature_int64s(f, NULL, 0, &n), FERRY_EFEATTYPE);
-    cr_assert_eq(ferry_feature_floats(f, NULL, 0, &n), FERRY_EFEATTYPE);
+    cr_assert_eq(ferry__feature_bytes(f, l->n_value, &d, &dl), FERRY_ERANGE);
+    cr_assert_eq(ferry__feature_int64s(f, NULL, 0, &n), FERRY_EFEATTYPE);
+    cr_assert_eq(ferry__feature_floats(f, NULL, 0, &n), FERRY_EFEATTYPE);
   } else if (kind == TENSORFLOW__FEATURE__KIND_FLOAT_LIST) {
     const Tensorflow__FloatList *l = v->float_list;
     float *out = malloc((l->n_value + 1) * sizeof(float));
     cr_assert_eq(f->count, l->n_value, "key '%s'", key);
-    cr_assert_eq(ferry_feature_floats(f, out, l->n_value, &n), 0);
+    cr_assert_eq(ferry__feature_floats(f, out, l->n_value, &n), 0);
     cr_assert_eq(n, l->n_value);
     for (i = 0; i < n; i++)
       cr_assert_eq(fbits(out[i]), fbits(l->value[i]), "key '%s' [%zu]", key,
                    i);
     /* A short buffer gets a prefix and the full count. */
     memset(out, 0, (l->n_value + 1) * sizeof(float));
-    cr_assert_eq(ferry_feature_floats(f, out, l->n_value / 2, &total), 0);
+    cr_assert_eq(ferry__feature_floats(f, out, l->n_value / 2, &total), 0);
     cr_assert_eq(total, l->n_value);
     for (i = 0; i < l->n_value / 2; i++)
       cr_assert_eq(fbits(out[i]), fbits(l->value[i]));
     cr_assert_eq(fbits(out[l->n_value / 2]), 0);
-    cr_assert_eq(ferry_feature_int64s(f, NULL, 0, &n), FERRY_EFEATTYPE);
+    cr_assert_eq(ferry__feature_int64s(f, NULL, 0, &n), FERRY_EFEATTYPE);
     free(out);
   } else if (kind == TENSORFLOW__FEATURE__KIND_INT64_LIST) {
     const Tensorflow__Int64List *l = v->int64_list;
     int64_t *out = malloc((l->n_value + 1) * sizeof(int64_t));
     cr_assert_eq(f->count, l->n_value, "key '%s'", key);
-    cr_assert_eq(ferry_feature_int64s(f, out, l->n_value, &n), 0);
+    cr_assert_eq(ferry__feature_int64s(f, out, l->n_value, &n), 0);
     cr_assert_eq(n, l->n_value);
     for (i = 0; i < n; i++)
       cr_assert_eq(out[i], l->value[i], "key '%s' [%zu]", key, i);
     memset(out, 0, (l->n_value + 1) * sizeof(int64_t));
-    cr_assert_eq(ferry_feature_int64s(f, out, l->n_value / 2, &total), 0);
+    cr_assert_eq(ferry__feature_int64s(f, out, l->n_value / 2, &total), 0);
     cr_assert_eq(total, l->n_value);
     for (i = 0; i < l->n_value / 2; i++)
       cr_assert_eq(out[i], l->value[i]);
     cr_assert_eq(out[l->n_value / 2], 0);
-    cr_assert_eq(ferry_feature_floats(f, NULL, 0, &n), FERRY_EFEATTYPE);
+    cr_assert_eq(ferry__feature_floats(f, NULL, 0, &n), FERRY_EFEATTYPE);
     free(out);
   } else {
     const uint8_t *d;
     size_t dl;
     cr_assert_eq(f->count, 0);
-    cr_assert_eq(ferry_feature_int64s(f, NULL, 0, &n), 0);
+    cr_assert_eq(ferry__feature_int64s(f, NULL, 0, &n), 0);
     cr_assert_eq(n, 0);
-    cr_assert_eq(ferry_feature_floats(f, NULL, 0, &n), 0);
+    cr_assert_eq(ferry__feature_floats(f, NULL, 0, &n), 0);
     cr_assert_eq(n, 0);
-    cr_assert_eq(ferry_feature_bytes(f, 0, &d, &dl), FERRY_ERANGE);
+    cr_assert_eq(ferry__feature_bytes(f, 0, &d, &dl), FERRY_ERANGE);
   }
 }
 
@@ -237,7 +237,7 @@ static void compare_parsed(const ferry_example_t *ex,
     if (!last)
       continue;
     distinct++;
-    f = ferry_example_find(ex, e->key);
+    f = ferry__example_find(ex, e->key);
     cr_assert_not_null(f, "key '%s' not found", e->key);
     cr_assert_eq(f->key_len, strlen(e->key));
     compare_feature(f, e->value, e->key);
@@ -253,13 +253,13 @@ static void check_oracle(const uint8_t *buf, size_t len) {
   Tensorflow__Example *pe = oracle(buf, len);
   int rc;
 
-  ferry_example_init(&ex);
-  rc = ferry_example_parse(&ex, buf, len, &err);
+  ferry__example_init(&ex);
+  rc = ferry__example_parse(&ex, buf, len, &err);
   cr_assert_eq(rc, 0, "ferry rejects: %s", err.msg);
   cr_assert_not_null(pe, "protobuf-c rejects a record ferry accepts");
   compare_parsed(&ex, pe);
   tensorflow__example__free_unpacked(pe, NULL);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
 }
 
 /* ---- Random Examples built with protobuf-c ---- */
@@ -526,21 +526,21 @@ Test(example, protobuf_c_merge_bug) {
                                0x12, 0x02, 0x1a, 0x00};
   ferry_example_t ex;
 
-  ferry_example_init(&ex);
-  cr_assert_eq(ferry_example_parse(&ex, rec, sizeof(rec), NULL), 0);
+  ferry__example_init(&ex);
+  cr_assert_eq(ferry__example_parse(&ex, rec, sizeof(rec), NULL), 0);
   cr_assert_eq(ex.n, 1);
   cr_assert_eq(ex.features[0].kind, FERRY_FEATURE_NONE);
   cr_assert_null(oracle(rec, sizeof(rec)));
   cr_assert(pbc_merge_bug(rec, sizeof(rec)));
   cr_assert(!pbc_merge_bug(ok, sizeof(ok)));
   check_oracle(ok, sizeof(ok));
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
 }
 
 static int differential(const uint8_t *buf, size_t len, ferry_example_t *ex) {
   ferry_error_t err = {0};
   Tensorflow__Example *pe = oracle(buf, len);
-  int rc = ferry_example_parse(ex, buf, len, &err);
+  int rc = ferry__example_parse(ex, buf, len, &err);
   size_t i;
   bool nul = false;
 
@@ -574,7 +574,7 @@ Test(example, mutations_vs_protobuf_c) {
   int iter, k;
   size_t accepted = 0, rejected = 0;
 
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   for (iter = 0; iter < 1500; iter++) {
     size_t len, pos;
     uint8_t *buf = rand_example(&seed, &len);
@@ -611,7 +611,7 @@ Test(example, mutations_vs_protobuf_c) {
     }
     free(buf);
   }
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   /* Both outcomes must be well represented for the test to mean much. */
   cr_assert_gt(accepted, 1000, "accepted %zu", accepted);
   cr_assert_gt(rejected, 1000, "rejected %zu", rejected);
@@ -623,7 +623,7 @@ Test(example, mutations_vs_protobuf_c) {
 
 static void parse_ok(ferry_example_t *ex, const wb_t *b) {
   ferry_error_t err = {0};
-  int rc = ferry_example_parse(ex, b->p, b->n, &err);
+  int rc = ferry__example_parse(ex, b->p, b->n, &err);
   cr_assert_eq(rc, 0, "%s", err.msg);
 }
 
@@ -668,14 +668,14 @@ Test(example, unpacked_and_mixed_lists) {
   wb_entry(&fs, "floats", &feat);
   wb_sub(&rec, 1, &fs);
 
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 2);
-  f = ferry_example_find(&ex, "ints");
+  f = ferry__example_find(&ex, "ints");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_INT64);
   cr_assert_eq(f->count, 5);
-  cr_assert_eq(ferry_feature_int64s(f, iv, 8, &n), 0);
+  cr_assert_eq(ferry__feature_int64s(f, iv, 8, &n), 0);
   cr_assert_eq(n, 5);
   cr_assert_eq(iv[0], 1);
   cr_assert_eq(iv[1], -2);
@@ -684,22 +684,22 @@ Test(example, unpacked_and_mixed_lists) {
   cr_assert_eq(iv[4], 5);
   /* A short buffer stops early but still reports the count. */
   iv[2] = 99;
-  cr_assert_eq(ferry_feature_int64s(f, iv, 2, &n), 0);
+  cr_assert_eq(ferry__feature_int64s(f, iv, 2, &n), 0);
   cr_assert_eq(n, 5);
   cr_assert_eq(iv[2], 99);
-  f = ferry_example_find(&ex, "floats");
+  f = ferry__example_find(&ex, "floats");
   cr_assert_not_null(f);
   cr_assert_eq(f->count, 4);
-  cr_assert_eq(ferry_feature_floats(f, fv, 8, &n), 0);
+  cr_assert_eq(ferry__feature_floats(f, fv, 8, &n), 0);
   cr_assert_eq(n, 4);
   cr_assert_float_eq(fv[0], 1.5f, 0);
   cr_assert_float_eq(fv[1], 2.5f, 0);
   cr_assert_float_eq(fv[2], -3.0f, 0);
   cr_assert_float_eq(fv[3], 4.0f, 0);
-  cr_assert_eq(ferry_feature_floats(f, fv, 3, &n), 0);
+  cr_assert_eq(ferry__feature_floats(f, fv, 3, &n), 0);
   cr_assert_eq(n, 4);
   check_oracle(rec.p, rec.n);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&ints);
   wb_free(&floats);
   wb_free(&packed);
@@ -744,29 +744,29 @@ Test(example, unknown_fields_every_level) {
   wb_sub(&rec, 1, &fs);
   wb_unknowns(&rec, 536870900); /* the largest field numbers */
 
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 2);
-  f = ferry_example_find(&ex, "img");
+  f = ferry__example_find(&ex, "img");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_BYTES);
   cr_assert_eq(f->count, 2);
-  cr_assert_eq(ferry_feature_bytes(f, 0, &d, &dl), 0);
+  cr_assert_eq(ferry__feature_bytes(f, 0, &d, &dl), 0);
   cr_assert_eq(dl, 5);
   cr_assert_eq(memcmp(d, "first", 5), 0);
   /* Zero copy: the value points into the record. */
   cr_assert(d > rec.p && d < rec.p + rec.n);
-  cr_assert_eq(ferry_feature_bytes(f, 1, &d, &dl), 0);
+  cr_assert_eq(ferry__feature_bytes(f, 1, &d, &dl), 0);
   cr_assert_eq(dl, 6);
   cr_assert_eq(memcmp(d, "second", 6), 0);
-  cr_assert_eq(ferry_feature_bytes(f, 2, &d, &dl), FERRY_ERANGE);
-  f = ferry_example_find(&ex, "label");
+  cr_assert_eq(ferry__feature_bytes(f, 2, &d, &dl), FERRY_ERANGE);
+  f = ferry__example_find(&ex, "label");
   cr_assert_not_null(f);
-  cr_assert_eq(ferry_feature_int64s(f, v, 4, &n), 0);
+  cr_assert_eq(ferry__feature_int64s(f, v, 4, &n), 0);
   cr_assert_eq(n, 1);
   cr_assert_eq(v[0], 42);
   check_oracle(rec.p, rec.n);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&bl);
   wb_free(&il);
   wb_free(&feat);
@@ -854,48 +854,48 @@ Test(example, entry_orders_repeats_and_merges) {
   wb_entry(&fs2, "rev", &feat);
   wb_sub(&rec, 1, &fs2);
 
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 10);
-  f = ferry_example_find(&ex, "rev");
+  f = ferry__example_find(&ex, "rev");
   cr_assert_not_null(f);
   cr_assert_eq(get_int64(f, 0), 3);
-  f = ferry_example_find(&ex, "dup");
+  f = ferry__example_find(&ex, "dup");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_BYTES);
-  cr_assert_eq(ferry_feature_bytes(f, 0, &d, &dl), 0);
+  cr_assert_eq(ferry__feature_bytes(f, 0, &d, &dl), 0);
   cr_assert_eq(dl, 5);
   cr_assert_eq(memcmp(d, "later", 5), 0);
-  f = ferry_example_find(&ex, "");
+  f = ferry__example_find(&ex, "");
   cr_assert_not_null(f);
   cr_assert_eq(f->key_len, 0);
   cr_assert_eq(get_int64(f, 0), 3);
-  f = ferry_example_find(&ex, "novalue");
+  f = ferry__example_find(&ex, "novalue");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_NONE);
   cr_assert_eq(f->count, 0);
-  cr_assert_null(ferry_example_find(&ex, "old"));
-  cr_assert_not_null(ferry_example_find(&ex, "new"));
-  f = ferry_example_find(&ex, "oneof");
+  cr_assert_null(ferry__example_find(&ex, "old"));
+  cr_assert_not_null(ferry__example_find(&ex, "new"));
+  f = ferry__example_find(&ex, "oneof");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_BYTES);
   cr_assert_eq(f->count, 1);
-  f = ferry_example_find(&ex, "merge");
+  f = ferry__example_find(&ex, "merge");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_INT64);
   cr_assert_eq(get_int64(f, 0), 2);
-  f = ferry_example_find(&ex, "merge2");
+  f = ferry__example_find(&ex, "merge2");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_BYTES);
-  f = ferry_example_find(&ex, "empty");
+  f = ferry__example_find(&ex, "empty");
   cr_assert_not_null(f);
   cr_assert_eq(f->kind, FERRY_FEATURE_NONE);
-  cr_assert_str_eq(ferry_feature_kind_name(f->kind), "none");
-  f = ferry_example_find(&ex, "second");
+  cr_assert_str_eq(ferry__feature_kind_name(f->kind), "none");
+  f = ferry__example_find(&ex, "second");
   cr_assert_not_null(f);
   cr_assert_eq(get_int64(f, 0), 3);
   check_oracle(rec.p, rec.n);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&feat);
   wb_free(&entry);
   wb_free(&fs);
@@ -914,25 +914,25 @@ Test(example, find_is_exact) {
   wb_entry(&fs, "abc", &feat);
   wb_entry(&fs, "b", &feat);
   wb_sub(&rec, 1, &fs);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 3);
-  cr_assert_null(ferry_example_find(&ex, "a"));
-  cr_assert_null(ferry_example_find(&ex, ""));
-  cr_assert_null(ferry_example_find(&ex, "abcd"));
-  cr_assert_null(ferry_example_find(&ex, "B"));
-  cr_assert_null(ferry_example_find(&ex, NULL));
-  cr_assert_eq(ferry_example_find(&ex, "ab")->key_len, 2);
-  cr_assert_eq(ferry_example_find(&ex, "abc")->key_len, 3);
-  cr_assert_eq(ferry_example_find(&ex, "b")->key_len, 1);
+  cr_assert_null(ferry__example_find(&ex, "a"));
+  cr_assert_null(ferry__example_find(&ex, ""));
+  cr_assert_null(ferry__example_find(&ex, "abcd"));
+  cr_assert_null(ferry__example_find(&ex, "B"));
+  cr_assert_null(ferry__example_find(&ex, NULL));
+  cr_assert_eq(ferry__example_find(&ex, "ab")->key_len, 2);
+  cr_assert_eq(ferry__example_find(&ex, "abc")->key_len, 3);
+  cr_assert_eq(ferry__example_find(&ex, "b")->key_len, 1);
   /* An empty record and a record without features have no keys. */
-  cr_assert_eq(ferry_example_parse(&ex, rec.p, 0, NULL), 0);
+  cr_assert_eq(ferry__example_parse(&ex, rec.p, 0, NULL), 0);
   cr_assert_eq(ex.n, 0);
-  cr_assert_null(ferry_example_find(&ex, "ab"));
-  cr_assert_eq(ferry_example_parse(&ex, (const uint8_t *)"\x0a\x00", 2, NULL),
+  cr_assert_null(ferry__example_find(&ex, "ab"));
+  cr_assert_eq(ferry__example_parse(&ex, (const uint8_t *)"\x0a\x00", 2, NULL),
                0);
   cr_assert_eq(ex.n, 0);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&feat);
   wb_free(&fs);
   wb_free(&rec);
@@ -954,24 +954,24 @@ Test(example, accessor_types) {
   wb_sub(&feat, 2, &fl);
   wb_entry(&fs, "float", &feat);
   wb_sub(&rec, 1, &fs);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
-  f = ferry_example_find(&ex, "bytes");
-  cr_assert_eq(ferry_feature_int64s(f, iv, 2, &n), FERRY_EFEATTYPE);
-  cr_assert_eq(ferry_feature_floats(f, fv, 2, &n), FERRY_EFEATTYPE);
-  cr_assert_eq(ferry_feature_bytes(f, 1, &d, &dl), FERRY_ERANGE);
-  f = ferry_example_find(&ex, "float");
-  cr_assert_eq(ferry_feature_bytes(f, 0, &d, &dl), FERRY_EFEATTYPE);
-  cr_assert_eq(ferry_feature_int64s(f, iv, 2, &n), FERRY_EFEATTYPE);
-  cr_assert_eq(ferry_feature_floats(f, fv, 2, &n), 0);
+  f = ferry__example_find(&ex, "bytes");
+  cr_assert_eq(ferry__feature_int64s(f, iv, 2, &n), FERRY_EFEATTYPE);
+  cr_assert_eq(ferry__feature_floats(f, fv, 2, &n), FERRY_EFEATTYPE);
+  cr_assert_eq(ferry__feature_bytes(f, 1, &d, &dl), FERRY_ERANGE);
+  f = ferry__example_find(&ex, "float");
+  cr_assert_eq(ferry__feature_bytes(f, 0, &d, &dl), FERRY_EFEATTYPE);
+  cr_assert_eq(ferry__feature_int64s(f, iv, 2, &n), FERRY_EFEATTYPE);
+  cr_assert_eq(ferry__feature_floats(f, fv, 2, &n), 0);
   cr_assert_eq(n, 1);
   cr_assert_float_eq(fv[0], 0.5f, 0);
-  cr_assert_str_eq(ferry_feature_kind_name(FERRY_FEATURE_BYTES), "bytes");
-  cr_assert_str_eq(ferry_feature_kind_name(FERRY_FEATURE_FLOAT), "float");
-  cr_assert_str_eq(ferry_feature_kind_name(FERRY_FEATURE_INT64), "int64");
-  cr_assert_str_eq(ferry_feature_kind_name((ferry_feature_kind_t)9),
+  cr_assert_str_eq(ferry__feature_kind_name(FERRY_FEATURE_BYTES), "bytes");
+  cr_assert_str_eq(ferry__feature_kind_name(FERRY_FEATURE_FLOAT), "float");
+  cr_assert_str_eq(ferry__feature_kind_name(FERRY_FEATURE_INT64), "int64");
+  cr_assert_str_eq(ferry__feature_kind_name((ferry_feature_kind_t)9),
                    "unknown");
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&feat);
   wb_free(&fs);
   wb_free(&rec);
@@ -990,8 +990,8 @@ static void expect_bad(const void *buf, size_t len, int code, size_t at,
   char want[256];
   int rc;
 
-  ferry_example_init(&ex);
-  rc = ferry_example_parse(&ex, buf, len, &err);
+  ferry__example_init(&ex);
+  rc = ferry__example_parse(&ex, buf, len, &err);
   cr_assert_eq(rc, code, "code %d (%s), want %d: %s", rc, ferry_err_name(rc),
                code, err.msg);
   cr_assert_eq(err.code, code);
@@ -1000,12 +1000,12 @@ static void expect_bad(const void *buf, size_t len, int code, size_t at,
   cr_assert_eq(strncmp(err.msg, want, strlen(want)), 0,
                "message '%s', want prefix '%s'", err.msg, want);
   /* Without an error object the code is the same. */
-  cr_assert_eq(ferry_example_parse(&ex, buf, len, NULL), code);
+  cr_assert_eq(ferry__example_parse(&ex, buf, len, NULL), code);
   if (oracle_rejects) {
     Tensorflow__Example *pe = oracle(buf, len);
     cr_assert_null(pe, "protobuf-c accepts a malformed record (%s)", err.msg);
   }
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
 }
 
 #define BAD(code, at, path, bytes)                                            \
@@ -1114,14 +1114,14 @@ Test(example, error_message_format) {
   wb_sub(&rec, 1, &fs);
   end = rec.n;
   at = end - 5;
-  ferry_example_init(&ex);
-  cr_assert_eq(ferry_example_parse(&ex, rec.p, rec.n, &err), FERRY_EOVERRUN);
+  ferry__example_init(&ex);
+  cr_assert_eq(ferry__example_parse(&ex, rec.p, rec.n, &err), FERRY_EOVERRUN);
   snprintf(want, sizeof(want),
            "Example: byte %zu: features.feature[2].value: length 900 runs "
            "past the end of the enclosing message (ends at byte %zu)",
            at, end);
   cr_assert_str_eq(err.msg, want);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&fs);
   wb_free(&rec);
   wb_free(&feat);
@@ -1159,15 +1159,15 @@ static void check_no_alloc(const wb_t *rec) {
   ferry_alloc_stats_t before, after;
   int i;
 
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, rec);
   ferry__alloc_stats(&before);
   for (i = 0; i < 1000; i++)
-    cr_assert_eq(ferry_example_parse(&ex, rec->p, rec->n, NULL), 0);
+    cr_assert_eq(ferry__example_parse(&ex, rec->p, rec->n, NULL), 0);
   ferry__alloc_stats(&after);
   cr_assert_eq(after.blocks, before.blocks);
   cr_assert_eq(after.bytes, before.bytes);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   ferry__alloc_stats(&after);
   cr_assert_lt(after.blocks, before.blocks);
 }
@@ -1189,15 +1189,15 @@ Test(example, out_of_memory) {
   ferry_error_t err = {0};
 
   build_many(&rec, 3, 0);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   ferry__alloc_fail_after(0);
-  cr_assert_eq(ferry_example_parse(&ex, rec.p, rec.n, &err), FERRY_ENOMEM);
+  cr_assert_eq(ferry__example_parse(&ex, rec.p, rec.n, &err), FERRY_ENOMEM);
   ferry__alloc_fail_reset();
   cr_assert_eq(ex.n, 0);
   cr_assert_neq(strstr(err.msg, "out of memory"), NULL, "%s", err.msg);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 3);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&rec);
 }
 
@@ -1211,25 +1211,25 @@ Test(example, many_keys) {
   size_t nkeys = 100000, i;
 
   build_many(&rec, nkeys, nkeys);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, nkeys);
   for (i = 0; i < nkeys; i += 997) {
     const ferry_feature_t *f;
     snprintf(key, sizeof(key), "key/%zu", i);
-    f = ferry_example_find(&ex, key);
+    f = ferry__example_find(&ex, key);
     cr_assert_not_null(f, "%s", key);
     cr_assert_eq(get_int64(f, 0), (int64_t)(i + nkeys));
   }
-  cr_assert_null(ferry_example_find(&ex, "key/100000"));
+  cr_assert_null(ferry__example_find(&ex, "key/100000"));
   /* A small record after a big one drops back to the linear scan. */
   wb_free(&rec);
   build_many(&rec, 4, 4);
   parse_ok(&ex, &rec);
   cr_assert_eq(ex.n, 4);
-  cr_assert_eq(get_int64(ferry_example_find(&ex, "key/3"), 0), 7);
+  cr_assert_eq(get_int64(ferry__example_find(&ex, "key/3"), 0), 7);
   check_oracle(rec.p, rec.n);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&rec);
 }
 
@@ -1261,23 +1261,23 @@ Test(example, speed_raw_image) {
   wb_int64_feature(&feat, &id, 1);
   wb_entry(&fs, "id", &feat);
   wb_sub(&rec, 1, &fs);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (i = 0; i < iters; i++) {
     const ferry_feature_t *f;
-    cr_assert_eq(ferry_example_parse(&ex, rec.p, rec.n, NULL), 0);
-    f = ferry_example_find(&ex, "image");
-    cr_assert_eq(ferry_feature_bytes(f, 0, &d, &n), 0);
+    cr_assert_eq(ferry__example_parse(&ex, rec.p, rec.n, NULL), 0);
+    f = ferry__example_find(&ex, "image");
+    cr_assert_eq(ferry__feature_bytes(f, 0, &d, &n), 0);
     cr_assert_eq(n, 3072);
-    cr_assert_eq(ferry_feature_int64s(ferry_example_find(&ex, "label"), &v,
-                                      1, &n), 0);
+    cr_assert_eq(
+        ferry__feature_int64s(ferry__example_find(&ex, "label"), &v, 1, &n), 0);
     cr_assert_eq(v, 7);
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
   printf("example: %zu-byte raw-image record: parse+find+get %.0f records/s\n",
          rec.n, (double)iters / s);
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   wb_free(&fs);
   wb_free(&feat);
   wb_free(&rec);
@@ -1374,10 +1374,10 @@ static bool testdata_present(void) {
 
 static const ferry_feature_t *need(const ferry_example_t *ex, const char *key,
                                    ferry_feature_kind_t kind, size_t count) {
-  const ferry_feature_t *f = ferry_example_find(ex, key);
+  const ferry_feature_t *f = ferry__example_find(ex, key);
   cr_assert_not_null(f, "missing key %s", key);
   cr_assert_eq(f->kind, kind, "%s: kind %s", key,
-               ferry_feature_kind_name(f->kind));
+               ferry__feature_kind_name(f->kind));
   if (count != SIZE_MAX)
     cr_assert_eq(f->count, count, "%s: count %zu", key, f->count);
   return f;
@@ -1390,8 +1390,9 @@ static int64_t int64_of(const ferry_example_t *ex, const char *key) {
 static size_t bytes_of(const ferry_example_t *ex, const char *key,
                        const uint8_t **d) {
   size_t len;
-  cr_assert_eq(ferry_feature_bytes(need(ex, key, FERRY_FEATURE_BYTES, 1), 0,
-                                   d, &len), 0);
+  cr_assert_eq(
+      ferry__feature_bytes(need(ex, key, FERRY_FEATURE_BYTES, 1), 0, d, &len),
+      0);
   return len;
 }
 
@@ -1492,10 +1493,12 @@ static long check_facts(const char *name, size_t i, const ferry_example_t *ex,
     float fv[10];
     cr_assert_eq(rc, 0);
     cr_assert_eq(ex->n, 3);
-    cr_assert_eq(ferry_feature_int64s(need(ex, "x_int", FERRY_FEATURE_INT64,
-                                           10), iv, 10, &n), 0);
-    cr_assert_eq(ferry_feature_floats(need(ex, "x_float", FERRY_FEATURE_FLOAT,
-                                           10), fv, 10, &n), 0);
+    cr_assert_eq(ferry__feature_int64s(
+                     need(ex, "x_int", FERRY_FEATURE_INT64, 10), iv, 10, &n),
+                 0);
+    cr_assert_eq(ferry__feature_floats(
+                     need(ex, "x_float", FERRY_FEATURE_FLOAT, 10), fv, 10, &n),
+                 0);
     for (j = 0; j < 10; j++) {
       cr_assert_eq(iv[j], (int64_t)(100 * i + 10 * j));
       cr_assert_float_eq(fv[j], (float)(10 * i + j), 0);
@@ -1511,7 +1514,7 @@ static long check_facts(const char *name, size_t i, const ferry_example_t *ex,
     cr_assert_eq(int64_of(ex, "image/channels"), 3);
     cr_assert(bytes_is(ex, "image/format", "JPG"));
     need(ex, "image/context_features", FERRY_FEATURE_FLOAT, 32912);
-    cr_assert_null(ferry_example_find(ex, "image/encoded"));
+    cr_assert_null(ferry__example_find(ex, "image/encoded"));
     return 1;
   }
   if (strcmp(name, "zzw922cn_test.tfrecords") == 0) {
@@ -1560,7 +1563,7 @@ static long check_facts(const char *name, size_t i, const ferry_example_t *ex,
     cr_assert_eq(rc, 0);
     cr_assert_eq(ex->n, 8);
     cr_assert_eq(int64_of(ex, "image/channels"), 3);
-    cr_assert_null(ferry_example_find(ex, "image/class/label"));
+    cr_assert_null(ferry__example_find(ex, "image/class/label"));
     if (i == 0)
       cr_assert(bytes_is(ex, "image/filename", "2007_000033"));
     cr_assert(bytes_is(ex, "image/format", "jpeg"));
@@ -1572,7 +1575,7 @@ static long check_facts(const char *name, size_t i, const ferry_example_t *ex,
     cr_assert_eq(rc, 0);
     f = need(ex, "image/class/label", FERRY_FEATURE_BYTES, 1);
     cr_assert(bytes_is(ex, "image/class/label", "bankcard"));
-    cr_assert_eq(ferry_feature_int64s(f, &v, 1, &n), FERRY_EFEATTYPE);
+    cr_assert_eq(ferry__feature_int64s(f, &v, 1, &n), FERRY_EFEATTYPE);
     return 5;
   }
   if (strcmp(name, "DAMAGED_crlf_pets_examples.record") == 0) {
@@ -1615,7 +1618,7 @@ Test(example, conformance_testdata, .timeout = 240) {
   }
   closedir(dir);
   qsort(names, nnames, sizeof(names[0]), by_name);
-  ferry_example_init(&ex);
+  ferry__example_init(&ex);
   for (k = 0; k < nnames; k++) {
     tfr_t t;
     const uint8_t *rec;
@@ -1625,7 +1628,7 @@ Test(example, conformance_testdata, .timeout = 240) {
     while (tfr_next(&t, &rec, &len)) {
       ferry_error_t err = {0};
       Tensorflow__Example *pe = oracle(rec, len);
-      int rc = ferry_example_parse(&ex, rec, len, &err);
+      int rc = ferry__example_parse(&ex, rec, len, &err);
       /* ferry and protobuf-c agree on every record. */
       cr_assert_eq(rc == 0, pe != NULL, "%s record %zu: ferry %d (%s)",
                    names[k], i, rc, err.msg);
@@ -1646,7 +1649,7 @@ Test(example, conformance_testdata, .timeout = 240) {
     free(t.data);
     free(names[k]);
   }
-  ferry_example_close(&ex);
+  ferry__example_close(&ex);
   cr_assert_geq(checked, 14, "only %zu files with known facts", checked);
   printf("example: conformance: %zu files, %zu records, %zu with facts\n",
          nnames, total, checked);

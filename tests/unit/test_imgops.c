@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/imgops.h"
+#include "alloc.h"
+#include "imgops.h"
 
 static const char *isas[] = {"scalar", "avx2", "avx512"};
 
@@ -27,23 +27,23 @@ Test(imgops, decode_raw_copies_and_checks_size) {
   ferry_error_t err;
   for (int i = 0; i < 24; i++)
     src[i] = (uint8_t)(i * 7);
-  cr_assert_eq(ferry_decode_raw(src, 24, 2, 4, 3, dst, &err), 0);
+  cr_assert_eq(ferry__decode_raw(src, 24, 2, 4, 3, dst, &err), 0);
   cr_assert_arr_eq(src, dst, 24);
-  cr_assert_eq(ferry_decode_raw(src, 23, 2, 4, 3, dst, &err), FERRY_EIMGSIZE);
+  cr_assert_eq(ferry__decode_raw(src, 23, 2, 4, 3, dst, &err), FERRY_EIMGSIZE);
   cr_assert_eq(err.code, FERRY_EIMGSIZE);
   cr_assert(strstr(err.msg, "24") != NULL && strstr(err.msg, "23") != NULL,
             "message names both sizes: %s", err.msg);
-  cr_assert_eq(ferry_decode_raw(src, 24, 0, 4, 3, dst, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__decode_raw(src, 24, 0, 4, 3, dst, &err), FERRY_EINVAL);
 }
 
 Test(imgops, isa_names) {
-  const char *now = ferry_imgops_isa();
+  const char *now = ferry__imgops_isa();
   cr_assert(strcmp(now, "scalar") == 0 || strcmp(now, "avx2") == 0 ||
             strcmp(now, "avx512") == 0);
-  cr_assert_eq(ferry_imgops_set_isa("scalar"), 0);
-  cr_assert_str_eq(ferry_imgops_isa(), "scalar");
-  cr_assert_eq(ferry_imgops_set_isa("sse9"), FERRY_EINVAL);
-  cr_assert_eq(ferry_imgops_set_isa(NULL), FERRY_EINVAL);
+  cr_assert_eq(ferry__imgops_set_isa("scalar"), 0);
+  cr_assert_str_eq(ferry__imgops_isa(), "scalar");
+  cr_assert_eq(ferry__imgops_set_isa("sse9"), FERRY_EINVAL);
+  cr_assert_eq(ferry__imgops_set_isa(NULL), FERRY_EINVAL);
 }
 
 /* 6x6x1: two bright pixels, one in a corner; the max spreads to the
@@ -60,10 +60,10 @@ Test(imgops, dilate_golden_6x6x1) {
   in[0] = 9;
   in[2 * 6 + 3] = 200;
   for (int l = 0; l < 3; l++) {
-    if (ferry_imgops_set_isa(isas[l]) != 0)
+    if (ferry__imgops_set_isa(isas[l]) != 0)
       continue;
     memset(out, 0xAA, sizeof(out));
-    ferry_dilate3x3(in, out, 6, 6, 1);
+    ferry__dilate3x3(in, out, 6, 6, 1);
     cr_assert_arr_eq(out, want, 36, "isa %s", isas[l]);
   }
 }
@@ -81,9 +81,9 @@ Test(imgops, dilate_golden_7x9x3) {
       in[(y * W + x) * C + 2] = 7;
     }
   for (int l = 0; l < 3; l++) {
-    if (ferry_imgops_set_isa(isas[l]) != 0)
+    if (ferry__imgops_set_isa(isas[l]) != 0)
       continue;
-    ferry_dilate3x3(in, out, H, W, C);
+    ferry__dilate3x3(in, out, H, W, C);
     for (int y = 0; y < H; y++)
       for (int x = 0; x < W; x++) {
         int yb = y + 1 < H ? y + 1 : y, xb = x + 1 < W ? x + 1 : x;
@@ -100,12 +100,12 @@ static void dilate_check(int h, int w, int c) {
   uint8_t *in = malloc(n), *ref = malloc(n), *out = malloc(n);
   for (size_t i = 0; i < n; i++)
     in[i] = rnd8();
-  ferry_dilate3x3_reference(in, ref, h, w, c);
+  ferry__dilate3x3_reference(in, ref, h, w, c);
   for (int l = 0; l < 3; l++) {
-    if (ferry_imgops_set_isa(isas[l]) != 0)
+    if (ferry__imgops_set_isa(isas[l]) != 0)
       continue;
     memset(out, 0x55, n);
-    ferry_dilate3x3(in, out, h, w, c);
+    ferry__dilate3x3(in, out, h, w, c);
     cr_assert(memcmp(ref, out, n) == 0, "dilate %s differs at %dx%dx%d",
               isas[l], h, w, c);
   }
@@ -133,7 +133,7 @@ Test(imgops, dilate_all_levels_bitwise) {
 
 Test(imgops, blur_kernel_matches_ops_constants) {
   float k[11], sum = 0.0f;
-  ferry_blur_kernel(11, 0.8f, k);
+  ferry__blur_kernel(11, 0.8f, k);
   for (int j = 0; j <= 5; j++) {
     /* OPS.md gives k5 = 1.64e-9 to three digits only. */
     double tol = j == 5 ? 5e-3 : 1e-7;
@@ -165,13 +165,13 @@ static void blur_impulse(int h, int w, int c, int py, int px, int ch,
   size_t n = (size_t)h * w * c;
   uint8_t *in = calloc(n, 1), *out = malloc(n), *ref = malloc(n);
   ferry_blur_t *b;
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &b, NULL), 0);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &b, NULL), 0);
   in[((size_t)py * w + px) * c + ch] = (uint8_t)v;
-  cr_assert_eq(ferry_blur_reference(11, 0.8f, in, ref, h, w, c), 0);
+  cr_assert_eq(ferry__blur_reference(11, 0.8f, in, ref, h, w, c), 0);
   for (int l = 0; l < 3; l++) {
-    if (ferry_imgops_set_isa(isas[l]) != 0)
+    if (ferry__imgops_set_isa(isas[l]) != 0)
       continue;
-    cr_assert_eq(ferry_blur_apply(b, in, out, h, w, c, NULL), 0);
+    cr_assert_eq(ferry__blur_apply(b, in, out, h, w, c, NULL), 0);
     for (int y = 0; y < h; y++)
       for (int x = 0; x < w; x++)
         for (int q = 0; q < c; q++) {
@@ -185,7 +185,7 @@ static void blur_impulse(int h, int w, int c, int py, int px, int ch,
                     x, q, got, gr, e);
         }
   }
-  ferry_blur_free(b);
+  ferry__blur_free(b);
   free(in);
   free(out);
   free(ref);
@@ -201,10 +201,10 @@ Test(imgops, blur_golden_impulses) {
   uint8_t in[36] = {0}, out[36];
   ferry_blur_t *b;
   in[2 * 6 + 3] = 255;
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &b, NULL), 0);
-  cr_assert_eq(ferry_blur_apply(b, in, out, 6, 6, 1, NULL), 0);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &b, NULL), 0);
+  cr_assert_eq(ferry__blur_apply(b, in, out, 6, 6, 1, NULL), 0);
   cr_assert(out[3] == 5 || out[3] == 4, "got %d", out[3]);
-  ferry_blur_free(b);
+  ferry__blur_free(b);
 }
 
 Test(imgops, blur_all_levels_within_one_of_reference) {
@@ -214,7 +214,7 @@ Test(imgops, blur_all_levels_within_one_of_reference) {
   int ns = (int)(sizeof(sizes) / sizeof(sizes[0]));
   int maxdiff[3] = {0, 0, 0};
   ferry_blur_t *b;
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &b, NULL), 0);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &b, NULL), 0);
   for (int ci = 0; ci < 3; ci++)
     for (int hi = 0; hi < ns; hi++)
       for (int wi = 0; wi < ns; wi++) {
@@ -225,11 +225,11 @@ Test(imgops, blur_all_levels_within_one_of_reference) {
         uint8_t *in = malloc(n), *ref = malloc(n), *out = malloc(n);
         for (size_t i = 0; i < n; i++)
           in[i] = rnd8();
-        cr_assert_eq(ferry_blur_reference(11, 0.8f, in, ref, h, w, c), 0);
+        cr_assert_eq(ferry__blur_reference(11, 0.8f, in, ref, h, w, c), 0);
         for (int l = 0; l < 3; l++) {
-          if (ferry_imgops_set_isa(isas[l]) != 0)
+          if (ferry__imgops_set_isa(isas[l]) != 0)
             continue;
-          cr_assert_eq(ferry_blur_apply(b, in, out, h, w, c, NULL), 0);
+          cr_assert_eq(ferry__blur_apply(b, in, out, h, w, c, NULL), 0);
           for (size_t i = 0; i < n; i++) {
             int d = abs((int)out[i] - (int)ref[i]);
             if (d > maxdiff[l])
@@ -246,7 +246,7 @@ Test(imgops, blur_all_levels_within_one_of_reference) {
               maxdiff[0], maxdiff[1], maxdiff[2]);
   printf("blur max |diff| vs reference: scalar %d, avx2 %d, avx512 %d\n",
          maxdiff[0], maxdiff[1], maxdiff[2]);
-  ferry_blur_free(b);
+  ferry__blur_free(b);
 }
 
 Test(imgops, blur_other_sizes_and_channels) {
@@ -260,19 +260,19 @@ Test(imgops, blur_other_sizes_and_channels) {
         size_t n = (size_t)h * w * c;
         uint8_t *in = malloc(n), *ref = malloc(n), *out = malloc(n);
         ferry_blur_t *b;
-        cr_assert_eq(ferry_blur_new(ks[t], 1.3f, &b, NULL), 0);
+        cr_assert_eq(ferry__blur_new(ks[t], 1.3f, &b, NULL), 0);
         for (size_t i = 0; i < n; i++)
           in[i] = rnd8();
-        cr_assert_eq(ferry_blur_reference(ks[t], 1.3f, in, ref, h, w, c), 0);
+        cr_assert_eq(ferry__blur_reference(ks[t], 1.3f, in, ref, h, w, c), 0);
         for (int l = 0; l < 3; l++) {
-          if (ferry_imgops_set_isa(isas[l]) != 0)
+          if (ferry__imgops_set_isa(isas[l]) != 0)
             continue;
-          cr_assert_eq(ferry_blur_apply(b, in, out, h, w, c, NULL), 0);
+          cr_assert_eq(ferry__blur_apply(b, in, out, h, w, c, NULL), 0);
           for (size_t i = 0; i < n; i++)
             cr_assert(abs((int)out[i] - (int)ref[i]) <= 1,
                       "%s k%d %dx%dx%d at %zu", isas[l], ks[t], h, w, c, i);
         }
-        ferry_blur_free(b);
+        ferry__blur_free(b);
         free(in);
         free(ref);
         free(out);
@@ -284,11 +284,11 @@ static void blur_levels(ferry_blur_t *b, const uint8_t *in, uint8_t **out,
                         int h, int w, int c, int *have) {
   size_t n = (size_t)h * w * c;
   for (int l = 0; l < 3; l++) {
-    have[l] = ferry_imgops_set_isa(isas[l]) == 0;
+    have[l] = ferry__imgops_set_isa(isas[l]) == 0;
     if (!have[l])
       continue;
     memset(out[l], 0x5a, n);
-    cr_assert_eq(ferry_blur_apply(b, in, out[l], h, w, c, NULL), 0);
+    cr_assert_eq(ferry__blur_apply(b, in, out[l], h, w, c, NULL), 0);
   }
 }
 
@@ -306,7 +306,7 @@ Test(imgops, blur_paths_agree_bitwise) {
   for (int t = 0; t < 6; t++) {
     int k = ks[t], r = k / 2;
     ferry_blur_t *b;
-    cr_assert_eq(ferry_blur_new(k, k == 11 ? 0.8f : 0.3f * k, &b, NULL), 0);
+    cr_assert_eq(ferry__blur_new(k, k == 11 ? 0.8f : 0.3f * k, &b, NULL), 0);
     for (int it = 0; it < 120; it++) {
       int c = 1 + it % 9;
       int h = it < 9 ? r + 1 : r + 1 + rnd8() % 23;
@@ -339,7 +339,7 @@ Test(imgops, blur_paths_agree_bitwise) {
         free(out[l]);
       free(in);
     }
-    ferry_blur_free(b);
+    ferry__blur_free(b);
   }
   cr_log_info("blur paths compared: avx2 %d, avx512 %d shapes", ran[1],
               ran[2]);
@@ -351,17 +351,17 @@ Test(imgops, blur_too_small_and_bad_args) {
   uint8_t img[5 * 40 * 3] = {0}, out[5 * 40 * 3];
   ferry_blur_t *b;
   ferry_error_t err;
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &b, &err), 0);
-  cr_assert_eq(ferry_blur_apply(b, img, out, 5, 40, 3, &err), FERRY_ETOOSMALL);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &b, &err), 0);
+  cr_assert_eq(ferry__blur_apply(b, img, out, 5, 40, 3, &err), FERRY_ETOOSMALL);
   cr_assert(strstr(err.msg, "11") != NULL && strstr(err.msg, ">= 6") != NULL,
             "%s", err.msg);
-  cr_assert_eq(ferry_blur_apply(b, img, out, 40, 5, 3, &err), FERRY_ETOOSMALL);
-  cr_assert_eq(ferry_blur_reference(11, 0.8f, img, out, 5, 40, 3),
+  cr_assert_eq(ferry__blur_apply(b, img, out, 40, 5, 3, &err), FERRY_ETOOSMALL);
+  cr_assert_eq(ferry__blur_reference(11, 0.8f, img, out, 5, 40, 3),
                FERRY_ETOOSMALL);
-  ferry_blur_free(b);
-  cr_assert_eq(ferry_blur_new(10, 0.8f, &b, &err), FERRY_EINVAL);
-  cr_assert_eq(ferry_blur_new(33, 0.8f, &b, &err), FERRY_EINVAL);
-  cr_assert_eq(ferry_blur_new(11, 0.0f, &b, &err), FERRY_EINVAL);
+  ferry__blur_free(b);
+  cr_assert_eq(ferry__blur_new(10, 0.8f, &b, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__blur_new(33, 0.8f, &b, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__blur_new(11, 0.0f, &b, &err), FERRY_EINVAL);
 }
 
 Test(imgops, blur_no_allocation_in_steady_state) {
@@ -371,31 +371,31 @@ Test(imgops, blur_no_allocation_in_steady_state) {
   ferry_blur_t *b;
   for (size_t i = 0; i < sizeof(in); i++)
     in[i] = rnd8();
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &b, NULL), 0);
-  cr_assert_eq(ferry_blur_apply(b, in, out, H, W, C, NULL), 0);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &b, NULL), 0);
+  cr_assert_eq(ferry__blur_apply(b, in, out, H, W, C, NULL), 0);
   ferry__alloc_stats(&s0);
   for (int i = 0; i < 100; i++)
-    cr_assert_eq(ferry_blur_apply(b, in, out, H, W, C, NULL), 0);
+    cr_assert_eq(ferry__blur_apply(b, in, out, H, W, C, NULL), 0);
   ferry__alloc_stats(&s1);
   cr_assert_eq(s1.bytes, s0.bytes);
   cr_assert_eq(s1.blocks, s0.blocks);
   /* A bigger image grows the scratch once; smaller ones reuse it. */
-  cr_assert_eq(ferry_blur_apply(b, in, out, 64, 64, C, NULL), 0);
+  cr_assert_eq(ferry__blur_apply(b, in, out, 64, 64, C, NULL), 0);
   ferry__alloc_stats(&s1);
   cr_assert_gt(s1.bytes, s0.bytes);
   for (int i = 0; i < 10; i++)
-    cr_assert_eq(ferry_blur_apply(b, in, out, 16 + i, 40, C, NULL), 0);
+    cr_assert_eq(ferry__blur_apply(b, in, out, 16 + i, 40, C, NULL), 0);
   ferry__alloc_stats(&s2);
   cr_assert_eq(s2.bytes, s1.bytes);
   cr_assert_eq(s2.blocks, s1.blocks);
-  ferry_blur_free(b);
+  ferry__blur_free(b);
 }
 
 Test(imgops, resize_golden) {
   /* Upsample 1x2 -> 1x4: in = (x + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75,
    * 1.25 -> 0, 0.5, 1.5, 2 on [0, 2]; halves round away from zero. */
   uint8_t a[2] = {0, 2}, o[4];
-  ferry_resize_bilinear(a, 1, 2, 1, o, 1, 4);
+  ferry__resize_bilinear(a, 1, 2, 1, o, 1, 4);
   cr_assert_eq(o[0], 0);
   cr_assert_eq(o[1], 1);
   cr_assert_eq(o[2], 2);
@@ -403,7 +403,7 @@ Test(imgops, resize_golden) {
   /* 2x2 -> 4x4 in 2-D: rows lerp at 0, .25, .75, 1 of the way. */
   uint8_t b[4] = {0, 100, 200, 40}, ob[16];
   static const double f[4] = {0.0, 0.25, 0.75, 1.0};
-  ferry_resize_bilinear(b, 2, 2, 1, ob, 4, 4);
+  ferry__resize_bilinear(b, 2, 2, 1, ob, 4, 4);
   for (int y = 0; y < 4; y++)
     for (int x = 0; x < 4; x++) {
       double t = 0 + 100 * f[x], bo = 200 + (40 - 200) * f[x];
@@ -413,13 +413,13 @@ Test(imgops, resize_golden) {
     }
   /* Downsample 1x4 -> 1x2: samples at 0.5 and 2.5. */
   uint8_t c4[4] = {10, 20, 30, 41}, oc[2];
-  ferry_resize_bilinear(c4, 1, 4, 1, oc, 1, 2);
+  ferry__resize_bilinear(c4, 1, 4, 1, oc, 1, 2);
   cr_assert_eq(oc[0], 15);
   cr_assert_eq(oc[1], 36); /* 35.5 rounds up */
   /* Same size: identity, three channels. */
   uint8_t d[5 * 7 * 3], od[5 * 7 * 3];
   for (size_t i = 0; i < sizeof(d); i++)
     d[i] = rnd8();
-  ferry_resize_bilinear(d, 5, 7, 3, od, 5, 7);
+  ferry__resize_bilinear(d, 5, 7, 3, od, 5, 7);
   cr_assert_arr_eq(d, od, sizeof(d));
 }

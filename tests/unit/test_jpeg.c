@@ -9,10 +9,10 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "ferry/crop.h"
-#include "unit_files.h"
-#include "ferry/imgops.h"
 #include "../../common/src/image/imgops_internal.h"
+#include "crop.h"
+#include "imgops.h"
+#include "unit_files.h"
 
 enum { OK, TRUNC, FAIL };
 
@@ -96,7 +96,7 @@ Test(jpeg, conformance_testdata) {
   size_t cap = 32u << 20;
   uint8_t *dst = malloc(cap);
   ferry_jpeg_t *j;
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     char path[700];
     size_t len;
@@ -105,7 +105,7 @@ Test(jpeg, conformance_testdata) {
     snprintf(path, sizeof(path), "%s/%s", dir, cases[i].name);
     uint8_t *b = tu_slurp(path, &len);
     cr_assert_not_null(b, "cannot read %s", path);
-    rc = ferry_jpeg_decode(j, b, len, dst, cap, &h, &w, &err);
+    rc = ferry__jpeg_decode(j, b, len, dst, cap, &h, &w, &err);
     switch (cases[i].want) {
     case OK:
       cr_assert_eq(rc, 0, "%s: %s", cases[i].name, err.msg);
@@ -125,7 +125,7 @@ Test(jpeg, conformance_testdata) {
     }
     free(b);
   }
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(dst);
 }
 
@@ -152,7 +152,7 @@ Test(jpeg, testdata_pixel_relations) {
   if (!have_testdata(dir, sizeof(dir)))
     cr_skip_test("%s/jpeg is absent", FERRY_TESTDATA_DIR);
   ferry_jpeg_t *j;
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   for (int acc = 0; acc <= 1; acc++) {
     uint8_t *a = decode_file(j, dir, "ljt_testimgint.jpg", acc, &h, &w);
     uint8_t *b = decode_file(j, dir, "ljt_testimgari.jpg", acc, &h2, &w2);
@@ -178,7 +178,7 @@ Test(jpeg, testdata_pixel_relations) {
   for (size_t i = 0; i < (size_t)h * w; i++)
     cr_assert(g[3 * i] == g[3 * i + 1] && g[3 * i] == g[3 * i + 2]);
   free(g);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 /* A smooth synthetic photo-like image. */
@@ -224,20 +224,20 @@ Test(jpeg, round_trip_and_header) {
   ferry_jpeg_t *j;
   int h, w;
   synth(img, H, W);
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   for (int s = 0; s < 3; s++) {
     size_t len;
     uint8_t *jp = encode(img, H, W, TJPF_RGB, samps[s], 95, &len);
-    cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, NULL), 0);
+    cr_assert_eq(ferry__jpeg_header(j, jp, len, &h, &w, NULL), 0);
     cr_assert(h == H && w == W);
-    cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w,
-                                   NULL), 0);
+    cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
+                 0);
     cr_assert(h == H && w == W);
     double p = psnr(img, out, sizeof(out));
     cr_assert_gt(p, 30.0, "sampling %d: PSNR %.1f dB", samps[s], p);
     free(jp);
   }
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 Test(jpeg, gray_and_cmyk_generated) {
@@ -248,9 +248,9 @@ Test(jpeg, gray_and_cmyk_generated) {
   int h, w;
   for (int i = 0; i < H * W; i++)
     gray[i] = 90;
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   uint8_t *jp = encode(gray, H, W, TJPF_GRAY, TJSAMP_GRAY, 95, &len);
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
                0);
   for (int i = 0; i < H * W * 3; i++)
     cr_assert(abs(out[i] - 90) <= 1, "%d", out[i]);
@@ -265,7 +265,7 @@ Test(jpeg, gray_and_cmyk_generated) {
   }
   jp = encode(cmyk, H, W, TJPF_CMYK, TJSAMP_444, 100, &len);
   /* A buffer too small for 4 channels uses the decoder's scratch. */
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, NULL),
                0);
   for (int i = 0; i < H * W; i++) {
     cr_assert(abs(out[3 * i] - 200) <= 2, "r %d", out[3 * i]);
@@ -273,7 +273,7 @@ Test(jpeg, gray_and_cmyk_generated) {
     cr_assert(abs(out[3 * i + 2] - 50) <= 2, "b %d", out[3 * i + 2]);
   }
   free(jp);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 Test(jpeg, corrupt_truncated_and_small_buffer) {
@@ -284,49 +284,51 @@ Test(jpeg, corrupt_truncated_and_small_buffer) {
   size_t len;
   int h, w, rc;
   synth(img, H, W);
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   uint8_t *jp = encode(img, H, W, TJPF_RGB, TJSAMP_420, 90, &len);
   uint8_t *bad = malloc(len);
 
   /* Not a JPEG at all, or a PNG. */
   static const uint8_t png[] = {0x89, 'P', 'N', 'G', 13, 10, 26, 10, 0, 0};
-  cr_assert_eq(ferry_jpeg_decode(j, png, sizeof(png), out, sizeof(out), &h,
-                                 &w, &err), FERRY_EJPEG);
+  cr_assert_eq(
+      ferry__jpeg_decode(j, png, sizeof(png), out, sizeof(out), &h, &w, &err),
+      FERRY_EJPEG);
   cr_assert(strstr(err.msg, "Not a JPEG") != NULL, "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_header(j, png, sizeof(png), &h, &w, &err),
+  cr_assert_eq(ferry__jpeg_header(j, png, sizeof(png), &h, &w, &err),
                FERRY_EJPEG);
-  cr_assert_eq(ferry_jpeg_decode(j, jp, 0, out, sizeof(out), &h, &w, &err),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, 0, out, sizeof(out), &h, &w, &err),
                FERRY_EJPEG);
 
   /* A broken SOI and a destroyed frame header. */
   memcpy(bad, jp, len);
   bad[1] = 0x00;
-  cr_assert_eq(ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w,
-                                 &err), FERRY_EJPEG);
+  cr_assert_eq(ferry__jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err),
+               FERRY_EJPEG);
   memcpy(bad, jp, len);
   for (size_t i = 2; i < 200 && i < len; i++)
     bad[i] = 0xFF;
-  rc = ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
+  rc = ferry__jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
   cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "rc %d", rc);
 
   /* The handle still works after errors. */
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
                0, "%s", err.msg);
 
   /* Truncated anywhere: an error, never a crash; inside the entropy-coded
    * data it is EJPEGTRUNC. */
   for (size_t cut = 1; cut < len; cut += len / 37 + 1) {
-    rc = ferry_jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
+    rc = ferry__jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
     cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC,
               "cut %zu of %zu: rc %d", cut, len, rc);
   }
   for (int k = 6; k <= 9; k++) {
     size_t cut = len * k / 10;
-    rc = ferry_jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
+    rc = ferry__jpeg_decode(j, jp, cut, out, sizeof(out), &h, &w, &err);
     cr_assert_eq(rc, FERRY_EJPEGTRUNC, "cut %zu: %s", cut, err.msg);
   }
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len - 2, out, sizeof(out), &h, &w,
-                                 &err), FERRY_EJPEGTRUNC, "%s", err.msg);
+  cr_assert_eq(
+      ferry__jpeg_decode(j, jp, len - 2, out, sizeof(out), &h, &w, &err),
+      FERRY_EJPEGTRUNC, "%s", err.msg);
 
   /* Random byte damage: any outcome but a crash (a damaged frame header
    * can also claim a size the buffer cannot hold). */
@@ -337,7 +339,7 @@ Test(jpeg, corrupt_truncated_and_small_buffer) {
       s = s * 1103515245u + 12345u;
       bad[(s >> 8) % len] = (uint8_t)(s >> 20);
     }
-    rc = ferry_jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
+    rc = ferry__jpeg_decode(j, bad, len, out, sizeof(out), &h, &w, &err);
     cr_assert(rc == 0 || rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC ||
                   rc == FERRY_ERANGE,
               "rc %d", rc);
@@ -345,15 +347,16 @@ Test(jpeg, corrupt_truncated_and_small_buffer) {
 
   /* Capacity too small: ERANGE, sizes still reported. */
   h = w = 0;
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out) - 1, &h, &w,
-                                 &err), FERRY_ERANGE);
+  cr_assert_eq(
+      ferry__jpeg_decode(j, jp, len, out, sizeof(out) - 1, &h, &w, &err),
+      FERRY_ERANGE);
   cr_assert(h == H && w == W);
   free(bad);
   free(jp);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
-/* The decode fused with a crop (ferry/crop.h) over the same files: the
+/* The decode fused with a crop (crop.h) over the same files: the
  * same outcome as the full decode for every file that decodes or is
  * truncated; files that fail must fail the fused way too, except where
  * the corruption lies below every window tried (never decoded: the
@@ -367,7 +370,7 @@ Test(jpeg, conformance_testdata_fused) {
   size_t cap = 1u << 20;
   uint8_t *dst = malloc(cap);
   ferry_jpeg_t *j;
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     char path[700];
     size_t len;
@@ -381,12 +384,12 @@ Test(jpeg, conformance_testdata_fused) {
                             .out_w = k < 5 ? 16 : 0,
                             .shorter = 20,
                             .rrc = {0.08, 1.0, 0.75, 4.0 / 3.0},
-                            .key = ferry_crop_key(1, 0, (uint64_t)k),
+                            .key = ferry__crop_key(1, 0, (uint64_t)k),
                             .exact = k == 3};
       ferry_error_t err = {0};
       int oh, ow;
-      int rc = ferry_jpeg_decode_crop(j, b, len, &op, dst, cap, &oh, &ow,
-                                      NULL, &err);
+      int rc = ferry__jpeg_decode_crop(j, b, len, &op, dst, cap, &oh, &ow, NULL,
+                                       &err);
       switch (cases[i].want) {
       case OK:
         cr_assert_eq(rc, 0, "%s (try %d): %s", cases[i].name, k, err.msg);
@@ -411,7 +414,7 @@ Test(jpeg, conformance_testdata_fused) {
     }
     free(b);
   }
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(dst);
 }
 
@@ -515,22 +518,22 @@ Test(jpeg, a_scan_bomb_is_refused_by_the_scan_limit) {
   int h, w;
   double t0;
 
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   t0 = now_s();
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
                FERRY_EJPEG);
   cr_assert(strstr(err.msg, "more than 100 scans") != NULL &&
                 strstr(err.msg, "--jpeg-max-scans 100") != NULL,
             "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  cr_assert_eq(ferry__jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
   cr_assert(strstr(err.msg, "--jpeg-max-scans") != NULL, "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
-                                      &w, NULL, &err),
+  cr_assert_eq(ferry__jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                       &w, NULL, &err),
                FERRY_EJPEG);
   cr_assert(strstr(err.msg, "--jpeg-max-scans 100") != NULL, "%s", err.msg);
   op.exact = 1;
-  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
-                                      &w, NULL, &err),
+  cr_assert_eq(ferry__jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                       &w, NULL, &err),
                FERRY_EJPEG);
   fprintf(stderr, "scan bomb: %zu bytes, refused 4 times in %.3f s\n", len,
           now_s() - t0);
@@ -547,12 +550,11 @@ Test(jpeg, a_scan_bomb_is_refused_by_the_scan_limit) {
       scans += one[p] == 0xFF && one[p + 1] == 0xDA;
     free(one);
     jp = scan_bomb(256, 256, 100 - (int)scans + 1, 0, &n2);
-    cr_assert_eq(ferry_jpeg_decode(j, jp, n2, out, sizeof(out), &h, &w,
-                                   &err),
+    cr_assert_eq(ferry__jpeg_decode(j, jp, n2, out, sizeof(out), &h, &w, &err),
                  0, "%u + %d scans: %s", scans, 100 - (int)scans, err.msg);
     free(jp);
   }
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
 }
 
 /* A 16000x11000 frame header in a few hundred bytes: refused by the pixel
@@ -570,34 +572,34 @@ Test(jpeg, a_huge_frame_header_is_refused_before_allocating) {
   int h, w;
 
   cr_assert_lt(len, 1024);
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
-  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
   cr_assert(strstr(err.msg, "image 16000x11000 has 176000000 pixels") !=
                     NULL &&
                 strstr(err.msg, "--jpeg-max-pixels 67108864") != NULL,
             "%s", err.msg);
   cr_assert_eq(h, 0);
-  cr_assert_eq(ferry_jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
+  cr_assert_eq(ferry__jpeg_decode(j, jp, len, out, sizeof(out), &h, &w, &err),
                FERRY_EJPEG);
-  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
-                                      &w, NULL, &err),
+  cr_assert_eq(ferry__jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                       &w, NULL, &err),
                FERRY_EJPEG);
   cr_assert(strstr(err.msg, "--jpeg-max-pixels") != NULL, "%s", err.msg);
 
-  ferry_jpeg_set_limits(j, &lim);
-  cr_assert_eq(ferry_jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
+  ferry__jpeg_set_limits(j, &lim);
+  cr_assert_eq(ferry__jpeg_header(j, jp, len, &h, &w, &err), FERRY_EJPEG);
   cr_assert(strstr(err.msg, "decoding image 16000x11000 (baseline) needs "
                             "about 672 MiB, over this thread's limit of 64 "
                             "MiB (--decode-bytes / threads)") != NULL,
             "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
-                                      &w, NULL, &err),
+  cr_assert_eq(ferry__jpeg_decode_crop(j, jp, len, &op, out, sizeof(out), &h,
+                                       &w, NULL, &err),
                FERRY_EJPEG);
   cr_assert(strstr(err.msg, "--decode-bytes") != NULL, "%s", err.msg);
   fprintf(stderr, "huge header: %zu bytes; max RSS grew %ld KiB\n", len,
           maxrss_kb() - rss0);
   cr_assert_lt(maxrss_kb() - rss0, 32 << 10, "the decode allocated");
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(jp);
 }
 
@@ -616,17 +618,15 @@ Test(jpeg, the_byte_limit_counts_progressive_coefficients) {
   int h, w;
   synth(img, H, W);
   base = encode(img, H, W, TJPF_RGB, TJSAMP_420, 90, &lb);
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
-  ferry_jpeg_set_limits(j, &lim);
-  cr_assert_eq(ferry_jpeg_decode(j, base, lb, out, sizeof(out), &h, &w,
-                                 &err),
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
+  ferry__jpeg_set_limits(j, &lim);
+  cr_assert_eq(ferry__jpeg_decode(j, base, lb, out, sizeof(out), &h, &w, &err),
                0, "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_decode(j, prog, lp, out, sizeof(out), &h, &w,
-                                 &err),
+  cr_assert_eq(ferry__jpeg_decode(j, prog, lp, out, sizeof(out), &h, &w, &err),
                FERRY_EJPEG);
   cr_assert(strstr(err.msg, "(progressive) needs about") != NULL, "%s",
             err.msg);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(prog);
   free(base);
 }

@@ -1,14 +1,14 @@
-/* The metrics registry and its Prometheus text writer (ferry/metrics.h). */
+/* The metrics registry and its Prometheus text writer (metrics.h). */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/metrics.h"
+#include "alloc.h"
+#include "metrics.h"
 
 static char *render(ferry_metrics_t *r) {
   size_t len = 0;
-  char *s = ferry_metrics_render(r, &len);
+  char *s = ferry__metrics_render(r, &len);
   cr_assert_not_null(s);
   cr_assert_eq(strlen(s), len);
   return s;
@@ -19,16 +19,16 @@ static void assert_has(const char *text, const char *line) {
 }
 
 Test(metrics, counter_and_gauge_lines) {
-  ferry_metrics_t *r = ferry_metrics_new();
-  ferry_metric_family_t *c = ferry_metrics_family(
-      r, FERRY_METRIC_COUNTER, "ferry_test_records_total",
-      "Records produced.", NULL, 1, NULL, 0);
-  ferry_metric_family_t *g = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_test_fraction", "A fraction.", NULL,
-      1e-6, NULL, 0);
-  ferry_metric_add(ferry_metric_get(c), 41);
-  ferry_metric_add(ferry_metric_get(c), 1);
-  ferry_metric_set_double(ferry_metric_get(g), 0.25);
+  ferry_metrics_t *r = ferry__metrics_new();
+  ferry_metric_family_t *c =
+      ferry__metrics_family(r, FERRY_METRIC_COUNTER, "ferry_test_records_total",
+                            "Records produced.", NULL, 1, NULL, 0);
+  ferry_metric_family_t *g =
+      ferry__metrics_family(r, FERRY_METRIC_GAUGE, "ferry_test_fraction",
+                            "A fraction.", NULL, 1e-6, NULL, 0);
+  ferry__metric_add(ferry__metric_get(c), 41);
+  ferry__metric_add(ferry__metric_get(c), 1);
+  ferry__metric_set_double(ferry__metric_get(g), 0.25);
   char *s = render(r);
   cr_assert_str_eq(s, "# HELP ferry_test_records_total Records produced.\n"
                       "# TYPE ferry_test_records_total counter\n"
@@ -37,18 +37,18 @@ Test(metrics, counter_and_gauge_lines) {
                       "# TYPE ferry_test_fraction gauge\n"
                       "ferry_test_fraction 0.25\n");
   ferry__free(s);
-  ferry_metrics_free(r);
+  ferry__metrics_free(r);
 }
 
 Test(metrics, label_values_and_help_are_escaped) {
-  ferry_metrics_t *r = ferry_metrics_new();
-  ferry_metric_family_t *f = ferry_metrics_family(
+  ferry_metrics_t *r = ferry__metrics_new();
+  ferry_metric_family_t *f = ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_test_rpcs_total",
       "Back\\slash and\nnewline \"quoted\".", "method,code", 1, NULL, 0);
   const char *v[2] = {"a\"b\\c\nd", "OK"};
-  ferry_metric_add(ferry_metric_child(f, v), 3);
+  ferry__metric_add(ferry__metric_child(f, v), 3);
   /* The same values find the same child. */
-  ferry_metric_add(ferry_metric_child(f, v), 2);
+  ferry__metric_add(ferry__metric_child(f, v), 2);
   char *s = render(r);
   /* HELP escapes \ and newline but not quotes; values escape all three. */
   assert_has(s, "# HELP ferry_test_rpcs_total Back\\\\slash and\\nnewline "
@@ -56,20 +56,20 @@ Test(metrics, label_values_and_help_are_escaped) {
   assert_has(s, "ferry_test_rpcs_total{method=\"a\\\"b\\\\c\\nd\","
                 "code=\"OK\"} 5\n");
   ferry__free(s);
-  ferry_metrics_free(r);
+  ferry__metrics_free(r);
 }
 
 Test(metrics, histogram_buckets_are_cumulative) {
-  ferry_metrics_t *r = ferry_metrics_new();
+  ferry_metrics_t *r = ferry__metrics_new();
   static const double bounds[] = {0.001, 0.01, 0.1};
-  ferry_metric_family_t *h = ferry_metrics_family(
+  ferry_metric_family_t *h = ferry__metrics_family(
       r, FERRY_METRIC_HISTOGRAM, "ferry_test_stage_seconds",
       "Seconds per stage.", "stage", 1e-9, bounds, 3);
-  ferry_metric_t *m = ferry_metric_get1(h, "decode");
-  ferry_metric_observe(m, 500000);     /* 0.5 ms */
-  ferry_metric_observe(m, 1000000);    /* 1 ms: le is inclusive */
-  ferry_metric_observe(m, 50000000);   /* 50 ms */
-  ferry_metric_observe(m, 2000000000); /* 2 s */
+  ferry_metric_t *m = ferry__metric_get1(h, "decode");
+  ferry__metric_observe(m, 500000);     /* 0.5 ms */
+  ferry__metric_observe(m, 1000000);    /* 1 ms: le is inclusive */
+  ferry__metric_observe(m, 50000000);   /* 50 ms */
+  ferry__metric_observe(m, 2000000000); /* 2 s */
   char *s = render(r);
   assert_has(s, "# TYPE ferry_test_stage_seconds histogram\n");
   assert_has(s, "ferry_test_stage_seconds_bucket{stage=\"decode\","
@@ -83,54 +83,54 @@ Test(metrics, histogram_buckets_are_cumulative) {
                 "ferry_test_stage_seconds_sum{stage=\"decode\"} 2.0515\n"
                 "ferry_test_stage_seconds_count{stage=\"decode\"} 4\n");
   ferry__free(s);
-  ferry_metrics_free(r);
+  ferry__metrics_free(r);
 }
 
 Test(metrics, invalid_definitions_are_refused) {
-  ferry_metrics_t *r = ferry_metrics_new();
+  ferry_metrics_t *r = ferry__metrics_new();
   static const double down[] = {1, 0.5};
-  cr_assert_null(ferry_metrics_family(r, FERRY_METRIC_COUNTER, "1bad", "",
-                                      NULL, 1, NULL, 0));
-  cr_assert_null(ferry_metrics_family(r, FERRY_METRIC_COUNTER, "ok_total",
-                                      "", "__reserved", 1, NULL, 0));
-  cr_assert_null(ferry_metrics_family(r, FERRY_METRIC_HISTOGRAM, "h", "",
-                                      NULL, 1, down, 2));
-  cr_assert_null(ferry_metrics_family(r, FERRY_METRIC_HISTOGRAM, "h2", "",
-                                      "le", 1, NULL, 0));
+  cr_assert_null(ferry__metrics_family(r, FERRY_METRIC_COUNTER, "1bad", "",
+                                       NULL, 1, NULL, 0));
+  cr_assert_null(ferry__metrics_family(r, FERRY_METRIC_COUNTER, "ok_total", "",
+                                       "__reserved", 1, NULL, 0));
+  cr_assert_null(ferry__metrics_family(r, FERRY_METRIC_HISTOGRAM, "h", "", NULL,
+                                       1, down, 2));
+  cr_assert_null(ferry__metrics_family(r, FERRY_METRIC_HISTOGRAM, "h2", "",
+                                       "le", 1, NULL, 0));
   /* Same name, same type: the same family; another type: refused. */
-  ferry_metric_family_t *a = ferry_metrics_family(
+  ferry_metric_family_t *a = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_x", "", NULL, 1, NULL, 0);
   cr_assert_not_null(a);
-  cr_assert_eq(ferry_metrics_family(r, FERRY_METRIC_GAUGE, "ferry_x", "",
-                                    NULL, 1, NULL, 0),
+  cr_assert_eq(ferry__metrics_family(r, FERRY_METRIC_GAUGE, "ferry_x", "", NULL,
+                                     1, NULL, 0),
                a);
-  cr_assert_null(ferry_metrics_family(r, FERRY_METRIC_COUNTER, "ferry_x", "",
-                                      NULL, 1, NULL, 0));
+  cr_assert_null(ferry__metrics_family(r, FERRY_METRIC_COUNTER, "ferry_x", "",
+                                       NULL, 1, NULL, 0));
   /* NULL children are no-ops. */
-  ferry_metric_add(NULL, 1);
-  ferry_metric_observe(NULL, 1);
-  ferry_metrics_free(r);
+  ferry__metric_add(NULL, 1);
+  ferry__metric_observe(NULL, 1);
+  ferry__metrics_free(r);
 }
 
 static void collect(void *arg) {
   ferry_metric_family_t *f = arg;
-  ferry_metric_family_clear(f);
-  ferry_metric_set(ferry_metric_get1(f, "7"), 3);
+  ferry__metric_family_clear(f);
+  ferry__metric_set(ferry__metric_get1(f, "7"), 3);
 }
 
 Test(metrics, collectors_run_before_rendering_and_clear_children) {
-  ferry_metrics_t *r = ferry_metrics_new();
-  ferry_metric_family_t *f = ferry_metrics_family(
-      r, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted", "Workers.", "job",
-      1, NULL, 0);
-  ferry_metric_set(ferry_metric_get1(f, "old"), 1);
-  cr_assert_eq(ferry_metrics_add_collector(r, collect, f), 0);
+  ferry_metrics_t *r = ferry__metrics_new();
+  ferry_metric_family_t *f =
+      ferry__metrics_family(r, FERRY_METRIC_GAUGE, "ferry_job_workers_wanted",
+                            "Workers.", "job", 1, NULL, 0);
+  ferry__metric_set(ferry__metric_get1(f, "old"), 1);
+  cr_assert_eq(ferry__metrics_add_collector(r, collect, f), 0);
   char *s = render(r);
   cr_assert_null(strstr(s, "old"));
   assert_has(s, "ferry_job_workers_wanted{job=\"7\"} 3\n");
   ferry__free(s);
-  ferry_metrics_remove_collector(r, collect, f);
-  ferry_metrics_free(r);
+  ferry__metrics_remove_collector(r, collect, f);
+  ferry__metrics_free(r);
 }
 
 typedef struct {
@@ -140,20 +140,19 @@ typedef struct {
 static void *hammer(void *arg) {
   race_t *x = arg;
   for (int i = 0; i < 100000; i++) {
-    ferry_metric_add(x->c, 1);
-    ferry_metric_observe(x->h, i % 3);
+    ferry__metric_add(x->c, 1);
+    ferry__metric_observe(x->h, i % 3);
   }
   return NULL;
 }
 
 Test(metrics, concurrent_updates_are_not_lost) {
-  ferry_metrics_t *r = ferry_metrics_new();
+  ferry_metrics_t *r = ferry__metrics_new();
   static const double b[] = {1};
-  race_t x = {
-      ferry_metric_get(ferry_metrics_family(r, FERRY_METRIC_COUNTER,
-                                            "c_total", "", NULL, 1, NULL, 0)),
-      ferry_metric_get(ferry_metrics_family(r, FERRY_METRIC_HISTOGRAM, "h",
-                                            "", NULL, 1, b, 1))};
+  race_t x = {ferry__metric_get(ferry__metrics_family(
+                  r, FERRY_METRIC_COUNTER, "c_total", "", NULL, 1, NULL, 0)),
+              ferry__metric_get(ferry__metrics_family(r, FERRY_METRIC_HISTOGRAM,
+                                                      "h", "", NULL, 1, b, 1))};
   pthread_t t[4];
   for (int i = 0; i < 4; i++)
     pthread_create(&t[i], NULL, hammer, &x);
@@ -164,19 +163,19 @@ Test(metrics, concurrent_updates_are_not_lost) {
   assert_has(s, "h_count 400000\n");
   assert_has(s, "h_bucket{le=\"+Inf\"} 400000\n");
   ferry__free(s);
-  ferry_metrics_free(r);
+  ferry__metrics_free(r);
 }
 
 Test(metrics, no_leak) {
   ferry_alloc_stats_t a, b;
   ferry__alloc_stats(&a);
-  ferry_metrics_t *r = ferry_metrics_new();
-  ferry_metric_family_t *f = ferry_metrics_family(
+  ferry_metrics_t *r = ferry__metrics_new();
+  ferry_metric_family_t *f = ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "x_total", "h", "a,b", 1, NULL, 0);
   const char *v[2] = {"1", "2"};
-  ferry_metric_add(ferry_metric_child(f, v), 1);
+  ferry__metric_add(ferry__metric_child(f, v), 1);
   ferry__free(render(r));
-  ferry_metrics_free(r);
+  ferry__metrics_free(r);
   ferry__alloc_stats(&b);
   cr_assert_eq(a.bytes, b.bytes);
   cr_assert_eq(a.blocks, b.blocks);

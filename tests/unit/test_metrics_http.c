@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/metrics.h"
+#include "metrics.h"
 
 #define SLOW_CLIENTS 300
 #define PROBES 20
@@ -126,11 +126,11 @@ Test(metrics_http, slow_header_senders_do_not_starve_healthz,
     cr_skip_test("cannot bind 127.0.0.2: %s", strerror(errno));
   close(t);
 
-  ferry_metrics_t *reg = ferry_metrics_new();
+  ferry_metrics_t *reg = ferry__metrics_new();
   ferry_metrics_http_t *h = NULL;
   ferry_error_t err = {0};
   int port = 0;
-  cr_assert_eq(ferry_metrics_http_start(reg, "127.0.0.1", 0, &h, &port, &err),
+  cr_assert_eq(ferry__metrics_http_start(reg, "127.0.0.1", 0, &h, &port, &err),
                0, "%s", err.msg);
 
   int slow[SLOW_CLIENTS];
@@ -158,8 +158,8 @@ Test(metrics_http, slow_header_senders_do_not_starve_healthz,
       open++;
       close(slow[i]);
     }
-  ferry_metrics_http_stop(h);
-  ferry_metrics_free(reg);
+  ferry__metrics_http_stop(h);
+  ferry__metrics_free(reg);
   cr_log_info("%d of %d /healthz probes answered within 1 s under %d slow "
               "clients (%d sockets open at the end), %.1f s",
               ok, PROBES, SLOW_CLIENTS, open, took);

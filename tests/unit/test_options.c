@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/hostport.h"
-#include "ferry/options.h"
+#include "alloc.h"
+#include "hostport.h"
+#include "options.h"
 
 struct settings {
   bool verbose;
@@ -37,14 +37,14 @@ static const ferry_option_t table[] = {
 
 Test(options, defaults) {
   struct settings s = {0};
-  cr_assert_eq(ferry_options_defaults(table, N, &s, NULL), 0);
+  cr_assert_eq(ferry__options_defaults(table, N, &s, NULL), 0);
   cr_assert_eq(s.verbose, false);
   cr_assert_eq(s.threads, 4);
   cr_assert_eq(s.buffer, 64u << 20);
   cr_assert_float_eq(s.ratio, 0.5, 1e-12);
   cr_assert_str_eq(s.name, "ferry");
   cr_assert_eq(s.mode, 1);
-  ferry_options_free(table, N, &s);
+  ferry__options_free(table, N, &s);
   cr_assert_null(s.name);
 }
 
@@ -55,8 +55,8 @@ Test(options, argv_forms_and_positionals) {
                   "--", "--not-an-option"};
   int npos = -1;
   ferry_error_t err;
-  ferry_options_defaults(table, N, &s, NULL);
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 11, argv, &npos, &err),
+  ferry__options_defaults(table, N, &s, NULL);
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 11, argv, &npos, &err),
                0, "%s", err.msg);
   cr_assert_eq(npos, 3);
   cr_assert_str_eq(argv[0], "file1");
@@ -68,41 +68,41 @@ Test(options, argv_forms_and_positionals) {
   cr_assert_str_eq(s.name, "x y");
   cr_assert_eq(s.mode, 2);
   char *argv2[] = {"--no-verbose"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, argv2, &npos, NULL),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, argv2, &npos, NULL),
                0);
   cr_assert_not(s.verbose);
-  ferry_options_free(table, N, &s);
+  ferry__options_free(table, N, &s);
 }
 
 Test(options, errors_name_the_option) {
   struct settings s = {0};
   ferry_error_t err;
-  ferry_options_defaults(table, N, &s, NULL);
+  ferry__options_defaults(table, N, &s, NULL);
   char *a1[] = {"--threads=0"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a1, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a1, NULL, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "threads") && strstr(err.msg, "1..64"), "%s",
             err.msg);
   char *a2[] = {"--bogus"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a2, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a2, NULL, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "--bogus"), "%s", err.msg);
   char *a3[] = {"--mode=lz4"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a3, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a3, NULL, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "none|gzip|zlib"), "%s", err.msg);
   char *a4[] = {"--threads"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a4, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a4, NULL, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "needs a value"), "%s", err.msg);
   char *a5[] = {"--buffer-bytes=12Q"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a5, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a5, NULL, &err),
                FERRY_EOPTION);
   char *a6[] = {"--threads=7x"};
-  cr_assert_eq(ferry_options_parse_argv(table, N, &s, 1, a6, NULL, &err),
+  cr_assert_eq(ferry__options_parse_argv(table, N, &s, 1, a6, NULL, &err),
                FERRY_EOPTION);
   cr_assert_eq(s.threads, 4, "a failed set leaves the old value");
-  ferry_options_free(table, N, &s);
+  ferry__options_free(table, N, &s);
 }
 
 Test(options, config_file) {
@@ -115,8 +115,8 @@ Test(options, config_file) {
         "ratio=0.25\n",
         f);
   fclose(f);
-  ferry_options_defaults(table, N, &s, NULL);
-  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err), 0, "%s",
+  ferry__options_defaults(table, N, &s, NULL);
+  cr_assert_eq(ferry__options_parse_file(table, N, &s, path, &err), 0, "%s",
                err.msg);
   cr_assert_eq(s.threads, 16);
   cr_assert_str_eq(s.name, "worker-a");
@@ -125,27 +125,27 @@ Test(options, config_file) {
   f = fopen(path, "w");
   fputs("threads = 2\nthreads 3\n", f);
   fclose(f);
-  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+  cr_assert_eq(ferry__options_parse_file(table, N, &s, path, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, ":2:"), "message names the line: %s", err.msg);
   f = fopen(path, "w");
   fputs("ratio = 2\n", f);
   fclose(f);
-  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+  cr_assert_eq(ferry__options_parse_file(table, N, &s, path, &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, path) && strstr(err.msg, "ratio"), "%s",
             err.msg);
   unlink(path);
-  cr_assert_eq(ferry_options_parse_file(table, N, &s, path, &err),
+  cr_assert_eq(ferry__options_parse_file(table, N, &s, path, &err),
                FERRY_ENOENT);
-  ferry_options_free(table, N, &s);
+  ferry__options_free(table, N, &s);
 }
 
 Test(options, help_lists_everything) {
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  ferry_options_help(table, N, f);
+  ferry__options_help(table, N, f);
   fclose(f);
   cr_assert(strstr(buf, "--threads N") && strstr(buf, "[1..64]") &&
                 strstr(buf, "(default 64M)") && strstr(buf, "none|gzip|zlib"),
@@ -155,14 +155,14 @@ Test(options, help_lists_everything) {
 
 Test(options, parse_size) {
   uint64_t v;
-  cr_assert_eq(ferry_parse_size("4096", &v), 0);
+  cr_assert_eq(ferry__parse_size("4096", &v), 0);
   cr_assert_eq(v, 4096);
-  cr_assert_eq(ferry_parse_size("2KiB", &v), 0);
+  cr_assert_eq(ferry__parse_size("2KiB", &v), 0);
   cr_assert_eq(v, 2048);
-  cr_assert_eq(ferry_parse_size("1g", &v), 0);
+  cr_assert_eq(ferry__parse_size("1g", &v), 0);
   cr_assert_eq(v, 1u << 30);
-  cr_assert_eq(ferry_parse_size("-1", &v), FERRY_EINVAL);
-  cr_assert_eq(ferry_parse_size("", &v), FERRY_EINVAL);
+  cr_assert_eq(ferry__parse_size("-1", &v), FERRY_EINVAL);
+  cr_assert_eq(ferry__parse_size("", &v), FERRY_EINVAL);
 }
 
 /* A repeatable option (--data-root) keeps every value, one per line. */
@@ -174,12 +174,12 @@ Test(options, list_option_keeps_every_value) {
       {"data-root", FERRY_OPT_LIST, offsetof(struct lsettings, roots), NULL,
        0, 0, NULL, "a root"},
   };
-  cr_assert_eq(ferry_options_defaults(lt, 1, &s, NULL), 0);
+  cr_assert_eq(ferry__options_defaults(lt, 1, &s, NULL), 0);
   cr_assert_null(s.roots);
-  cr_assert_eq(ferry_options_set(lt, 1, &s, "data-root", "/a", NULL), 0);
-  cr_assert_eq(ferry_options_set(lt, 1, &s, "data-root", "/b c", NULL), 0);
+  cr_assert_eq(ferry__options_set(lt, 1, &s, "data-root", "/a", NULL), 0);
+  cr_assert_eq(ferry__options_set(lt, 1, &s, "data-root", "/b c", NULL), 0);
   cr_assert_str_eq(s.roots, "/a\n/b c");
-  ferry_options_free(lt, 1, &s);
+  ferry__options_free(lt, 1, &s);
   cr_assert_null(s.roots);
 }
 
@@ -202,7 +202,7 @@ Test(options, bounds_print_as_integers_and_sizes) {
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  ferry_options_help(bt, 3, f);
+  ferry__options_help(bt, 3, f);
   fclose(f);
   cr_assert(strstr(buf, "[0..4294967296]") != NULL, "%s", buf);
   cr_assert(strstr(buf, "[0..1 PiB]") != NULL, "%s", buf);
@@ -210,12 +210,12 @@ Test(options, bounds_print_as_integers_and_sizes) {
   cr_assert(strstr(buf, "e+") == NULL, "%s", buf);
   free(buf);
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_options_defaults(bt, 3, &s, &err), 0);
-  cr_assert_eq(ferry_options_set(bt, 3, &s, "snapshot-bytes", "2048T", &err),
+  cr_assert_eq(ferry__options_defaults(bt, 3, &s, &err), 0);
+  cr_assert_eq(ferry__options_set(bt, 3, &s, "snapshot-bytes", "2048T", &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "2 PiB is outside 0..1 PiB") != NULL, "%s",
             err.msg);
-  cr_assert_eq(ferry_options_set(bt, 3, &s, "big", "5000000000", &err),
+  cr_assert_eq(ferry__options_set(bt, 3, &s, "big", "5000000000", &err),
                FERRY_EOPTION);
   cr_assert(strstr(err.msg, "5000000000 is outside 0..4294967296") != NULL,
             "%s", err.msg);
@@ -262,14 +262,14 @@ Test(options, dispatcher_help_prints_snapshot_bytes_range_as_an_integer) {
               "e+ notation in --help: %.40s", e > out + 20 ? e - 20 : out);
 }
 
-/* ---- HOST:PORT (ferry/hostport.h) ---------------------------------------- */
+/* ---- HOST:PORT (hostport.h) ---------------------------------------- */
 
 static void addr_ok(const char *s, unsigned flags, const char *host,
                     int port) {
   char h[FERRY_HOST_MAX + 1];
   int p = -1;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_hostport_parse(s, flags, h, sizeof(h), &p, &err), 0,
+  cr_assert_eq(ferry__hostport_parse(s, flags, h, sizeof(h), &p, &err), 0,
                "%s: %s", s, err.msg);
   cr_assert_str_eq(h, host, "%s", s);
   cr_assert_eq(p, port, "%s", s);
@@ -277,7 +277,7 @@ static void addr_ok(const char *s, unsigned flags, const char *host,
 
 static void addr_bad(const char *s, unsigned flags, const char *says) {
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_hostport_parse(s, flags, NULL, 0, NULL, &err),
+  cr_assert_eq(ferry__hostport_parse(s, flags, NULL, 0, NULL, &err),
                FERRY_EINVAL, "'%s' was accepted", s ? s : "(null)");
   cr_assert(strstr(err.msg, says) != NULL, "'%s': %s", s ? s : "(null)",
             err.msg);

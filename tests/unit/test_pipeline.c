@@ -9,12 +9,12 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crop.h"
-#include "ferry/imgops.h"
-#include "ferry/pipeline.h"
-#include "ferry/spec.h"
-#include "ferry/varint.h"
+#include "alloc.h"
+#include "crop.h"
+#include "imgops.h"
+#include "pipeline.h"
+#include "spec.h"
+#include "varint.h"
 
 /* A growable byte buffer for the protobuf encoder. */
 typedef struct {
@@ -35,7 +35,7 @@ static void put(buf_t *b, const void *data, size_t len) {
 
 static void put_varint(buf_t *b, uint64_t v) {
   uint8_t tmp[FERRY_VARINT_MAX];
-  put(b, tmp, ferry_varint_put(tmp, v));
+  put(b, tmp, ferry__varint_put(tmp, v));
 }
 
 /* Appends field `field` (wire type 2) holding `len` bytes. */
@@ -142,7 +142,7 @@ static size_t make_jpeg(int h, int w, uint32_t seed, uint8_t **out) {
 }
 
 /* A spec filled by hand, with heap keys that the test frees right after
- * ferry_pipeline_new (the pipeline must have made its own copies). */
+ * ferry__pipeline_new (the pipeline must have made its own copies). */
 static void spec_raw(ferry_spec_t *s, int h, int w, int c) {
   memset(s, 0, sizeof(*s));
   s->format = FERRY_IMAGE_RAW;
@@ -177,18 +177,18 @@ static void seed_ops(ferry_spec_t *s) {
 static void compile(ferry_spec_t *s, ferry_pipeline_t **p,
                     ferry_pipeline_ctx_t **ctx) {
   ferry_error_t err = {0};
-  int rc = ferry_pipeline_new(s, p, &err);
+  int rc = ferry__pipeline_new(s, p, &err);
   free(s->image_key);
   free(s->label_key);
   s->image_key = s->label_key = NULL;
   cr_assert_eq(rc, 0, "pipeline_new: %s", err.msg);
-  rc = ferry_pipeline_ctx_new(*p, ctx, &err);
+  rc = ferry__pipeline_ctx_new(*p, ctx, &err);
   cr_assert_eq(rc, 0, "ctx_new: %s", err.msg);
 }
 
 static void release(ferry_pipeline_t *p, ferry_pipeline_ctx_t *ctx) {
-  ferry_pipeline_ctx_free(ctx);
-  ferry_pipeline_free(p);
+  ferry__pipeline_ctx_free(ctx);
+  ferry__pipeline_free(p);
 }
 
 /* A JPEG record cut after `cut` bytes fails as a bad or truncated JPEG. */
@@ -200,8 +200,8 @@ static void expect_cut_jpeg_fails(ferry_pipeline_ctx_t *ctx,
   int64_t label;
   ferry_error_t err = {0};
   size_t len = raw_record(jpeg, cut, 1, &rec);
-  int rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label,
-                                  &err);
+  int rc =
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
   cr_assert(rc == FERRY_EJPEG || rc == FERRY_EJPEGTRUNC, "got %s: %s",
             ferry_err_name(rc), err.msg);
   free(rec);
@@ -217,9 +217,9 @@ static void expect_ctx_recovers(ferry_pipeline_ctx_t *ctx,
   int64_t label;
   ferry_error_t err = {0};
   size_t len = raw_record(jpeg, jlen, 9, &rec);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert(h == side && w == side && label == 9);
   free(rec);
 }
@@ -231,11 +231,11 @@ static void direct_ops(const uint8_t *img, int h, int w, int c,
   ferry_error_t err = {0};
   uint8_t *tmp = malloc((size_t)h * w * c);
 
-  ferry_dilate3x3(img, tmp, h, w, c);
-  cr_assert_eq(ferry_blur_new(11, 0.8f, &blur, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_blur_apply(blur, tmp, out, h, w, c, &err), 0, "%s",
+  ferry__dilate3x3(img, tmp, h, w, c);
+  cr_assert_eq(ferry__blur_new(11, 0.8f, &blur, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__blur_apply(blur, tmp, out, h, w, c, &err), 0, "%s",
                err.msg);
-  ferry_blur_free(blur);
+  ferry__blur_free(blur);
   free(tmp);
 }
 
@@ -254,16 +254,16 @@ Test(pipeline, raw_matches_direct_ops) {
   spec_raw(&s, H, W, C);
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  cr_assert_eq(ferry_pipeline_shape(p, &sh, &sw, &sc), 0);
+  cr_assert_eq(ferry__pipeline_shape(p, &sh, &sw, &sc), 0);
   cr_assert(sh == H && sw == W && sc == C);
 
   for (uint32_t seed = 1; seed <= 3; seed++) {
     fill_random(img, N, seed);
     len = raw_record(img, N, 100 + seed, &rec);
     direct_ops(img, H, W, C, want);
-    cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                        &label, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err),
+        0, "%s", err.msg);
     cr_assert(h == H && w == W && c == C);
     cr_assert_eq(label, (int64_t)(100 + seed));
     cr_assert_arr_eq(px, want, N, "seed %u: output differs", seed);
@@ -290,18 +290,18 @@ Test(pipeline, raw_without_ops_is_a_copy_unless_borrowed) {
   compile(&s, &p, &ctx);
   fill_random(img, N, 9);
   len = raw_record(img, N, 5, &rec);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert_arr_eq(px, img, N);
   cr_assert(px < rec || px >= rec + len, "output must be the ctx's memory");
   cr_assert_eq(label, 0);
-  /* ferry_pipeline_ctx_set_borrow: the record's own bytes are handed out
+  /* ferry__pipeline_ctx_set_borrow: the record's own bytes are handed out
    * (the worker copies them straight into a chunk). */
-  ferry_pipeline_ctx_set_borrow(ctx, 1);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  ferry__pipeline_ctx_set_borrow(ctx, 1);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert(px >= rec && px + N <= rec + len,
             "borrowed output must lie in the record");
   cr_assert_arr_eq(px, img, N);
@@ -312,11 +312,11 @@ Test(pipeline, raw_without_ops_is_a_copy_unless_borrowed) {
   spec_raw(&s, H, W, C);
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  ferry_pipeline_ctx_set_borrow(ctx, 1);
+  ferry__pipeline_ctx_set_borrow(ctx, 1);
   direct_ops(img, H, W, C, want);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert(px < rec || px >= rec + len);
   cr_assert_arr_eq(px, want, N);
   free(rec);
@@ -349,10 +349,10 @@ Test(pipeline, custom_keys_and_extra_features) {
   s.label_key = strdup("y");
   add_op(&s, FERRY_OP_DILATE, 3, 0, 0);
   compile(&s, &p, &ctx);
-  ferry_dilate3x3(img, want, H, W, C);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  ferry__dilate3x3(img, want, H, W, C);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert_arr_eq(px, want, N);
   cr_assert_eq(label, -3);
   free(rec);
@@ -376,28 +376,28 @@ Test(pipeline, jpeg_matches_direct_ops) {
   len = raw_record(jpeg, jlen, 11, &rec);
   dec = malloc(H * W * 3);
   want = malloc(H * W * 3);
-  cr_assert_eq(ferry_jpeg_new(&j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_decode(j, jpeg, jlen, dec, H * W * 3, &dh, &dw,
-                                 &err),
-               0, "%s", err.msg);
+  cr_assert_eq(ferry__jpeg_new(&j, &err), 0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__jpeg_decode(j, jpeg, jlen, dec, H * W * 3, &dh, &dw, &err), 0,
+      "%s", err.msg);
   cr_assert(dh == H && dw == W);
   direct_ops(dec, H, W, 3, want);
 
   spec_jpeg(&s, 0, 0); /* any size */
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  cr_assert_eq(ferry_pipeline_shape(p, &h, &w, &c), FERRY_ESHAPE);
+  cr_assert_eq(ferry__pipeline_shape(p, &h, &w, &c), FERRY_ESHAPE);
   /* Twice: the second run reuses the grown buffers. */
   for (int k = 0; k < 2; k++) {
-    cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                        &label, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err),
+        0, "%s", err.msg);
     cr_assert(h == H && w == W && c == 3);
     cr_assert_eq(label, 11);
     cr_assert_arr_eq(px, want, H * W * 3);
   }
   release(p, ctx);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(dec);
   free(want);
   free(rec);
@@ -422,10 +422,10 @@ Test(pipeline, jpeg_wrong_size_is_eshape_unless_resized) {
   spec_jpeg(&s, 16, 16);
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  cr_assert_eq(ferry_pipeline_shape(p, &h, &w, &c), 0);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               FERRY_ESHAPE);
+  cr_assert_eq(ferry__pipeline_shape(p, &h, &w, &c), 0);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err),
+      FERRY_ESHAPE);
   cr_assert_eq(err.code, FERRY_ESHAPE);
   cr_assert(strstr(err.msg, "24x20") && strstr(err.msg, "16x16"), "%s",
             err.msg);
@@ -436,24 +436,24 @@ Test(pipeline, jpeg_wrong_size_is_eshape_unless_resized) {
   add_op(&s, FERRY_OP_RESIZE, 16, 16, 0);
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  cr_assert_eq(ferry_pipeline_shape(p, &h, &w, &c), 0);
+  cr_assert_eq(ferry__pipeline_shape(p, &h, &w, &c), 0);
   cr_assert(h == 16 && w == 16 && c == 3);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert(h == 16 && w == 16 && c == 3);
 
   dec = malloc(24 * 20 * 3);
   want = malloc(16 * 16 * 3);
   uint8_t *rs = malloc(16 * 16 * 3);
-  cr_assert_eq(ferry_jpeg_new(&j, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_jpeg_decode(j, jpeg, jlen, dec, 24 * 20 * 3, &dh, &dw,
-                                 &err),
-               0, "%s", err.msg);
-  ferry_resize_bilinear(dec, 24, 20, 3, rs, 16, 16);
+  cr_assert_eq(ferry__jpeg_new(&j, &err), 0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__jpeg_decode(j, jpeg, jlen, dec, 24 * 20 * 3, &dh, &dw, &err), 0,
+      "%s", err.msg);
+  ferry__resize_bilinear(dec, 24, 20, 3, rs, 16, 16);
   direct_ops(rs, 16, 16, 3, want);
   cr_assert_arr_eq(px, want, 16 * 16 * 3);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(rs);
   free(dec);
   free(want);
@@ -473,11 +473,11 @@ static int run_raw_once(ferry_spec_t *s, const uint8_t *rec, size_t len,
   int64_t label;
 
   compile(s, &p, &ctx);
-  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, err);
+  rc = ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, err);
   /* The same error without an error struct must not crash. */
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, NULL),
-               rc);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, NULL),
+      rc);
   release(p, ctx);
   return rc;
 }
@@ -548,7 +548,7 @@ Test(pipeline, raw_of_wrong_size) {
 
   len = raw_record(img, sizeof(img), 1, &rec);
   /* With ops (the size check of the zero-copy path) and without (the
-   * check of ferry_decode_raw). */
+   * check of ferry__decode_raw). */
   spec_raw(&s, 4, 4, 1);
   add_op(&s, FERRY_OP_DILATE, 3, 0, 0);
   cr_assert_eq(run_raw_once(&s, rec, len, &err), FERRY_EIMGSIZE);
@@ -594,7 +594,7 @@ Test(pipeline, corrupt_jpeg) {
 
   fill_random(junk, sizeof(junk), 77);
   len = raw_record(junk, sizeof(junk), 1, &rec);
-  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+  rc = ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
   cr_assert_eq(rc, FERRY_EJPEG, "got %s: %s", ferry_err_name(rc), err.msg);
   cr_assert(strstr(err.msg, "image") != NULL, "%s", err.msg);
   free(rec);
@@ -627,21 +627,21 @@ Test(pipeline, bad_specs_are_rejected) {
   ferry_error_t err = {0};
 
   spec_raw(&s, 0, 4, 3); /* raw needs sizes */
-  cr_assert_lt(ferry_pipeline_new(&s, &p, &err), 0);
+  cr_assert_lt(ferry__pipeline_new(&s, &p, &err), 0);
   cr_assert_null(p);
   free(s.image_key);
   free(s.label_key);
 
   spec_raw(&s, 4, 4, 3);
   add_op(&s, FERRY_OP_BLUR, 10, 0, 0.8f); /* even size */
-  cr_assert_lt(ferry_pipeline_new(&s, &p, &err), 0);
+  cr_assert_lt(ferry__pipeline_new(&s, &p, &err), 0);
   cr_assert(strstr(err.msg, "blur") != NULL, "%s", err.msg);
   free(s.image_key);
   free(s.label_key);
 
   spec_raw(&s, 4, 4, 3);
   add_op(&s, FERRY_OP_DILATE, 5, 0, 0);
-  cr_assert_lt(ferry_pipeline_new(&s, &p, &err), 0);
+  cr_assert_lt(ferry__pipeline_new(&s, &p, &err), 0);
   free(s.image_key);
   free(s.label_key);
 }
@@ -664,16 +664,16 @@ Test(pipeline, timing) {
   spec_raw(&s, H, W, C);
   seed_ops(&s);
   compile(&s, &p, &ctx);
-  ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
-  ferry_pipeline_ctx_times(ctx, t);
+  ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+  ferry__pipeline_ctx_times(ctx, t);
   for (int i = 0; i < FERRY_STAGE_COUNT; i++)
     cr_assert_eq(t[i], 0.0, "timing is off by default");
-  ferry_pipeline_ctx_set_timing(ctx, 1);
+  ferry__pipeline_ctx_set_timing(ctx, 1);
   for (int i = 0; i < 50; i++)
-    cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                        &label, &err),
-                 0);
-  ferry_pipeline_ctx_times(ctx, t);
+    cr_assert_eq(
+        ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err),
+        0);
+  ferry__pipeline_ctx_times(ctx, t);
   cr_assert_gt(t[FERRY_STAGE_PARSE], 0.0);
   cr_assert_gt(t[FERRY_STAGE_OPS], 0.0);
   cr_assert_gt(t[FERRY_STAGE_BLUR], 0.0);
@@ -697,13 +697,13 @@ static void assert_steady_state(ferry_spec_t *s, uint8_t **recs,
 
   compile(s, &p, &ctx);
   for (int i = 0; i < 2 * n; i++)
-    cr_assert_eq(ferry_pipeline_process(ctx, recs[i % n], lens[i % n], &px,
-                                        &h, &w, &c, &label, &err),
+    cr_assert_eq(ferry__pipeline_process(ctx, recs[i % n], lens[i % n], &px, &h,
+                                         &w, &c, &label, &err),
                  0, "%s", err.msg);
   ferry__alloc_stats(&before);
   for (int i = 0; i < 1000; i++)
-    cr_assert_eq(ferry_pipeline_process(ctx, recs[i % n], lens[i % n], &px,
-                                        &h, &w, &c, &label, &err),
+    cr_assert_eq(ferry__pipeline_process(ctx, recs[i % n], lens[i % n], &px, &h,
+                                         &w, &c, &label, &err),
                  0, "%s", err.msg);
   ferry__alloc_stats(&after);
   cr_assert_eq(after.blocks, before.blocks, "blocks %lld -> %lld",
@@ -766,7 +766,7 @@ static void add_rrc(ferry_spec_t *s, int size, bool exact) {
   op->exact = exact;
 }
 
-/* The fused pipeline gives ferry_jpeg_decode_crop's pixels for the same
+/* The fused pipeline gives ferry__jpeg_decode_crop's pixels for the same
  * key; exact=true the exact path's; the same key replays, another epoch
  * draws another crop; the counters say what ran. */
 Test(pipeline, random_resized_crop_fused_and_exact) {
@@ -782,31 +782,31 @@ Test(pipeline, random_resized_crop_fused_and_exact) {
   ferry_jpeg_t *j;
 
   len = raw_record(jpeg, jlen, 3, &rec);
-  cr_assert_eq(ferry_jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
   for (int exact = 0; exact <= 1; exact++) {
     spec_jpeg(&s, 0, 0);
     add_rrc(&s, 64, exact);
     compile(&s, &p[exact], &ctx[exact]);
-    cr_assert_eq(ferry_pipeline_shape(p[exact], &h, &w, &c), 0);
+    cr_assert_eq(ferry__pipeline_shape(p[exact], &h, &w, &c), 0);
     cr_assert(h == 64 && w == 64 && c == 3);
     for (uint64_t rec_id = 0; rec_id < 20; rec_id++) {
       ferry_crop_op_t op = {.kind = FERRY_CROP_RANDOM_RESIZED,
                             .out_h = 64,
                             .out_w = 64,
                             .rrc = {0.08f, 1.0f, 0.75f, (float)(4.0 / 3.0)},
-                            .key = ferry_crop_key(7, 2, rec_id),
+                            .key = ferry__crop_key(7, 2, rec_id),
                             .exact = exact};
-      ferry_pipeline_ctx_set_key(ctx[exact], 7, 2, rec_id);
-      cr_assert_eq(ferry_pipeline_process(ctx[exact], rec, len, &px, &h, &w,
-                                          &c, &label, &err),
+      ferry__pipeline_ctx_set_key(ctx[exact], 7, 2, rec_id);
+      cr_assert_eq(ferry__pipeline_process(ctx[exact], rec, len, &px, &h, &w,
+                                           &c, &label, &err),
                    0, "%s", err.msg);
       cr_assert(h == 64 && w == 64 && c == 3 && label == 3);
-      ferry_decode_path_t dp = ferry_pipeline_ctx_last_decode(ctx[exact]);
+      ferry_decode_path_t dp = ferry__pipeline_ctx_last_decode(ctx[exact]);
       cr_assert(exact ? dp == FERRY_DECODE_FULL
                       : dp == FERRY_DECODE_FUSED || dp == FERRY_DECODE_FULL,
                 "exact %d: path %d", exact, (int)dp);
-      cr_assert_eq(ferry_jpeg_decode_crop(j, jpeg, jlen, &op, want,
-                                          64 * 64 * 3, &oh, &ow, NULL, &err),
+      cr_assert_eq(ferry__jpeg_decode_crop(j, jpeg, jlen, &op, want,
+                                           64 * 64 * 3, &oh, &ow, NULL, &err),
                    0, "%s", err.msg);
       cr_assert(memcmp(px, want, 64 * 64 * 3) == 0,
                 "exact %d record %llu: not decode_crop's pixels", exact,
@@ -814,33 +814,33 @@ Test(pipeline, random_resized_crop_fused_and_exact) {
     }
   }
   ferry_jpeg_crop_stats_t st;
-  ferry_pipeline_ctx_jpeg_stats(ctx[0], &st);
+  ferry__pipeline_ctx_jpeg_stats(ctx[0], &st);
   cr_assert(st.images == 20 && st.fused + st.full == 20 && st.fused > 0,
             "fused %llu full %llu", (unsigned long long)st.fused,
             (unsigned long long)st.full);
-  ferry_pipeline_ctx_jpeg_stats(ctx[1], &st);
+  ferry__pipeline_ctx_jpeg_stats(ctx[1], &st);
   cr_assert(st.fused == 0, "exact=true fused %llu", (unsigned long long)st.fused);
 
   /* Replays and epochs. */
   uint8_t a[64 * 64 * 3];
-  ferry_pipeline_ctx_set_key(ctx[0], 7, 2, 11);
-  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0);
+  ferry__pipeline_ctx_set_key(ctx[0], 7, 2, 11);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx[0], rec, len, &px, &h, &w, &c, &label, &err),
+      0);
   memcpy(a, px, sizeof(a));
-  ferry_pipeline_ctx_set_key(ctx[0], 7, 2, 11);
-  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0);
+  ferry__pipeline_ctx_set_key(ctx[0], 7, 2, 11);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx[0], rec, len, &px, &h, &w, &c, &label, &err),
+      0);
   cr_assert(memcmp(a, px, sizeof(a)) == 0, "the same key drew another crop");
-  ferry_pipeline_ctx_set_key(ctx[0], 7, 3, 11);
-  cr_assert_eq(ferry_pipeline_process(ctx[0], rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0);
+  ferry__pipeline_ctx_set_key(ctx[0], 7, 3, 11);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx[0], rec, len, &px, &h, &w, &c, &label, &err),
+      0);
   cr_assert(memcmp(a, px, sizeof(a)) != 0, "another epoch, the same crop");
   for (int i = 0; i < 2; i++)
     release(p[i], ctx[i]);
-  ferry_jpeg_free(j);
+  ferry__jpeg_free(j);
   free(rec);
   free(jpeg);
   free(want);
@@ -867,9 +867,9 @@ Test(pipeline, resize_center_crop_fused_and_raw) {
     s.ops[0].exact = exact;
     add_op(&s, FERRY_OP_CENTER_CROP, 90, 80, 0);
     compile(&s, &p, &ctx);
-    cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                        &label, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err),
+        0, "%s", err.msg);
     cr_assert(h == 90 && w == 80, "%dx%d", h, w);
     out[exact] = malloc(90 * 80 * 3);
     memcpy(out[exact], px, 90 * 80 * 3);
@@ -890,11 +890,11 @@ Test(pipeline, resize_center_crop_fused_and_raw) {
   spec_raw(&s, H, W, 3);
   add_op(&s, FERRY_OP_RESIZE_SHORTER, 50, 0, 0);
   compile(&s, &p, &ctx);
-  cr_assert_eq(ferry_pipeline_shape(p, &h, &w, &c), 0);
+  cr_assert_eq(ferry__pipeline_shape(p, &h, &w, &c), 0);
   cr_assert(h == 50 && w == 66, "%dx%d", h, w);
-  cr_assert_eq(ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c,
-                                      &label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err), 0,
+      "%s", err.msg);
   cr_assert(h == 50 && w == 66, "%dx%d", h, w);
   release(p, ctx);
   free(out[0]);
@@ -923,7 +923,7 @@ Test(pipeline, bad_jpegs_fused) {
   compile(&s, &p, &ctx);
   fill_random(junk, sizeof(junk), 78);
   len = raw_record(junk, sizeof(junk), 1, &rec);
-  rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+  rc = ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
   cr_assert_eq(rc, FERRY_EJPEG, "got %s: %s", ferry_err_name(rc), err.msg);
   cr_assert(strstr(err.msg, "feature 'image'") != NULL, "%s", err.msg);
   free(rec);
@@ -931,8 +931,8 @@ Test(pipeline, bad_jpegs_fused) {
    * marker walk still finds the missing end. */
   for (uint64_t k = 0; k < 20; k++) {
     len = raw_record(jpeg, jlen * 9 / 10, 1, &rec);
-    ferry_pipeline_ctx_set_key(ctx, 1, 0, k);
-    rc = ferry_pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
+    ferry__pipeline_ctx_set_key(ctx, 1, 0, k);
+    rc = ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c, &label, &err);
     cr_assert_eq(rc, FERRY_EJPEGTRUNC, "key %llu: got %s: %s",
                  (unsigned long long)k, ferry_err_name(rc), err.msg);
     cr_assert(strstr(err.msg, "feature 'image'") != NULL, "%s", err.msg);

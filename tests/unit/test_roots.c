@@ -1,6 +1,6 @@
-/* Tests of the data roots (ferry/roots.h): what a root allows (symlinks
+/* Tests of the data roots (roots.h): what a root allows (symlinks
  * and `..` resolved, symlinks inside a root kept), and that
- * ferry_roots_open_file never yields a file outside every root while a
+ * ferry__roots_open_file never yields a file outside every root while a
  * thread swaps a symlink into the path it opens (renameat2
  * RENAME_EXCHANGE every 8 to 40 us, seeded: FERRY_TEST_SEED repeats a
  * run), through openat2 and through the component walk that stands in
@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/roots.h"
+#include "roots.h"
 
 static char base[128];
 
@@ -56,7 +56,7 @@ static void put(const char *rel, const char *text) {
  * error. */
 static int read_through(const ferry_roots_t *r, const char *path, char *got,
                         size_t cap, ferry_error_t *err) {
-  int fd, rc = ferry_roots_open_file(r, path, &fd, err);
+  int fd, rc = ferry__roots_open_file(r, path, &fd, err);
   ssize_t n;
   if (rc != 0)
     return rc;
@@ -83,7 +83,7 @@ static void make_tree(ferry_roots_t *r) {
   {
     char list[600];
     snprintf(list, sizeof(list), "%s\n%s", at("root"), at("other"));
-    cr_assert_eq(ferry_roots_init(r, list, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__roots_init(r, list, &err), 0, "%s", err.msg);
   }
 }
 
@@ -109,7 +109,7 @@ Test(roots, open_file_keeps_the_semantics_of_the_check) {
     } else {
       char list[600];
       snprintf(list, sizeof(list), "%s\n%s", at("root"), at("other"));
-      cr_assert_eq(ferry_roots_init(&r, list, &err), 0, "%s", err.msg);
+      cr_assert_eq(ferry__roots_init(&r, list, &err), 0, "%s", err.msg);
     }
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
       cr_assert_eq(read_through(&r, at(ok[i].rel), got, sizeof(got), &err),
@@ -127,19 +127,19 @@ Test(roots, open_file_keeps_the_semantics_of_the_check) {
     /* A missing file inside says so. */
     cr_assert_eq(read_through(&r, at("root/none"), got, sizeof(got), &err),
                  FERRY_EACCES, "realpath fails: no oracle either way");
-    ferry_roots_close(&r);
+    ferry__roots_close(&r);
   }
   /* No root: anything opens. */
   {
     ferry_roots_t none;
     ferry_error_t err = {0};
     char got[64];
-    cr_assert_eq(ferry_roots_init(&none, NULL, &err), 0);
+    cr_assert_eq(ferry__roots_init(&none, NULL, &err), 0);
     cr_assert_eq(read_through(&none, at("out/secret"), got, sizeof(got),
                               &err),
                  0, "%s", err.msg);
     cr_assert_str_eq(got, "OUTSIDE");
-    ferry_roots_close(&none);
+    ferry__roots_close(&none);
   }
 }
 
@@ -189,7 +189,7 @@ static void race(const char *what, const char *path, const char *a,
   uint64_t inside = 0, outside = 0, raced = 0, refused = 0;
   char got[64];
 
-  cr_assert_eq(ferry_roots_init(&r, at("root"), &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__roots_init(&r, at("root"), &err), 0, "%s", err.msg);
   cr_assert_eq(pthread_create(&th, NULL, flip, &f), 0);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (ms_since(&t0) < ms) {
@@ -205,7 +205,7 @@ static void race(const char *what, const char *path, const char *a,
   }
   atomic_store(&f.stop, true);
   pthread_join(th, NULL);
-  ferry_roots_close(&r);
+  ferry__roots_close(&r);
   fprintf(stderr,
           "%s: seed %llu: %llu flips; opens: %llu inside, %llu outside, "
           "%llu refused (outside when checked), %llu refused (swapped in "

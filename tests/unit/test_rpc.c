@@ -21,12 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/tsan.h"
-#include "ferry/varint.h"
+#include "alloc.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "rpc.h"
+#include "rpc_methods.h"
+#include "tsan.h"
+#include "varint.h"
 
 #define WAIT_MS 10000
 #define MIB (1 << 20)
@@ -124,7 +124,7 @@ static void on_server_done(void *arg) {
 
 static void do_shutdown(void *arg) {
   clock_gettime(CLOCK_MONOTONIC, &F.shutdown_t0);
-  ferry_rpc_server_shutdown(F.server, on_server_done, NULL);
+  ferry__rpc_server_shutdown(F.server, on_server_done, NULL);
 }
 
 static bool server_gone(void) { return atomic_load(&F.server_done); }
@@ -135,19 +135,19 @@ static void register_methods(ferry_rpc_server_t *s);
 static void fx_start(const ferry_rpc_options_t *opts) {
   ferry_error_t err = {0};
   ferry__alloc_stats(&F.baseline);
-  ferry_rpc_init();
+  ferry__rpc_init();
   pthread_mutex_init(&F.mu, NULL);
   pthread_cond_init(&F.cv, NULL);
   cr_assert_eq(uv_loop_init(&F.loop), 0);
   cr_assert_eq(uv_async_init(&F.loop, &F.wake, on_wake), 0);
-  cr_assert_eq(ferry_rpc_server_new(&F.loop, opts, &F.server, &err), 0,
-               "%s", err.msg);
+  cr_assert_eq(ferry__rpc_server_new(&F.loop, opts, &F.server, &err), 0, "%s",
+               err.msg);
   register_methods(F.server);
-  cr_assert_eq(ferry_rpc_server_start(F.server, "127.0.0.1:0", &F.port, &err),
+  cr_assert_eq(ferry__rpc_server_start(F.server, "127.0.0.1:0", &F.port, &err),
                0, "%s", err.msg);
   cr_assert_gt(F.port, 0);
   snprintf(F.target, sizeof(F.target), "127.0.0.1:%d", F.port);
-  cr_assert_eq(ferry_rpc_channel_new(F.target, opts, &F.ch, &err), 0, "%s",
+  cr_assert_eq(ferry__rpc_channel_new(F.target, opts, &F.ch, &err), 0, "%s",
                err.msg);
   cr_assert_eq(pthread_create(&F.thread, NULL, loop_thread, NULL), 0);
 }
@@ -157,13 +157,13 @@ static void fx_start(const ferry_rpc_options_t *opts) {
 static void fx_stop(void) {
   ferry_alloc_stats_t now;
   if (F.ch != NULL)
-    ferry_rpc_channel_free(F.ch);
+    ferry__rpc_channel_free(F.ch);
   F.ch = NULL;
   run_on_loop(do_shutdown, NULL);
   cr_assert(wait_for(server_gone), "server shutdown did not finish");
   pthread_join(F.thread, NULL);
   cr_assert_eq(uv_loop_close(&F.loop), 0, "a handle was left open");
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   ferry__alloc_stats(&now);
   cr_assert_eq(now.blocks, F.baseline.blocks, "%lld blocks leaked",
                (long long)(now.blocks - F.baseline.blocks));
@@ -175,13 +175,13 @@ static atomic_int cancels_seen;
 
 static void echo(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                  void *user) {
-  ferry_rpc_reply(call, req, len);
+  ferry__rpc_reply(call, req, len);
 }
 
 static void fail(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                  void *user) {
-  ferry_rpc_reply_error(call, FERRY_RPC_FAILED_PRECONDITION,
-                        "no split for you");
+  ferry__rpc_reply_error(call, FERRY_RPC_FAILED_PRECONDITION,
+                         "no split for you");
 }
 
 /* Answers from a timer, after the handler returned. */
@@ -196,7 +196,7 @@ static void free_handle(uv_handle_t *h) { free(h->data); }
 
 static void later_fire(uv_timer_t *t) {
   struct later *l = t->data;
-  ferry_rpc_reply(l->call, l->bytes, l->len);
+  ferry__rpc_reply(l->call, l->bytes, l->len);
   uv_close((uv_handle_t *)t, free_handle);
 }
 
@@ -214,13 +214,13 @@ static void later(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
 /* Never answers on its own: only when told the call is over. */
 static void never_cancelled(ferry_rpc_call_t *call, void *arg) {
   atomic_fetch_add(&cancels_seen, 1);
-  ferry_rpc_reply_error(call, FERRY_RPC_CANCELLED, "gave up");
+  ferry__rpc_reply_error(call, FERRY_RPC_CANCELLED, "gave up");
   notify();
 }
 
 static void never(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                   void *user) {
-  ferry_rpc_call_on_cancel(call, never_cancelled, NULL);
+  ferry__rpc_call_on_cancel(call, never_cancelled, NULL);
 }
 
 /* ---- A streaming method ------------------------------------------------ */
@@ -270,7 +270,7 @@ static void free_and_count(void *p) {
 }
 
 static void finish(ferry_rpc_call_t *call, int status, const char *msg) {
-  ferry_rpc_stream_finish(call, status, msg);
+  ferry__rpc_stream_finish(call, status, msg);
   atomic_store(&S.finished, 1);
   notify();
 }
@@ -296,9 +296,9 @@ static void send_next(ferry_rpc_call_t *call) {
   }
   hdr = malloc(24);
   hdr[n++] = 0x08;
-  n += ferry_varint_put(hdr + n, (uint64_t)S.sent);
+  n += ferry__varint_put(hdr + n, (uint64_t)S.sent);
   hdr[n++] = 0x12;
-  n += ferry_varint_put(hdr + n, S.payload_len);
+  n += ferry__varint_put(hdr + n, S.payload_len);
   payload = S.shared;
   if (S.distinct) {
     payload = malloc(S.payload_len);
@@ -309,7 +309,7 @@ static void send_next(ferry_rpc_call_t *call) {
                                   S.distinct ? free_and_count : count_free,
                                   payload};
   S.sent++;
-  if (ferry_rpc_stream_send(call, pieces, 2, on_sent, NULL) != 0)
+  if (ferry__rpc_stream_send(call, pieces, 2, on_sent, NULL) != 0)
     finish(call, FERRY_RPC_INTERNAL, "send failed");
 }
 
@@ -320,7 +320,7 @@ static void stream_cancelled(ferry_rpc_call_t *call, void *arg) {
 
 static void chunks(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
                    void *user) {
-  ferry_rpc_call_on_cancel(call, stream_cancelled, NULL);
+  ferry__rpc_call_on_cancel(call, stream_cancelled, NULL);
   send_next(call);
 }
 
@@ -338,12 +338,11 @@ static void register_methods(ferry_rpc_server_t *s) {
   };
   ferry_error_t err = {0};
   for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++)
-    cr_assert_eq(ferry_rpc_server_register(s, methods[i].name,
-                                           methods[i].kind, methods[i].fn,
-                                           NULL, &err),
+    cr_assert_eq(ferry__rpc_server_register(s, methods[i].name, methods[i].kind,
+                                            methods[i].fn, NULL, &err),
                  0, "%s", err.msg);
   const char *services[] = {"ferry.v1.Dispatcher"};
-  cr_assert_eq(ferry_rpc_health_register(s, services, 1, &err), 0, "%s",
+  cr_assert_eq(ferry__rpc_health_register(s, services, 1, &err), 0, "%s",
                err.msg);
 }
 
@@ -353,8 +352,8 @@ static void unary_ok(const char *method, const void *req, size_t len) {
   ferry_error_t err = {0};
   uint8_t *reply;
   size_t reply_len;
-  int rc = ferry_rpc_unary(F.ch, method, req, len, 5000, 0, &reply,
-                           &reply_len, &err);
+  int rc = ferry__rpc_unary(F.ch, method, req, len, 5000, 0, &reply, &reply_len,
+                            &err);
   cr_assert_eq(rc, 0, "%s: %s", ferry_err_name(rc), err.msg);
   cr_assert_not_null(reply);
   cr_assert_eq(reply_len, len);
@@ -450,23 +449,22 @@ Test(rpc, slow_link_handshake_completes, .timeout = 60) {
   snprintf(target, sizeof(target), "127.0.0.1:%d", R.port);
   ferry_rpc_channel_t *ch = NULL;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &ch, &err), 0, "%s",
                err.msg);
   uint8_t *reply = NULL;
   size_t reply_len = 0;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   /* wait_for_ready: a failed attempt is retried until the deadline. */
-  int rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "slow", 4, WAIT_MS,
-                           FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len,
-                           &err);
+  int rc = ferry__rpc_unary(ch, "/test.Echo/Echo", "slow", 4, WAIT_MS,
+                            FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, &err);
   double ms = ms_since(&t0);
   cr_log_info("echo over a link with %d ms each way: %s after %.0f ms",
               RELAY_DELAY_MS, rc == 0 ? "answered" : err.msg, ms);
   cr_expect_eq(rc, 0, "%s: %s", ferry_err_name(rc), err.msg);
   cr_expect(rc != 0 || (reply_len == 4 && memcmp(reply, "slow", 4) == 0));
   ferry_free(reply);
-  ferry_rpc_channel_free(ch);
+  ferry__rpc_channel_free(ch);
   atomic_store(&R.stop, true);
   pthread_join(R.thread, NULL);
   close(R.lfd);
@@ -488,8 +486,8 @@ Test(rpc, error_status_and_message_reach_client, .timeout = 60) {
   uint8_t *reply = (uint8_t *)"x";
   size_t reply_len = 7;
   fx_start(NULL);
-  int rc = ferry_rpc_unary(F.ch, "/test.Echo/Fail", "a", 1, 5000, 0, &reply,
-                           &reply_len, &err);
+  int rc = ferry__rpc_unary(F.ch, "/test.Echo/Fail", "a", 1, 5000, 0, &reply,
+                            &reply_len, &err);
   cr_assert_eq(rc, FERRY_EGRPC_FAILED_PRECONDITION, "%s", ferry_err_name(rc));
   cr_assert_eq(err.code, rc);
   cr_assert_str_eq(err.msg, "/test.Echo/Fail: no split for you");
@@ -503,8 +501,8 @@ Test(rpc, unknown_method_is_unimplemented, .timeout = 60) {
   uint8_t *reply;
   size_t reply_len;
   fx_start(NULL);
-  int rc = ferry_rpc_unary(F.ch, "/test.Nope/Missing", "a", 1, 5000, 0,
-                           &reply, &reply_len, &err);
+  int rc = ferry__rpc_unary(F.ch, "/test.Nope/Missing", "a", 1, 5000, 0, &reply,
+                            &reply_len, &err);
   cr_assert_eq(rc, FERRY_EGRPC_UNIMPLEMENTED, "%s", ferry_err_name(rc));
   cr_assert(strstr(err.msg, "unknown method /test.Nope/Missing") != NULL,
             "%s", err.msg);
@@ -520,8 +518,8 @@ Test(rpc, deadline_exceeded_then_clean_shutdown, .timeout = 60) {
   struct timespec t0;
   fx_start(NULL);
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  int rc = ferry_rpc_unary(F.ch, "/test.Echo/Never", "a", 1, 200, 0, &reply,
-                           &reply_len, &err);
+  int rc = ferry__rpc_unary(F.ch, "/test.Echo/Never", "a", 1, 200, 0, &reply,
+                            &reply_len, &err);
   double ms = ms_since(&t0);
   cr_assert_eq(rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%s", ferry_err_name(rc));
   cr_assert(ms >= 150 && ms < 5000, "took %.0f ms", ms);
@@ -537,17 +535,17 @@ Test(rpc, stream_next_times_out_and_stays_usable, .timeout = 60) {
   ferry_rpc_msg_t msg;
   fx_start(NULL);
   /* Never answers: nothing arrives, the wait ends, the stream lives on. */
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Echo/Never", "a", 1, -1, 0,
-                                     &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Echo/Never", "a", 1, -1, 0,
+                                      &st, &err),
                0);
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
-  cr_assert_eq(ferry_rpc_stream_status(st), 1);
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
-  ferry_rpc_stream_cancel(st);
-  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
+  cr_assert_eq(ferry__rpc_stream_status(st), 1);
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, 50, &err), FERRY_ETIMEDOUT);
+  ferry__rpc_stream_cancel(st);
+  int rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
   cr_assert_eq(rc, FERRY_EGRPC_CANCELLED, "%s", ferry_err_name(rc));
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), rc);
-  ferry_rpc_stream_free(st);
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), rc);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(one_cancel), "the server did not see the cancel");
   fx_stop();
 }
@@ -570,19 +568,19 @@ Test(rpc, no_server_unavailable_or_wait_for_ready, .timeout = 60) {
   fx_stop();
   /* The port is closed now: fail fast, or wait for the server until the
    * deadline with FERRY_RPC_WAIT_FOR_READY. */
-  ferry_rpc_init();
+  ferry__rpc_init();
   ferry_rpc_channel_t *ch;
   char target[64];
   snprintf(target, sizeof(target), "127.0.0.1:%d", port);
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &ch, &err), 0);
-  int rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "a", 1, 5000, 0, &reply,
-                           &reply_len, &err);
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &ch, &err), 0);
+  int rc = ferry__rpc_unary(ch, "/test.Echo/Echo", "a", 1, 5000, 0, &reply,
+                            &reply_len, &err);
   cr_assert_eq(rc, FERRY_EGRPC_UNAVAILABLE, "%s", ferry_err_name(rc));
-  rc = ferry_rpc_unary(ch, "/test.Echo/Echo", "a", 1, 200,
-                       FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, &err);
+  rc = ferry__rpc_unary(ch, "/test.Echo/Echo", "a", 1, 200,
+                        FERRY_RPC_WAIT_FOR_READY, &reply, &reply_len, &err);
   cr_assert_eq(rc, FERRY_EGRPC_DEADLINE_EXCEEDED, "%s", ferry_err_name(rc));
-  ferry_rpc_channel_free(ch);
-  ferry_rpc_shutdown();
+  ferry__rpc_channel_free(ch);
+  ferry__rpc_shutdown();
 }
 
 static void noop_done(void *arg) {
@@ -594,33 +592,33 @@ Test(rpc, bind_failure_names_address_and_unstarted_shutdown, .timeout = 60) {
   uv_loop_t loop;
   ferry_rpc_server_t *s;
   bool done = false;
-  ferry_rpc_init();
+  ferry__rpc_init();
   cr_assert_eq(uv_loop_init(&loop), 0);
-  cr_assert_eq(ferry_rpc_server_new(&loop, NULL, &s, &err), 0);
-  int rc = ferry_rpc_server_start(s, "not-an-address:xyz", NULL, &err);
+  cr_assert_eq(ferry__rpc_server_new(&loop, NULL, &s, &err), 0);
+  int rc = ferry__rpc_server_start(s, "not-an-address:xyz", NULL, &err);
   cr_assert_eq(rc, FERRY_EIO);
   cr_assert(strstr(err.msg, "not-an-address:xyz") != NULL, "%s", err.msg);
-  ferry_rpc_server_shutdown(s, noop_done, &done);
+  ferry__rpc_server_shutdown(s, noop_done, &done);
   for (int i = 0; i < 1000 && !done; i++)
     uv_run(&loop, UV_RUN_ONCE);
   cr_assert(done);
   cr_assert_eq(uv_loop_close(&loop), 0);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 Test(rpc, status_code_mapping) {
-  cr_assert_eq(ferry_rpc_err_from_status(0), 0);
-  cr_assert_eq(ferry_rpc_err_from_status(14), FERRY_EGRPC_UNAVAILABLE);
-  cr_assert_eq(ferry_rpc_err_from_status(16), FERRY_EGRPC_UNAUTHENTICATED);
-  cr_assert_eq(ferry_rpc_err_from_status(99), FERRY_EGRPC_UNKNOWN);
+  cr_assert_eq(ferry__rpc_err_from_status(0), 0);
+  cr_assert_eq(ferry__rpc_err_from_status(14), FERRY_EGRPC_UNAVAILABLE);
+  cr_assert_eq(ferry__rpc_err_from_status(16), FERRY_EGRPC_UNAUTHENTICATED);
+  cr_assert_eq(ferry__rpc_err_from_status(99), FERRY_EGRPC_UNKNOWN);
   for (int s = 0; s <= 16; s++)
-    cr_assert_eq(ferry_rpc_status_from_err(ferry_rpc_err_from_status(s)), s);
-  cr_assert_eq(ferry_rpc_status_from_err(FERRY_EINVAL),
+    cr_assert_eq(ferry__rpc_status_from_err(ferry__rpc_err_from_status(s)), s);
+  cr_assert_eq(ferry__rpc_status_from_err(FERRY_EINVAL),
                FERRY_RPC_INVALID_ARGUMENT);
-  cr_assert_eq(ferry_rpc_status_from_err(FERRY_EDATACRC), FERRY_RPC_INTERNAL);
+  cr_assert_eq(ferry__rpc_status_from_err(FERRY_EDATACRC), FERRY_RPC_INTERNAL);
   cr_assert_str_eq(ferry_err_name(FERRY_EGRPC_DEADLINE_EXCEEDED),
                    "EGRPC_DEADLINE_EXCEEDED");
-  int rc = ferry_rpc_tune_malloc();
+  int rc = ferry__rpc_tune_malloc();
   cr_assert(rc == 0 || rc == FERRY_ENOTSUP, "%s", ferry_err_name(rc));
 }
 
@@ -634,8 +632,8 @@ static int health(const char *service, int *status) {
   size_t reply_len;
   req.service = (char *)service;
   size_t n = grpc__health__v1__health_check_request__pack(&req, buf);
-  int rc = ferry_rpc_unary(F.ch, FERRY_METHOD_HEALTH_CHECK, buf, n,
-                           5000, 0, &reply, &reply_len, &err);
+  int rc = ferry__rpc_unary(F.ch, FERRY_METHOD_HEALTH_CHECK, buf, n, 5000, 0,
+                            &reply, &reply_len, &err);
   if (rc != 0)
     return rc;
   Grpc__Health__V1__HealthCheckResponse *r =
@@ -651,7 +649,7 @@ static int health(const char *service, int *status) {
 #define NOT_SERVING                                                           \
   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 
-static void drain(void *arg) { ferry_rpc_health_set_serving(F.server, 0); }
+static void drain(void *arg) { ferry__rpc_health_set_serving(F.server, 0); }
 
 Test(rpc, health_check, .timeout = 60) {
   int st = -1;
@@ -679,13 +677,13 @@ static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
 static size_t parse_header(const ferry_rpc_msg_t *msg, uint64_t *index,
                            uint64_t *payload_len) {
   uint8_t hdr[24];
-  size_t n = ferry_rpc_msg_copy(msg, 0, hdr, sizeof(hdr)), off = 0;
+  size_t n = ferry__rpc_msg_copy(msg, 0, hdr, sizeof(hdr)), off = 0;
   int k;
   cr_assert_eq(hdr[off++], 0x08);
-  cr_assert_gt(k = ferry_varint_get(hdr + off, hdr + n, 10, index), 0);
+  cr_assert_gt(k = ferry__varint_get(hdr + off, hdr + n, 10, index), 0);
   off += (size_t)k;
   cr_assert_eq(hdr[off++], 0x12);
-  cr_assert_gt(k = ferry_varint_get(hdr + off, hdr + n, 10, payload_len), 0);
+  cr_assert_gt(k = ferry__varint_get(hdr + off, hdr + n, 10, payload_len), 0);
   return off + (size_t)k;
 }
 
@@ -701,12 +699,12 @@ Test(rpc, stream_64_messages_of_4mib_zero_copy, .timeout = 120) {
   S.payload_len = plen;
   S.distinct = true;
   fx_start(NULL);
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
-                                     60000, 0, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
+                                      60000, 0, &st, &err),
                0, "%s", err.msg);
   for (int i = 0; i < 64; i++) {
     uint64_t index, len;
-    int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+    int rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
     cr_assert_eq(rc, 0, "message %d: %s %s", i, ferry_err_name(rc), err.msg);
     size_t off = parse_header(&msg, &index, &len);
     cr_assert_eq(index, (uint64_t)i);
@@ -718,29 +716,29 @@ Test(rpc, stream_64_messages_of_4mib_zero_copy, .timeout = 120) {
     size_t total = 0;
     for (size_t j = 0; j < msg.nslices; j++) {
       size_t slen;
-      const uint8_t *p = ferry_rpc_msg_slice(&msg, j, &slen);
+      const uint8_t *p = ferry__rpc_msg_slice(&msg, j, &slen);
       h = fnv1a(h, p, slen);
       total += slen;
     }
     cr_assert_eq(total, msg.len);
-    cr_assert_eq(ferry_rpc_msg_copy(&msg, off, got, plen), plen);
-    ferry_rpc_msg_release(&msg);
+    cr_assert_eq(ferry__rpc_msg_copy(&msg, off, got, plen), plen);
+    ferry__rpc_msg_release(&msg);
     fill_payload(want, plen, i);
     cr_assert(memcmp(got, want, plen) == 0, "message %d differs", i);
     uint8_t hdr[24];
     size_t hn = 0;
     hdr[hn++] = 0x08;
-    hn += ferry_varint_put(hdr + hn, (uint64_t)i);
+    hn += ferry__varint_put(hdr + hn, (uint64_t)i);
     hdr[hn++] = 0x12;
-    hn += ferry_varint_put(hdr + hn, plen);
+    hn += ferry__varint_put(hdr + hn, plen);
     cr_assert_eq(h, fnv1a(fnv1a(0xcbf29ce484222325ull, hdr, hn), want, plen),
                  "checksum of message %d", i);
   }
-  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  int rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
   cr_assert_eq(rc, FERRY_EOF, "%s %s", ferry_err_name(rc), err.msg);
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
-  cr_assert_eq(ferry_rpc_stream_status(st), 0);
-  ferry_rpc_stream_free(st);
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
+  cr_assert_eq(ferry__rpc_stream_status(st), 0);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(all_freed_64), "%d of 128 pieces freed",
             atomic_load(&S.frees));
   fx_stop();
@@ -767,21 +765,21 @@ Test(rpc, client_cancel_mid_stream, .timeout = 60) {
   S.payload_len = 256 * 1024;
   S.shared = calloc(1, S.payload_len);
   fx_start(NULL);
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
-                                     0, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
+                                      0, &st, &err),
                0);
   for (int i = 0; i < 5; i++) {
-    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
-    ferry_rpc_msg_release(&msg);
+    cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    ferry__rpc_msg_release(&msg);
   }
-  ferry_rpc_stream_cancel(st);
+  ferry__rpc_stream_cancel(st);
   int rc;
   do /* messages already received may still come first */
-    rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
-  while (rc == 0 && (ferry_rpc_msg_release(&msg), 1));
+    rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
+  while (rc == 0 && (ferry__rpc_msg_release(&msg), 1));
   cr_assert_eq(rc, FERRY_EGRPC_CANCELLED, "%s", ferry_err_name(rc));
-  cr_assert_eq(ferry_rpc_stream_status(st), FERRY_EGRPC_CANCELLED);
-  ferry_rpc_stream_free(st);
+  cr_assert_eq(ferry__rpc_stream_status(st), FERRY_EGRPC_CANCELLED);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(server_saw_cancel), "cancelled %d finished %d",
             atomic_load(&S.cancelled), atomic_load(&S.finished));
   /* A send was outstanding at the cancel (on_sent then reports the
@@ -801,31 +799,31 @@ Test(rpc, server_shutdown_mid_stream_ends_client_stream, .timeout = 60) {
   S.payload_len = 256 * 1024;
   S.shared = calloc(1, S.payload_len);
   fx_start(NULL);
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
-                                     0, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
+                                      0, &st, &err),
                0);
   for (int i = 0; i < 3; i++) {
-    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
-    ferry_rpc_msg_release(&msg);
+    cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    ferry__rpc_msg_release(&msg);
   }
   run_on_loop(do_shutdown, NULL);
   int rc, n = 0;
   do {
-    rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
-    ferry_rpc_msg_release(&msg);
+    rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
+    ferry__rpc_msg_release(&msg);
   } while (rc == 0 && ++n < 100000);
   cr_assert(rc != 0 && rc != FERRY_EOF && rc != FERRY_ETIMEDOUT,
             "stream ended with %s", ferry_err_name(rc));
   cr_log_info("client saw %s: %s", ferry_err_name(rc), err.msg);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(server_gone), "server shutdown did not finish");
   cr_assert_eq(atomic_load(&S.cancelled), 1);
   cr_assert_eq(atomic_load(&S.finished), 1);
   /* fx_stop's own shutdown request must not run twice: finish by hand. */
-  ferry_rpc_channel_free(F.ch);
+  ferry__rpc_channel_free(F.ch);
   pthread_join(F.thread, NULL);
   cr_assert_eq(uv_loop_close(&F.loop), 0);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   cr_assert(wait_for(pieces_all_freed));
   free(S.shared);
 }
@@ -848,22 +846,22 @@ Test(rpc, stream_throughput, .timeout = 120) {
   fill_payload(S.shared, plen, 1);
   /* Set FERRY_TEST_NO_MALLOC_TUNE=1 to compare against glibc's defaults. */
   if (getenv("FERRY_TEST_NO_MALLOC_TUNE") == NULL)
-    ferry_rpc_tune_malloc();
+    ferry__rpc_tune_malloc();
   fx_start(NULL);
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
-                                     60000, 0, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2,
+                                      60000, 0, &st, &err),
                0);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   size_t bytes = 0;
   for (int i = 0; i < n; i++) {
-    cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
-    bytes += ferry_rpc_msg_copy(&msg, msg.len - plen, dst, plen);
-    ferry_rpc_msg_release(&msg);
+    cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), 0);
+    bytes += ferry__rpc_msg_copy(&msg, msg.len - plen, dst, plen);
+    ferry__rpc_msg_release(&msg);
   }
   double ms = ms_since(&t0);
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err), FERRY_EOF);
   cr_assert(memcmp(dst, S.shared, plen) == 0);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(stream_done_freed));
   fx_stop();
   printf("rpc stream throughput: %d x 4 MiB in %.0f ms = %.2f GB/s\n", n, ms,
@@ -934,10 +932,10 @@ static void lt_read_stream(ferry_rpc_stream_t *st, int ms) {
   while (ms_since(&t0) < ms) {
     ferry_rpc_msg_t msg;
     ferry_error_t err = {0};
-    int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+    int rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
     cr_assert_eq(rc, 0, "the real client's stream ended after %.0f ms: %s %s",
                  ms_since(&t0), ferry_err_name(rc), err.msg);
-    ferry_rpc_msg_release(&msg);
+    ferry__rpc_msg_release(&msg);
     usleep(20 * 1000);
   }
 }
@@ -966,8 +964,8 @@ static void lt_run(const ferry_rpc_options_t *o, bool tls,
   S.payload_len = 1024;
   S.shared = calloc(1, S.payload_len);
   fx_start(o);
-  cr_assert_eq(ferry_rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
-                                     0, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(F.ch, "/test.Stream/Chunks", "go", 2, -1,
+                                      0, &st, &err),
                0, "%s", err.msg);
   lt_read_stream(st, 100);
   struct timespec t0;
@@ -1012,11 +1010,11 @@ static void lt_run(const ferry_rpc_options_t *o, bool tls,
   /* The real stream outlives the connection's age (and its jitter) and the
    * idle timeout: calls in flight are never cut. */
   lt_read_stream(st, (int)(LT_STREAM_MS - ms_since(&t0)));
-  ferry_rpc_stream_cancel(st);
+  ferry__rpc_stream_cancel(st);
   ferry_rpc_msg_t msg;
-  while (ferry_rpc_stream_next(st, &msg, WAIT_MS, &err) == 0)
-    ferry_rpc_msg_release(&msg);
-  ferry_rpc_stream_free(st);
+  while (ferry__rpc_stream_next(st, &msg, WAIT_MS, &err) == 0)
+    ferry__rpc_msg_release(&msg);
+  ferry__rpc_stream_free(st);
   cr_assert(wait_for(server_saw_cancel), "the stream was not cancelled");
   /* The channel reconnects for new calls after the server's GOAWAY. */
   unary_ok("/test.Echo/Echo", "again", 5);

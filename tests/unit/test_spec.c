@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/spec.h"
+#include "alloc.h"
 #include "ferry/v1/common.pb-c.h"
+#include "spec.h"
 
 #define SEED_SPEC                                                             \
   "tfrecord(\"/data/train-*.tfrecord\") | decode(raw, 32, 32, 3) | "          \
@@ -47,13 +47,13 @@ TestSuite(spec, .init = leak_setup, .fini = leak_check);
 
 static void parse_ok(const char *text, ferry_spec_t *s) {
   ferry_error_t err = {0};
-  int rc = ferry_spec_parse(text, s, &err);
+  int rc = ferry__spec_parse(text, s, &err);
   cr_assert_eq(rc, 0, "parse of <%s> failed: %s", text, err.msg);
 }
 
 static char *format_ok(const ferry_spec_t *s) {
   char *out = NULL;
-  cr_assert_eq(ferry_spec_format(s, &out), 0);
+  cr_assert_eq(ferry__spec_format(s, &out), 0);
   cr_assert_not_null(out);
   return out;
 }
@@ -84,8 +84,8 @@ Test(spec, seed_spec_parses_into_expected_struct) {
   cr_assert_eq(s.batch_size, 1024);
   cr_assert(!s.drop_remainder);
   cr_assert_eq(s.repeat, 1);
-  cr_assert_eq(ferry_spec_validate(&s, NULL), 0);
-  ferry_spec_close(&s);
+  cr_assert_eq(ferry__spec_validate(&s, NULL), 0);
+  ferry__spec_close(&s);
 }
 
 Test(spec, seed_spec_canonical_text_and_pinned_fingerprint) {
@@ -94,11 +94,11 @@ Test(spec, seed_spec_canonical_text_and_pinned_fingerprint) {
   parse_ok(SEED_SPEC, &s);
   text = format_ok(&s);
   cr_assert_str_eq(text, SEED_CANONICAL);
-  cr_assert_eq(ferry_spec_fingerprint(&s), SEED_FINGERPRINT,
+  cr_assert_eq(ferry__spec_fingerprint(&s), SEED_FINGERPRINT,
                "fingerprint %016llx",
-               (unsigned long long)ferry_spec_fingerprint(&s));
+               (unsigned long long)ferry__spec_fingerprint(&s));
   ferry_free(text);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 Test(spec, all_stages_and_arguments) {
@@ -130,7 +130,7 @@ Test(spec, all_stages_and_arguments) {
   cr_assert_eq(s.batch_size, 7);
   cr_assert(s.drop_remainder);
   cr_assert_eq(s.repeat, 3);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 
   parse_ok("tfrecord(\"a\",compression=auto)|decode(jpeg)|label(none)|"
            "repeat()",
@@ -143,7 +143,7 @@ Test(spec, all_stages_and_arguments) {
   cr_assert(!s.shuffle);
   cr_assert_eq(s.batch_size, 0);
   cr_assert_eq(s.repeat, -1);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 
   parse_ok("tfrecord(\"a\") | decode(format=raw, channels=1, width=2, "
            "height=3) | label(key=\"k\") | shuffle() | batch(size=9)",
@@ -156,7 +156,7 @@ Test(spec, all_stages_and_arguments) {
   cr_assert_eq(s.shuffle_seed, 0);
   cr_assert_eq(s.shuffle_buffer, 10000);
   cr_assert_eq(s.batch_size, 9);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 Test(spec, string_escapes) {
@@ -170,7 +170,7 @@ Test(spec, string_escapes) {
   cr_assert_str_eq(text, "tfrecord(\"q\\\"b\\\\n\\nt\\t\xe2\x82\xac\") | "
                          "decode(raw, 1, 1, 1)");
   ferry_free(text);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 /* --- Errors ------------------------------------------------------------ */
@@ -424,7 +424,7 @@ Test(spec, crop_ops_errors_name_the_field) {
        i++) {
     ferry_spec_t s;
     ferry_error_t err = {0};
-    int rc = ferry_spec_parse(crop_bad_cases[i].text, &s, &err);
+    int rc = ferry__spec_parse(crop_bad_cases[i].text, &s, &err);
     cr_assert_eq(rc, FERRY_ESPEC, "case %zu <%s>: rc %d", i,
                  crop_bad_cases[i].text, rc);
     cr_assert(strstr(err.msg, crop_bad_cases[i].want) != NULL,
@@ -444,25 +444,25 @@ Test(spec, crop_ops_parse) {
   cr_assert(s.ops[0].scale[0] == 0.08f && s.ops[0].scale[1] == 1.0f);
   cr_assert(s.ops[0].ratio[0] == 0.75f &&
             s.ops[0].ratio[1] == (float)(4.0 / 3.0));
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 224 && w == 224 && c == 3);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   /* resize(S) of an unknown size: the shape varies until center_crop. */
   parse_ok("tfrecord(\"a\") | decode(jpeg) | resize(256)", &s);
   cr_assert_eq(s.ops[0].kind, FERRY_OP_RESIZE_SHORTER);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), FERRY_ESHAPE);
-  ferry_spec_close(&s);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), FERRY_ESHAPE);
+  ferry__spec_close(&s);
   parse_ok("tfrecord(\"a\") | decode(raw, 375, 500, 3) | resize(256)", &s);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 256 && w == 341, "%dx%d", h, w);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   parse_ok("tfrecord(\"a\") | decode(jpeg) | resize(256) | "
            "center_crop(224, 200)",
            &s);
   cr_assert_eq(s.ops[1].kind, FERRY_OP_CENTER_CROP);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 224 && w == 200);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 Test(spec, errors_give_column_and_expectation) {
@@ -470,7 +470,7 @@ Test(spec, errors_give_column_and_expectation) {
   for (i = 0; i < sizeof(bad_cases) / sizeof(bad_cases[0]); i++) {
     ferry_spec_t s;
     ferry_error_t err = {0};
-    int rc = ferry_spec_parse(bad_cases[i].text, &s, &err);
+    int rc = ferry__spec_parse(bad_cases[i].text, &s, &err);
     cr_assert_eq(rc, FERRY_ESPEC, "case %zu <%s>: rc %d", i,
                  bad_cases[i].text, rc);
     cr_assert_eq(err.code, FERRY_ESPEC);
@@ -485,7 +485,7 @@ Test(spec, errors_give_column_and_expectation) {
     cr_assert_null(s.patterns);
     cr_assert_eq(s.n_patterns, 0);
     cr_assert_eq(s.n_ops, 0);
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
   }
 }
 
@@ -501,9 +501,9 @@ Test(spec, too_many_ops) {
     o += (size_t)snprintf(text + o, sizeof(text) - o, " | dilate(3)");
   parse_ok(text, &s);
   cr_assert_eq(s.n_ops, FERRY_SPEC_MAX_OPS);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   snprintf(text + o, sizeof(text) - o, " | blur(3, 1)");
-  cr_assert_eq(ferry_spec_parse(text, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_parse(text, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "too many image ops (at most 16)") != NULL,
             "%s", err.msg);
   cr_assert(strstr(err.msg, "column 232:") != NULL, "%s", err.msg);
@@ -512,10 +512,10 @@ Test(spec, too_many_ops) {
 Test(spec, null_arguments) {
   ferry_spec_t s;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_spec_parse(NULL, &s, &err), FERRY_EINVAL);
-  cr_assert_eq(ferry_spec_parse("x", NULL, NULL), FERRY_EINVAL);
-  cr_assert_eq(ferry_spec_validate(NULL, &err), FERRY_EINVAL);
-  cr_assert_eq(ferry_spec_fingerprint(NULL), 0);
+  cr_assert_eq(ferry__spec_parse(NULL, &s, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__spec_parse("x", NULL, NULL), FERRY_EINVAL);
+  cr_assert_eq(ferry__spec_validate(NULL, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__spec_fingerprint(NULL), 0);
 }
 
 /* --- Round trips ------------------------------------------------------- */
@@ -572,16 +572,16 @@ Test(spec, text_round_trip) {
     parse_ok(good_specs[i], &a);
     t1 = format_ok(&a);
     parse_ok(t1, &b);
-    cr_assert(ferry_spec_equal(&a, &b), "<%s> -> <%s> differs",
-              good_specs[i], t1);
+    cr_assert(ferry__spec_equal(&a, &b), "<%s> -> <%s> differs", good_specs[i],
+              t1);
     cr_assert_eq(memcmp(&a.ops, &b.ops, sizeof(a.ops)), 0,
                  "op fields differ bitwise for <%s>", t1);
     t2 = format_ok(&b);
     cr_assert_str_eq(t1, t2);
     ferry_free(t1);
     ferry_free(t2);
-    ferry_spec_close(&a);
-    ferry_spec_close(&b);
+    ferry__spec_close(&a);
+    ferry__spec_close(&b);
   }
 }
 
@@ -604,8 +604,8 @@ Test(spec, float_round_trip_is_bit_exact) {
       cr_assert_eq(memcmp(&a.ops[0].sigma, &b.ops[0].sigma, sizeof(float)),
                    0, "%.9g -> %s", (double)v[k], t);
       ferry_free(t);
-      ferry_spec_close(&a);
-      ferry_spec_close(&b);
+      ferry__spec_close(&a);
+      ferry__spec_close(&b);
     }
   }
 }
@@ -618,19 +618,19 @@ Test(spec, pack_round_trip) {
     uint8_t *buf, *buf2;
     size_t len, len2;
     parse_ok(good_specs[i], &a);
-    cr_assert_eq(ferry_spec_pack(&a, &buf, &len), 0);
-    cr_assert_eq(ferry_spec_unpack(buf, len, &b, &err), 0, "<%s>: %s",
+    cr_assert_eq(ferry__spec_pack(&a, &buf, &len), 0);
+    cr_assert_eq(ferry__spec_unpack(buf, len, &b, &err), 0, "<%s>: %s",
                  good_specs[i], err.msg);
-    cr_assert(ferry_spec_equal(&a, &b), "<%s> differs after unpack",
+    cr_assert(ferry__spec_equal(&a, &b), "<%s> differs after unpack",
               good_specs[i]);
-    cr_assert_eq(ferry_spec_fingerprint(&a), ferry_spec_fingerprint(&b));
-    cr_assert_eq(ferry_spec_pack(&b, &buf2, &len2), 0);
+    cr_assert_eq(ferry__spec_fingerprint(&a), ferry__spec_fingerprint(&b));
+    cr_assert_eq(ferry__spec_pack(&b, &buf2, &len2), 0);
     cr_assert_eq(len, len2);
     cr_assert_eq(memcmp(buf, buf2, len), 0, "pack is not canonical");
     ferry_free(buf);
     ferry_free(buf2);
-    ferry_spec_close(&a);
-    ferry_spec_close(&b);
+    ferry__spec_close(&a);
+    ferry__spec_close(&b);
   }
 }
 
@@ -639,13 +639,13 @@ Test(spec, copy_and_equal) {
   for (i = 0; i < N_GOOD; i++) {
     ferry_spec_t a, b;
     parse_ok(good_specs[i], &a);
-    cr_assert_eq(ferry_spec_copy(&b, &a), 0);
-    cr_assert(ferry_spec_equal(&a, &b));
+    cr_assert_eq(ferry__spec_copy(&b, &a), 0);
+    cr_assert(ferry__spec_equal(&a, &b));
     if (a.n_patterns > 0)
       cr_assert_neq(a.patterns[0], b.patterns[0], "copy must be deep");
-    ferry_spec_close(&a);
-    cr_assert(!ferry_spec_equal(&a, &b));
-    ferry_spec_close(&b);
+    ferry__spec_close(&a);
+    cr_assert(!ferry__spec_equal(&a, &b));
+    ferry__spec_close(&b);
   }
 }
 
@@ -667,13 +667,13 @@ Test(spec, equal_specs_written_differently_have_equal_fingerprints) {
   uint64_t fp0;
   size_t i;
   parse_ok(same[0], &s);
-  fp0 = ferry_spec_fingerprint(&s);
-  ferry_spec_close(&s);
+  fp0 = ferry__spec_fingerprint(&s);
+  ferry__spec_close(&s);
   cr_assert_neq(fp0, 0);
   for (i = 1; i < sizeof(same) / sizeof(same[0]); i++) {
     parse_ok(same[i], &s);
-    cr_assert_eq(ferry_spec_fingerprint(&s), fp0, "<%s>", same[i]);
-    ferry_spec_close(&s);
+    cr_assert_eq(ferry__spec_fingerprint(&s), fp0, "<%s>", same[i]);
+    ferry__spec_close(&s);
   }
 }
 
@@ -683,8 +683,8 @@ Test(spec, different_specs_have_different_fingerprints) {
   for (i = 0; i < N_GOOD; i++) {
     ferry_spec_t s;
     parse_ok(good_specs[i], &s);
-    fps[i] = ferry_spec_fingerprint(&s);
-    ferry_spec_close(&s);
+    fps[i] = ferry__spec_fingerprint(&s);
+    ferry__spec_close(&s);
   }
   for (i = 0; i < N_GOOD; i++)
     for (j = i + 1; j < N_GOOD; j++) {
@@ -701,12 +701,12 @@ Test(spec, fingerprint_of_invalid_spec_is_zero) {
   ferry_spec_t s;
   parse_ok(SEED_SPEC, &s);
   s.ops[1].a = 12;
-  cr_assert_eq(ferry_spec_fingerprint(&s), 0);
+  cr_assert_eq(ferry__spec_fingerprint(&s), 0);
   s.ops[1].a = 11;
   s.n_ops = FERRY_SPEC_MAX_OPS + 1;
-  cr_assert_eq(ferry_spec_fingerprint(&s), 0);
+  cr_assert_eq(ferry__spec_fingerprint(&s), 0);
   s.n_ops = 2;
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 /* --- Validation of hand-made specs ------------------------------------ */
@@ -716,12 +716,12 @@ static void expect_invalid(ferry_spec_t *s, const char *want) {
   uint8_t *buf = (uint8_t *)"x";
   size_t len = 9;
   char *text = (char *)"x";
-  cr_assert_eq(ferry_spec_validate(s, &err), FERRY_ESPEC, "want %s", want);
+  cr_assert_eq(ferry__spec_validate(s, &err), FERRY_ESPEC, "want %s", want);
   cr_assert(strstr(err.msg, want) != NULL, "got %s, want %s", err.msg, want);
-  cr_assert_eq(ferry_spec_pack(s, &buf, &len), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_pack(s, &buf, &len), FERRY_ESPEC);
   cr_assert_null(buf);
   cr_assert_eq(len, 0);
-  cr_assert_eq(ferry_spec_format(s, &text), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_format(s, &text), FERRY_ESPEC);
   cr_assert_null(text);
 }
 
@@ -730,7 +730,7 @@ Test(spec, validate_hand_made) {
   ferry_error_t err = {0};
   char **pats;
 
-  ferry_spec_init(&s);
+  ferry__spec_init(&s);
   expect_invalid(&s, "tfrecord: needs at least one file pattern");
   pats = ferry__calloc(1, sizeof(char *));
   pats[0] = ferry__strdup("a\rb");
@@ -743,7 +743,7 @@ Test(spec, validate_hand_made) {
   expect_invalid(&s, "decode(raw): height and width must be in 1..65535");
   s.height = s.width = 8;
   s.channels = 3;
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
   s.compression = (ferry_compression_t)9;
   expect_invalid(&s, "tfrecord: unknown compression 9");
   s.compression = FERRY_COMPRESSION_NONE;
@@ -756,7 +756,7 @@ Test(spec, validate_hand_made) {
   s.width = 0;
   expect_invalid(&s, "decode(jpeg): give both height and width or neither");
   s.height = 0;
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
   s.image_key = (char *)"";
   expect_invalid(&s, "decode: image key is empty");
   s.image_key = (char *)"image";
@@ -768,7 +768,7 @@ Test(spec, validate_hand_made) {
   s.n_ops = 2;
   s.ops[0] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 31, .b = 0, .sigma = 1.0f};
   s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_RESIZE, .a = 15, .b = 100, .sigma = 0};
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
   s.ops[0] = (ferry_image_op_t){.kind = FERRY_OP_RESIZE, .a = 15, .b = 100, .sigma = 0};
   s.ops[1] = (ferry_image_op_t){.kind = FERRY_OP_BLUR, .a = 31, .b = 0, .sigma = 1.0f};
   expect_invalid(&s, "blur (op 2): a 15x100 image is too small for size 31");
@@ -786,13 +786,13 @@ Test(spec, validate_hand_made) {
   s.n_ops = FERRY_SPEC_MAX_OPS + 1;
   expect_invalid(&s, "too many image ops: 17 (at most 16)");
   s.n_ops = 2;
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
 
   s.shuffle = true;
   s.shuffle_buffer = 0;
   expect_invalid(&s, "shuffle: buffer must be in 1..100000000, found 0");
   s.shuffle = false; /* ignored when not shuffling */
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
   s.drop_remainder = true;
   expect_invalid(&s, "batch: drop_remainder without a batch size");
   s.batch_size = 1000001;
@@ -803,16 +803,16 @@ Test(spec, validate_hand_made) {
   s.repeat = -2;
   expect_invalid(&s, "found -2");
   s.repeat = -1;
-  cr_assert_eq(ferry_spec_validate(&s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_validate(&s, &err), 0, "%s", err.msg);
   s.image_key = NULL; /* the static default is not to be freed */
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 /* --- Protobuf form ------------------------------------------------------*/
 
 static int unpack_bytes(const uint8_t *b, size_t n, ferry_spec_t *s,
                         ferry_error_t *err) {
-  return ferry_spec_unpack(b, n, s, err);
+  return ferry__spec_unpack(b, n, s, err);
 }
 
 Test(spec, unpack_rejects_garbage_and_truncation) {
@@ -823,7 +823,7 @@ Test(spec, unpack_rejects_garbage_and_truncation) {
   unsigned x = 12345;
 
   parse_ok(SEED_SPEC, &a);
-  cr_assert_eq(ferry_spec_pack(&a, &buf, &len), 0);
+  cr_assert_eq(ferry__spec_pack(&a, &buf, &len), 0);
   /* A prefix is malformed, or incomplete, or (cut between trailing
    * fields) a valid spec with those fields at their defaults. */
   for (i = 0; i < len; i++) {
@@ -832,7 +832,7 @@ Test(spec, unpack_rejects_garbage_and_truncation) {
               i, rc);
     if (rc != 0)
       cr_assert_null(b.patterns);
-    ferry_spec_close(&b);
+    ferry__spec_close(&b);
   }
   /* Random bytes never crash and never leave anything allocated. */
   for (i = 0; i < 2000; i++) {
@@ -844,7 +844,7 @@ Test(spec, unpack_rejects_garbage_and_truncation) {
     }
     rc = unpack_bytes(junk, n, &b, &err);
     cr_assert(rc == 0 || rc == FERRY_ESPEC, "rc %d", rc);
-    ferry_spec_close(&b);
+    ferry__spec_close(&b);
   }
   /* One flipped byte at a time: accepted specs re-pack canonically. */
   for (i = 0; i < len; i++) {
@@ -852,8 +852,8 @@ Test(spec, unpack_rejects_garbage_and_truncation) {
     memcpy(m, buf, len);
     m[i] ^= 0x5a;
     if (unpack_bytes(m, len, &b, &err) == 0) {
-      cr_assert_eq(ferry_spec_validate(&b, NULL), 0);
-      ferry_spec_close(&b);
+      cr_assert_eq(ferry__spec_validate(&b, NULL), 0);
+      ferry__spec_close(&b);
     }
     ferry__free(m);
   }
@@ -861,7 +861,7 @@ Test(spec, unpack_rejects_garbage_and_truncation) {
   cr_assert(strstr(err.msg, "source is missing") != NULL, "%s", err.msg);
   cr_assert_eq(unpack_bytes(NULL, 3, &b, &err), FERRY_EINVAL);
   ferry_free(buf);
-  ferry_spec_close(&a);
+  ferry__spec_close(&a);
 }
 
 Test(spec, unpack_maps_proto3_defaults) {
@@ -888,14 +888,14 @@ Test(spec, unpack_maps_proto3_defaults) {
   m.shuffle = &sh;
   m.batch_size = 32;
   len = ferry__v1__pipeline_spec__pack(&m, buf);
-  cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), 0, "%s", err.msg);
   parse_ok("tfrecord(\"/d/*.tfrecord\") | decode(jpeg) | "
            "shuffle(seed=7, buffer=10000) | batch(32) | repeat(1)",
            &t);
-  cr_assert(ferry_spec_equal(&s, &t));
-  cr_assert_eq(ferry_spec_fingerprint(&s), ferry_spec_fingerprint(&t));
-  ferry_spec_close(&s);
-  ferry_spec_close(&t);
+  cr_assert(ferry__spec_equal(&s, &t));
+  cr_assert_eq(ferry__spec_fingerprint(&s), ferry__spec_fingerprint(&t));
+  ferry__spec_close(&s);
+  ferry__spec_close(&t);
 
   /* A Label with an empty key means no label; disabled shuffle is no
    * shuffle whatever its seed. */
@@ -904,33 +904,33 @@ Test(spec, unpack_maps_proto3_defaults) {
     m.label = &lab;
     sh.enabled = 0;
     len = ferry__v1__pipeline_spec__pack(&m, buf);
-    cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), 0, "%s", err.msg);
     cr_assert_null(s.label_key);
     cr_assert(!s.shuffle);
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
     m.label = NULL;
   }
 
   /* Invalid values are refused with the field's name. */
   dec.channels = 4;
   len = ferry__v1__pipeline_spec__pack(&m, buf);
-  cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "channels must be 3") != NULL, "%s", err.msg);
   dec.channels = 0;
   dec.height = 0x80000000u;
   dec.width = 1;
   len = ferry__v1__pipeline_spec__pack(&m, buf);
-  cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "decode height") != NULL, "%s", err.msg);
   dec.height = dec.width = 0;
   m.repeat = -5;
   len = ferry__v1__pipeline_spec__pack(&m, buf);
-  cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "repeat") != NULL, "%s", err.msg);
   m.repeat = 0;
   src.compression = (Ferry__V1__Compression)12;
   len = ferry__v1__pipeline_spec__pack(&m, buf);
-  cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "unknown compression 12") != NULL, "%s",
             err.msg);
   src.compression = 0;
@@ -939,7 +939,7 @@ Test(spec, unpack_maps_proto3_defaults) {
     m.n_ops = 1;
     m.ops = ops;
     len = ferry__v1__pipeline_spec__pack(&m, buf);
-    cr_assert_eq(ferry_spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
+    cr_assert_eq(ferry__spec_unpack(buf, len, &s, &err), FERRY_ESPEC);
     cr_assert(strstr(err.msg, "ops[0]: no op set") != NULL, "%s", err.msg);
     m.n_ops = 0;
     m.ops = NULL;
@@ -952,15 +952,15 @@ Test(spec, unpack_refuses_unknown_fields) {
   uint8_t *buf, *big;
   size_t len;
   parse_ok(SEED_SPEC, &s);
-  cr_assert_eq(ferry_spec_pack(&s, &buf, &len), 0);
-  ferry_spec_close(&s);
+  cr_assert_eq(ferry__spec_pack(&s, &buf, &len), 0);
+  ferry__spec_close(&s);
   /* Field 99, varint 1, appended: a newer client's option. */
   big = ferry__malloc(len + 3);
   memcpy(big, buf, len);
   big[len] = (99 << 3) & 0x7f ? (uint8_t)(((99 << 3) & 0x7f) | 0x80) : 0;
   big[len + 1] = (uint8_t)((99 << 3) >> 7);
   big[len + 2] = 1;
-  cr_assert_eq(ferry_spec_unpack(big, len + 3, &s, &err), FERRY_ESPEC);
+  cr_assert_eq(ferry__spec_unpack(big, len + 3, &s, &err), FERRY_ESPEC);
   cr_assert(strstr(err.msg, "PipelineSpec: unknown field 99") != NULL, "%s",
             err.msg);
   ferry__free(big);
@@ -979,12 +979,12 @@ Test(spec, pack_bytes_are_canonical) {
   uint8_t *buf;
   size_t len;
   parse_ok("tfrecord(\"a\") | decode(raw, 1, 2, 3)", &s);
-  cr_assert_eq(ferry_spec_pack(&s, &buf, &len), 0);
+  cr_assert_eq(ferry__spec_pack(&s, &buf, &len), 0);
   cr_assert_eq(len, sizeof(want));
   cr_assert_eq(memcmp(buf, want, len), 0);
-  cr_assert_eq(ferry_spec_fingerprint(&s), 0xdcad776849087bd0ull);
+  cr_assert_eq(ferry__spec_fingerprint(&s), 0xdcad776849087bd0ull);
   ferry_free(buf);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 /* --- Output shape -------------------------------------------------------*/
@@ -993,22 +993,22 @@ Test(spec, output_shape) {
   ferry_spec_t s;
   int h = -1, w = -1, c = -1;
   parse_ok(SEED_SPEC, &s);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 32 && w == 32 && c == 3);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   parse_ok("tfrecord(\"a\") | decode(jpeg) | dilate(3)", &s);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), FERRY_ESHAPE);
-  ferry_spec_close(&s);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), FERRY_ESHAPE);
+  ferry__spec_close(&s);
   parse_ok("tfrecord(\"a\") | decode(jpeg) | resize(10, 20) | dilate(3) | "
            "resize(5, 7) | blur(3, 1)",
            &s);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 5 && w == 7 && c == 3);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   parse_ok("tfrecord(\"a\") | decode(raw, 4, 6, 16)", &s);
-  cr_assert_eq(ferry_spec_output_shape(&s, &h, &w, &c), 0);
+  cr_assert_eq(ferry__spec_output_shape(&s, &h, &w, &c), 0);
   cr_assert(h == 4 && w == 6 && c == 16);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 }
 
 /* --- File expansion ---------------------------------------------------- */
@@ -1031,7 +1031,7 @@ static void rm_tree(const char *dir) {
 static void spec_with(ferry_spec_t *s, const char *dir,
                       const char *const *pats, size_t n) {
   size_t i;
-  ferry_spec_init(s);
+  ferry__spec_init(s);
   s->patterns = ferry__calloc(n, sizeof(char *));
   cr_assert_not_null(s->patterns);
   s->n_patterns = n;
@@ -1062,7 +1062,7 @@ Test(spec, expand_files) {
   touch(dir, "sub-file");
 
   spec_with(&s, dir, pats, 4);
-  cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), 0, "%s",
                err.msg);
   /* Byte order (upper case first), duplicates once, no directory. */
   {
@@ -1075,44 +1075,40 @@ Test(spec, expand_files) {
       cr_assert_str_eq(files[i], want);
     }
   }
-  ferry_spec_free_files(files, n);
-  ferry_spec_close(&s);
+  ferry__spec_free_files(files, n);
+  ferry__spec_close(&s);
 
   {
     static const char *const nomatch[] = {"*.tfrecord", "c-*.tfrecord"};
     spec_with(&s, dir, nomatch, 2);
     files = (char **)&s;
-    cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err),
-                 FERRY_ENOENT);
+    cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
     cr_assert_null(files);
     cr_assert_eq(n, 0);
     cr_assert(strstr(err.msg, "no file matches pattern") != NULL);
     cr_assert(strstr(err.msg, "c-*.tfrecord") != NULL, "%s", err.msg);
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
   }
   {
     static const char *const missing[] = {"a-0.tfrecord", "missing.tfr"};
     spec_with(&s, dir, missing, 2);
-    cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err),
-                 FERRY_ENOENT);
+    cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
     cr_assert(strstr(err.msg, "missing.tfr") != NULL, "%s", err.msg);
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
   }
   {
     static const char *const nodir[] = {"nodir/*.tfrecord"};
     spec_with(&s, dir, nodir, 1);
-    cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err),
-                 FERRY_ENOENT);
-    ferry_spec_close(&s);
+    cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
+    ferry__spec_close(&s);
   }
   {
     static const char *const dirs[] = {"sub.*"};
     spec_with(&s, dir, dirs, 1);
-    cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err),
-                 FERRY_ENOENT);
+    cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
     cr_assert(strstr(err.msg, "matches only directories") != NULL, "%s",
               err.msg);
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
   }
   {
     /* A backslash makes glob's special characters literal. */
@@ -1120,13 +1116,13 @@ Test(spec, expand_files) {
     touch(dir, "x[1].dat");
     touch(dir, "x1.dat");
     spec_with(&s, dir, lit, 1);
-    cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), 0, "%s",
+    cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), 0, "%s",
                  err.msg);
     cr_assert_eq(n, 1);
     snprintf(want, sizeof(want), "%s/x[1].dat", dir);
     cr_assert_str_eq(files[0], want);
-    ferry_spec_free_files(files, n);
-    ferry_spec_close(&s);
+    ferry__spec_free_files(files, n);
+    ferry__spec_close(&s);
   }
   /* Allocation failures: ENOMEM or success, nothing leaked. */
   {
@@ -1135,16 +1131,16 @@ Test(spec, expand_files) {
     for (k = 0;; k++) {
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_expand_files(&s, &files, &n, &err);
+      rc = ferry__spec_expand_files(&s, &files, &n, &err);
       ferry__alloc_fail_reset();
       if (rc == 0) {
         cr_assert_eq(n, 5);
-        ferry_spec_free_files(files, n);
+        ferry__spec_free_files(files, n);
         break;
       }
       cr_assert_eq(rc, FERRY_ENOMEM, "k=%lld rc=%d", (long long)k, rc);
     }
-    ferry_spec_close(&s);
+    ferry__spec_close(&s);
   }
   rm_tree(dir);
 }
@@ -1168,7 +1164,7 @@ Test(spec, expand_files_skips_index_files) {
   touch(dir, "train-2.idx"); /* DALI's tfrecord2idx naming */
   touch(dir, "train-3.idxx");
   spec_with(&s, dir, star, 1);
-  cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), 0, "%s",
                err.msg);
   {
     static const char *const order[] = {"train-0.tfrecord", "train-1.tfrecord",
@@ -1179,14 +1175,14 @@ Test(spec, expand_files_skips_index_files) {
       cr_assert_str_eq(files[i], want);
     }
   }
-  ferry_spec_free_files(files, n);
-  ferry_spec_close(&s);
+  ferry__spec_free_files(files, n);
+  ferry__spec_close(&s);
 
   spec_with(&s, dir, only_idx, 1);
-  cr_assert_eq(ferry_spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
+  cr_assert_eq(ferry__spec_expand_files(&s, &files, &n, &err), FERRY_ENOENT);
   cr_assert(strstr(err.msg, ".idx index files") != NULL, "%s", err.msg);
   cr_assert(strstr(err.msg, "*.idx") != NULL, "%s", err.msg);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   rm_tree(dir);
 }
 
@@ -1208,18 +1204,18 @@ Test(spec, alloc_failure_injection) {
     int64_t k;
     bool expect_ok = t < 2;
     parse_ok(t < 2 ? texts[t] : texts[0], &ref);
-    cr_assert_eq(ferry_spec_pack(&ref, &packed, &plen), 0);
+    cr_assert_eq(ferry__spec_pack(&ref, &packed, &plen), 0);
 
     for (k = 0;; k++) { /* parse */
       ferry_spec_t s;
       ferry_error_t err = {0};
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_parse(texts[t], &s, &err);
+      rc = ferry__spec_parse(texts[t], &s, &err);
       ferry__alloc_fail_reset();
       if (rc == 0) {
         cr_assert(expect_ok);
-        ferry_spec_close(&s);
+        ferry__spec_close(&s);
         break;
       }
       cr_assert_null(s.patterns);
@@ -1233,7 +1229,7 @@ Test(spec, alloc_failure_injection) {
       char *out = NULL;
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_format(&ref, &out);
+      rc = ferry__spec_format(&ref, &out);
       ferry__alloc_fail_reset();
       if (rc == 0) {
         ferry_free(out);
@@ -1247,7 +1243,7 @@ Test(spec, alloc_failure_injection) {
       size_t len;
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_pack(&ref, &out, &len);
+      rc = ferry__spec_pack(&ref, &out, &len);
       ferry__alloc_fail_reset();
       if (rc == 0) {
         ferry_free(out);
@@ -1260,11 +1256,11 @@ Test(spec, alloc_failure_injection) {
       ferry_error_t err = {0};
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_unpack(packed, plen, &s, &err);
+      rc = ferry__spec_unpack(packed, plen, &s, &err);
       ferry__alloc_fail_reset();
       if (rc == 0) {
-        cr_assert(ferry_spec_equal(&s, &ref));
-        ferry_spec_close(&s);
+        cr_assert(ferry__spec_equal(&s, &ref));
+        ferry__spec_close(&s);
         break;
       }
       cr_assert_eq(rc, FERRY_ENOMEM, "k=%lld rc=%d %s", (long long)k, rc,
@@ -1275,29 +1271,29 @@ Test(spec, alloc_failure_injection) {
       ferry_spec_t s;
       int rc;
       ferry__alloc_fail_after(k);
-      rc = ferry_spec_copy(&s, &ref);
+      rc = ferry__spec_copy(&s, &ref);
       ferry__alloc_fail_reset();
       if (rc == 0) {
-        cr_assert(ferry_spec_equal(&s, &ref));
-        ferry_spec_close(&s);
+        cr_assert(ferry__spec_equal(&s, &ref));
+        ferry__spec_close(&s);
         break;
       }
       cr_assert_eq(rc, FERRY_ENOMEM);
     }
     /* The fingerprint allocates nothing at all. */
     ferry__alloc_fail_after(0);
-    cr_assert_neq(ferry_spec_fingerprint(&ref), 0);
+    cr_assert_neq(ferry__spec_fingerprint(&ref), 0);
     ferry__alloc_fail_reset();
     ferry_free(packed);
-    ferry_spec_close(&ref);
+    ferry__spec_close(&ref);
   }
 }
 
 Test(spec, close_is_idempotent) {
   ferry_spec_t s;
   parse_ok(SEED_SPEC, &s);
-  ferry_spec_close(&s);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
+  ferry__spec_close(&s);
   cr_assert_null(s.patterns);
   cr_assert_str_eq(s.image_key, "image");
   cr_assert_str_eq(s.label_key, "label");

@@ -12,9 +12,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "crc32c.h"
+#include "tfrecord.h"
 
 /* Helpers. */
 
@@ -85,14 +85,14 @@ static void write_records(const char *path, ferry_compression_t c,
   for (size_t k = 0; k < n; k++)
     max = sizes[k] > max ? sizes[k] : max;
   buf = malloc(max + 1);
-  cr_assert_eq(ferry_tfr_writer_open(path, c, &w, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_writer_open(path, c, &w, &err), 0, "%s", err.msg);
   for (size_t k = 0; k < n; k++) {
     for (size_t i = 0; i < sizes[k]; i++)
       buf[i] = content(k, i);
-    cr_assert_eq(ferry_tfr_writer_write(w, buf, sizes[k], &err), 0, "%s",
+    cr_assert_eq(ferry__tfr_writer_write(w, buf, sizes[k], &err), 0, "%s",
                  err.msg);
   }
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0, "%s", err.msg);
   free(buf);
 }
 
@@ -107,7 +107,7 @@ static void check_content(const ferry_record_t *rec, size_t k, size_t size) {
 static ferry_tfr_options_t opts_with(ferry_compression_t c,
                                      ferry_error_policy_t pol) {
   ferry_tfr_options_t o;
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   o.compression = c;
   o.on_error = pol;
   return o;
@@ -150,12 +150,12 @@ static const uint8_t hello_rec[] = {0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
 
 Test(tfrecord, frame_vectors) {
   uint8_t h[12], f[4];
-  ferry_tfr_frame_header(0, h);
-  ferry_tfr_frame_footer("", 0, f);
+  ferry__tfr_frame_header(0, h);
+  ferry__tfr_frame_footer("", 0, f);
   cr_assert_arr_eq(h, empty_rec, 12);
   cr_assert_arr_eq(f, empty_rec + 12, 4);
-  ferry_tfr_frame_header(5, h);
-  ferry_tfr_frame_footer("hello", 5, f);
+  ferry__tfr_frame_header(5, h);
+  ferry__tfr_frame_footer("hello", 5, f);
   cr_assert_arr_eq(h, hello_rec, 12);
   cr_assert_arr_eq(f, hello_rec + 17, 4);
 }
@@ -168,12 +168,12 @@ Test(tfrecord, writer_bytes_match_vectors, .init = make_tmpdir,
   size_t len;
   uint8_t *got;
 
-  cr_assert_eq(ferry_tfr_writer_open(tpath("v.tfrecord"),
-                                     FERRY_COMPRESSION_NONE, &w, &err),
+  cr_assert_eq(ferry__tfr_writer_open(tpath("v.tfrecord"),
+                                      FERRY_COMPRESSION_NONE, &w, &err),
                0);
-  cr_assert_eq(ferry_tfr_writer_write(w, "", 0, &err), 0);
-  cr_assert_eq(ferry_tfr_writer_write(w, "hello", 5, &err), 0);
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0);
+  cr_assert_eq(ferry__tfr_writer_write(w, "", 0, &err), 0);
+  cr_assert_eq(ferry__tfr_writer_write(w, "hello", 5, &err), 0);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0);
   memcpy(want, empty_rec, sizeof(empty_rec));
   memcpy(want + sizeof(empty_rec), hello_rec, sizeof(hello_rec));
   got = slurp(tpath("v.tfrecord"), &len);
@@ -185,28 +185,28 @@ Test(tfrecord, writer_bytes_match_vectors, .init = make_tmpdir,
 Test(tfrecord, writer_rejects_auto_and_bad_path) {
   ferry_tfr_writer_t *w;
   ferry_error_t err;
-  cr_assert_eq(ferry_tfr_writer_open("/tmp/x", FERRY_COMPRESSION_AUTO, &w,
-                                     &err),
-               FERRY_EINVAL);
-  cr_assert_eq(ferry_tfr_writer_open("/nonexistent-dir/x.tfrecord",
-                                     FERRY_COMPRESSION_NONE, &w, &err),
+  cr_assert_eq(
+      ferry__tfr_writer_open("/tmp/x", FERRY_COMPRESSION_AUTO, &w, &err),
+      FERRY_EINVAL);
+  cr_assert_eq(ferry__tfr_writer_open("/nonexistent-dir/x.tfrecord",
+                                      FERRY_COMPRESSION_NONE, &w, &err),
                FERRY_ENOENT);
   cr_assert(strstr(err.msg, "/nonexistent-dir/x.tfrecord") != NULL);
 }
 
 Test(tfrecord, compression_names) {
-  cr_assert_eq(ferry_compression_parse("none"), FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_compression_parse(""), FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_compression_parse("gzip"), FERRY_COMPRESSION_GZIP);
-  cr_assert_eq(ferry_compression_parse("GZIP"), FERRY_COMPRESSION_GZIP);
-  cr_assert_eq(ferry_compression_parse("zlib"), FERRY_COMPRESSION_ZLIB);
-  cr_assert_eq(ferry_compression_parse("auto"), FERRY_COMPRESSION_AUTO);
-  cr_assert_eq(ferry_compression_parse("bzip2"), -1);
-  cr_assert_eq(ferry_compression_parse(NULL), -1);
-  cr_assert_str_eq(ferry_compression_name(FERRY_COMPRESSION_NONE), "none");
-  cr_assert_str_eq(ferry_compression_name(FERRY_COMPRESSION_GZIP), "gzip");
-  cr_assert_str_eq(ferry_compression_name(FERRY_COMPRESSION_ZLIB), "zlib");
-  cr_assert_str_eq(ferry_compression_name(FERRY_COMPRESSION_AUTO), "auto");
+  cr_assert_eq(ferry__compression_parse("none"), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry__compression_parse(""), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry__compression_parse("gzip"), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry__compression_parse("GZIP"), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry__compression_parse("zlib"), FERRY_COMPRESSION_ZLIB);
+  cr_assert_eq(ferry__compression_parse("auto"), FERRY_COMPRESSION_AUTO);
+  cr_assert_eq(ferry__compression_parse("bzip2"), -1);
+  cr_assert_eq(ferry__compression_parse(NULL), -1);
+  cr_assert_str_eq(ferry__compression_name(FERRY_COMPRESSION_NONE), "none");
+  cr_assert_str_eq(ferry__compression_name(FERRY_COMPRESSION_GZIP), "gzip");
+  cr_assert_str_eq(ferry__compression_name(FERRY_COMPRESSION_ZLIB), "zlib");
+  cr_assert_str_eq(ferry__compression_name(FERRY_COMPRESSION_AUTO), "auto");
 }
 
 /* Round trips. */
@@ -225,24 +225,24 @@ static void round_trip(ferry_compression_t wc, ferry_compression_t rc) {
 
   write_records(tpath("rt.tfrecord"), wc, rt_sizes, RT_N);
   before = live_bytes();
-  cr_assert_eq(ferry_tfr_reader_open(tpath("rt.tfrecord"), &o, &r, &err), 0,
+  cr_assert_eq(ferry__tfr_reader_open(tpath("rt.tfrecord"), &o, &r, &err), 0,
                "%s", err.msg);
-  cr_assert_eq(ferry_tfr_reader_compression(r), wc);
+  cr_assert_eq(ferry__tfr_reader_compression(r), wc);
   for (size_t k = 0; k < RT_N; k++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     check_content(&rec, k, rt_sizes[k]);
     cr_assert_eq(rec.offset, off);
     cr_assert_eq(rec.index, k);
     off += rt_sizes[k] + 16;
     bytes += rt_sizes[k];
   }
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_stats(r, &st);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_stats(r, &st);
   cr_assert_eq(st.records, RT_N);
   cr_assert_eq(st.bytes, bytes);
   cr_assert_eq(st.skipped, 0);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   cr_assert_eq(live_bytes(), before, "leak: %" PRId64 " bytes",
                live_bytes() - before);
 }
@@ -268,10 +268,10 @@ Test(tfrecord, empty_file_is_clean_eof, .init = make_tmpdir,
   ferry_record_t rec;
   ferry_error_t err;
   spit(tpath("empty"), "", 0);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("empty"), NULL, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("missing"), NULL, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open(tpath("empty"), NULL, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("missing"), NULL, &r, &err),
                FERRY_ENOENT);
   cr_assert(strstr(err.msg, "missing") != NULL);
 }
@@ -292,20 +292,20 @@ Test(tfrecord, compressed_steady_state_no_alloc, .init = make_tmpdir,
   for (size_t k = 0; k < N; k++)
     sizes[k] = 50 + k % 200;
   write_records(tpath("many.gz"), FERRY_COMPRESSION_GZIP, sizes, N);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("many.gz"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("many.gz"), &o, &r, &err), 0);
   for (size_t k = 0; k < 100; k++)
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
   ferry__alloc_stats(&a);
   for (size_t k = 100; k < N; k++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     if (k % 1000 == 0)
       check_content(&rec, k, sizes[k]);
   }
   ferry__alloc_stats(&b);
   cr_assert_eq(a.blocks, b.blocks);
   cr_assert_eq(a.bytes, b.bytes);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
 }
 
 /* Concatenated gzip members read as one stream. */
@@ -320,15 +320,15 @@ Test(tfrecord, gzip_multi_member, .init = make_tmpdir,
   uint8_t *b = malloc(2 * la);
   memcpy(b, a, la);
   memcpy(b + la, a, la);
-  cr_assert_eq(ferry_tfr_reader_open_mem(b, 2 * la, "two.gz", NULL, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open_mem(b, 2 * la, "two.gz", NULL, &r, &err),
                0);
   for (int k = 0; k < 4; k++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     check_content(&rec, (size_t)k % 2, s1[k % 2]);
     cr_assert_eq(rec.index, (uint64_t)k);
   }
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
   (void)lb;
   free(a);
   free(b);
@@ -345,13 +345,13 @@ Test(tfrecord, auto_detect_not_fooled_by_lengths, .init = make_tmpdir,
     ferry_record_t rec;
     ferry_error_t err;
     write_records(tpath("tricky"), FERRY_COMPRESSION_NONE, &lens[i], 1);
-    cr_assert_eq(ferry_tfr_reader_open(tpath("tricky"), NULL, &r, &err), 0);
-    cr_assert_eq(ferry_tfr_reader_compression(r), FERRY_COMPRESSION_NONE);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_reader_open(tpath("tricky"), NULL, &r, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_compression(r), FERRY_COMPRESSION_NONE);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     check_content(&rec, 0, lens[i]);
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
     /* The sniff every caller uses (the scan, ferryctl) agrees. */
-    cr_assert_eq(ferry_tfr_sniff_file(tpath("tricky"), &err),
+    cr_assert_eq(ferry__tfr_sniff_file(tpath("tricky"), &err),
                  FERRY_COMPRESSION_NONE, "%s", err.msg);
   }
 }
@@ -359,27 +359,27 @@ Test(tfrecord, auto_detect_not_fooled_by_lengths, .init = make_tmpdir,
 /* The one header check and the one compression sniff on raw bytes. */
 Test(tfrecord, header_check_and_sniff) {
   uint64_t len = 0;
-  cr_assert(ferry_tfr_header_check(hello_rec, &len));
+  cr_assert(ferry__tfr_header_check(hello_rec, &len));
   cr_assert_eq(len, 5);
-  cr_assert(ferry_tfr_header_check(empty_rec, NULL));
+  cr_assert(ferry__tfr_header_check(empty_rec, NULL));
   uint8_t bad[12];
   memcpy(bad, hello_rec, 12);
   bad[8] ^= 1;
-  cr_assert_not(ferry_tfr_header_check(bad, &len));
-  cr_assert_eq(ferry_tfr_sniff(hello_rec, sizeof(hello_rec)),
+  cr_assert_not(ferry__tfr_header_check(bad, &len));
+  cr_assert_eq(ferry__tfr_sniff(hello_rec, sizeof(hello_rec)),
                FERRY_COMPRESSION_NONE);
   static const uint8_t gz[] = {0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 3, 0, 0};
   static const uint8_t zl[] = {0x78, 0x9c, 0, 0};
   static const uint8_t zl_dict[] = {0x78, 0xbb}; /* FDICT set */
-  cr_assert_eq(ferry_tfr_sniff(gz, sizeof(gz)), FERRY_COMPRESSION_GZIP);
-  cr_assert_eq(ferry_tfr_sniff(gz, 2), FERRY_COMPRESSION_GZIP);
-  cr_assert_eq(ferry_tfr_sniff(gz, 1), FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_tfr_sniff(zl, sizeof(zl)), FERRY_COMPRESSION_ZLIB);
-  cr_assert_eq(ferry_tfr_sniff(zl_dict, 2), FERRY_COMPRESSION_NONE);
-  cr_assert_eq(ferry_tfr_sniff(NULL, 0), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry__tfr_sniff(gz, sizeof(gz)), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry__tfr_sniff(gz, 2), FERRY_COMPRESSION_GZIP);
+  cr_assert_eq(ferry__tfr_sniff(gz, 1), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry__tfr_sniff(zl, sizeof(zl)), FERRY_COMPRESSION_ZLIB);
+  cr_assert_eq(ferry__tfr_sniff(zl_dict, 2), FERRY_COMPRESSION_NONE);
+  cr_assert_eq(ferry__tfr_sniff(NULL, 0), FERRY_COMPRESSION_NONE);
   ferry_error_t err;
   ferry_error_clear(&err);
-  cr_assert_eq(ferry_tfr_sniff_file("/nonexistent/ferry.tfrecord", &err),
+  cr_assert_eq(ferry__tfr_sniff_file("/nonexistent/ferry.tfrecord", &err),
                FERRY_ENOENT);
   cr_assert(strstr(err.msg, "/nonexistent/ferry.tfrecord") != NULL);
 }
@@ -401,24 +401,24 @@ Test(tfrecord, allocation_failures, .init = make_tmpdir,
     int rc;
 
     ferry__alloc_fail_after(n);
-    rc = ferry_tfr_writer_open(tpath("afw.gz"), FERRY_COMPRESSION_GZIP, &w,
-                               &err);
+    rc = ferry__tfr_writer_open(tpath("afw.gz"), FERRY_COMPRESSION_GZIP, &w,
+                                &err);
     if (rc == 0) {
-      rc = ferry_tfr_writer_write(w, "abc", 3, &err);
+      rc = ferry__tfr_writer_write(w, "abc", 3, &err);
       cr_assert_eq(rc, 0);
-      rc = ferry_tfr_writer_close(w, &err);
+      rc = ferry__tfr_writer_close(w, &err);
       ok_write += rc == 0;
     }
     cr_assert(rc == 0 || rc == FERRY_ENOMEM, "%d", rc);
     cr_assert_eq(live_bytes(), before);
 
     ferry__alloc_fail_after(n);
-    rc = ferry_tfr_reader_open(tpath("af.gz"), NULL, &r, &err);
+    rc = ferry__tfr_reader_open(tpath("af.gz"), NULL, &r, &err);
     if (rc == 0) {
-      while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0)
+      while ((rc = ferry__tfr_reader_next(r, &rec, &err)) == 0)
         ;
-      cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), rc);
-      ferry_tfr_reader_free(r);
+      cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), rc);
+      ferry__tfr_reader_free(r);
       ok_read += rc == FERRY_EOF;
     }
     ferry__alloc_fail_reset();
@@ -447,7 +447,7 @@ Test(tfrecord, index_build_write_read, .init = make_tmpdir,
   write_records(tpath("ix.tfrecord"), FERRY_COMPRESSION_NONE, idx_sizes,
                 IDX_N);
   before = live_bytes();
-  cr_assert_eq(ferry_tfr_index_build(tpath("ix.tfrecord"), &ix, &n, &err), 0,
+  cr_assert_eq(ferry__tfr_index_build(tpath("ix.tfrecord"), &ix, &n, &err), 0,
                "%s", err.msg);
   cr_assert_eq(n, IDX_N);
   for (size_t k = 0; k < n; k++) {
@@ -455,13 +455,13 @@ Test(tfrecord, index_build_write_read, .init = make_tmpdir,
     cr_assert_eq(ix[k].size, idx_sizes[k] + 16);
     off += idx_sizes[k] + 16;
   }
-  cr_assert_eq(ferry_tfr_index_write(tpath("ix.idx"), ix, n, &err), 0);
+  cr_assert_eq(ferry__tfr_index_write(tpath("ix.idx"), ix, n, &err), 0);
   size_t tl;
   char *text = (char *)slurp(tpath("ix.idx"), &tl);
   text[tl] = '\0';
   cr_assert(strncmp(text, "0 21\n21 16\n37 316\n", 18) == 0, "%s", text);
   free(text);
-  cr_assert_eq(ferry_tfr_index_read(tpath("ix.idx"), &back, &nb, &err), 0);
+  cr_assert_eq(ferry__tfr_index_read(tpath("ix.idx"), &back, &nb, &err), 0);
   cr_assert_eq(nb, n);
   cr_assert_arr_eq(back, ix, n * sizeof(*ix));
   ferry_free(back);
@@ -479,16 +479,16 @@ static void read_range(const char *path, ferry_compression_t c,
   o.start_offset = ix[k].offset;
   o.start_index = k;
   o.max_records = m;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
   for (size_t j = k; j < k + m && j < IDX_N; j++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%s", err.msg);
     cr_assert_eq(rec.index, j);
     cr_assert_eq(rec.offset, ix[j].offset);
     check_content(&rec, j, idx_sizes[j]);
   }
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF,
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF,
                "range %zu+%zu", k, m);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 Test(tfrecord, record_ranges_via_index, .init = make_tmpdir,
@@ -499,7 +499,7 @@ Test(tfrecord, record_ranges_via_index, .init = make_tmpdir,
   write_records(tpath("r.tfrecord"), FERRY_COMPRESSION_NONE, idx_sizes,
                 IDX_N);
   write_records(tpath("r.gz"), FERRY_COMPRESSION_GZIP, idx_sizes, IDX_N);
-  cr_assert_eq(ferry_tfr_index_build(tpath("r.tfrecord"), &ix, &n, &err), 0);
+  cr_assert_eq(ferry__tfr_index_build(tpath("r.tfrecord"), &ix, &n, &err), 0);
   for (size_t k = 0; k < IDX_N; k += 3) {
     for (size_t m = 1; m < 6; m += 2) {
       read_range(tpath("r.tfrecord"), FERRY_COMPRESSION_AUTO, ix, k, m);
@@ -524,17 +524,17 @@ Test(tfrecord, start_offset_past_end, .init = make_tmpdir,
   write_records(tpath("s"), FERRY_COMPRESSION_NONE, s, 1);
   write_records(tpath("s.gz"), FERRY_COMPRESSION_GZIP, s, 1);
   o.start_offset = 27;
-  cr_assert_eq(ferry_tfr_reader_open(tpath("s"), &o, &r, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("s"), &o, &r, &err), FERRY_EINVAL);
   cr_assert(strstr(err.msg, "start offset 27 is past the end") != NULL, "%s",
             err.msg);
   cr_assert_null(r);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("s.gz"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EINVAL);
-  ferry_tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("s.gz"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EINVAL);
+  ferry__tfr_reader_free(r);
   o.start_offset = 26; /* exactly the end: no records */
-  cr_assert_eq(ferry_tfr_reader_open(tpath("s.gz"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("s.gz"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
 }
 
 Test(tfrecord, invalid_options) {
@@ -544,12 +544,12 @@ Test(tfrecord, invalid_options) {
   ferry_error_t err;
   int64_t before = live_bytes();
   o.compression = (ferry_compression_t)7;
-  cr_assert_eq(ferry_tfr_reader_open_mem("", 0, "m", &o, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open_mem("", 0, "m", &o, &r, &err),
                FERRY_EINVAL);
   cr_assert(strstr(err.msg, "m: unknown compression 7") != NULL);
   o.compression = FERRY_COMPRESSION_GZIP;
   o.on_error = (ferry_error_policy_t)5;
-  cr_assert_eq(ferry_tfr_reader_open_mem("", 0, "m", &o, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open_mem("", 0, "m", &o, &r, &err),
                FERRY_EINVAL);
   cr_assert_eq(live_bytes(), before);
 }
@@ -561,7 +561,7 @@ Test(tfrecord, index_of_compressed_is_enotsup, .init = make_tmpdir,
   size_t n;
   ferry_error_t err;
   write_records(tpath("c.gz"), FERRY_COMPRESSION_GZIP, s, 2);
-  cr_assert_eq(ferry_tfr_index_build(tpath("c.gz"), &ix, &n, &err),
+  cr_assert_eq(ferry__tfr_index_build(tpath("c.gz"), &ix, &n, &err),
                FERRY_ENOTSUP);
   cr_assert(strstr(err.msg, "c.gz") != NULL);
   cr_assert_null(ix);
@@ -581,7 +581,7 @@ Test(tfrecord, index_read_malformed, .init = make_tmpdir,
     int want_line = strstr(bad[i], "\n\n") != NULL ? 2 : 3;
     char want[32];
     spit(tpath("bad.idx"), bad[i], strlen(bad[i]));
-    cr_assert_eq(ferry_tfr_index_read(tpath("bad.idx"), &ix, &n, &err),
+    cr_assert_eq(ferry__tfr_index_read(tpath("bad.idx"), &ix, &n, &err),
                  FERRY_EINDEX, "case %zu", i);
     cr_assert(strstr(err.msg, "bad.idx") != NULL, "%s", err.msg);
     snprintf(want, sizeof(want), "line %d:", want_line);
@@ -590,7 +590,7 @@ Test(tfrecord, index_read_malformed, .init = make_tmpdir,
   }
   /* No trailing newline, CRLF and spacing are accepted. */
   spit(tpath("ok.idx"), "0 21\r\n21  16\n37 316", 19);
-  cr_assert_eq(ferry_tfr_index_read(tpath("ok.idx"), &ix, &n, &err), 0, "%s",
+  cr_assert_eq(ferry__tfr_index_read(tpath("ok.idx"), &ix, &n, &err), 0, "%s",
                err.msg);
   cr_assert_eq(n, 3);
   cr_assert_eq(ix[2].offset, 37);
@@ -627,20 +627,20 @@ static void expect_fail(const char *path, ferry_compression_t c, int bad_k,
   int64_t before = live_bytes();
 
   o.max_record_len = max_len;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
   for (int k = 0; k < bad_k; k++)
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%d: %s", k,
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%d: %s", k,
                  err.msg);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), code, "got %s: %s",
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), code, "got %s: %s",
                ferry_err_name(err.code), err.msg);
   cr_assert_eq(err.code, code);
   cr_assert(strstr(err.msg, base) != NULL, "%s", err.msg);
   snprintf(want, sizeof(want), "byte offset %" PRIu64 ":", off);
   cr_assert(strstr(err.msg, want) != NULL, "want '%s' in: %s", want,
             err.msg);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err2), code);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err2), code);
   cr_assert_str_eq(err2.msg, err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   cr_assert_eq(live_bytes(), before);
 }
 
@@ -655,20 +655,20 @@ static void expect_skip(const char *path, ferry_compression_t c,
   ferry_record_t rec;
   ferry_error_t err;
   o.max_record_len = max_len;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0, "%s", err.msg);
   for (int i = 0; i < nwant; i++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0, "%d: %s", i,
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0, "%d: %s", i,
                  err.msg);
     cr_assert_eq(rec.offset, (uint64_t)want[i] * BAD_REC);
     check_content(&rec, (size_t)want[i], rec.len);
   }
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_stats(r, &st);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_stats(r, &st);
   cr_assert_eq(st.records, (uint64_t)nwant);
   cr_assert_eq(st.skipped, (uint64_t)skipped);
   cr_assert_eq(st.last_bad.code, code);
   cr_assert(strstr(st.last_bad.msg, strrchr(path, '/') + 1) != NULL);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 /* Writes the corrupted stream plain, and gzip- and zlib-compressed. */
@@ -745,32 +745,32 @@ Test(tfrecord, bad_data_byte, .init = make_tmpdir, .fini = remove_tmpdir) {
   spit3("data.tfrecord", b, len);
   both_policies("data.tfrecord", 1, FERRY_EDATACRC, BAD_REC, want, 4, 1);
   /* By default the message quotes nothing read from the file... */
-  cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
   cr_assert(strstr(err.msg, "data.tfrecord: record 1 at byte offset 116: "
                             "record data CRC mismatch") != NULL,
             "%s", err.msg);
   cr_assert(strstr(err.msg, "0x") == NULL, "%s", err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   /* ... and for the file's owner (ferryctl) it gives both CRCs. */
   o.file_bytes_in_errors = true;
-  cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
   cr_assert(strstr(err.msg, "data.tfrecord: record 1 at byte offset 116: "
                             "record data CRC mismatch (stored 0x") != NULL,
             "%s", err.msg);
   cr_assert(strstr(err.msg, ", computed 0x") != NULL, "%s", err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   o.file_bytes_in_errors = false;
   /* With verification off the record comes back as it is. */
   o.verify_crc = false;
-  cr_assert_eq(ferry_tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("data.tfrecord"), &o, &r, &err), 0);
   for (int k = 0; k < BAD_N; k++)
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
   free(b);
 }
 
@@ -806,7 +806,7 @@ Test(tfrecord, length_over_max, .init = make_tmpdir, .fini = remove_tmpdir) {
   static const char *sfx[] = {"", ".gz", ".zz"};
 
   /* Record 2 claims 2^40 bytes, with a valid length CRC. */
-  ferry_tfr_frame_header(1ull << 40, h);
+  ferry__tfr_frame_header(1ull << 40, h);
   memcpy(b + 2 * BAD_REC, h, 12);
   spit3("toolong.tfrecord", b, len);
   both_policies("toolong.tfrecord", 2, FERRY_ETOOLONG, 2 * BAD_REC, want, 4,
@@ -829,17 +829,17 @@ Test(tfrecord, length_over_max, .init = make_tmpdir, .fini = remove_tmpdir) {
     snprintf(n2, sizeof(n2), "small.tfrecord%s", sfx[i]);
     expect_fail(tpath(n2), FERRY_COMPRESSION_AUTO, 2, FERRY_ETOOLONG, 52, 50);
     o.max_record_len = 50;
-    cr_assert_eq(ferry_tfr_reader_open(tpath(n2), &o, &r, &err), 0);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_open(tpath(n2), &o, &r, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
     cr_assert_eq(rec.offset, 52 + 116);
     check_content(&rec, 3, 10);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-    ferry_tfr_reader_stats(r, &st);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+    ferry__tfr_reader_stats(r, &st);
     cr_assert_eq(st.skipped, 1);
     cr_assert(strstr(st.last_bad.msg, "is over the maximum 50") != NULL);
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
   }
   free(b);
 }
@@ -865,13 +865,12 @@ Test(tfrecord, garbage_compressed_streams, .init = make_tmpdir,
                 FERRY_ECOMPRESS, 0, FERRY_TFR_DEFAULT_MAX_RECORD);
     ferry_tfr_options_t o = opts_with(FERRY_COMPRESSION_AUTO,
                                       FERRY_ON_ERROR_SKIP);
-    cr_assert_eq(ferry_tfr_reader_open(tpath(cases[i].name), &o, &r, &err),
-                 0);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-    ferry_tfr_reader_stats(r, &st);
+    cr_assert_eq(ferry__tfr_reader_open(tpath(cases[i].name), &o, &r, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+    ferry__tfr_reader_stats(r, &st);
     cr_assert_eq(st.skipped, 1);
     cr_assert_eq(st.last_bad.code, FERRY_ECOMPRESS);
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
     cr_assert_eq(live_bytes(), before);
   }
 }
@@ -906,15 +905,15 @@ Test(tfrecord, huge_claim_in_small_stream, .init = make_tmpdir,
   ferry_tfr_reader_t *r;
   ferry_record_t rec;
   ferry_error_t err;
-  ferry_tfr_frame_header(200u << 20, buf);
+  ferry__tfr_frame_header(200u << 20, buf);
   memset(buf + 12, 0x5a, 1000);
   z = zcompress(buf, sizeof(buf), 31, &zl);
-  cr_assert_eq(ferry_tfr_reader_open_mem(z, zl, "claim.gz", NULL, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open_mem(z, zl, "claim.gz", NULL, &r, &err),
                0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ETRUNCDATA, "%s",
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_ETRUNCDATA, "%s",
                err.msg);
   cr_assert(live_bytes() < (4 << 20), "%" PRId64 " bytes live", live_bytes());
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   free(z);
 }
 
@@ -989,21 +988,21 @@ Test(tfrecord_conformance, record_counts_and_crcs) {
     uint64_t end = 0;
     int rc;
     cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
-    cr_assert_eq(ferry_tfr_reader_open(path, NULL, &r, &err), 0, "%s",
+    cr_assert_eq(ferry__tfr_reader_open(path, NULL, &r, &err), 0, "%s",
                  err.msg);
-    cr_assert_eq(ferry_tfr_reader_compression(r), conf[i].compression, "%s",
+    cr_assert_eq(ferry__tfr_reader_compression(r), conf[i].compression, "%s",
                  conf[i].name);
-    while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0)
+    while ((rc = ferry__tfr_reader_next(r, &rec, &err)) == 0)
       end = rec.offset + rec.len + 16;
     cr_assert_eq(rc, FERRY_EOF, "%s: %s", conf[i].name, err.msg);
-    ferry_tfr_reader_stats(r, &st);
+    ferry__tfr_reader_stats(r, &st);
     cr_assert_eq(st.records, conf[i].records, "%s: %" PRIu64 " records",
                  conf[i].name, st.records);
     cr_assert_eq(st.skipped, 0);
     cr_assert_eq(end, conf[i].stream_bytes != 0 ? conf[i].stream_bytes
                                                 : (uint64_t)sb.st_size,
                  "%s: stream ends at %" PRIu64, conf[i].name, end);
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
   }
 }
 
@@ -1014,19 +1013,19 @@ Test(tfrecord_conformance, magenta_payloads) {
   ferry_record_t rec;
   ferry_error_t err;
   need_testdata();
-  cr_assert_eq(ferry_tfr_reader_open(tdpath("tfrecord",
-                                            "magenta_tfrecord_iterator_test."
-                                            "tfrecord"),
-                                     NULL, &r, &err),
+  cr_assert_eq(ferry__tfr_reader_open(tdpath("tfrecord",
+                                             "magenta_tfrecord_iterator_test."
+                                             "tfrecord"),
+                                      NULL, &r, &err),
                0);
   for (int k = 0; k < 3; k++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
     cr_assert_eq(rec.len, strlen(want[k]));
     cr_assert(memcmp(rec.data, want[k], rec.len) == 0);
     cr_assert_eq(rec.offset, offs[k]);
   }
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_free(r);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_free(r);
 }
 
 /* DAMAGED_crlf_pets_examples.record: data CRC error for record 0 at
@@ -1044,38 +1043,38 @@ Test(tfrecord_conformance, damaged_pets) {
   path = tdpath("tfrecord", "DAMAGED_crlf_pets_examples.record");
   int64_t before = live_bytes();
 
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EDATACRC);
   cr_assert(strstr(err.msg, "DAMAGED_crlf_pets_examples.record: record 0 at "
                             "byte offset 0: ") != NULL,
             "%s", err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 
   o.verify_crc = false;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
   cr_assert_eq(rec.len, 18430);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
   cr_assert(strstr(err.msg, "byte offset 18446:") != NULL, "%s", err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 
   /* Resync finds intact records again at the offsets the MANIFEST lists,
    * and only there. */
   o.verify_crc = true;
   o.on_error = FERRY_ON_ERROR_SKIP;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0);
   uint64_t got[16];
   int n = 0, rc;
-  while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0 && n < 16)
+  while ((rc = ferry__tfr_reader_next(r, &rec, &err)) == 0 && n < 16)
     got[n++] = rec.offset;
   cr_assert_eq(rc, FERRY_EOF);
   static const uint64_t intact[] = {165555, 244384, 256429, 549719};
   cr_assert_eq(n, 4, "%d records", n);
   for (int i = 0; i < 4; i++)
     cr_assert_eq(got[i], intact[i]);
-  ferry_tfr_reader_stats(r, &st);
+  ferry__tfr_reader_stats(r, &st);
   cr_assert(st.skipped >= 2);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   cr_assert_eq(live_bytes(), before);
 }
 
@@ -1090,19 +1089,19 @@ Test(tfrecord_conformance, damaged_serengeti_truncated) {
   need_testdata();
   path = tdpath("tfrecord",
                 "DAMAGED_crlf_snapshot_serengeti_sequence_examples.record");
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ETRUNCDATA);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_ETRUNCDATA);
   cr_assert(strstr(err.msg, "record 0 at byte offset 0:") != NULL, "%s",
             err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   o.on_error = FERRY_ON_ERROR_SKIP;
-  cr_assert_eq(ferry_tfr_reader_open(path, &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_EOF);
-  ferry_tfr_reader_stats(r, &st);
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_EOF);
+  ferry__tfr_reader_stats(r, &st);
   cr_assert_eq(st.records, 0);
   cr_assert_eq(st.skipped, 1);
   cr_assert_eq(st.last_bad.code, FERRY_ETRUNCDATA);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 /* The TFDS JSON files beside the MNIST shard are not TFRecords. */
@@ -1114,12 +1113,12 @@ Test(tfrecord_conformance, json_is_not_tfrecord) {
     ferry_tfr_reader_t *r;
     ferry_record_t rec;
     ferry_error_t err;
-    cr_assert_eq(ferry_tfr_reader_open(tdpath("tfrecord", names[i]), NULL, &r,
-                                       &err),
-                 0);
-    cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
+    cr_assert_eq(
+        ferry__tfr_reader_open(tdpath("tfrecord", names[i]), NULL, &r, &err),
+        0);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
     cr_assert(strstr(err.msg, "byte offset 0:") != NULL);
-    ferry_tfr_reader_free(r);
+    ferry__tfr_reader_free(r);
   }
 }
 
@@ -1141,17 +1140,17 @@ Test(tfrecord_conformance, dali_index_computed_by_us) {
     if (nl < 5 || strcmp(e->d_name + nl - 4, ".idx") != 0)
       continue;
     snprintf(tfr, sizeof(tfr), "%.*s", (int)(nl - 4), e->d_name);
-    cr_assert_eq(ferry_tfr_index_build(tdpath("tfrecord", tfr), &got, &n,
-                                       &err),
-                 0, "%s", err.msg);
-    cr_assert_eq(ferry_tfr_index_read(tdpath("dali_index/computed_by_us",
-                                             e->d_name),
-                                      &want, &nw, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__tfr_index_build(tdpath("tfrecord", tfr), &got, &n, &err), 0,
+        "%s", err.msg);
+    cr_assert_eq(
+        ferry__tfr_index_read(tdpath("dali_index/computed_by_us", e->d_name),
+                              &want, &nw, &err),
+        0, "%s", err.msg);
     cr_assert_eq(n, nw, "%s", tfr);
     cr_assert_arr_eq(got, want, n * sizeof(*got), "%s", tfr);
     /* Byte for byte, as written. */
-    cr_assert_eq(ferry_tfr_index_write(tpath("ours.idx"), got, n, &err), 0);
+    cr_assert_eq(ferry__tfr_index_write(tpath("ours.idx"), got, n, &err), 0);
     uint8_t *a = slurp(tpath("ours.idx"), &la);
     uint8_t *b = slurp(tdpath("dali_index/computed_by_us", e->d_name), &lb);
     cr_assert_eq(la, lb, "%s", tfr);
@@ -1187,9 +1186,9 @@ Test(tfrecord_conformance, dali_extra_indices_parse) {
     size_t n;
     ferry_error_t err;
     uint64_t off = 0;
-    cr_assert_eq(ferry_tfr_index_read(tdpath("dali_index", idx[i].name), &v,
-                                      &n, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        ferry__tfr_index_read(tdpath("dali_index", idx[i].name), &v, &n, &err),
+        0, "%s", err.msg);
     cr_assert_eq(n, idx[i].n);
     for (size_t k = 0; k < n; k++) {
       cr_assert_eq(v[k].offset, off);
@@ -1237,12 +1236,11 @@ Test(tfrecord, on_skip_reports_each_bad_record, .init = make_tmpdir,
   spit3("skips.tfrecord", b, len);
   o.on_skip = note_skipped;
   o.on_skip_arg = &s;
-  cr_assert_eq(ferry_tfr_reader_open(tpath("skips.tfrecord.gz"), &o, &r,
-                                     &err),
+  cr_assert_eq(ferry__tfr_reader_open(tpath("skips.tfrecord.gz"), &o, &r, &err),
                0, "%s", err.msg);
-  while (ferry_tfr_reader_next(r, &rec, &err) == 0)
+  while (ferry__tfr_reader_next(r, &rec, &err) == 0)
     good++;
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   cr_assert_eq(good, 2);
   cr_assert_eq(s.n, 3);
   cr_assert_eq(s.code[0], FERRY_EDATACRC);
@@ -1270,24 +1268,24 @@ static void read_until_cut(const char *name, ferry_compression_t c,
   ferry_record_t rc;
   ferry_tfr_stats_t st;
   int k;
-  cr_assert_eq(ferry_tfr_reader_open(tpath(name), &o, &r, err), 0, "%s",
+  cr_assert_eq(ferry__tfr_reader_open(tpath(name), &o, &r, err), 0, "%s",
                err->msg);
   *good = 0;
   for (int i = 0; i < 3; i++) {
-    cr_assert_eq(ferry_tfr_reader_next(r, &rc, err), 0, "%s", err->msg);
+    cr_assert_eq(ferry__tfr_reader_next(r, &rc, err), 0, "%s", err->msg);
     check_content(&rc, *good, rec);
     (*good)++;
   }
   cr_assert_eq(truncate(tpath(name), cut), 0);
-  while ((k = ferry_tfr_reader_next(r, &rc, err)) == 0) {
+  while ((k = ferry__tfr_reader_next(r, &rc, err)) == 0) {
     cr_assert_lt(*good, nrec, "%s: more records than written", name);
     check_content(&rc, *good, rec);
     (*good)++;
   }
   *code = k;
-  ferry_tfr_reader_stats(r, &st);
+  ferry__tfr_reader_stats(r, &st);
   *skipped = st.skipped;
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 Test(tfrecord, file_truncated_between_open_and_read, .init = make_tmpdir,
@@ -1369,8 +1367,8 @@ Test(tfrecord, file_rewritten_under_reader, .init = make_tmpdir,
   ferry_tfr_reader_t *r;
   ferry_record_t rec;
   ferry_error_t err;
-  cr_assert_eq(ferry_tfr_reader_open(tpath("rw.tfrecord"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("rw.tfrecord"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), 0);
   FILE *f = fopen(tpath("rw.tfrecord"), "r+b");
   cr_assert_not_null(f);
   fseek(f, 250L * FRAMED + 40, SEEK_SET);
@@ -1378,13 +1376,13 @@ Test(tfrecord, file_rewritten_under_reader, .init = make_tmpdir,
   fclose(f);
   size_t good = 1;
   int code;
-  while ((code = ferry_tfr_reader_next(r, &rec, &err)) == 0)
+  while ((code = ferry__tfr_reader_next(r, &rec, &err)) == 0)
     good++;
   cr_assert_eq(good, 250);
   cr_assert_eq(code, FERRY_EDATACRC, "%d %s", code, err.msg);
   cr_assert(strstr(err.msg, "record 250 at byte offset") != NULL, "%s",
             err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 /* A spec naming a secret file must not read it back through the
@@ -1399,9 +1397,9 @@ Test(tfrecord, errors_quote_no_file_bytes, .init = make_tmpdir,
   ferry_record_t rec;
   ferry_error_t err;
   spit3("shadow", (const uint8_t *)secret, strlen(secret));
-  ferry_tfr_options_init(&o);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("shadow"), &o, &r, &err), 0);
-  cr_assert_eq(ferry_tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
+  ferry__tfr_options_init(&o);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("shadow"), &o, &r, &err), 0);
+  cr_assert_eq(ferry__tfr_reader_next(r, &rec, &err), FERRY_ELENCRC);
   cr_assert(strstr(err.msg, "shadow: record 0 at byte offset 0: record "
                             "length CRC mismatch") != NULL, "%s", err.msg);
   /* The length field, as a number, and the stored CRC, in hex. */
@@ -1419,7 +1417,7 @@ Test(tfrecord, errors_quote_no_file_bytes, .init = make_tmpdir,
   cr_assert(strstr(said, num) == NULL && strstr(said, hex) == NULL &&
                 strstr(said, "0x") == NULL,
             "the message quotes file bytes: %s", err.msg);
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 /* A FIFO (or device) named as a shard is refused at once: opening it
@@ -1430,8 +1428,8 @@ Test(tfrecord, fifo_is_refused_without_blocking, .init = make_tmpdir,
   ferry_tfr_reader_t *r = NULL;
   ferry_error_t err;
   cr_assert_eq(mkfifo(tpath("pipe"), 0600), 0);
-  ferry_tfr_options_init(&o);
-  cr_assert_eq(ferry_tfr_reader_open(tpath("pipe"), &o, &r, &err),
+  ferry__tfr_options_init(&o);
+  cr_assert_eq(ferry__tfr_reader_open(tpath("pipe"), &o, &r, &err),
                FERRY_EINVAL);
   cr_assert_null(r);
   cr_assert(strstr(err.msg, "pipe: not a regular file") != NULL, "%s",

@@ -1,4 +1,4 @@
-/* Tests of the transport seam's registry and rules (ferry/transport.h):
+/* Tests of the transport seam's registry and rules (transport.h):
  * the registry's positions and names, the bounds on published endpoints,
  * and the client's choice (the job's option, TLS, the fallback before a
  * first chunk, the last resort). The rules are stated over capabilities,
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/transport.h"
+#include "transport.h"
 
 static ferry_transport_endpoint_t ep(const char *name, const void *addr,
                                      size_t len) {
@@ -21,8 +21,8 @@ static ferry_transport_endpoint_t ep(const char *name, const void *addr,
 static size_t offer_all(ferry_transport_endpoint_t *out) {
   static const char addr[] = "opaque";
   size_t n = 0;
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *t = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *t = ferry__transport_at(i);
     out[n++] = ep(t->name, (t->caps & FERRY_TRANSPORT_NEEDS_ADDRESS) ? addr
                                                                       : NULL,
                   (t->caps & FERRY_TRANSPORT_NEEDS_ADDRESS) ? 6 : 0);
@@ -34,10 +34,10 @@ static size_t offer_all(ferry_transport_endpoint_t *out) {
  * `ok` allows (-1: none). */
 static int best_of(bool (*ok)(const ferry_transport_ops_t *)) {
   int best = -1;
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *t = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *t = ferry__transport_at(i);
     if (ok(t) &&
-        (best < 0 || t->priority > ferry_transport_at((size_t)best)->priority))
+        (best < 0 || t->priority > ferry__transport_at((size_t)best)->priority))
       best = (int)i;
   }
   return best;
@@ -51,34 +51,34 @@ static bool addressless(const ferry_transport_ops_t *t) {
 }
 static int lowest(void) {
   int low = 0;
-  for (size_t i = 1; i < ferry_transport_count(); i++)
-    if (ferry_transport_at(i)->priority <
-        ferry_transport_at((size_t)low)->priority)
+  for (size_t i = 1; i < ferry__transport_count(); i++)
+    if (ferry__transport_at(i)->priority <
+        ferry__transport_at((size_t)low)->priority)
       low = (int)i;
   return low;
 }
 
 Test(transport, the_registry_has_stable_positions_and_valid_names) {
-  size_t n = ferry_transport_count();
+  size_t n = ferry__transport_count();
   cr_assert(n >= 1 && n <= FERRY_TRANSPORTS_MAX, "%zu transports", n);
-  cr_assert_null(ferry_transport_at(n));
-  cr_assert_eq(ferry_transport_index("no_such_transport"), -1);
-  cr_assert_null(ferry_transport_find("no_such_transport"));
-  cr_assert_null(ferry_transport_find(NULL));
+  cr_assert_null(ferry__transport_at(n));
+  cr_assert_eq(ferry__transport_index("no_such_transport"), -1);
+  cr_assert_null(ferry__transport_find("no_such_transport"));
+  cr_assert_null(ferry__transport_find(NULL));
   bool reachable_by_grpc_address = false;
   for (size_t i = 0; i < n; i++) {
-    const ferry_transport_ops_t *t = ferry_transport_at(i);
+    const ferry_transport_ops_t *t = ferry__transport_at(i);
     cr_assert_not_null(t);
-    cr_assert_eq(ferry_transport_index(t->name), (int)i, "%s", t->name);
-    cr_assert_eq(ferry_transport_find(t->name), t);
+    cr_assert_eq(ferry__transport_index(t->name), (int)i, "%s", t->name);
+    cr_assert_eq(ferry__transport_find(t->name), t);
     ferry_transport_endpoint_t e = ep(t->name, NULL, 0);
-    cr_assert_eq(ferry_transport_endpoints_check(&e, 1, NULL), 0,
+    cr_assert_eq(ferry__transport_endpoints_check(&e, 1, NULL), 0,
                  "the registry's name %s is not a valid endpoint name",
                  t->name);
     for (size_t k = 0; k < i; k++)
-      cr_assert_neq(ferry_transport_at(k)->priority, t->priority,
+      cr_assert_neq(ferry__transport_at(k)->priority, t->priority,
                     "%s and %s share a priority: auto would be arbitrary",
-                    ferry_transport_at(k)->name, t->name);
+                    ferry__transport_at(k)->name, t->name);
     reachable_by_grpc_address |= addressless(t);
   }
   /* Workers that publish nothing (a release before endpoint lists) are
@@ -94,18 +94,17 @@ Test(transport, published_endpoints_are_bounded) {
 
   e[0] = ep("grpc", NULL, 0);
   e[1] = ep("some_future_1", big, FERRY_TRANSPORT_ADDRESS_MAX);
-  cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), 0, "%s",
-               err.msg);
-  cr_assert_eq(ferry_transport_endpoints_check(NULL, 0, &err), 0);
+  cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__transport_endpoints_check(NULL, 0, &err), 0);
 
   e[1] = ep("x", big, FERRY_TRANSPORT_ADDRESS_MAX + 1);
-  cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
   cr_assert(strstr(err.msg, "endpoints[1].address") != NULL, "%s", err.msg);
 
   const char *bad_names[] = {"", "UCX", "u-x", "a b", "é"};
   for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
     e[1] = ep(bad_names[i], NULL, 0);
-    cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), FERRY_EINVAL,
+    cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), FERRY_EINVAL,
                  "'%s' accepted", bad_names[i]);
     cr_assert(strstr(err.msg, "endpoints[1].transport") != NULL, "%s",
               err.msg);
@@ -113,14 +112,13 @@ Test(transport, published_endpoints_are_bounded) {
   memset(name, 'a', sizeof(name) - 1);
   name[sizeof(name) - 1] = '\0';
   e[1] = ep(name, NULL, 0); /* one byte over */
-  cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
   name[FERRY_TRANSPORT_NAME_MAX] = '\0';
   e[1] = ep(name, NULL, 0); /* at the bound */
-  cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), 0, "%s", err.msg);
 
   e[1] = ep("grpc", NULL, 0);
-  cr_assert_eq(ferry_transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
+  cr_assert_eq(ferry__transport_endpoints_check(e, 2, &err), FERRY_EINVAL);
   cr_assert(strstr(err.msg, "also at 0") != NULL, "%s", err.msg);
 
   for (size_t i = 0; i <= FERRY_TRANSPORT_ENDPOINTS_MAX; i++) {
@@ -128,29 +126,31 @@ Test(transport, published_endpoints_are_bounded) {
     snprintf(names[i], sizeof(names[i]), "t%zu", i);
     e[i] = ep(names[i], NULL, 0);
   }
-  cr_assert_eq(ferry_transport_endpoints_check(
-                   e, FERRY_TRANSPORT_ENDPOINTS_MAX, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_transport_endpoints_check(
-                   e, FERRY_TRANSPORT_ENDPOINTS_MAX + 1, &err), FERRY_EINVAL);
+  cr_assert_eq(
+      ferry__transport_endpoints_check(e, FERRY_TRANSPORT_ENDPOINTS_MAX, &err),
+      0, "%s", err.msg);
+  cr_assert_eq(ferry__transport_endpoints_check(
+                   e, FERRY_TRANSPORT_ENDPOINTS_MAX + 1, &err),
+               FERRY_EINVAL);
 }
 
 Test(transport, the_jobs_option_names_a_built_transport_or_auto) {
   ferry_error_t err;
-  cr_assert_eq(ferry_transport_want_check(NULL, &err), 0);
-  cr_assert_eq(ferry_transport_want_check("", &err), 0);
-  cr_assert_eq(ferry_transport_want_check("auto", &err), 0);
-  for (size_t i = 0; i < ferry_transport_count(); i++)
-    cr_assert_eq(ferry_transport_want_check(ferry_transport_at(i)->name,
-                                            &err), 0);
-  cr_assert_eq(ferry_transport_want_check("carrier_pigeon", &err),
+  cr_assert_eq(ferry__transport_want_check(NULL, &err), 0);
+  cr_assert_eq(ferry__transport_want_check("", &err), 0);
+  cr_assert_eq(ferry__transport_want_check("auto", &err), 0);
+  for (size_t i = 0; i < ferry__transport_count(); i++)
+    cr_assert_eq(
+        ferry__transport_want_check(ferry__transport_at(i)->name, &err), 0);
+  cr_assert_eq(ferry__transport_want_check("carrier_pigeon", &err),
                FERRY_EINVAL);
   cr_assert(strstr(err.msg, "carrier_pigeon") != NULL, "%s", err.msg);
-  for (size_t i = 0; i < ferry_transport_count(); i++)
-    cr_assert(strstr(err.msg, ferry_transport_at(i)->name) != NULL,
+  for (size_t i = 0; i < ferry__transport_count(); i++)
+    cr_assert(strstr(err.msg, ferry__transport_at(i)->name) != NULL,
               "the choices are not listed: %s", err.msg);
 #ifndef FERRY_HAVE_UCX
   /* Registered but not built: the message says how to build it. */
-  cr_assert_eq(ferry_transport_want_check("ucx", &err), FERRY_ENOTSUP);
+  cr_assert_eq(ferry__transport_want_check("ucx", &err), FERRY_ENOTSUP);
   cr_assert(strstr(err.msg, "FERRY_WITH_UCX") != NULL, "%s", err.msg);
 #endif
 }
@@ -161,10 +161,10 @@ Test(transport, auto_takes_the_highest_priority_both_ends_offer) {
   ferry_error_t err;
   size_t n = offer_all(e);
 
-  cr_assert_eq(ferry_transport_choose("auto", false, e, n, 0, &ch, &err), 0,
+  cr_assert_eq(ferry__transport_choose("auto", false, e, n, 0, &ch, &err), 0,
                "%s", err.msg);
   cr_assert_eq(ch.index, best_of(any), "%s", ch.why);
-  const ferry_transport_ops_t *t = ferry_transport_at((size_t)ch.index);
+  const ferry_transport_ops_t *t = ferry__transport_at((size_t)ch.index);
   if (t->caps & FERRY_TRANSPORT_NEEDS_ADDRESS)
     cr_assert(ch.address_len == 6 && memcmp(ch.address, "opaque", 6) == 0);
   else
@@ -172,12 +172,12 @@ Test(transport, auto_takes_the_highest_priority_both_ends_offer) {
   cr_assert(strstr(ch.why, t->name) != NULL, "%s", ch.why);
 
   /* A worker that published nothing: only what needs no address. */
-  cr_assert_eq(ferry_transport_choose(NULL, false, NULL, 0, 0, &ch, &err), 0);
+  cr_assert_eq(ferry__transport_choose(NULL, false, NULL, 0, 0, &ch, &err), 0);
   cr_assert_eq(ch.index, best_of(addressless), "%s", ch.why);
   /* An endpoint with an empty address offers nothing that needs one. */
   for (size_t i = 0; i < n; i++)
     e[i].address_len = 0;
-  cr_assert_eq(ferry_transport_choose("", false, e, n, 0, &ch, &err), 0);
+  cr_assert_eq(ferry__transport_choose("", false, e, n, 0, &ch, &err), 0);
   cr_assert_eq(ch.index, best_of(addressless), "%s", ch.why);
 }
 
@@ -186,7 +186,7 @@ Test(transport, auto_under_tls_takes_only_what_encrypts) {
   ferry_transport_choice_t ch;
   ferry_error_t err;
   size_t n = offer_all(e);
-  cr_assert_eq(ferry_transport_choose("auto", true, e, n, 0, &ch, &err), 0);
+  cr_assert_eq(ferry__transport_choose("auto", true, e, n, 0, &ch, &err), 0);
   cr_assert_eq(ch.index, best_of(encrypts), "%s", ch.why);
   if (best_of(any) != best_of(encrypts))
     cr_assert(strstr(ch.why, "does not encrypt") != NULL, "%s", ch.why);
@@ -199,23 +199,22 @@ Test(transport, a_failure_before_the_first_chunk_falls_back) {
   size_t n = offer_all(e);
   int first = best_of(any);
 
-  cr_assert(ferry_transport_falls_back("auto", first, 0));
-  cr_assert(ferry_transport_falls_back(NULL, first, 0));
-  cr_assert_not(ferry_transport_falls_back("auto", first, 1),
+  cr_assert(ferry__transport_falls_back("auto", first, 0));
+  cr_assert(ferry__transport_falls_back(NULL, first, 0));
+  cr_assert_not(ferry__transport_falls_back("auto", first, 1),
                 "a stream that delivered proved the transport works");
-  cr_assert_not(ferry_transport_falls_back(ferry_transport_at(0)->name, 0, 0),
+  cr_assert_not(ferry__transport_falls_back(ferry__transport_at(0)->name, 0, 0),
                 "a transport asked for by name is never replaced");
 
   /* Every transport failed: the lowest priority is the last resort. */
-  uint32_t all = (1u << ferry_transport_count()) - 1;
-  cr_assert_eq(ferry_transport_choose("auto", false, e, n, all, &ch, &err),
-               0);
+  uint32_t all = (1u << ferry__transport_count()) - 1;
+  cr_assert_eq(ferry__transport_choose("auto", false, e, n, all, &ch, &err), 0);
   cr_assert_eq(ch.index, lowest(), "%s", ch.why);
 
-  if (ferry_transport_count() < 2)
+  if (ferry__transport_count() < 2)
     cr_skip_test("one transport built: nothing to fall back to");
-  cr_assert_eq(ferry_transport_choose("auto", false, e, n, 1u << first, &ch,
-                                      &err), 0);
+  cr_assert_eq(
+      ferry__transport_choose("auto", false, e, n, 1u << first, &ch, &err), 0);
   cr_assert_neq(ch.index, first, "%s", ch.why);
   cr_assert(strstr(ch.why, "failed before its first chunk") != NULL, "%s",
             ch.why);
@@ -226,16 +225,16 @@ Test(transport, a_transport_asked_for_by_name_must_be_offered) {
   ferry_transport_choice_t ch;
   ferry_error_t err;
   size_t n = offer_all(e);
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *t = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *t = ferry__transport_at(i);
     /* Offered: chosen, whatever failed, TLS or not. */
-    cr_assert_eq(ferry_transport_choose(t->name, true, e, n, ~0u, &ch, &err),
+    cr_assert_eq(ferry__transport_choose(t->name, true, e, n, ~0u, &ch, &err),
                  0, "%s: %s", t->name, err.msg);
     cr_assert_eq(ch.index, (int)i);
     if (!encrypts(t))
       cr_assert(strstr(ch.why, "does not encrypt") != NULL, "%s", ch.why);
     /* Not offered: an error naming it, never another transport. */
-    int rc = ferry_transport_choose(t->name, false, NULL, 0, 0, &ch, &err);
+    int rc = ferry__transport_choose(t->name, false, NULL, 0, 0, &ch, &err);
     if (t->caps & FERRY_TRANSPORT_NEEDS_ADDRESS) {
       cr_assert_eq(rc, FERRY_ENOTSUP);
       cr_assert(strstr(err.msg, t->name) != NULL, "%s", err.msg);
@@ -243,6 +242,7 @@ Test(transport, a_transport_asked_for_by_name_must_be_offered) {
       cr_assert_eq(rc, 0);
     }
   }
-  cr_assert_eq(ferry_transport_choose("carrier_pigeon", false, e, n, 0, &ch,
-                                      &err), FERRY_EINVAL);
+  cr_assert_eq(
+      ferry__transport_choose("carrier_pigeon", false, e, n, 0, &ch, &err),
+      FERRY_EINVAL);
 }

@@ -1,10 +1,10 @@
-/* Tests of the UCX transport (ferry/transport.h, common/src/transport/transport_ucx.c)
- * on its own: a gRPC server with the UCX transport on a libuv loop thread
- * (127.0.0.1, port 0) sends chunks of a header piece and a payload piece;
- * the client side on the test thread reads them. Every wait is bounded and
- * every test checks that each send's release ran exactly once and that
- * Ferry's allocations came back. Skipped when UCX is not built in or
- * cannot start here. */
+/* Tests of the UCX transport (transport.h,
+ * common/src/transport/transport_ucx.c) on its own: a gRPC server with the UCX
+ * transport on a libuv loop thread (127.0.0.1, port 0) sends chunks of a header
+ * piece and a payload piece; the client side on the test thread reads them.
+ * Every wait is bounded and every test checks that each send's release ran
+ * exactly once and that Ferry's allocations came back. Skipped when UCX is not
+ * built in or cannot start here. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <poll.h>
@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/rpc.h"
-#include "ferry/transport.h"
+#include "alloc.h"
+#include "rpc.h"
+#include "transport.h"
 
 #ifdef FERRY_HAVE_UCX
 
@@ -104,7 +104,7 @@ static void on_end(ferry_transport_stream_t *s, void *arg) {
   atomic_fetch_add(&F.ends, 1);
   if (F.s == s) {
     F.s = NULL;
-    ferry_transport_finish(s, FERRY_RPC_CANCELLED, "cancelled");
+    ferry__transport_finish(s, FERRY_RPC_CANCELLED, "cancelled");
   }
   notify();
 }
@@ -118,7 +118,7 @@ static void pump(void) {
   bool finish_after = F.finish_after;
   pthread_mutex_unlock(&F.mu);
   while (F.s != NULL && F.sent < total &&
-         F.inflight < (int)ferry_transport_window(F.s)) {
+         F.inflight < (int)ferry__transport_window(F.s)) {
     int i = F.sent++;
     int n = snprintf((char *)hdrs[i % 64], sizeof(hdrs[0]), "chunk %d", i);
     ferry_transport_send_t m = {.release = on_release, .n = 2};
@@ -126,7 +126,7 @@ static void pump(void) {
     size_t at = F.vary ? VARY * (size_t)(i % 8) : 0;
     m.pieces[1] = (ferry_transport_piece_t){F.payload + at, F.pay_len};
     F.inflight++;
-    if (ferry_transport_send(F.s, &m) != 0) {
+    if (ferry__transport_send(F.s, &m) != 0) {
       F.inflight--;
       return;
     }
@@ -134,7 +134,7 @@ static void pump(void) {
   if (F.s != NULL && finish_after && F.sent == total && F.inflight == 0) {
     ferry_transport_stream_t *s = F.s;
     F.s = NULL;
-    ferry_transport_finish(s, FERRY_RPC_OK, NULL);
+    ferry__transport_finish(s, FERRY_RPC_OK, NULL);
   }
 }
 
@@ -146,13 +146,13 @@ static void on_open(ferry_transport_stream_t *s,
       memcmp(req->secret, SECRET, FERRY_CLIENT_SECRET_BYTES) != 0 ||
       req->job_id != 7 || req->client_id != 9 || F.s != NULL) {
     atomic_fetch_add(&F.refused, 1);
-    ferry_transport_finish(s, FERRY_RPC_PERMISSION_DENIED,
-                           "not this client's stream");
+    ferry__transport_finish(s, FERRY_RPC_PERMISSION_DENIED,
+                            "not this client's stream");
     notify();
     return;
   }
   F.s = s;
-  ferry_transport_accept(s, on_sent, on_end, NULL);
+  ferry__transport_accept(s, on_sent, on_end, NULL);
   pump();
   notify();
 }
@@ -170,7 +170,7 @@ static void rpc_done(void *arg) {
   (void)arg;
   if (F.memh != NULL)
     F.srv->ops->mem_unmap(F.srv, F.memh);
-  ferry_transport_server_shutdown(F.srv, srv_done, NULL);
+  ferry__transport_server_shutdown(F.srv, srv_done, NULL);
 }
 
 static void on_wake(uv_async_t *h) {
@@ -180,7 +180,7 @@ static void on_wake(uv_async_t *h) {
   F.stop = false;
   pthread_mutex_unlock(&F.mu);
   if (stop)
-    ferry_rpc_server_shutdown(F.rpc, rpc_done, NULL);
+    ferry__rpc_server_shutdown(F.rpc, rpc_done, NULL);
 }
 
 static void *loop_main(void *arg) {
@@ -191,7 +191,7 @@ static void *loop_main(void *arg) {
 
 static void setup(void) {
   memset(&F, 0, sizeof(F));
-  ferry_rpc_init();
+  ferry__rpc_init();
   ferry__alloc_stats(&F.baseline);
   pthread_mutex_init(&F.mu, NULL);
   pthread_cond_init(&F.cv, NULL);
@@ -203,21 +203,21 @@ static void setup(void) {
   ferry_error_t err = {0};
   cr_assert_eq(uv_loop_init(&F.loop), 0);
   uv_async_init(&F.loop, &F.wake, on_wake);
-  cr_assert_eq(ferry_rpc_server_new(&F.loop, NULL, &F.rpc, &err), 0, "%s",
+  cr_assert_eq(ferry__rpc_server_new(&F.loop, NULL, &F.rpc, &err), 0, "%s",
                err.msg);
   ferry_transport_server_config_t cfg = {.loop = &F.loop, .rpc_server = F.rpc,
                                          .on_open = on_open};
-  if (ferry_transport_ucx.server_new(&cfg, &F.srv, &err) != 0)
+  if (ferry__transport_ucx.server_new(&cfg, &F.srv, &err) != 0)
     cr_skip_test("UCX cannot start here: %s", err.msg);
   size_t len;
-  const void *a = ferry_transport_server_address(F.srv, &len);
+  const void *a = ferry__transport_server_address(F.srv, &len);
   cr_assert(len > 0 && len <= sizeof(F.addr));
   memcpy(F.addr, a, len);
   F.addr_len = len;
   cr_assert_eq(F.srv->ops->mem_map(F.srv, F.payload, PAY, &F.memh, &err), 0,
                "%s", err.msg);
   int port = 0;
-  cr_assert_eq(ferry_rpc_server_start(F.rpc, "127.0.0.1:0", &port, &err), 0,
+  cr_assert_eq(ferry__rpc_server_start(F.rpc, "127.0.0.1:0", &port, &err), 0,
                "%s", err.msg);
   snprintf(F.target, sizeof(F.target), "127.0.0.1:%d", port);
   pthread_create(&F.thread, NULL, loop_main, NULL);
@@ -252,7 +252,7 @@ static ferry_transport_client_t *client_with(int slow_fetch_ms) {
   ferry_error_t err = {0};
   ferry_transport_client_config_t cfg = {.peer_timeout_ms = 5000,
                                          .slow_fetch_ms = slow_fetch_ms};
-  cr_assert_eq(ferry_transport_ucx.client_new(&cfg, &cl, &err), 0, "%s",
+  cr_assert_eq(ferry__transport_ucx.client_new(&cfg, &cl, &err), 0, "%s",
                err.msg);
   return cl;
 }
@@ -283,7 +283,7 @@ static void read_one(ferry_transport_cstream_t *s, int want, uint8_t *dst,
                      bool split) {
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  int rc = ferry_transport_next(s, &m, WAIT_MS, &err);
+  int rc = ferry__transport_next(s, &m, WAIT_MS, &err);
   cr_assert_eq(rc, 0, "next: %d %s", rc, err.msg);
   char hdr[32] = {0}, exp[32];
   int n = snprintf(exp, sizeof(exp), "chunk %d", want);
@@ -302,7 +302,7 @@ static void read_one(ferry_transport_cstream_t *s, int want, uint8_t *dst,
   size_t at = F.vary ? VARY * (size_t)(want % 8) : 0;
   cr_assert_eq(memcmp(dst, F.payload + at, pay), 0, "payload %d differs",
                want);
-  ferry_transport_msg_release(&m);
+  ferry__transport_msg_release(&m);
 }
 
 Test(transport_ucx, every_chunk_once_in_order_then_eof) {
@@ -314,11 +314,11 @@ Test(transport_ucx, every_chunk_once_in_order_then_eof) {
     read_one(s, i, dst, i % 3 == 2);
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
+  cr_assert_eq(ferry__transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
                err.msg);
-  cr_assert_eq(ferry_transport_next(s, &m, 10, &err), FERRY_EOF);
+  cr_assert_eq(ferry__transport_next(s, &m, 10, &err), FERRY_EOF);
   ferry__free(dst);
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
   cr_assert_eq(atomic_load(&F.refused), 0);
 }
@@ -340,10 +340,10 @@ Test(transport_ucx, eager_payloads_past_the_window_all_arrive) {
     read_one(s, i, dst, i % 3 == 2);
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
+  cr_assert_eq(ferry__transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
                err.msg);
   ferry__free(dst);
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
   cr_assert_eq(atomic_load(&F.releases), 100);
 }
@@ -376,25 +376,25 @@ Test(transport_ucx, payloads_fetched_ahead_arrive_in_order) {
     if (i % 7 == 5) { /* the header only: the payload is never copied */
       ferry_transport_msg_t m;
       ferry_error_t err = {0};
-      cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), 0, "%s",
+      cr_assert_eq(ferry__transport_next(s, &m, WAIT_MS, &err), 0, "%s",
                    err.msg);
       char hdr[32] = {0}, exp[32];
       int n = snprintf(exp, sizeof(exp), "chunk %d", i);
       cr_assert_eq(m.copy(&m, 0, hdr, (size_t)n), (size_t)n);
       cr_assert_str_eq(hdr, exp);
-      ferry_transport_msg_release(&m);
+      ferry__transport_msg_release(&m);
       continue;
     }
     read_one(s, i, dst, i % 3 == 2);
   }
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
+  cr_assert_eq(ferry__transport_next(s, &m, WAIT_MS, &err), FERRY_EOF, "%s",
                err.msg);
   cr_assert(wait_for(all_released), "%d of %d sends released",
             atomic_load(&F.releases), F.sent);
   ferry__free(dst);
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
   cr_assert_eq(F.sent, 60);
 }
@@ -409,15 +409,15 @@ static void cancel_after(int reads, int slow_fetch_ms) {
   uint8_t *dst = ferry__malloc(PAY);
   for (int i = 0; i < reads; i++)
     read_one(s, i, dst, false);
-  ferry_transport_cancel(s);
+  ferry__transport_cancel(s);
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  cr_assert_eq(ferry_transport_next(s, &m, WAIT_MS, &err),
+  cr_assert_eq(ferry__transport_next(s, &m, WAIT_MS, &err),
                FERRY_EGRPC_CANCELLED);
   cr_assert(wait_for(ended_and_released), "ends %d, releases %d of %d",
             atomic_load(&F.ends), atomic_load(&F.releases), F.sent);
   ferry__free(dst);
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
 }
 
@@ -440,7 +440,7 @@ Test(transport_ucx, a_client_that_goes_away_holding_chunks_frees_them) {
   /* Free without reading the rest: what it held is given back, by its
    * releases or, where they did not get out before its UCP worker was
    * destroyed, by the server giving the sends up. */
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
   cr_assert(wait_for_ms(ended_and_released, ABANDON_WAIT_MS),
             "ends %d, releases %d of %d", atomic_load(&F.ends),
@@ -503,12 +503,12 @@ Test(transport_ucx, a_wrong_secret_is_refused_like_grpc) {
   ferry_transport_cstream_t *s = open_stream(cl, bad);
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  int rc = ferry_transport_next(s, &m, WAIT_MS, &err);
+  int rc = ferry__transport_next(s, &m, WAIT_MS, &err);
   cr_assert_eq(rc, FERRY_EGRPC_PERMISSION_DENIED, "%d: %s", rc, err.msg);
   cr_assert(strstr(err.msg, "not this client's stream") != NULL, "%s",
             err.msg);
   cr_assert(wait_for(refused_once));
-  ferry_transport_cstream_free(s);
+  ferry__transport_cstream_free(s);
   cl->ops->client_free(cl);
 }
 

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ferry/rpc.h"
-#include "ferry/transport.h"
+#include "rpc.h"
+#include "transport.h"
 
 static int unhex(const char *hex, uint8_t *out, size_t cap) {
   size_t n = strlen(hex);
@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
             "SECRET(%d bytes) JOB CLIENT\n", FERRY_CLIENT_SECRET_BYTES);
     return 2;
   }
-  ferry_rpc_init();
+  ferry__rpc_init();
   ferry_transport_client_t *cl = NULL;
   ferry_transport_cstream_t *s = NULL;
   ferry_transport_client_config_t cfg = {.peer_timeout_ms = 5000};
@@ -44,9 +44,9 @@ int main(int argc, char **argv) {
                                 .secret = (const uint8_t *)argv[3]};
   ferry_transport_msg_t m;
   ferry_error_t err = {0};
-  if (ferry_transport_ucx.client_new(&cfg, &cl, &err) != 0 ||
+  if (ferry__transport_ucx.client_new(&cfg, &cl, &err) != 0 ||
       cl->ops->open(cl, &peer, &req, &s, &err) != 0 ||
-      ferry_transport_next(s, &m, 10000, &err) != 0) {
+      ferry__transport_next(s, &m, 10000, &err) != 0) {
     fprintf(stderr, "ucx_vanishing_client: %s\n", err.msg);
     return 1;
   }

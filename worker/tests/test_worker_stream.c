@@ -5,8 +5,8 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "ferry/rpc.h"
-#include "ferry/rpc_methods.h"
+#include "rpc.h"
+#include "rpc_methods.h"
 #include "wtest_util.h"
 
 #define WAIT_MS 20000
@@ -71,7 +71,7 @@ static void srv_start(srv_t *s, uint64_t buffer_bytes, uint64_t chunk_bytes) {
   cfg.buffer_bytes = buffer_bytes;
   cfg.chunk_bytes = chunk_bytes;
   cfg.heartbeat_ms = 1000;
-  ferry_rpc_init();
+  ferry__rpc_init();
   cr_assert_eq(uv_loop_init(&s->loop), 0);
   cr_assert_eq(ferry__worker_start(&s->w, &cfg, &s->loop, false, &err), 0,
                "%s", err.msg);
@@ -83,11 +83,11 @@ static void srv_start(srv_t *s, uint64_t buffer_bytes, uint64_t chunk_bytes) {
   uv_unref((uv_handle_t *)&s->probe); /* the loop may run out around it */
   cr_assert_eq(pthread_create(&s->thread, NULL, loop_main, s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s->w.port);
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s->ch, &err), 0);
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &s->ch, &err), 0);
 }
 
 static void srv_stop(srv_t *s) {
-  ferry_rpc_channel_free(s->ch);
+  ferry__rpc_channel_free(s->ch);
   ferry__worker_request_stop(&s->w);
   pthread_join(s->thread, NULL);
   uv_close((uv_handle_t *)&s->probe, NULL);
@@ -96,7 +96,7 @@ static void srv_stop(srv_t *s) {
   pthread_cond_destroy(&s->probe_cv);
   cr_assert(ferry__worker_close(&s->w, 1000));
   cr_assert_eq(uv_loop_close(&s->loop), 0);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
 }
 
 static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
@@ -113,9 +113,9 @@ static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
   req.client_secret.data = secret;
   req.client_secret.len = sizeof(secret);
   size_t len = ferry__v1__stream_chunks_request__pack(&req, buf);
-  cr_assert_eq(ferry_rpc_stream_open(s->ch, FERRY_METHOD_STREAM_CHUNKS, buf,
-                                     len, -1, FERRY_RPC_WAIT_FOR_READY, &st,
-                                     &err),
+  cr_assert_eq(ferry__rpc_stream_open(s->ch, FERRY_METHOD_STREAM_CHUNKS, buf,
+                                      len, -1, FERRY_RPC_WAIT_FOR_READY, &st,
+                                      &err),
                0, "%s", err.msg);
   return st;
 }
@@ -123,12 +123,12 @@ static ferry_rpc_stream_t *open_stream(srv_t *s, uint64_t job,
 static Ferry__V1__Chunk *next_chunk(ferry_rpc_stream_t *st) {
   ferry_rpc_msg_t msg;
   ferry_error_t err;
-  int rc = ferry_rpc_stream_next(st, &msg, WAIT_MS, &err);
+  int rc = ferry__rpc_stream_next(st, &msg, WAIT_MS, &err);
   cr_assert_eq(rc, 0, "stream_next: %s", ferry_strerror(rc));
   size_t len = msg.len;
   uint8_t *buf = malloc(len + 1);
-  cr_assert_eq(ferry_rpc_msg_copy(&msg, 0, buf, len), len);
-  ferry_rpc_msg_release(&msg);
+  cr_assert_eq(ferry__rpc_msg_copy(&msg, 0, buf, len), len);
+  ferry__rpc_msg_release(&msg);
   Ferry__V1__Chunk *m = ferry__v1__chunk__unpack(NULL, len, buf);
   cr_assert_not_null(m);
   free(buf);
@@ -184,8 +184,8 @@ Test(stream, receives_every_chunk, .timeout = 120) {
   cr_assert(ferry__wtasks_progress(&s.w.tasks, 11, 1, 3, 5, &p));
   cr_assert(p.finished);
   cr_assert_eq(p.produced, 300);
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
   srv_stop(&s);
   wt_file_free(&f);
 }
@@ -202,8 +202,8 @@ Test(stream, backpressure_through_the_stream, .timeout = 120) {
   wt_task(&t, &f, 0, 500, false);
   cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
   cr_assert_eq(receive_split(st, &f, 3, 500), 125);
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
   srv_stop(&s);
   wt_file_free(&f);
 }
@@ -215,8 +215,8 @@ Test(stream, reconnect_finds_queued_chunks, .timeout = 120) {
   wt_file_make(&f, 40, FERRY_COMPRESSION_NONE, SIZE_MAX);
   srv_start(&s, 64 << 20, 1 << 20);
   ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
   /* The worker must have seen the stream end before the chunks come:
    * chunks sent into a stream that is being cancelled are lost with it
    * (the client asks for a restart), which is not what this tests. */
@@ -229,8 +229,8 @@ Test(stream, reconnect_finds_queued_chunks, .timeout = 120) {
   cr_assert_eq(ferry__wtasks_add(&s.w.tasks, &t.task), 1);
   st = open_stream(&s, 11, 22);
   cr_assert_eq(receive_split(st, &f, 3, 40), 1);
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
   srv_stop(&s);
   wt_file_free(&f);
 }
@@ -242,13 +242,13 @@ Test(stream, malformed_request_is_invalid_argument, .timeout = 60) {
   ferry_rpc_msg_t msg;
   srv_start(&s, 1 << 20, 1 << 20);
   uint8_t junk[] = {0xff, 0xff};
-  cr_assert_eq(ferry_rpc_stream_open(s.ch, FERRY_METHOD_STREAM_CHUNKS, junk,
-                                     sizeof(junk), -1,
-                                     FERRY_RPC_WAIT_FOR_READY, &st, &err),
+  cr_assert_eq(ferry__rpc_stream_open(s.ch, FERRY_METHOD_STREAM_CHUNKS, junk,
+                                      sizeof(junk), -1,
+                                      FERRY_RPC_WAIT_FOR_READY, &st, &err),
                0);
-  cr_assert_eq(ferry_rpc_stream_next(st, &msg, WAIT_MS, &err),
+  cr_assert_eq(ferry__rpc_stream_next(st, &msg, WAIT_MS, &err),
                FERRY_EGRPC_INVALID_ARGUMENT);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_free(st);
   srv_stop(&s);
 }
 
@@ -291,7 +291,7 @@ static void on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
   uint8_t buf[4096];
   size_t n = ferry__v1__worker_heartbeat_response__pack(&r, buf);
   ferry__v1__worker_heartbeat_request__free_unpacked(m, NULL);
-  ferry_rpc_reply(call, buf, n);
+  ferry__rpc_reply(call, buf, n);
 }
 
 static void fake_done(void *arg) { (void)arg; }
@@ -305,7 +305,7 @@ typedef struct {
 
 static void disp_stop_cb(uv_async_t *a) {
   disp_stop_t *d = a->data;
-  ferry_rpc_server_shutdown(d->disp, fake_done, NULL);
+  ferry__rpc_server_shutdown(d->disp, fake_done, NULL);
   uv_close((uv_handle_t *)a, NULL);
 }
 
@@ -329,14 +329,14 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   ferry_error_t err;
   ferry_rpc_server_t *disp;
   int dport;
-  ferry_rpc_init();
+  ferry__rpc_init();
   cr_assert_eq(uv_loop_init(&s.loop), 0);
-  cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
-  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
-                                         FERRY_RPC_UNARY, on_heartbeat,
-                                         &fake, &err),
+  cr_assert_eq(ferry__rpc_server_new(&s.loop, NULL, &disp, &err), 0);
+  cr_assert_eq(ferry__rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
+                                          FERRY_RPC_UNARY, on_heartbeat, &fake,
+                                          &err),
                0);
-  cr_assert_eq(ferry_rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
+  cr_assert_eq(ferry__rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
   char daddr[64], target[64];
   snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", dport);
 
@@ -353,12 +353,12 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   disp_stop_init(&stop_disp, &s.loop, disp);
   cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &s.ch, &err), 0);
 
   ferry_rpc_stream_t *st = open_stream(&s, 11, 22);
   cr_assert_eq(receive_split(st, &f, 3, 25), 1);
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
   /* The heartbeats after registration carry the id and the result. */
   ferry__wprogress_t p;
   while (atomic_load(&fake.finished) == 0) {
@@ -369,7 +369,7 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   cr_assert_eq(atomic_load(&s.w.worker_id), 42);
   cr_assert_eq(atomic_load(&fake.draining), 0);
 
-  ferry_rpc_channel_free(s.ch);
+  ferry__rpc_channel_free(s.ch);
   ferry__worker_request_stop(&s.w);
   /* The worker's part of the loop ends; the fake keeps it running until
    * the final heartbeat arrived. */
@@ -380,7 +380,7 @@ Test(stream, heartbeat_registers_and_takes_tasks, .timeout = 120) {
   pthread_join(s.thread, NULL);
   cr_assert(ferry__worker_close(&s.w, 1000));
   cr_assert_eq(uv_loop_close(&s.loop), 0);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   wt_file_free(&f);
 }
 
@@ -411,8 +411,8 @@ static void lp_reply(ferry_rpc_call_t *call) {
   uint8_t buf[64];
   r.worker_id = 42;
   r.heartbeat_ms = LP_INTERVAL_MS;
-  ferry_rpc_reply(call, buf, ferry__v1__worker_heartbeat_response__pack(&r,
-                                                                        buf));
+  ferry__rpc_reply(call, buf,
+                   ferry__v1__worker_heartbeat_response__pack(&r, buf));
 }
 
 /* The worker cancelled a held call (or the server stops): answer it. */
@@ -457,8 +457,8 @@ static void lp_on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
     r.n_new_tasks = 1;
     r.new_tasks = tasks;
     lp_first(&f->t_registered, now);
-    ferry_rpc_reply(call, buf,
-                    ferry__v1__worker_heartbeat_response__pack(&r, buf));
+    ferry__rpc_reply(call, buf,
+                     ferry__v1__worker_heartbeat_response__pack(&r, buf));
     return;
   }
   if (draining) {
@@ -472,7 +472,7 @@ static void lp_on_heartbeat(ferry_rpc_call_t *call, const uint8_t *req,
     lp_first(&f->t_listed, now);
   cr_assert_lt(f->nheld, LP_MAX_HELD);
   f->held[f->nheld++] = call;
-  ferry_rpc_call_on_cancel(call, lp_on_cancel, f);
+  ferry__rpc_call_on_cancel(call, lp_on_cancel, f);
 }
 
 /* Waits (bounded) until *t is set; returns it. */
@@ -500,14 +500,14 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   ferry_error_t err;
   ferry_rpc_server_t *disp;
   int dport;
-  ferry_rpc_init();
+  ferry__rpc_init();
   cr_assert_eq(uv_loop_init(&s.loop), 0);
-  cr_assert_eq(ferry_rpc_server_new(&s.loop, NULL, &disp, &err), 0);
-  cr_assert_eq(ferry_rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
-                                         FERRY_RPC_UNARY, lp_on_heartbeat,
-                                         &fake, &err),
+  cr_assert_eq(ferry__rpc_server_new(&s.loop, NULL, &disp, &err), 0);
+  cr_assert_eq(ferry__rpc_server_register(disp, FERRY_METHOD_WORKER_HEARTBEAT,
+                                          FERRY_RPC_UNARY, lp_on_heartbeat,
+                                          &fake, &err),
                0);
-  cr_assert_eq(ferry_rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
+  cr_assert_eq(ferry__rpc_server_start(disp, "127.0.0.1:0", &dport, &err), 0);
   char daddr[64], target[64];
   snprintf(daddr, sizeof(daddr), "127.0.0.1:%d", dport);
 
@@ -526,7 +526,7 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   disp_stop_init(&stop_disp, &s.loop, disp);
   cr_assert_eq(pthread_create(&s.thread, NULL, loop_main, &s), 0);
   snprintf(target, sizeof(target), "127.0.0.1:%d", s.w.port);
-  cr_assert_eq(ferry_rpc_channel_new(target, NULL, &s.ch, &err), 0);
+  cr_assert_eq(ferry__rpc_channel_new(target, NULL, &s.ch, &err), 0);
 
   /* An answer with a new task: the next heartbeat leaves at once (it
    * lists the task), not an interval later. */
@@ -543,12 +543,12 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   int64_t t_fin = lp_wait(&fake.t_finished, 2000, "the finished report");
   cr_assert_lt(t_fin - t_done, 1000);
   cr_assert_geq(atomic_load(&fake.cut), 1, "the held call was cancelled");
-  ferry_rpc_stream_cancel(st);
-  ferry_rpc_stream_free(st);
+  ferry__rpc_stream_cancel(st);
+  ferry__rpc_stream_free(st);
 
   /* Quit cuts the held heartbeat short too: the final one leaves at
    * once. */
-  ferry_rpc_channel_free(s.ch);
+  ferry__rpc_channel_free(s.ch);
   int64_t t_stop = lp_now();
   ferry__worker_request_stop(&s.w);
   cr_assert(ferry__whb_join(&s.w, 3000), "the heartbeat thread exits");
@@ -559,6 +559,6 @@ Test(stream, heartbeats_leave_on_news_not_on_the_interval, .timeout = 120) {
   pthread_join(s.thread, NULL);
   cr_assert(ferry__worker_close(&s.w, 1000));
   cr_assert_eq(uv_loop_close(&s.loop), 0);
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   wt_file_free(&f);
 }

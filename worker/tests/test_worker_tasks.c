@@ -525,9 +525,9 @@ static void jt_file_make(wt_file_t *f) {
   cr_assert_not_null(mkdtemp(f->dir));
   snprintf(f->path, sizeof(f->path), "%s/jpeg.tfrecord", f->dir);
   ferry_tfr_writer_t *w;
-  cr_assert_eq(ferry_tfr_writer_open(f->path, FERRY_COMPRESSION_NONE, &w,
-                                     &err),
-               0, "%s", err.msg);
+  cr_assert_eq(
+      ferry__tfr_writer_open(f->path, FERRY_COMPRESSION_NONE, &w, &err), 0,
+      "%s", err.msg);
   f->n = JT_N;
   f->offsets = calloc(JT_N + 1, sizeof(uint64_t));
   uint64_t off = 0;
@@ -556,19 +556,19 @@ static void jt_file_make(wt_file_t *f) {
     tjFree(jpeg);
     f->offsets[i] = off;
     off += ex.n + 16;
-    cr_assert_eq(ferry_tfr_writer_write(w, ex.p, ex.n, &err), 0);
+    cr_assert_eq(ferry__tfr_writer_write(w, ex.p, ex.n, &err), 0);
   }
   f->offsets[JT_N] = off;
   free(ex.p);
   free(rgb);
   tjDestroy(tj);
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0);
   char text[256];
   snprintf(text, sizeof(text),
            "tfrecord(\"%s\") | decode(jpeg) | random_resized_crop(%d)",
            f->path, JT_OUT);
-  cr_assert_eq(ferry_spec_parse(text, &f->spec, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_spec_pack(&f->spec, &f->spec_bytes, &f->spec_len), 0);
+  cr_assert_eq(ferry__spec_parse(text, &f->spec, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_pack(&f->spec, &f->spec_bytes, &f->spec_len), 0);
 }
 
 /* The payload bytes of every chunk, in order, and their record count. */

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/pipeline.h"
-#include "ferry/spec.h"
-#include "ferry/tfrecord.h"
-#include "ferry/varint.h"
+#include "alloc.h"
+#include "pipeline.h"
+#include "spec.h"
+#include "tfrecord.h"
+#include "varint.h"
 #include "worker.h"
 
 typedef struct {
@@ -34,7 +34,7 @@ static inline void wb_put(wbuf_t *b, const void *data, size_t len) {
 
 static inline void wb_varint(wbuf_t *b, uint64_t v) {
   uint8_t tmp[FERRY_VARINT_MAX];
-  wb_put(b, tmp, ferry_varint_put(tmp, v));
+  wb_put(b, tmp, ferry__varint_put(tmp, v));
 }
 
 static inline void wb_ld(wbuf_t *b, int field, const void *data, size_t len) {
@@ -113,7 +113,7 @@ static inline void wt_file_make(wt_file_t *f, size_t n, ferry_compression_t comp
   snprintf(f->path, sizeof(f->path), "%s/data.tfrecord%s", f->dir,
            comp == FERRY_COMPRESSION_GZIP ? ".gz" : "");
   ferry_tfr_writer_t *w;
-  cr_assert_eq(ferry_tfr_writer_open(f->path, comp, &w, &err), 0, "%s",
+  cr_assert_eq(ferry__tfr_writer_open(f->path, comp, &w, &err), 0, "%s",
                err.msg);
   f->n = n;
   f->offsets = calloc(n + 1, sizeof(uint64_t));
@@ -123,25 +123,25 @@ static inline void wt_file_make(wt_file_t *f, size_t n, ferry_compression_t comp
     wt_example(&ex, i, i == bad_image ? WT_BYTES - 1 : WT_BYTES);
     f->offsets[i] = off;
     off += ex.n + 16;
-    cr_assert_eq(ferry_tfr_writer_write(w, ex.p, ex.n, &err), 0);
+    cr_assert_eq(ferry__tfr_writer_write(w, ex.p, ex.n, &err), 0);
   }
   f->offsets[n] = off;
   free(ex.p);
-  cr_assert_eq(ferry_tfr_writer_close(w, &err), 0);
+  cr_assert_eq(ferry__tfr_writer_close(w, &err), 0);
 
   char text[256];
   snprintf(text, sizeof(text), "tfrecord(\"%s\"%s) | decode(raw, %d, %d, %d)",
            f->path, comp == FERRY_COMPRESSION_GZIP ? ", compression=gzip" : "",
            WT_H, WT_W, WT_C);
-  cr_assert_eq(ferry_spec_parse(text, &f->spec, &err), 0, "%s", err.msg);
-  cr_assert_eq(ferry_spec_pack(&f->spec, &f->spec_bytes, &f->spec_len), 0);
+  cr_assert_eq(ferry__spec_parse(text, &f->spec, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__spec_pack(&f->spec, &f->spec_bytes, &f->spec_len), 0);
 }
 
 static inline void wt_file_free(wt_file_t *f) {
   unlink(f->path);
   rmdir(f->dir);
   free(f->offsets);
-  ferry_spec_close(&f->spec);
+  ferry__spec_close(&f->spec);
   ferry_free(f->spec_bytes);
 }
 
@@ -194,15 +194,15 @@ static inline void wt_expected(const wt_file_t *f, uint64_t i, uint8_t *pixels,
   const uint8_t *pix;
   int h, w, c;
   wt_example(&ex, i, WT_BYTES);
-  cr_assert_eq(ferry_pipeline_new(&f->spec, &p, &err), 0);
-  cr_assert_eq(ferry_pipeline_ctx_new(p, &ctx, &err), 0);
-  cr_assert_eq(ferry_pipeline_process(ctx, ex.p, ex.n, &pix, &h, &w, &c,
-                                      label, &err),
-               0, "%s", err.msg);
+  cr_assert_eq(ferry__pipeline_new(&f->spec, &p, &err), 0);
+  cr_assert_eq(ferry__pipeline_ctx_new(p, &ctx, &err), 0);
+  cr_assert_eq(
+      ferry__pipeline_process(ctx, ex.p, ex.n, &pix, &h, &w, &c, label, &err),
+      0, "%s", err.msg);
   cr_assert_eq(h * w * c, WT_BYTES);
   memcpy(pixels, pix, WT_BYTES);
-  ferry_pipeline_ctx_free(ctx);
-  ferry_pipeline_free(p);
+  ferry__pipeline_ctx_free(ctx);
+  ferry__pipeline_free(p);
   free(ex.p);
 }
 

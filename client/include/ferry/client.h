@@ -311,8 +311,8 @@ typedef struct ferry_client_s ferry_client_t;
  *                  ("dispatcher HOST:PORT unreachable within N ms");
  *   FERRY_EFORKED  this process was forked while a client of its parent
  *                  was open: gRPC cannot run here (start it with spawn).
- * Calls ferry_rpc_tune_malloc once per process. Strings in `opts` are
- * copied. */
+ * Tunes glibc's malloc for gRPC's buffers once per process. Strings in
+ * `opts` are copied. */
 FERRY_API int ferry_client_new(const ferry_client_options_t *opts,
                                ferry_client_t **out, ferry_error_t *err);
 

@@ -102,7 +102,7 @@ FERRY_API void ferry_error_clear(ferry_error_t *err);
 /* The library's own error helpers: in-tree code only, where the build
  * defines FERRY_INTERNAL_HEADERS. */
 #ifdef FERRY_INTERNAL_HEADERS
-#include "ferry/error_internal.h"
+#include "error_internal.h"
 #endif
 
 #endif /* FERRY_ERROR_H */

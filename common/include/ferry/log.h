@@ -41,7 +41,7 @@ FERRY_API void ferry_log_to_stderr(int level, const char *msg, void *userdata);
 /* FERRY_LOG and the logger behind it: in-tree code only, where the build
  * defines FERRY_INTERNAL_HEADERS. */
 #ifdef FERRY_INTERNAL_HEADERS
-#include "ferry/log_internal.h"
+#include "log_internal.h"
 #endif
 
 #endif /* FERRY_LOG_H */

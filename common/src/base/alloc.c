@@ -1,10 +1,10 @@
-#include "ferry/alloc.h"
+#include "alloc.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/pb_alloc.h"
+#include "pb_alloc.h"
 
 /* Each block carries a 16-byte header holding its size, so frees can be
  * accounted without a side table. 16 keeps malloc's alignment. */
@@ -155,7 +155,7 @@ void ferry__alloc_fail_reset(void) {
   atomic_store_explicit(&fail_countdown, -1, memory_order_relaxed);
 }
 
-/* ---- protobuf-c (ferry/pb_alloc.h) --------------------------------------- */
+/* ---- protobuf-c (pb_alloc.h) --------------------------------------- */
 
 /* data: NULL, or a bool set when an allocation fails. */
 static void *pb_alloc(void *data, size_t size) {

@@ -1,4 +1,4 @@
-#include "ferry/clocale.h"
+#include "clocale.h"
 
 #include <pthread.h>
 

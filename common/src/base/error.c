@@ -32,7 +32,7 @@ const char *ferry_err_name(int code) {
   }
 }
 
-int ferry_err_from_errno(int errnum) {
+int ferry__err_from_errno(int errnum) {
   switch (errnum) {
   case ENOMEM: return FERRY_ENOMEM;
   case EINVAL: return FERRY_EINVAL;

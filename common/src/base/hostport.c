@@ -1,12 +1,12 @@
-/* HOST:PORT parsing (ferry/hostport.h). */
-#include "ferry/hostport.h"
+/* HOST:PORT parsing (hostport.h). */
+#include "hostport.h"
 
 #include <ctype.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
-#include "ferry/error_internal.h"
+#include "error_internal.h"
 
 /* The user's text, cut to a length that keeps a message on one line. */
 #define SHOWN "'%.64s%s'"
@@ -29,8 +29,8 @@ static bool host_chars_ok(const char *h, size_t n, bool v6) {
   return true;
 }
 
-int ferry_hostport_parse(const char *s, unsigned flags, char *host,
-                         size_t cap, int *port, ferry_error_t *err) {
+int ferry__hostport_parse(const char *s, unsigned flags, char *host, size_t cap,
+                          int *port, ferry_error_t *err) {
   bool optional = (flags & FERRY_HOSTPORT_PORT_OPTIONAL) != 0;
   const char *want = optional ? "HOST or HOST:PORT" : "HOST:PORT";
   const char *h, *rest;

@@ -1,5 +1,5 @@
-/* Job state and mode names (ferry/job_names.h). */
-#include "ferry/job_names.h"
+/* Job state and mode names (job_names.h). */
+#include "job_names.h"
 
 #include "ferry/v1/dispatcher.pb-c.h"
 

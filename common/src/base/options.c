@@ -1,4 +1,4 @@
-#include "ferry/options.h"
+#include "options.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 
 static const ferry_option_t *find(const ferry_option_t *t, size_t n,
                                   const char *name, size_t len) {
@@ -20,7 +20,7 @@ static int has_bounds(const ferry_option_t *o) {
   return o->min != 0 || o->max != 0;
 }
 
-int ferry_parse_size(const char *s, uint64_t *out) {
+int ferry__parse_size(const char *s, uint64_t *out) {
   char *end;
   double v, mult = 1;
   errno = 0;
@@ -146,7 +146,7 @@ static int set_one(const ferry_option_t *o, void *base, const char *value,
   }
   case FERRY_OPT_SIZE: {
     uint64_t x;
-    if (ferry_parse_size(v, &x) != 0)
+    if (ferry__parse_size(v, &x) != 0)
       return ferry__seterr(err, FERRY_EOPTION,
                            "option '%s': expected a size like 64M, got '%s'",
                            o->name, v);
@@ -209,8 +209,8 @@ static int set_one(const ferry_option_t *o, void *base, const char *value,
                        o->name);
 }
 
-int ferry_options_defaults(const ferry_option_t *t, size_t n, void *base,
-                           ferry_error_t *err) {
+int ferry__options_defaults(const ferry_option_t *t, size_t n, void *base,
+                            ferry_error_t *err) {
   for (size_t i = 0; i < n; i++) {
     const char *def = t[i].def;
     int rc;
@@ -232,18 +232,18 @@ int ferry_options_defaults(const ferry_option_t *t, size_t n, void *base,
   return 0;
 }
 
-int ferry_options_set(const ferry_option_t *t, size_t n, void *base,
-                      const char *name, const char *value,
-                      ferry_error_t *err) {
+int ferry__options_set(const ferry_option_t *t, size_t n, void *base,
+                       const char *name, const char *value,
+                       ferry_error_t *err) {
   const ferry_option_t *o = find(t, n, name, strlen(name));
   if (o == NULL)
     return ferry__seterr(err, FERRY_EOPTION, "unknown option '%s'", name);
   return set_one(o, base, value, err);
 }
 
-int ferry_options_parse_argv(const ferry_option_t *t, size_t n, void *base,
-                             int argc, char **argv, int *n_positional,
-                             ferry_error_t *err) {
+int ferry__options_parse_argv(const ferry_option_t *t, size_t n, void *base,
+                              int argc, char **argv, int *n_positional,
+                              ferry_error_t *err) {
   int npos = 0;
   int only_positional = 0;
 
@@ -305,15 +305,15 @@ static char *trim(char *s) {
   return s;
 }
 
-int ferry_options_parse_file(const ferry_option_t *t, size_t n, void *base,
-                             const char *path, ferry_error_t *err) {
+int ferry__options_parse_file(const ferry_option_t *t, size_t n, void *base,
+                              const char *path, ferry_error_t *err) {
   FILE *f = fopen(path, "r");
   char *line = NULL;
   size_t cap = 0;
   int lineno = 0, rc = 0;
 
   if (f == NULL)
-    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
+    return ferry__seterr(err, ferry__err_from_errno(errno), "%s: %s", path,
                          strerror(errno));
   while (getline(&line, &cap, f) != -1) {
     char *s, *eq, *hash;
@@ -330,7 +330,7 @@ int ferry_options_parse_file(const ferry_option_t *t, size_t n, void *base,
       break;
     }
     *eq = '\0';
-    if ((rc = ferry_options_set(t, n, base, trim(s), trim(eq + 1), err)) !=
+    if ((rc = ferry__options_set(t, n, base, trim(s), trim(eq + 1), err)) !=
         0) {
       ferry__prefixerr(err, "%s:%d", path, lineno);
       break;
@@ -354,7 +354,7 @@ static const char *type_hint(const ferry_option_t *o) {
   return "";
 }
 
-void ferry_options_help(const ferry_option_t *t, size_t n, FILE *out) {
+void ferry__options_help(const ferry_option_t *t, size_t n, FILE *out) {
   for (size_t i = 0; i < n; i++) {
     const ferry_option_t *o = &t[i];
     char flag[64];
@@ -373,7 +373,7 @@ void ferry_options_help(const ferry_option_t *t, size_t n, FILE *out) {
   }
 }
 
-void ferry_options_free(const ferry_option_t *t, size_t n, void *base) {
+void ferry__options_free(const ferry_option_t *t, size_t n, void *base) {
   for (size_t i = 0; i < n; i++) {
     if (t[i].type == FERRY_OPT_STRING || t[i].type == FERRY_OPT_LIST) {
       char **field = (char **)((char *)base + t[i].offset);

@@ -1,5 +1,5 @@
-/* Data roots (see ferry/roots.h). */
-#include "ferry/roots.h"
+/* Data roots (see roots.h). */
+#include "roots.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,9 +12,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 
-int ferry_roots_init(ferry_roots_t *r, const char *list, ferry_error_t *err) {
+int ferry__roots_init(ferry_roots_t *r, const char *list, ferry_error_t *err) {
   memset(r, 0, sizeof(*r));
   if (list == NULL || list[0] == '\0')
     return 0;
@@ -61,7 +61,7 @@ int ferry_roots_init(ferry_roots_t *r, const char *list, ferry_error_t *err) {
   return 0;
 }
 
-void ferry_roots_close(ferry_roots_t *r) {
+void ferry__roots_close(ferry_roots_t *r) {
   for (size_t i = 0; i < r->n; i++) {
     ferry__free(r->dirs[i]);
     close(r->fds[i]);
@@ -71,7 +71,9 @@ void ferry_roots_close(ferry_roots_t *r) {
   memset(r, 0, sizeof(*r));
 }
 
-bool ferry_roots_open(const ferry_roots_t *r) { return r == NULL || r->n == 0; }
+bool ferry__roots_open(const ferry_roots_t *r) {
+  return r == NULL || r->n == 0;
+}
 
 /* The root that the real path `real` is or lies below (-1: none); *rel
  * gets the part of `real` below it ("." for the root itself). */
@@ -165,8 +167,8 @@ static int open_beneath(int dirfd, const char *rel, int flags) {
   return walk_beneath(dirfd, rel, flags);
 }
 
-int ferry_roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
-                          ferry_error_t *err) {
+int ferry__roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
+                           ferry_error_t *err) {
   /* O_NONBLOCK: a FIFO or device named by a spec must not block the
    * thread in open(); callers refuse anything but a regular file. */
   const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
@@ -175,11 +177,11 @@ int ferry_roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
   int i, e;
 
   *fd = -1;
-  if (ferry_roots_open(r)) {
+  if (ferry__roots_open(r)) {
     if ((*fd = open(path, flags)) >= 0)
       return 0;
     e = errno;
-    return ferry__seterr(err, ferry_err_from_errno(e), "%s: open: %s", path,
+    return ferry__seterr(err, ferry__err_from_errno(e), "%s: open: %s", path,
                          strerror(e));
   }
   if (realpath(path, real) == NULL || (i = root_of(r, real, &rel)) < 0)
@@ -198,14 +200,14 @@ int ferry_roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
                          "while it was opened (a symlink appeared in it); "
                          "refused",
                          path, r->dirs[i]);
-  return ferry__seterr(err, ferry_err_from_errno(e), "%s: open: %s", path,
+  return ferry__seterr(err, ferry__err_from_errno(e), "%s: open: %s", path,
                        strerror(e));
 }
 
-int ferry_roots_check(const ferry_roots_t *r, const char *path,
-                      ferry_error_t *err) {
+int ferry__roots_check(const ferry_roots_t *r, const char *path,
+                       ferry_error_t *err) {
   char real[PATH_MAX];
-  if (ferry_roots_open(r))
+  if (ferry__roots_open(r))
     return 0;
   if (realpath(path, real) == NULL || !inside(r, real))
     return ferry__seterr(err, FERRY_EACCES,
@@ -213,10 +215,10 @@ int ferry_roots_check(const ferry_roots_t *r, const char *path,
   return 0;
 }
 
-int ferry_roots_check_pattern(const ferry_roots_t *r, const char *pattern,
-                              ferry_error_t *err) {
+int ferry__roots_check_pattern(const ferry_roots_t *r, const char *pattern,
+                               ferry_error_t *err) {
   char dir[PATH_MAX], real[PATH_MAX];
-  if (ferry_roots_open(r))
+  if (ferry__roots_open(r))
     return 0;
   size_t wild = strcspn(pattern, "*?[{\\");
   size_t cut = 0;

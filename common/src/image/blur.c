@@ -8,7 +8,7 @@
  * imgops_internal.h). No full-image float buffer: the working set is a
  * few dozen float rows, mostly in the L1 cache. The SIMD paths make
  * several output rows per vertical loop (each ring row loaded once). */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include <limits.h>
 #include <math.h>
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "imgops_internal.h"
 
 #define MAX_SIZE 31
@@ -45,7 +45,7 @@ static double shortest_decimal(float f) {
   return (double)f;
 }
 
-void ferry_blur_kernel(int size, float sigma, float *out) {
+void ferry__blur_kernel(int size, float sigma, float *out) {
   /* tfa: x = -size/2..size/2, k = softmax(-x^2 / (2 sigma^2)). TensorFlow
    * evaluates this in float32 with sigma rounded to float; Ferry computes
    * the exact kernel in double for the decimal sigma and rounds each tap
@@ -92,8 +92,8 @@ static int check_size(int size, float sigma) {
   return 0;
 }
 
-int ferry_blur_reference(int size, float sigma, const uint8_t *src,
-                         uint8_t *dst, int h, int w, int c) {
+int ferry__blur_reference(int size, float sigma, const uint8_t *src,
+                          uint8_t *dst, int h, int w, int c) {
   float k[MAX_SIZE], k2[MAX_SIZE][MAX_SIZE];
   int r;
   if (check_size(size, sigma) != 0 || c <= 0 || h <= 0 || w <= 0)
@@ -101,7 +101,7 @@ int ferry_blur_reference(int size, float sigma, const uint8_t *src,
   r = size / 2;
   if (h <= r || w <= r)
     return FERRY_ETOOSMALL;
-  ferry_blur_kernel(size, sigma, k);
+  ferry__blur_kernel(size, sigma, k);
   for (int i = 0; i < size; i++)
     for (int j = 0; j < size; j++)
       k2[i][j] = k[i] * k[j];
@@ -121,8 +121,8 @@ int ferry_blur_reference(int size, float sigma, const uint8_t *src,
   return 0;
 }
 
-int ferry_blur_new(int size, float sigma, ferry_blur_t **out,
-                   ferry_error_t *err) {
+int ferry__blur_new(int size, float sigma, ferry_blur_t **out,
+                    ferry_error_t *err) {
   float k[MAX_SIZE];
   ferry_blur_t *b;
   *out = NULL;
@@ -136,14 +136,14 @@ int ferry_blur_new(int size, float sigma, ferry_blur_t **out,
   b->size = size;
   b->r = size / 2;
   b->sigma = sigma;
-  ferry_blur_kernel(size, sigma, k);
+  ferry__blur_kernel(size, sigma, k);
   for (int i = 0; i <= b->r; i++)
     b->k[i] = k[b->r + i];
   *out = b;
   return 0;
 }
 
-void ferry_blur_free(ferry_blur_t *b) {
+void ferry__blur_free(ferry_blur_t *b) {
   if (b == NULL)
     return;
   ferry__aligned_free(b->ring);
@@ -256,8 +256,8 @@ static int plan_pads(ferry__blur_pad_t *pl, int v, int r, int w, int c) {
   return np;
 }
 
-int ferry_blur_apply(ferry_blur_t *b, const uint8_t *src, uint8_t *dst,
-                     int h, int w, int c, ferry_error_t *err) {
+int ferry__blur_apply(ferry_blur_t *b, const uint8_t *src, uint8_t *dst, int h,
+                      int w, int c, ferry_error_t *err) {
   ferry__blur_job_t jb;
   size_t n16, hoff, rstride, hstride;
   int rc, need = b->r + 1, level, v;

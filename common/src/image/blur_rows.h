@@ -241,7 +241,7 @@ run(const ferry__blur_job_t *jb, const int r, const int cc) {
   }
 }
 
-/* The path's entry for ferry_blur_apply; radius 5 (blur 11) and 2 get
+/* The path's entry for ferry__blur_apply; radius 5 (blur 11) and 2 get
  * copies with the radius known at compile time so the tap loops unroll,
  * and with lane shifts radius 5 on one or three channels one each with
  * the channel count known too. */

@@ -1,5 +1,5 @@
 /* torchvision's crop geometry and antialiased resampling on uint8 HWC
- * images (ferry/crop.h; semantics in docs/TORCHVISION_OPS.md).
+ * images (crop.h; semantics in docs/TORCHVISION_OPS.md).
  *
  * The resampler follows PIL's ImagingResample and ATen's
  * _upsample_bilinear2d_aa (torchvision's antialias=True): per axis, the
@@ -12,13 +12,13 @@
  * in float, the vertical one first (it reads whole contiguous rows, which
  * the compiler vectorises), and the result is rounded once.
  */
-#include "ferry/crop.h"
+#include "crop.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "imgops_internal.h"
 
 #define RESAMPLE_ROWS ferry__resample_rows_scalar
@@ -36,7 +36,7 @@ static uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-uint64_t ferry_crop_key(uint64_t seed, uint64_t epoch, uint64_t record) {
+uint64_t ferry__crop_key(uint64_t seed, uint64_t epoch, uint64_t record) {
   /* A constant of its own so the crop's draws are not the GPU
    * augmentation's (client/src/augment.h) for equal inputs. */
   uint64_t k = mix(seed ^ 0x63726F7052524321ull);
@@ -63,8 +63,8 @@ static int randbelow(uint64_t r, int n) {
  * rounding mode). Values here are far inside int's range. */
 static int pyround(double v) { return (int)nearbyint(v); }
 
-void ferry_rrc_sample(const ferry_rrc_t *p, int h, int w, uint64_t key,
-                      ferry_box_t *out) {
+void ferry__rrc_sample(const ferry_rrc_t *p, int h, int w, uint64_t key,
+                       ferry_box_t *out) {
   double area = (double)h * (double)w;
   double lr0 = log(p->ratio_min), lr1 = log(p->ratio_max);
   for (uint32_t t = 0; t < 10; t++) {
@@ -107,7 +107,7 @@ void ferry_rrc_sample(const ferry_rrc_t *p, int h, int w, uint64_t key,
   out->width = cw;
 }
 
-void ferry_resize_shorter_size(int h, int w, int shorter, int *oh, int *ow) {
+void ferry__resize_shorter_size(int h, int w, int shorter, int *oh, int *ow) {
   int s = w <= h ? w : h, l = w <= h ? h : w;
   /* Python: int(requested_new_short * long / short), a true division in
    * double, then truncation. */
@@ -130,14 +130,14 @@ static int center_off(int n, int c) {
   return pyround((double)(n - c) / 2.0);
 }
 
-void ferry_center_crop_box(int h, int w, int ch, int cw, ferry_box_t *out) {
+void ferry__center_crop_box(int h, int w, int ch, int cw, ferry_box_t *out) {
   out->top = center_off(h, ch);
   out->left = center_off(w, cw);
   out->height = ch;
   out->width = cw;
 }
 
-void ferry_window_of_box(const ferry_box_t *b, ferry_window_t *win) {
+void ferry__window_of_box(const ferry_box_t *b, ferry_window_t *win) {
   win->x = b->left;
   win->y = b->top;
   win->w = b->width;
@@ -145,16 +145,16 @@ void ferry_window_of_box(const ferry_box_t *b, ferry_window_t *win) {
   win->clip = *b;
 }
 
-void ferry_window_resize_center(int h, int w, int shorter, int ch, int cw,
-                                ferry_window_t *win, int *oh, int *ow) {
+void ferry__window_resize_center(int h, int w, int shorter, int ch, int cw,
+                                 ferry_window_t *win, int *oh, int *ow) {
   int nh, nw;
   ferry_box_t b;
-  ferry_resize_shorter_size(h, w, shorter, &nh, &nw);
+  ferry__resize_shorter_size(h, w, shorter, &nh, &nw);
   if (ch <= 0 || cw <= 0) {
     ch = nh;
     cw = nw;
   }
-  ferry_center_crop_box(nh, nw, ch, cw, &b);
+  ferry__center_crop_box(nh, nw, ch, cw, &b);
   double sy = (double)h / (double)nh, sx = (double)w / (double)nw;
   win->x = (double)b.left * sx;
   win->y = (double)b.top * sy;
@@ -182,9 +182,9 @@ void ferry_window_resize_center(int h, int w, int shorter, int ch, int cw,
   *ow = cw;
 }
 
-int ferry_crop_plan(const ferry_crop_op_t *op, int h, int w,
-                    ferry_window_t *win, int *oh, int *ow,
-                    ferry_error_t *err) {
+int ferry__crop_plan(const ferry_crop_op_t *op, int h, int w,
+                     ferry_window_t *win, int *oh, int *ow,
+                     ferry_error_t *err) {
   ferry_box_t b;
   if (h <= 0 || w <= 0)
     return ferry__seterr(err, FERRY_ETOOSMALL, "crop: empty %dx%d image",
@@ -195,8 +195,8 @@ int ferry_crop_plan(const ferry_crop_op_t *op, int h, int w,
       return ferry__seterr(err, FERRY_EINVAL,
                            "random_resized_crop: size %dx%d", op->out_h,
                            op->out_w);
-    ferry_rrc_sample(&op->rrc, h, w, op->key, &b);
-    ferry_window_of_box(&b, win);
+    ferry__rrc_sample(&op->rrc, h, w, op->key, &b);
+    ferry__window_of_box(&b, win);
     *oh = op->out_h;
     *ow = op->out_w;
     return 0;
@@ -206,15 +206,15 @@ int ferry_crop_plan(const ferry_crop_op_t *op, int h, int w,
       return ferry__seterr(err, FERRY_EINVAL,
                            "resize(%d) | center_crop(%d, %d): bad sizes",
                            op->shorter, op->out_h, op->out_w);
-    ferry_window_resize_center(h, w, op->shorter, op->out_h, op->out_w, win,
-                               oh, ow);
+    ferry__window_resize_center(h, w, op->shorter, op->out_h, op->out_w, win,
+                                oh, ow);
     return 0;
   case FERRY_CROP_CENTER:
     if (op->out_h <= 0 || op->out_w <= 0)
       return ferry__seterr(err, FERRY_EINVAL, "center_crop: size %dx%d",
                            op->out_h, op->out_w);
-    ferry_center_crop_box(h, w, op->out_h, op->out_w, &b);
-    ferry_window_of_box(&b, win);
+    ferry__center_crop_box(h, w, op->out_h, op->out_w, &b);
+    ferry__window_of_box(&b, win);
     /* The clip is the box inside the image: the rest of a box larger
      * than the image is zero padding. */
     {
@@ -256,7 +256,7 @@ struct ferry_resampler_s {
   size_t row4_cap;
 };
 
-int ferry_resampler_new(ferry_resampler_t **out, ferry_error_t *err) {
+int ferry__resampler_new(ferry_resampler_t **out, ferry_error_t *err) {
   *out = ferry__calloc(1, sizeof(**out));
   if (*out == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "resample: out of memory");
@@ -269,7 +269,7 @@ static void axis_free(axis_t *a) {
   ferry__free(a->w);
 }
 
-void ferry_resampler_free(ferry_resampler_t *r) {
+void ferry__resampler_free(ferry_resampler_t *r) {
   if (r == NULL)
     return;
   axis_free(&r->ax[0]);
@@ -278,7 +278,6 @@ void ferry_resampler_free(ferry_resampler_t *r) {
   ferry__aligned_free(r->row4);
   ferry__free(r);
 }
-
 
 /* Taps of one axis: window [x, x + len) over n outputs, clip [c0, c1). */
 static int axis_plan(axis_t *a, double x, double len, int n, int c0,
@@ -363,9 +362,9 @@ static void axis_pad(axis_t *a, int n, int c0) {
   a->ntaps = m;
 }
 
-int ferry_resample(ferry_resampler_t *r, const uint8_t *src, int sh, int sw,
-                   size_t stride, int c, const ferry_window_t *win,
-                   uint8_t *dst, int dh, int dw, ferry_error_t *err) {
+int ferry__resample(ferry_resampler_t *r, const uint8_t *src, int sh, int sw,
+                    size_t stride, int c, const ferry_window_t *win,
+                    uint8_t *dst, int dh, int dw, ferry_error_t *err) {
   return ferry__resample_x(r, src, sh, sw, stride, c, c, win, dst, dh, dw,
                            err);
 }

@@ -1,14 +1,14 @@
 /* dilate(3): tf.nn.dilation2d with a zero 3x3xC filter, SAME, stride 1.
  * Out-of-image taps are skipped, which for a max equals replicating the
  * edge: the fast paths rely on that (max is idempotent). */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include "imgops_internal.h"
 
 static inline uint8_t max8(uint8_t a, uint8_t b) { return a > b ? a : b; }
 
-void ferry_dilate3x3_reference(const uint8_t *src, uint8_t *dst, int h,
-                               int w, int c) {
+void ferry__dilate3x3_reference(const uint8_t *src, uint8_t *dst, int h, int w,
+                                int c) {
   for (int y = 0; y < h; y++)
     for (int x = 0; x < w; x++)
       for (int ch = 0; ch < c; ch++) {
@@ -65,7 +65,7 @@ void ferry__dilate3x3_scalar(const uint8_t *src, uint8_t *dst, int h, int w,
   }
 }
 
-void ferry_dilate3x3(const uint8_t *src, uint8_t *dst, int h, int w, int c) {
+void ferry__dilate3x3(const uint8_t *src, uint8_t *dst, int h, int w, int c) {
   if (h <= 0 || w <= 0 || c <= 0)
     return;
   if (ferry__imgops_level() >= FERRY__ISA_AVX2)

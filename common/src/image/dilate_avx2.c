@@ -49,7 +49,7 @@ static inline void max3(const uint8_t *a, const uint8_t *b, const uint8_t *e,
   }
 }
 
-/* Fast path of ferry_dilate3x3 (h, w, c >= 1). */
+/* Fast path of ferry__dilate3x3 (h, w, c >= 1). */
 void ferry__dilate3x3_avx2(const uint8_t *src, uint8_t *dst, int h, int w,
                            int c) {
   uint8_t vbuf[SEG + 2 * MAXC];

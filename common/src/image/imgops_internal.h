@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "crop.h"
 #include "ferry/error.h"
-#include "ferry/crop.h"
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 enum {
   FERRY__ISA_SCALAR = 0,
@@ -17,10 +17,10 @@ enum {
 };
 
 /* The SIMD level the ops use now (detected once, or forced by
- * ferry_imgops_set_isa). */
+ * ferry__imgops_set_isa). */
 int ferry__imgops_level(void);
 
-/* dilate 3x3 paths; same contract as ferry_dilate3x3. */
+/* dilate 3x3 paths; same contract as ferry__dilate3x3. */
 void ferry__dilate3x3_scalar(const uint8_t *src, uint8_t *dst, int h, int w,
                              int c);
 void ferry__dilate3x3_avx2(const uint8_t *src, uint8_t *dst, int h, int w,
@@ -105,14 +105,14 @@ typedef struct ferry__rs_job_s {
 void ferry__resample_rows_scalar(const ferry__rs_job_t *job);
 void ferry__resample_rows_avx2(const ferry__rs_job_t *job);
 
-/* ferry_resample with in_c source channels of which the first out_c are
+/* ferry__resample with in_c source channels of which the first out_c are
  * kept (in_c 4, out_c 3: RGBX from libjpeg to RGB). */
 int ferry__resample_x(ferry_resampler_t *r, const uint8_t *src, int sh,
                       int sw, size_t stride, int in_c, int out_c,
                       const ferry_window_t *win, uint8_t *dst, int dh,
                       int dw, ferry_error_t *err);
 
-/* Test hook: ferry_jpeg_decode with `accurate` != 0 selecting the slow
+/* Test hook: ferry__jpeg_decode with `accurate` != 0 selecting the slow
  * integer DCT (JDCT_ISLOW) instead of TensorFlow's IFAST, so tests can
  * compare pixels with hashes made by other libjpeg-turbo programs. */
 int ferry__jpeg_decode_dct(ferry_jpeg_t *j, const uint8_t *src,

@@ -1,5 +1,5 @@
 /* Run-time choice of the SIMD level used by the image ops. */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -35,7 +35,7 @@ int ferry__imgops_level(void) {
   return l;
 }
 
-const char *ferry_imgops_isa(void) {
+const char *ferry__imgops_isa(void) {
   switch (ferry__imgops_level()) {
   case FERRY__ISA_AVX512:
     return "avx512";
@@ -46,7 +46,7 @@ const char *ferry_imgops_isa(void) {
   }
 }
 
-int ferry_imgops_set_isa(const char *name) {
+int ferry__imgops_set_isa(const char *name) {
   int want;
   if (name == NULL)
     return FERRY_EINVAL;

@@ -1,10 +1,10 @@
 /* tf.io.decode_raw for uint8 images. */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include <string.h>
 
-int ferry_decode_raw(const uint8_t *src, size_t len, int h, int w, int c,
-                     uint8_t *dst, ferry_error_t *err) {
+int ferry__decode_raw(const uint8_t *src, size_t len, int h, int w, int c,
+                      uint8_t *dst, ferry_error_t *err) {
   size_t want;
   if (h <= 0 || w <= 0 || c <= 0)
     return ferry__seterr(err, FERRY_EINVAL,

@@ -13,7 +13,7 @@
  * premature end is truncated; a file with another warning is decoded again
  * without stopping, and is truncated when its marker structure ends
  * before EOI (checked by a small marker walker below). */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -27,8 +27,8 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crop.h"
+#include "alloc.h"
+#include "crop.h"
 #include "imgops_internal.h"
 
 /* TensorFlow refuses images of 2^29 samples or more before decoding
@@ -36,7 +36,7 @@
  * corrupt file can make the decoder write. */
 #define MAX_SAMPLES (1LL << 29)
 
-/* libjpeg's error manager for the fused decode (ferry_jpeg_decode_crop):
+/* libjpeg's error manager for the fused decode (ferry__jpeg_decode_crop):
  * errors longjmp back, warnings are counted (the first one's text and
  * whether the data ran out are kept) and never stop the decode. */
 typedef struct {
@@ -65,7 +65,7 @@ struct ferry_jpeg_s {
   ferry_jpeg_limits_t lim;
 };
 
-int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
+int ferry__jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
   ferry_jpeg_t *j;
   *out = NULL;
   j = ferry__calloc(1, sizeof(*j));
@@ -83,11 +83,11 @@ int ferry_jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
   return 0;
 }
 
-void ferry_jpeg_set_limits(ferry_jpeg_t *j, const ferry_jpeg_limits_t *l) {
+void ferry__jpeg_set_limits(ferry_jpeg_t *j, const ferry_jpeg_limits_t *l) {
   j->lim = *l;
 }
 
-void ferry_jpeg_trim(ferry_jpeg_t *j, size_t keep) {
+void ferry__jpeg_trim(ferry_jpeg_t *j, size_t keep) {
   if (j->region_cap > keep) {
     ferry__free(j->region);
     j->region = NULL;
@@ -100,7 +100,7 @@ void ferry_jpeg_trim(ferry_jpeg_t *j, size_t keep) {
   }
 }
 
-void ferry_jpeg_free(ferry_jpeg_t *j) {
+void ferry__jpeg_free(ferry_jpeg_t *j) {
   if (j == NULL)
     return;
   tjDestroy(j->tj);
@@ -108,7 +108,7 @@ void ferry_jpeg_free(ferry_jpeg_t *j) {
   if (j->have_cinfo)
     jpeg_destroy_decompress(&j->cinfo);
   ferry__free(j->region);
-  ferry_resampler_free(j->rs);
+  ferry__resampler_free(j->rs);
   ferry__free(j);
 }
 
@@ -350,8 +350,8 @@ static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return 0;
 }
 
-int ferry_jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
-                      int *h, int *w, ferry_error_t *err) {
+int ferry__jpeg_header(ferry_jpeg_t *j, const uint8_t *src, size_t len, int *h,
+                       int *w, ferry_error_t *err) {
   int cs;
   return read_header(j, src, len, h, w, &cs, err);
 }
@@ -421,7 +421,7 @@ static int pass_failed(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return 0;
 }
 
-/* Decodes as ferry_jpeg_decode; `accurate` selects ISLOW (tests only). */
+/* Decodes as ferry__jpeg_decode; `accurate` selects ISLOW (tests only). */
 int ferry__jpeg_decode_dct(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                            uint8_t *dst, size_t cap, int *h, int *w,
                            int accurate, ferry_error_t *err) {
@@ -482,14 +482,14 @@ int ferry__jpeg_decode_dct(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return 0;
 }
 
-int ferry_jpeg_decode(ferry_jpeg_t *j, const uint8_t *src, size_t len,
-                      uint8_t *dst, size_t cap, int *h, int *w,
-                      ferry_error_t *err) {
+int ferry__jpeg_decode(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                       uint8_t *dst, size_t cap, int *h, int *w,
+                       ferry_error_t *err) {
   return ferry__jpeg_decode_dct(j, src, len, dst, cap, h, w, 0, err);
 }
 
 /* ---------------------------------------------------------------------
- * The decode fused with a crop and a DCT scale (ferry/crop.h), through
+ * The decode fused with a crop and a DCT scale (crop.h), through
  * libjpeg-turbo's libjpeg API: TurboJPEG 2.1 has no crop or skip. The
  * settings are TurboJPEG's for TJFLAG_FASTDCT (IFAST, fancy upsampling),
  * so at scale 8/8 the pixels libjpeg produces are the full decode's
@@ -497,7 +497,7 @@ int ferry_jpeg_decode(ferry_jpeg_t *j, const uint8_t *src, size_t len,
  * upsampler lacks its neighbour: the region reaches 2 scaled pixels past
  * the clip on each side, so those never reach the filter).
  *
- * The warning policy is ferry_jpeg_decode's: data that ends before the
+ * The warning policy is ferry__jpeg_decode's: data that ends before the
  * image is truncated (the JWRN_JPEG_EOF warning, or the marker walk not
  * reaching EOI: decoding stops after the window's last row, so the walk
  * is what sees a file cut below the window), any other warning is
@@ -524,7 +524,7 @@ static void crop_emit_message(j_common_ptr c, int level) {
 static void crop_output_message(j_common_ptr c) { (void)c; }
 
 static int ensure_cinfo(ferry_jpeg_t *j, ferry_error_t *err) {
-  if (j->rs == NULL && ferry_resampler_new(&j->rs, err) != 0)
+  if (j->rs == NULL && ferry__resampler_new(&j->rs, err) != 0)
     return FERRY_ENOMEM;
   if (j->have_cinfo)
     return 0;
@@ -564,7 +564,7 @@ static int check_out(int oh, int ow, size_t cap, ferry_error_t *err) {
   return 0;
 }
 
-/* The exact path: the full decode (ferry_jpeg_decode), then the
+/* The exact path: the full decode (ferry__jpeg_decode), then the
  * resampler over the plan's window. */
 static int decode_crop_exact(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                              const ferry_crop_op_t *op, uint8_t *dst,
@@ -573,9 +573,9 @@ static int decode_crop_exact(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                              ferry_error_t *err) {
   int h, w, rc;
   ferry_window_t win;
-  if ((rc = ferry_jpeg_header(j, src, len, &h, &w, err)) != 0)
+  if ((rc = ferry__jpeg_header(j, src, len, &h, &w, err)) != 0)
     return rc;
-  if ((rc = ferry_crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
+  if ((rc = ferry__crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
       (rc = check_out(*oh, *ow, cap, err)) != 0)
     return rc;
   if ((long long)h * w * 3 >= MAX_SAMPLES)
@@ -583,11 +583,11 @@ static int decode_crop_exact(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                          "jpeg: image %dx%d is too large (TensorFlow's limit "
                          "is 2^29 samples)", w, h);
   if ((rc = grow_region(j, (size_t)h * (size_t)w * 3, err)) != 0 ||
-      (rc = ferry_jpeg_decode(j, src, len, j->region, j->region_cap, &h, &w,
-                              err)) != 0)
+      (rc = ferry__jpeg_decode(j, src, len, j->region, j->region_cap, &h, &w,
+                               err)) != 0)
     return rc;
-  rc = ferry_resample(j->rs, j->region, h, w, (size_t)w * 3, 3, &win, dst,
-                      *oh, *ow, err);
+  rc = ferry__resample(j->rs, j->region, h, w, (size_t)w * 3, 3, &win, dst, *oh,
+                       *ow, err);
   if (rc != 0)
     return rc;
   if (info != NULL) {
@@ -623,10 +623,10 @@ static int clampi(int v, int lo, int hi) {
   return v < lo ? lo : v > hi ? hi : v;
 }
 
-int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
-                           const ferry_crop_op_t *op, uint8_t *dst,
-                           size_t cap, int *oh, int *ow,
-                           ferry_jpeg_crop_info_t *info, ferry_error_t *err) {
+int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                            const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
+                            int *oh, int *ow, ferry_jpeg_crop_info_t *info,
+                            ferry_error_t *err) {
   struct jpeg_decompress_struct *ci = &j->cinfo;
   crop_err_t *e = &j->cerr;
   ferry_window_t win, rwin;
@@ -638,7 +638,7 @@ int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   *oh = 0;
   *ow = 0;
   if (op->exact) {
-    if (j->rs == NULL && (rc = ferry_resampler_new(&j->rs, err)) != 0)
+    if (j->rs == NULL && (rc = ferry__resampler_new(&j->rs, err)) != 0)
       return rc;
     return decode_crop_exact(j, src, len, op, dst, cap, oh, ow, info, err);
   }
@@ -681,7 +681,7 @@ int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                          "jpeg: image %dx%d is too large (TensorFlow's limit "
                          "is 2^29 samples)", w, h);
   }
-  if ((rc = ferry_crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
+  if ((rc = ferry__crop_plan(op, h, w, &win, oh, ow, err)) != 0 ||
       (rc = check_out(*oh, *ow, cap, err)) != 0) {
     jpeg_abort_decompress(ci);
     return rc;
@@ -785,7 +785,7 @@ int ferry_jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return 0;
 }
 
-void ferry_jpeg_crop_stats(const ferry_jpeg_t *j,
-                           ferry_jpeg_crop_stats_t *out) {
+void ferry__jpeg_crop_stats(const ferry_jpeg_t *j,
+                            ferry_jpeg_crop_stats_t *out) {
   *out = j->stats;
 }

@@ -5,7 +5,7 @@
  * [0, 255]: the nearest uint8 to TF's float, which is what a model would
  * see after tf.cast(tf.round(x), tf.uint8) (plain tf.cast would
  * truncate; rounding halves the error against TF's float output). */
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 #include <math.h>
 
@@ -40,8 +40,8 @@ static inline uint8_t round_u8(float v) {
   return (uint8_t)v;
 }
 
-void ferry_resize_bilinear(const uint8_t *src, int sh, int sw, int c,
-                           uint8_t *dst, int dh, int dw) {
+void ferry__resize_bilinear(const uint8_t *src, int sh, int sw, int c,
+                            uint8_t *dst, int dh, int dw) {
   float ys, xs;
   if (sh <= 0 || sw <= 0 || c <= 0 || dh <= 0 || dw <= 0)
     return;

@@ -1,6 +1,6 @@
 /* Metrics registry and the Prometheus text exposition writer
- * (ferry/metrics.h). */
-#include "ferry/metrics.h"
+ * (metrics.h). */
+#include "metrics.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -11,8 +11,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
-#include "ferry/clocale.h"
+#include "alloc.h"
+#include "clocale.h"
 #include "ferry/error.h"
 
 #define MAX_COLLECTORS 8
@@ -43,13 +43,13 @@ struct ferry_metrics_s {
   size_t n_collectors;
 };
 
-int64_t ferry_metrics_now_ns(void) {
+int64_t ferry__metrics_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-ferry_metrics_t *ferry_metrics_new(void) {
+ferry_metrics_t *ferry__metrics_new(void) {
   ferry_metrics_t *r = ferry__calloc(1, sizeof(*r));
   if (r != NULL)
     pthread_mutex_init(&r->lock, NULL);
@@ -79,7 +79,7 @@ static void free_family(ferry_metric_family_t *f) {
   ferry__free(f);
 }
 
-void ferry_metrics_free(ferry_metrics_t *r) {
+void ferry__metrics_free(ferry_metrics_t *r) {
   if (r == NULL)
     return;
   ferry_metric_family_t *f = r->families;
@@ -94,9 +94,9 @@ void ferry_metrics_free(ferry_metrics_t *r) {
 
 static ferry_metrics_t *default_registry;
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static void default_init(void) { default_registry = ferry_metrics_new(); }
+static void default_init(void) { default_registry = ferry__metrics_new(); }
 
-ferry_metrics_t *ferry_metrics_default(void) {
+ferry_metrics_t *ferry__metrics_default(void) {
   pthread_once(&default_once, default_init);
   return default_registry;
 }
@@ -118,13 +118,10 @@ static bool valid_name(const char *s, size_t n, bool label) {
   return true;
 }
 
-ferry_metric_family_t *ferry_metrics_family(ferry_metrics_t *r,
-                                            ferry_metric_type_t type,
-                                            const char *name,
-                                            const char *help,
-                                            const char *labels, double scale,
-                                            const double *bounds,
-                                            size_t n_bounds) {
+ferry_metric_family_t *
+ferry__metrics_family(ferry_metrics_t *r, ferry_metric_type_t type,
+                      const char *name, const char *help, const char *labels,
+                      double scale, const double *bounds, size_t n_bounds) {
   if (r == NULL || name == NULL || !valid_name(name, strlen(name), false) ||
       n_bounds > FERRY_METRIC_MAX_BUCKETS ||
       (type != FERRY_METRIC_HISTOGRAM && n_bounds > 0))
@@ -184,8 +181,8 @@ ferry_metric_family_t *ferry_metrics_family(ferry_metrics_t *r,
   return f;
 }
 
-ferry_metric_t *ferry_metric_child(ferry_metric_family_t *f,
-                                   const char *const *values) {
+ferry_metric_t *ferry__metric_child(ferry_metric_family_t *f,
+                                    const char *const *values) {
   if (f == NULL)
     return NULL;
   pthread_mutex_lock(&f->lock);
@@ -224,18 +221,18 @@ ferry_metric_t *ferry_metric_child(ferry_metric_family_t *f,
   return m;
 }
 
-ferry_metric_t *ferry_metric_get(ferry_metric_family_t *f) {
+ferry_metric_t *ferry__metric_get(ferry_metric_family_t *f) {
   static const char *const none[1] = {""};
-  return ferry_metric_child(f, none);
+  return ferry__metric_child(f, none);
 }
 
-ferry_metric_t *ferry_metric_get1(ferry_metric_family_t *f,
-                                  const char *value) {
+ferry_metric_t *ferry__metric_get1(ferry_metric_family_t *f,
+                                   const char *value) {
   const char *v[1] = {value};
-  return ferry_metric_child(f, v);
+  return ferry__metric_child(f, v);
 }
 
-void ferry_metric_family_clear(ferry_metric_family_t *f) {
+void ferry__metric_family_clear(ferry_metric_family_t *f) {
   if (f == NULL)
     return;
   pthread_mutex_lock(&f->lock);
@@ -243,7 +240,7 @@ void ferry_metric_family_clear(ferry_metric_family_t *f) {
   pthread_mutex_unlock(&f->lock);
 }
 
-void ferry_metric_set_double(ferry_metric_t *m, double v) {
+void ferry__metric_set_double(ferry_metric_t *m, double v) {
   if (m == NULL)
     return;
   double raw = v / m->family->scale;
@@ -253,10 +250,10 @@ void ferry_metric_set_double(ferry_metric_t *m, double v) {
     raw = 9.2e18;
   if (raw < -9.2e18)
     raw = -9.2e18;
-  ferry_metric_set(m, (int64_t)llround(raw));
+  ferry__metric_set(m, (int64_t)llround(raw));
 }
 
-void ferry_metric_observe(ferry_metric_t *m, int64_t raw) {
+void ferry__metric_observe(ferry_metric_t *m, int64_t raw) {
   if (m == NULL)
     return;
   const ferry_metric_family_t *f = m->family;
@@ -267,8 +264,8 @@ void ferry_metric_observe(ferry_metric_t *m, int64_t raw) {
   atomic_fetch_add_explicit(&m->value, raw, memory_order_relaxed);
 }
 
-int ferry_metrics_add_collector(ferry_metrics_t *r,
-                                ferry_metrics_collect_fn fn, void *arg) {
+int ferry__metrics_add_collector(ferry_metrics_t *r,
+                                 ferry_metrics_collect_fn fn, void *arg) {
   if (r == NULL)
     return FERRY_ENOMEM;
   int rc = 0;
@@ -283,8 +280,8 @@ int ferry_metrics_add_collector(ferry_metrics_t *r,
   return rc;
 }
 
-void ferry_metrics_remove_collector(ferry_metrics_t *r,
-                                    ferry_metrics_collect_fn fn, void *arg) {
+void ferry__metrics_remove_collector(ferry_metrics_t *r,
+                                     ferry_metrics_collect_fn fn, void *arg) {
   if (r == NULL)
     return;
   pthread_mutex_lock(&r->lock);
@@ -422,7 +419,7 @@ static void render_family(buf_t *b, ferry_metric_family_t *f) {
     if (f->type != FERRY_METRIC_HISTOGRAM) {
       series(b, f, m, "", NULL);
       put(b, " ", 1);
-      value(b, f, ferry_metric_raw(m));
+      value(b, f, ferry__metric_raw(m));
       put(b, "\n", 1);
       continue;
     }
@@ -445,7 +442,7 @@ static void render_family(buf_t *b, ferry_metric_family_t *f) {
     }
     series(b, f, m, "_sum", NULL);
     put(b, " ", 1);
-    value(b, f, ferry_metric_raw(m));
+    value(b, f, ferry__metric_raw(m));
     put(b, "\n", 1);
     series(b, f, m, "_count", NULL);
     printf_(b, " %" PRIu64 "\n", cum);
@@ -453,7 +450,7 @@ static void render_family(buf_t *b, ferry_metric_family_t *f) {
   pthread_mutex_unlock(&f->lock);
 }
 
-char *ferry_metrics_render(ferry_metrics_t *r, size_t *len) {
+char *ferry__metrics_render(ferry_metrics_t *r, size_t *len) {
   buf_t b = {0};
   if (r == NULL)
     return NULL;

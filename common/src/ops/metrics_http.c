@@ -1,4 +1,4 @@
-/* The daemons' metrics endpoint on libmicrohttpd (ferry/metrics.h):
+/* The daemons' metrics endpoint on libmicrohttpd (metrics.h):
  * /metrics, /healthz, /readyz on one internal polling thread. Only the
  * daemons link it (ferry-metrics-http in common/CMakeLists.txt), so
  * libferry and the Python package do not depend on libmicrohttpd. */
@@ -13,8 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
-#include "ferry/metrics.h"
+#include "alloc.h"
+#include "metrics.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 /* Scrapers keep one connection each and probes open one at a time, so an
@@ -77,7 +77,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     return reply(conn, MHD_HTTP_NOT_FOUND,
                  "not found: /metrics, /healthz and /readyz exist\n");
   size_t len = 0;
-  char *text = ferry_metrics_render(h->registry, &len);
+  char *text = ferry__metrics_render(h->registry, &len);
   if (text == NULL)
     return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
   struct MHD_Response *resp =
@@ -132,9 +132,9 @@ static int listen_on(const char *host, int port, int *fd_out, bool *v6,
   return 0;
 }
 
-int ferry_metrics_http_start(ferry_metrics_t *r, const char *host, int port,
-                             ferry_metrics_http_t **out, int *bound_port,
-                             ferry_error_t *err) {
+int ferry__metrics_http_start(ferry_metrics_t *r, const char *host, int port,
+                              ferry_metrics_http_t **out, int *bound_port,
+                              ferry_error_t *err) {
   int fd = -1, rc;
   bool v6 = false;
   *out = NULL;
@@ -185,20 +185,20 @@ int ferry_metrics_http_start(ferry_metrics_t *r, const char *host, int port,
   return 0;
 }
 
-void ferry_metrics_http_set_ready(ferry_metrics_http_t *h, bool ready) {
+void ferry__metrics_http_set_ready(ferry_metrics_http_t *h, bool ready) {
   if (h != NULL)
     atomic_store(&h->ready, ready);
 }
 
-void ferry_metrics_http_set_ready_fn(ferry_metrics_http_t *h,
-                                     bool (*fn)(void *arg), void *arg) {
+void ferry__metrics_http_set_ready_fn(ferry_metrics_http_t *h,
+                                      bool (*fn)(void *arg), void *arg) {
   if (h == NULL)
     return;
   h->ready_arg = arg;
   __atomic_store_n(&h->ready_fn, fn, __ATOMIC_RELEASE);
 }
 
-void ferry_metrics_http_stop(ferry_metrics_http_t *h) {
+void ferry__metrics_http_stop(ferry_metrics_http_t *h) {
   if (h == NULL)
     return;
   /* Closes the listening socket and joins the polling thread. */

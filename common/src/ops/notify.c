@@ -1,7 +1,7 @@
-/* sd_notify wrappers (ferry/notify.h). libsystemd does the protocol:
+/* sd_notify wrappers (notify.h). libsystemd does the protocol:
  * $NOTIFY_SOCKET (a path, or @abstract), one datagram per call, with the
  * sender's credentials the manager checks against NotifyAccess=. */
-#include "ferry/notify.h"
+#include "notify.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -37,7 +37,7 @@ static void send_state(const char *what, const char *fmt, va_list ap) {
               sock, strerror(-rc));
 }
 
-void ferry_notify_ready(const char *fmt, ...) {
+void ferry__notify_ready(const char *fmt, ...) {
   char what[64];
   va_list ap;
   snprintf(what, sizeof(what), "READY=1\nMAINPID=%ld", (long)getpid());
@@ -46,14 +46,14 @@ void ferry_notify_ready(const char *fmt, ...) {
   va_end(ap);
 }
 
-void ferry_notify_status(const char *fmt, ...) {
+void ferry__notify_status(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   send_state("", fmt, ap);
   va_end(ap);
 }
 
-void ferry_notify_stopping(const char *fmt, ...) {
+void ferry__notify_stopping(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   send_state("STOPPING=1", fmt, ap);
@@ -68,8 +68,8 @@ static void on_watchdog(uv_timer_t *t) {
               strerror(-rc));
 }
 
-uint64_t ferry_notify_watchdog_start(ferry_notify_watchdog_t *wd,
-                                     uv_loop_t *loop) {
+uint64_t ferry__notify_watchdog_start(ferry_notify_watchdog_t *wd,
+                                      uv_loop_t *loop) {
   uint64_t usec = 0;
   memset(wd, 0, sizeof(*wd));
   int rc = sd_watchdog_enabled(0, &usec);
@@ -99,7 +99,7 @@ uint64_t ferry_notify_watchdog_start(ferry_notify_watchdog_t *wd,
 
 static void on_closed(uv_handle_t *h) { (void)h; }
 
-void ferry_notify_watchdog_stop(ferry_notify_watchdog_t *wd) {
+void ferry__notify_watchdog_stop(ferry_notify_watchdog_t *wd) {
   if (!wd->started)
     return;
   wd->started = false;

@@ -1,17 +1,17 @@
-/* Checkpoint cursors: "FERRYCUR" then a ferry.v1.Cursor (ferry/cursor.h). */
-#include "ferry/cursor.h"
+/* Checkpoint cursors: "FERRYCUR" then a ferry.v1.Cursor (cursor.h). */
+#include "cursor.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/error_internal.h"
-#include "ferry/pb_alloc.h"
+#include "error_internal.h"
 #include "ferry/v1/common.pb-c.h"
+#include "pb_alloc.h"
 
 static const char magic[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'U', 'R'};
 
-int ferry_cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
-                        size_t *len) {
+int ferry__cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
+                         size_t *len) {
   Ferry__V1__Cursor m = FERRY__V1__CURSOR__INIT;
   m.version = FERRY_CURSOR_VERSION;
   m.dataset_id = (char *)cur->dataset_id;
@@ -44,8 +44,8 @@ int ferry_cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
   return 0;
 }
 
-int ferry_cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
-                        ferry_error_t *err) {
+int ferry__cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
+                         ferry_error_t *err) {
   const uint8_t *p = buf;
   memset(cur, 0, sizeof(*cur));
   if (len > FERRY_CURSOR_MAX_BYTES)

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/error_internal.h"
+#include "error_internal.h"
 
 const ferry__lex_syntax_t ferry__lex_pipeline_spec = {
     .blanks = " \t\n\r\f\v",

@@ -1,5 +1,5 @@
 /* The one lexer of Ferry's two little languages: the pipeline spec
- * (ferry/spec.h; grammar in docs/PROTOCOL.md, "Pipeline spec") and the
+ * (spec.h; grammar in docs/PROTOCOL.md, "Pipeline spec") and the
  * augmentation spec (ferry/augment.h). Both have names, numbers and
  * one-byte punctuation between blanks; they differ in a few choices that
  * a ferry__lex_syntax_t makes, one for each language below. Each parser

@@ -2,22 +2,22 @@
  * features, decode, run the image ops in spec order.
  *
  * The compiled pipeline holds copies of what it needs from the spec and is
- * read-only after ferry_pipeline_new, so threads share it. Each thread's
+ * read-only after ferry__pipeline_new, so threads share it. Each thread's
  * ctx owns the mutable state: the Example's feature array, a TurboJPEG
  * handle, one blur object per blur op and two ping-pong pixel buffers that
  * grow to the largest image seen. Once they have grown, a record allocates
  * nothing.
  */
-#include "ferry/pipeline.h"
+#include "pipeline.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crop.h"
-#include "ferry/example.h"
-#include "ferry/imgops.h"
+#include "alloc.h"
+#include "crop.h"
+#include "example.h"
+#include "imgops.h"
 
 /* Pixel buffers are 64-byte aligned for the SIMD paths, with a little
  * slack past the end so vector code may load a full register at the tail. */
@@ -37,7 +37,7 @@ struct ferry_pipeline_s {
   size_t n_ops;
   bool has_resize; /* an op sets the size (the JPEG's may differ) */
   /* The decode fused with the first ops: `fused` ops (0, 1
-   * or 2) run inside ferry_jpeg_decode_crop as `fop` says; the loop runs
+   * or 2) run inside ferry__jpeg_decode_crop as `fop` says; the loop runs
    * the rest. */
   size_t fused;
   ferry_crop_op_t fop;
@@ -55,7 +55,7 @@ struct ferry_pipeline_ctx_s {
   uint8_t *buf[2];
   size_t cap[2];
   int timing;
-  int borrow; /* ferry_pipeline_ctx_set_borrow */
+  int borrow; /* ferry__pipeline_ctx_set_borrow */
   double t[FERRY_STAGE_COUNT];
 };
 
@@ -65,8 +65,8 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
-                       ferry_error_t *err) {
+int ferry__pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
+                        ferry_error_t *err) {
   ferry_pipeline_t *p;
   const char *image_key;
   int h, w, c;
@@ -153,7 +153,7 @@ int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
                              name, i + 1, c);
       if (op->kind == FERRY_OP_RESIZE_SHORTER) {
         if (h > 0)
-          ferry_resize_shorter_size(h, w, op->a, &h, &w);
+          ferry__resize_shorter_size(h, w, op->a, &h, &w);
       } else {
         h = op->a;
         w = op->b;
@@ -175,7 +175,7 @@ int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
     p->label_key = ferry__strdup(spec->label_key);
   if (p->image_key == NULL ||
       (spec->label_key != NULL && p->label_key == NULL)) {
-    ferry_pipeline_free(p);
+    ferry__pipeline_free(p);
     return ferry__seterr(err, FERRY_ENOMEM, "pipeline: out of memory");
   }
   p->format = spec->format;
@@ -226,7 +226,7 @@ int ferry_pipeline_new(const ferry_spec_t *spec, ferry_pipeline_t **out,
   return 0;
 }
 
-void ferry_pipeline_free(ferry_pipeline_t *p) {
+void ferry__pipeline_free(ferry_pipeline_t *p) {
   if (p == NULL)
     return;
   ferry__free(p->image_key);
@@ -234,7 +234,7 @@ void ferry_pipeline_free(ferry_pipeline_t *p) {
   ferry__free(p);
 }
 
-int ferry_pipeline_shape(const ferry_pipeline_t *p, int *h, int *w, int *c) {
+int ferry__pipeline_shape(const ferry_pipeline_t *p, int *h, int *w, int *c) {
   if (p->out_h == 0 || p->out_w == 0)
     return FERRY_ESHAPE;
   *h = p->out_h;
@@ -267,8 +267,8 @@ static int grow(ferry_pipeline_ctx_t *ctx, int i, size_t need,
   return 0;
 }
 
-int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
-                           ferry_pipeline_ctx_t **out, ferry_error_t *err) {
+int ferry__pipeline_ctx_new(const ferry_pipeline_t *p,
+                            ferry_pipeline_ctx_t **out, ferry_error_t *err) {
   ferry_pipeline_ctx_t *ctx;
   int rc;
 
@@ -277,16 +277,16 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
   if (ctx == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "pipeline: out of memory");
   ctx->p = p;
-  ferry_example_init(&ctx->ex);
+  ferry__example_init(&ctx->ex);
   if (p->format == FERRY_IMAGE_JPEG) {
-    rc = ferry_jpeg_new(&ctx->jpeg, err);
+    rc = ferry__jpeg_new(&ctx->jpeg, err);
     if (rc < 0)
       goto fail;
   }
   for (size_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != FERRY_OP_BLUR)
       continue;
-    rc = ferry_blur_new(p->ops[i].a, p->ops[i].sigma, &ctx->blur[i], err);
+    rc = ferry__blur_new(p->ops[i].a, p->ops[i].sigma, &ctx->blur[i], err);
     if (rc < 0)
       goto fail;
   }
@@ -295,7 +295,7 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
     if (k != FERRY_OP_RANDOM_RESIZED_CROP && k != FERRY_OP_RESIZE_SHORTER &&
         k != FERRY_OP_CENTER_CROP)
       continue;
-    if ((rc = ferry_resampler_new(&ctx->rs, err)) < 0)
+    if ((rc = ferry__resampler_new(&ctx->rs, err)) < 0)
       goto fail;
     break;
   }
@@ -321,37 +321,37 @@ int ferry_pipeline_ctx_new(const ferry_pipeline_t *p,
   return 0;
 
 fail:
-  ferry_pipeline_ctx_free(ctx);
+  ferry__pipeline_ctx_free(ctx);
   return rc;
 }
 
-void ferry_pipeline_ctx_free(ferry_pipeline_ctx_t *ctx) {
+void ferry__pipeline_ctx_free(ferry_pipeline_ctx_t *ctx) {
   if (ctx == NULL)
     return;
-  ferry_example_close(&ctx->ex);
-  ferry_jpeg_free(ctx->jpeg);
+  ferry__example_close(&ctx->ex);
+  ferry__jpeg_free(ctx->jpeg);
   for (size_t i = 0; i < FERRY_SPEC_MAX_OPS; i++)
-    ferry_blur_free(ctx->blur[i]);
-  ferry_resampler_free(ctx->rs);
+    ferry__blur_free(ctx->blur[i]);
+  ferry__resampler_free(ctx->rs);
   ferry__aligned_free(ctx->buf[0]);
   ferry__aligned_free(ctx->buf[1]);
   ferry__free(ctx);
 }
 
-void ferry_pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
-                                uint64_t epoch, uint64_t record) {
+void ferry__pipeline_ctx_set_key(ferry_pipeline_ctx_t *ctx, uint64_t seed,
+                                 uint64_t epoch, uint64_t record) {
   ctx->seed = seed;
   ctx->epoch = epoch;
   ctx->record = record;
 }
 
-void ferry_pipeline_ctx_set_jpeg_limits(ferry_pipeline_ctx_t *ctx,
-                                        const ferry_jpeg_limits_t *l) {
+void ferry__pipeline_ctx_set_jpeg_limits(ferry_pipeline_ctx_t *ctx,
+                                         const ferry_jpeg_limits_t *l) {
   if (ctx->jpeg != NULL)
-    ferry_jpeg_set_limits(ctx->jpeg, l);
+    ferry__jpeg_set_limits(ctx->jpeg, l);
 }
 
-void ferry_pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep) {
+void ferry__pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep) {
   for (int i = 0; i < 2; i++)
     if (ctx->cap[i] > keep) {
       ferry__aligned_free(ctx->buf[i]);
@@ -359,39 +359,39 @@ void ferry_pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep) {
       ctx->cap[i] = 0;
     }
   if (ctx->jpeg != NULL)
-    ferry_jpeg_trim(ctx->jpeg, keep);
+    ferry__jpeg_trim(ctx->jpeg, keep);
 }
 
-void ferry_pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
-                                   ferry_jpeg_crop_stats_t *out) {
+void ferry__pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
+                                    ferry_jpeg_crop_stats_t *out) {
   if (ctx->jpeg != NULL)
-    ferry_jpeg_crop_stats(ctx->jpeg, out);
+    ferry__jpeg_crop_stats(ctx->jpeg, out);
   else
     memset(out, 0, sizeof(*out));
 }
 
-ferry_decode_path_t ferry_pipeline_ctx_last_decode(
-    const ferry_pipeline_ctx_t *ctx) {
+ferry_decode_path_t
+ferry__pipeline_ctx_last_decode(const ferry_pipeline_ctx_t *ctx) {
   return ctx->last;
 }
 
 /* The key of op i's draws for the current record: ops differ by index so
  * two random ops of one spec do not draw alike. */
 static uint64_t op_key(const ferry_pipeline_ctx_t *ctx, size_t i) {
-  return ferry_crop_key(ctx->seed, ctx->epoch, ctx->record) ^
+  return ferry__crop_key(ctx->seed, ctx->epoch, ctx->record) ^
          ((uint64_t)i * 0x9E3779B97F4A7C15ull);
 }
 
-void ferry_pipeline_ctx_set_borrow(ferry_pipeline_ctx_t *ctx, int on) {
+void ferry__pipeline_ctx_set_borrow(ferry_pipeline_ctx_t *ctx, int on) {
   ctx->borrow = on;
 }
 
-void ferry_pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on) {
+void ferry__pipeline_ctx_set_timing(ferry_pipeline_ctx_t *ctx, int on) {
   ctx->timing = on != 0;
 }
 
-void ferry_pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
-                              double seconds[FERRY_STAGE_COUNT]) {
+void ferry__pipeline_ctx_times(const ferry_pipeline_ctx_t *ctx,
+                               double seconds[FERRY_STAGE_COUNT]) {
   memcpy(seconds, ctx->t, sizeof(ctx->t));
 }
 
@@ -419,12 +419,12 @@ static int decode_jpeg(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
   /* Try the buffer we have: most datasets have one size, so the header is
    * read once, by the decoder, and the retry below is rare. */
   if (ctx->cap[0] > 0) {
-    rc = ferry_jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h,
-                           w, err);
+    rc = ferry__jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h, w,
+                            err);
     if (rc != FERRY_ERANGE)
       return rc;
   }
-  rc = ferry_jpeg_header(ctx->jpeg, src, len, h, w, err);
+  rc = ferry__jpeg_header(ctx->jpeg, src, len, h, w, err);
   if (rc < 0)
     return rc;
   if (*h <= 0 || *w <= 0 || *h > MAX_SIDE || *w > MAX_SIDE)
@@ -432,8 +432,8 @@ static int decode_jpeg(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
   rc = grow(ctx, 0, (size_t)*h * (size_t)*w * 3, err);
   if (rc < 0)
     return rc;
-  return ferry_jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h,
-                           w, err);
+  return ferry__jpeg_decode(ctx->jpeg, src, len, ctx->buf[0], ctx->cap[0], h, w,
+                            err);
 }
 
 /* The decode fused with the first p->fused ops, into ctx->buf[0]. */
@@ -447,15 +447,15 @@ static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
 
   op.key = op_key(ctx, 0);
   if (ctx->cap[0] > 0) {
-    rc = ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
-                                ctx->cap[0], h, w, &info, err);
+    rc = ferry__jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
+                                 ctx->cap[0], h, w, &info, err);
     if (rc != FERRY_ERANGE)
       goto done;
   }
   /* The output's size: from the header and the plan. */
-  if ((rc = ferry_jpeg_header(ctx->jpeg, src, len, &sh, &sw, err)) < 0)
+  if ((rc = ferry__jpeg_header(ctx->jpeg, src, len, &sh, &sw, err)) < 0)
     return rc;
-  if ((rc = ferry_crop_plan(&op, sh, sw, &win, h, w, err)) < 0)
+  if ((rc = ferry__crop_plan(&op, sh, sw, &win, h, w, err)) < 0)
     return rc;
   if (*h > MAX_SIDE || *w > MAX_SIDE)
     return ferry__seterr(err, FERRY_ETOOSMALL,
@@ -463,8 +463,8 @@ static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
                          op.shorter, sw, sh, *w, *h, MAX_SIDE);
   if ((rc = grow(ctx, 0, (size_t)*h * (size_t)*w * 3, err)) < 0)
     return rc;
-  rc = ferry_jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
-                              ctx->cap[0], h, w, &info, err);
+  rc = ferry__jpeg_decode_crop(ctx->jpeg, src, len, &op, ctx->buf[0],
+                               ctx->cap[0], h, w, &info, err);
 done:
   if (rc == 0)
     ctx->last = info.progressive ? FERRY_DECODE_PROGRESSIVE
@@ -504,7 +504,7 @@ static int crop_op(ferry_pipeline_ctx_t *ctx, size_t i, const uint8_t *cur,
     co.out_w = op->b;
     break;
   }
-  if ((rc = ferry_crop_plan(&co, *ih, *iw, &win, &oh, &ow, err)) < 0)
+  if ((rc = ferry__crop_plan(&co, *ih, *iw, &win, &oh, &ow, err)) < 0)
     return rc;
   if (oh > MAX_SIDE || ow > MAX_SIDE)
     return ferry__seterr(err, FERRY_ETOOSMALL,
@@ -512,8 +512,8 @@ static int crop_op(ferry_pipeline_ctx_t *ctx, size_t i, const uint8_t *cur,
                          op->a, *iw, *ih, ow, oh, MAX_SIDE);
   if ((rc = grow(ctx, dst_i, (size_t)oh * (size_t)ow * (size_t)ic, err)) < 0)
     return rc;
-  rc = ferry_resample(ctx->rs, cur, *ih, *iw, (size_t)*iw * (size_t)ic, ic,
-                      &win, ctx->buf[dst_i], oh, ow, err);
+  rc = ferry__resample(ctx->rs, cur, *ih, *iw, (size_t)*iw * (size_t)ic, ic,
+                       &win, ctx->buf[dst_i], oh, ow, err);
   if (rc < 0)
     return rc;
   *ih = oh;
@@ -521,10 +521,9 @@ static int crop_op(ferry_pipeline_ctx_t *ctx, size_t i, const uint8_t *cur,
   return 0;
 }
 
-int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
-                           size_t len, const uint8_t **pixels, int *h,
-                           int *w, int *c, int64_t *label,
-                           ferry_error_t *err) {
+int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
+                            size_t len, const uint8_t **pixels, int *h, int *w,
+                            int *c, int64_t *label, ferry_error_t *err) {
   const ferry_pipeline_t *p = ctx->p;
   const ferry_feature_t *img, *lab;
   const uint8_t *data, *cur;
@@ -537,29 +536,28 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
     t0 = now();
   ctx->last = FERRY_DECODE_NONE;
 
-  rc = ferry_example_parse(&ctx->ex, record, len, err);
+  rc = ferry__example_parse(&ctx->ex, record, len, err);
   if (rc < 0)
     return rc;
-  img = ferry_example_find(&ctx->ex, p->image_key);
+  img = ferry__example_find(&ctx->ex, p->image_key);
   if (img == NULL)
     return missing_feature(&ctx->ex, p->image_key, err);
   if (img->kind != FERRY_FEATURE_BYTES)
     return ferry__seterr(err, FERRY_EFEATTYPE,
                          "feature '%s' is a %s list, expected bytes",
-                         p->image_key, ferry_feature_kind_name(img->kind));
-  if (img->count == 0 ||
-      ferry_feature_bytes(img, 0, &data, &data_len) < 0)
+                         p->image_key, ferry__feature_kind_name(img->kind));
+  if (img->count == 0 || ferry__feature_bytes(img, 0, &data, &data_len) < 0)
     return ferry__seterr(err, FERRY_ENOFEATURE,
                          "feature '%s' has no value", p->image_key);
   if (p->label_key != NULL) {
-    lab = ferry_example_find(&ctx->ex, p->label_key);
+    lab = ferry__example_find(&ctx->ex, p->label_key);
     if (lab == NULL)
       return missing_feature(&ctx->ex, p->label_key, err);
     if (lab->kind != FERRY_FEATURE_INT64)
       return ferry__seterr(err, FERRY_EFEATTYPE,
                            "feature '%s' is a %s list, expected int64",
-                           p->label_key, ferry_feature_kind_name(lab->kind));
-    if (ferry_feature_int64s(lab, &lv, 1, &n) < 0 || n == 0)
+                           p->label_key, ferry__feature_kind_name(lab->kind));
+    if (ferry__feature_int64s(lab, &lv, 1, &n) < 0 || n == 0)
       return ferry__seterr(err, FERRY_ENOFEATURE,
                            "feature '%s' has no value", p->label_key);
   }
@@ -589,10 +587,10 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       cur = data;
       which = 1;
     } else {
-      /* Grown at ctx_new, but ferry_pipeline_ctx_trim may have freed it. */
+      /* Grown at ctx_new, but ferry__pipeline_ctx_trim may have freed it. */
       if ((rc = grow(ctx, 0, want, err)) < 0)
         return rc;
-      rc = ferry_decode_raw(data, data_len, ih, iw, ic, ctx->buf[0], err);
+      rc = ferry__decode_raw(data, data_len, ih, iw, ic, ctx->buf[0], err);
       if (rc < 0) {
         ferry__prefixerr(err, "feature '%s'", p->image_key);
         return rc;
@@ -658,7 +656,7 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       if ((rc = grow(ctx, dst_i, out_bytes, err)) < 0)
         return rc;
       dst = ctx->buf[dst_i];
-      ferry_resize_bilinear(cur, ih, iw, ic, dst, op->a, op->b);
+      ferry__resize_bilinear(cur, ih, iw, ic, dst, op->a, op->b);
       ih = op->a;
       iw = op->b;
     } else {
@@ -667,11 +665,11 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
       dst = ctx->buf[dst_i];
       t2 = ctx->timing ? now() : 0;
       if (op->kind == FERRY_OP_DILATE) {
-        ferry_dilate3x3(cur, dst, ih, iw, ic);
+        ferry__dilate3x3(cur, dst, ih, iw, ic);
         if (ctx->timing)
           ctx->t[FERRY_STAGE_DILATE] += now() - t2;
       } else {
-        rc = ferry_blur_apply(ctx->blur[i], cur, dst, ih, iw, ic, err);
+        rc = ferry__blur_apply(ctx->blur[i], cur, dst, ih, iw, ic, err);
         if (rc < 0) {
           ferry__prefixerr(err, "blur(%d, %g) on a %dx%d image", op->a,
                            (double)op->sigma, ih, iw);
@@ -687,7 +685,7 @@ int ferry_pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
 
   /* Only identity resizes ran on a raw record: the output is the
    * record's own bytes, handed out as they are when the caller allows it
-   * (ferry_pipeline_ctx_set_borrow), else copied into the ctx. */
+   * (ferry__pipeline_ctx_set_borrow), else copied into the ctx. */
   if (cur == data && !ctx->borrow) {
     if ((rc = grow(ctx, 0, (size_t)ih * (size_t)iw * (size_t)ic, err)) < 0)
       return rc;

@@ -4,18 +4,18 @@
  * bounds are documented in docs/PROTOCOL.md ("Pipeline spec"); keep the
  * two in step.
  */
-#include "ferry/spec.h"
+#include "spec.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crop.h"
+#include "alloc.h"
+#include "crop.h"
 #include "spec_internal.h"
 
-/* The defaults ferry_spec_init puts in: static, so init cannot fail, and
- * ferry_spec_close knows not to free them. */
+/* The defaults ferry__spec_init puts in: static, so init cannot fail, and
+ * ferry__spec_close knows not to free them. */
 char ferry__spec_default_image_key[] = "image";
 char ferry__spec_default_label_key[] = "label";
 
@@ -61,7 +61,7 @@ const char *ferry__spec_text_problem(const char *s) {
  * Init, close, copy, equality.
  */
 
-void ferry_spec_init(ferry_spec_t *spec) {
+void ferry__spec_init(ferry_spec_t *spec) {
   memset(spec, 0, sizeof(*spec));
   spec->compression = FERRY_COMPRESSION_NONE;
   spec->format = FERRY_IMAGE_RAW;
@@ -71,7 +71,7 @@ void ferry_spec_init(ferry_spec_t *spec) {
   spec->repeat = 1;
 }
 
-void ferry_spec_close(ferry_spec_t *spec) {
+void ferry__spec_close(ferry_spec_t *spec) {
   size_t i;
   if (spec == NULL)
     return;
@@ -82,7 +82,7 @@ void ferry_spec_close(ferry_spec_t *spec) {
   }
   ferry__spec_free_key(spec->image_key);
   ferry__spec_free_key(spec->label_key);
-  ferry_spec_init(spec);
+  ferry__spec_init(spec);
 }
 
 static bool str_eq(const char *a, const char *b) {
@@ -113,7 +113,7 @@ static bool op_eq(const ferry_image_op_t *a, const ferry_image_op_t *b) {
   return false;
 }
 
-bool ferry_spec_equal(const ferry_spec_t *a, const ferry_spec_t *b) {
+bool ferry__spec_equal(const ferry_spec_t *a, const ferry_spec_t *b) {
   size_t i;
   if (a->n_patterns != b->n_patterns || a->compression != b->compression ||
       a->format != b->format || a->height != b->height ||
@@ -147,7 +147,7 @@ int ferry__spec_dup_key(const char *s, char **out) {
   return *out != NULL ? 0 : FERRY_ENOMEM;
 }
 
-int ferry_spec_copy(ferry_spec_t *dst, const ferry_spec_t *src) {
+int ferry__spec_copy(ferry_spec_t *dst, const ferry_spec_t *src) {
   size_t i;
   *dst = *src;
   /* Until each is copied, the pointers are ones close may free. */
@@ -173,12 +173,12 @@ int ferry_spec_copy(ferry_spec_t *dst, const ferry_spec_t *src) {
     goto oom;
   return 0;
 oom:
-  ferry_spec_close(dst);
+  ferry__spec_close(dst);
   return FERRY_ENOMEM;
 }
 
 /* ---------------------------------------------------------------------
- * Validation. Shared by ferry_spec_validate, the parser (which passes
+ * Validation. Shared by ferry__spec_validate, the parser (which passes
  * the stage positions so that messages carry a column) and unpack.
  */
 
@@ -382,7 +382,7 @@ int ferry__spec_validate_impl(const ferry_spec_t *s, const parser *p,
                         "1..%d, found %d",
                         at, i + 1, MAX_RESIZE_DIM, op->a);
       if (h != 0) {
-        ferry_resize_shorter_size(h, w, op->a, &h, &w);
+        ferry__resize_shorter_size(h, w, op->a, &h, &w);
         if ((rc = check_bytes(p, sp->ops[i], "resize", (uint64_t)h,
                               (uint64_t)w, (uint64_t)c, err)) != 0)
           return rc;
@@ -412,7 +412,7 @@ int ferry__spec_validate_impl(const ferry_spec_t *s, const parser *p,
   return 0;
 }
 
-int ferry_spec_validate(const ferry_spec_t *spec, ferry_error_t *err) {
+int ferry__spec_validate(const ferry_spec_t *spec, ferry_error_t *err) {
   if (spec == NULL)
     return ferry__seterr(err, FERRY_EINVAL, "spec: NULL");
   return ferry__spec_validate_impl(spec, NULL, NULL, err);
@@ -422,8 +422,7 @@ int ferry_spec_validate(const ferry_spec_t *spec, ferry_error_t *err) {
  * Output shape and file expansion.
  */
 
-int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w,
-                            int *c) {
+int ferry__spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c) {
   int hh = spec->height, ww = spec->width;
   size_t i;
   for (i = 0; i < spec->n_ops && i < FERRY_SPEC_MAX_OPS; i++) {
@@ -434,7 +433,7 @@ int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w,
       hh = op->a;
       ww = op->b;
     } else if (op->kind == FERRY_OP_RESIZE_SHORTER && hh > 0 && ww > 0) {
-      ferry_resize_shorter_size(hh, ww, op->a, &hh, &ww);
+      ferry__resize_shorter_size(hh, ww, op->a, &hh, &ww);
     }
   }
   if (hh <= 0 || ww <= 0)

@@ -1,8 +1,8 @@
 /* A spec's file patterns expanded to the sorted list of files
- * (ferry_spec_expand_files): the only part of the spec that touches the
+ * (ferry__spec_expand_files): the only part of the spec that touches the
  * file system.
  */
-#include "ferry/spec.h"
+#include "spec.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "spec_internal.h"
 
 /* glob(3)'s error callback has no user pointer: the failure is kept per
@@ -30,7 +30,7 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-void ferry_spec_free_files(char **files, size_t n) {
+void ferry__spec_free_files(char **files, size_t n) {
   size_t i;
   if (files == NULL)
     return;
@@ -39,8 +39,8 @@ void ferry_spec_free_files(char **files, size_t n) {
   ferry__free(files);
 }
 
-int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
-                            size_t *n, ferry_error_t *err) {
+int ferry__spec_expand_files(const ferry_spec_t *spec, char ***files, size_t *n,
+                             ferry_error_t *err) {
   char **out = NULL;
   size_t cnt = 0, cap = 0, i, j;
   int rc = 0;
@@ -71,7 +71,7 @@ int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
                          "tfrecord: out of memory expanding '%.300s'", pat);
     } else if (grc != 0) {
       int e = glob_errno ? glob_errno : EIO;
-      rc = ferry__seterr(err, ferry_err_from_errno(e),
+      rc = ferry__seterr(err, ferry__err_from_errno(e),
                          "tfrecord: cannot read directory '%s' while "
                          "expanding '%.200s': %s",
                          glob_errpath, pat, strerror(e));
@@ -107,7 +107,7 @@ int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
     globfree(&g);
   }
   if (rc != 0) {
-    ferry_spec_free_files(out, cnt);
+    ferry__spec_free_files(out, cnt);
     return rc;
   }
   /* Byte order, not the locale's collation: the file list numbers the

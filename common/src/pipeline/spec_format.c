@@ -1,15 +1,15 @@
-/* The pipeline spec's canonical text (ferry_spec_format): what
- * ferry_spec_parse reads back to an equal spec.
+/* The pipeline spec's canonical text (ferry__spec_format): what
+ * ferry__spec_parse reads back to an equal spec.
  */
-#include "ferry/spec.h"
+#include "spec.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/clocale.h"
+#include "alloc.h"
+#include "clocale.h"
 #include "spec_internal.h"
 
 /* ---------------------------------------------------------------------
@@ -78,7 +78,7 @@ static void format_float(float f, char *out, size_t cap) {
   ferry__c_locale_leave(old);
 }
 
-int ferry_spec_format(const ferry_spec_t *spec, char **out) {
+int ferry__spec_format(const ferry_spec_t *spec, char **out) {
   static const char *const comp[] = {"none", "gzip", "zlib", "auto"};
   sbuf b = {0};
   size_t i;

@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error_internal.h"
 #include "ferry/error.h"
-#include "ferry/error_internal.h"
-#include "ferry/spec.h"
 #include "lex.h"
+#include "spec.h"
 
 #define DEFAULT_SHUFFLE_BUFFER 10000u
 #define MAX_SHUFFLE_BUFFER 100000000
@@ -32,8 +32,8 @@
 #define MIN_RATIO 0.01
 #define MAX_RATIO 100.0
 
-/* The defaults ferry_spec_init puts in: static storage, so init cannot
- * fail, and ferry_spec_close knows not to free them. */
+/* The defaults ferry__spec_init puts in: static storage, so init cannot
+ * fail, and ferry__spec_close knows not to free them. */
 extern char ferry__spec_default_image_key[];
 extern char ferry__spec_default_label_key[];
 
@@ -72,7 +72,7 @@ const char *ferry__spec_loc(const parser *p, size_t pos, locbuf *b);
 /* FERRY_ESPEC with the message; returns the code. */
 int ferry__spec_err(ferry_error_t *err, const char *fmt, ...)
     FERRY_PRINTF(2, 3);
-/* Validation shared by ferry_spec_validate, the parser (p and pos give
+/* Validation shared by ferry__spec_validate, the parser (p and pos give
  * messages a column; NULL without) and unpack. */
 int ferry__spec_validate_impl(const ferry_spec_t *s, const parser *p,
                               const stage_pos *pos, ferry_error_t *err);

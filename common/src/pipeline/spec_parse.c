@@ -1,15 +1,15 @@
-/* The pipeline spec's text form: the parser (ferry_spec_parse), over the
+/* The pipeline spec's text form: the parser (ferry__spec_parse), over the
  * lexer the augmentation spec shares (lex.h). The grammar is in
  * docs/PROTOCOL.md ("Pipeline spec").
  */
-#include "ferry/spec.h"
+#include "spec.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/clocale.h"
+#include "alloc.h"
+#include "clocale.h"
 #include "spec_internal.h"
 
 /* ---------------------------------------------------------------------
@@ -742,8 +742,8 @@ static int check_order(parser *p, stage_id id, const bool *seen,
   return 0;
 }
 
-int ferry_spec_parse(const char *text, ferry_spec_t *spec,
-                     ferry_error_t *err) {
+int ferry__spec_parse(const char *text, ferry_spec_t *spec,
+                      ferry_error_t *err) {
   parser p = {.text = text, .err = err};
   stage_pos sp;
   bool seen[ST_COUNT] = {false};
@@ -752,7 +752,7 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec,
 
   if (spec == NULL || text == NULL)
     return ferry__seterr(err, FERRY_EINVAL, "spec parse: NULL argument");
-  ferry_spec_init(spec);
+  ferry__spec_init(spec);
   memset(&sp, 0, sizeof(sp));
   if ((rc = lex(&p, 0, &p.tok)) != 0)
     goto fail;
@@ -816,6 +816,6 @@ int ferry_spec_parse(const char *text, ferry_spec_t *spec,
     goto fail;
   return 0;
 fail:
-  ferry_spec_close(spec);
+  ferry__spec_close(spec);
   return rc;
 }

@@ -1,13 +1,13 @@
 /* The pipeline spec's protobuf form (ferry.v1.PipelineSpec: pack,
  * unpack) and its fingerprint.
  */
-#include "ferry/spec.h"
+#include "spec.h"
 
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/pb_alloc.h"
+#include "alloc.h"
 #include "ferry/v1/common.pb-c.h"
+#include "pb_alloc.h"
 #include "spec_internal.h"
 
 /* ---------------------------------------------------------------------
@@ -125,7 +125,7 @@ static void build_msg(const ferry_spec_t *s, pb_spec *m) {
   m->msg.repeat = s->repeat;
 }
 
-int ferry_spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len) {
+int ferry__spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len) {
   pb_spec m;
   size_t n;
   uint8_t *buf;
@@ -322,8 +322,8 @@ static int from_msg(const Ferry__V1__PipelineSpec *m, ferry_spec_t *s,
   return ferry__spec_validate_impl(s, NULL, NULL, err);
 }
 
-int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
-                      ferry_error_t *err) {
+int ferry__spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
+                       ferry_error_t *err) {
   bool oom = false;
   ProtobufCAllocator a = ferry__pb_allocator_noting(&oom);
   Ferry__V1__PipelineSpec *m;
@@ -331,7 +331,7 @@ int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
 
   if (spec == NULL || (buf == NULL && len > 0))
     return ferry__seterr(err, FERRY_EINVAL, "spec unpack: NULL argument");
-  ferry_spec_init(spec);
+  ferry__spec_init(spec);
   m = ferry__v1__pipeline_spec__unpack(&a, len, buf);
   if (m == NULL) {
     if (oom)
@@ -345,7 +345,7 @@ int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
     ferry__seterr(err, rc, "out of memory unpacking the spec");
   ferry__v1__pipeline_spec__free_unpacked(m, &a);
   if (rc != 0)
-    ferry_spec_close(spec);
+    ferry__spec_close(spec);
   return rc;
 }
 
@@ -372,7 +372,7 @@ static void hash_append(ProtobufCBuffer *b, size_t len,
   hb->h = h;
 }
 
-uint64_t ferry_spec_fingerprint(const ferry_spec_t *spec) {
+uint64_t ferry__spec_fingerprint(const ferry_spec_t *spec) {
   pb_spec m;
   hash_buffer hb = {{hash_append}, 0xcbf29ce484222325ull};
   uint64_t h;

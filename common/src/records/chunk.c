@@ -1,4 +1,4 @@
-/* The Chunk contract (ferry/chunk.h): the header encoder and the
+/* The Chunk contract (chunk.h): the header encoder and the
  * zero-copy parser of ferry.v1.Chunk.
  *
  * Encoder: writes what protobuf-c's pack writes for the same message, in
@@ -12,12 +12,12 @@
  * copied bytes, so the payload (the bulk of the message) is located but
  * never touched here.
  */
-#include "ferry/chunk.h"
+#include "chunk.h"
 
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/varint.h"
+#include "alloc.h"
+#include "varint.h"
 
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
@@ -28,18 +28,18 @@ enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 static size_t packed_body_len(const int64_t *v, size_t n) {
   size_t len = 0;
   for (size_t i = 0; i < n; i++)
-    len += ferry_varint_len((uint64_t)v[i]);
+    len += ferry__varint_len((uint64_t)v[i]);
   return len;
 }
 
 /* A varint field when v != 0 (tags of fields 1-15 take one byte). */
 static size_t varint_field_len(uint64_t v) {
-  return v != 0 ? 1 + ferry_varint_len(v) : 0;
+  return v != 0 ? 1 + ferry__varint_len(v) : 0;
 }
 
 /* A length-delimited field of body length len when len != 0. */
 static size_t len_field_len(size_t len) {
-  return len != 0 ? 1 + ferry_varint_len(len) + len : 0;
+  return len != 0 ? 1 + ferry__varint_len(len) + len : 0;
 }
 
 /* int32 values are sign-extended to 64 bits on the wire. */
@@ -49,7 +49,7 @@ static size_t error_len(const ferry_chunk_t *ch) {
   return ch->error != NULL ? strlen(ch->error) : 0;
 }
 
-size_t ferry_chunk_header_size(const ferry_chunk_t *ch) {
+size_t ferry__chunk_header_size(const ferry_chunk_t *ch) {
   size_t n = 0;
   n += varint_field_len(ch->job_id);
   n += varint_field_len(ch->epoch);
@@ -66,11 +66,11 @@ size_t ferry_chunk_header_size(const ferry_chunk_t *ch) {
   n += varint_field_len(int32_wire(ch->error_code));
   n += len_field_len(error_len(ch));
   if (ch->payload_len > 0)
-    n += 1 + ferry_varint_len(ch->payload_len);
+    n += 1 + ferry__varint_len(ch->payload_len);
   return n;
 }
 
-size_t ferry_chunk_header_bound(size_t n_records, size_t error_len) {
+size_t ferry__chunk_header_bound(size_t n_records, size_t error_len) {
   /* Nine scalars of at most 10 bytes plus a tag each, last, error_code,
    * then three length-delimited fields (labels, ids, error) and the
    * payload's tag and length: 11 bytes of tag and length each. */
@@ -82,7 +82,7 @@ static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
   if (v == 0)
     return 0;
   p[0] = (uint8_t)TAG(field, WT_VARINT);
-  return 1 + ferry_varint_put(p + 1, v);
+  return 1 + ferry__varint_put(p + 1, v);
 }
 
 static size_t put_packed(uint8_t *p, unsigned field, const int64_t *v,
@@ -92,16 +92,16 @@ static size_t put_packed(uint8_t *p, unsigned field, const int64_t *v,
     return 0;
   size_t k = 0;
   p[k++] = (uint8_t)TAG(field, WT_LEN);
-  k += ferry_varint_put(p + k, body);
+  k += ferry__varint_put(p + k, body);
   for (size_t i = 0; i < n; i++)
-    k += ferry_varint_put(p + k, (uint64_t)v[i]);
+    k += ferry__varint_put(p + k, (uint64_t)v[i]);
   return k;
 }
 
-int ferry_chunk_encode(const ferry_chunk_t *ch, const void *payload,
-                       uint8_t *hdr, size_t cap,
-                       ferry_chunk_piece_t out[FERRY_CHUNK_MAX_PIECES]) {
-  if (ferry_chunk_header_size(ch) > cap)
+int ferry__chunk_encode(const ferry_chunk_t *ch, const void *payload,
+                        uint8_t *hdr, size_t cap,
+                        ferry_chunk_piece_t out[FERRY_CHUNK_MAX_PIECES]) {
+  if (ferry__chunk_header_size(ch) > cap)
     return FERRY_ERANGE;
   size_t k = 0;
   k += put_varint_field(hdr + k, FERRY_CHUNK_JOB_ID, ch->job_id);
@@ -121,13 +121,13 @@ int ferry_chunk_encode(const ferry_chunk_t *ch, const void *payload,
   size_t elen = error_len(ch);
   if (elen > 0) {
     hdr[k++] = (uint8_t)TAG(FERRY_CHUNK_ERROR, WT_LEN);
-    k += ferry_varint_put(hdr + k, elen);
+    k += ferry__varint_put(hdr + k, elen);
     memcpy(hdr + k, ch->error, elen);
     k += elen;
   }
   if (ch->payload_len > 0) {
     hdr[k++] = (uint8_t)TAG(FERRY_CHUNK_PAYLOAD, WT_LEN);
-    k += ferry_varint_put(hdr + k, ch->payload_len);
+    k += ferry__varint_put(hdr + k, ch->payload_len);
   }
   out[0].ptr = hdr;
   out[0].len = k;
@@ -154,18 +154,18 @@ static size_t bytes_copy(const ferry_chunk_src_t *src, size_t off,
   return n;
 }
 
-void ferry_chunk_src_bytes(ferry_chunk_src_t *src, const void *buf,
-                           size_t len) {
+void ferry__chunk_src_bytes(ferry_chunk_src_t *src, const void *buf,
+                            size_t len) {
   src->len = len;
   src->copy = bytes_copy;
   src->ctx = buf;
 }
 
-void ferry_chunk_parser_init(ferry_chunk_parser_t *p) {
+void ferry__chunk_parser_init(ferry_chunk_parser_t *p) {
   memset(p, 0, sizeof(*p));
 }
 
-void ferry_chunk_parser_close(ferry_chunk_parser_t *p) {
+void ferry__chunk_parser_close(ferry_chunk_parser_t *p) {
   ferry__free(p->win);
   ferry__free(p->labels);
   ferry__free(p->ids);
@@ -217,7 +217,7 @@ static int read_varint(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
   int rc = need(p, src, *pos, n, &b, err);
   if (rc != 0)
     return rc;
-  int k = ferry_varint_get(b, b + n, FERRY_VARINT_MAX, v);
+  int k = ferry__varint_get(b, b + n, FERRY_VARINT_MAX, v);
   if (k <= 0)
     return ferry__seterr(err, FERRY_EVARINT, "chunk: byte offset %zu: %s",
                          *pos, k == 0 ? "varint past the end" : "bad varint");
@@ -243,7 +243,7 @@ static int read_packed(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
   size_t i = 0;
   while (i < len) {
     uint64_t x;
-    int k = ferry_varint_get(b + i, b + len, FERRY_VARINT_MAX, &x);
+    int k = ferry__varint_get(b + i, b + len, FERRY_VARINT_MAX, &x);
     if (k <= 0)
       return ferry__seterr(err, FERRY_EVARINT,
                            "chunk: byte offset %zu: bad packed varint",
@@ -305,8 +305,8 @@ static int check_shape(const ferry_chunk_t *out, ferry_error_t *err) {
   return 0;
 }
 
-int ferry_chunk_parse(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
-                      ferry_chunk_t *out, ferry_error_t *err) {
+int ferry__chunk_parse(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
+                       ferry_chunk_t *out, ferry_error_t *err) {
   size_t pos = 0, n_labels = 0, n_ids = 0;
   int rc;
   memset(out, 0, sizeof(*out));

@@ -1,6 +1,6 @@
 /* CRC-32C: the portable slicing-by-8 implementation and the run-time
  * choice between it and the SSE4.2 paths in crc32c_sse42.c. */
-#include "ferry/crc32c.h"
+#include "crc32c.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -58,7 +58,7 @@ uint32_t ferry__crc32c_portable(uint32_t crc, const void *buf, size_t len) {
   return ~c;
 }
 
-int ferry_crc32c_have_hw(void) {
+int ferry__crc32c_have_hw(void) {
   __builtin_cpu_init();
   return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul");
 }
@@ -73,7 +73,7 @@ static uint32_t resolve(uint32_t crc, const void *buf, size_t len);
 static _Atomic(crc_fn) impl = resolve;
 
 static crc_fn choose(void) {
-  return ferry_crc32c_have_hw() ? ferry__crc32c_hw3 : ferry__crc32c_portable;
+  return ferry__crc32c_have_hw() ? ferry__crc32c_hw3 : ferry__crc32c_portable;
 }
 
 static uint32_t resolve(uint32_t crc, const void *buf, size_t len) {
@@ -82,10 +82,10 @@ static uint32_t resolve(uint32_t crc, const void *buf, size_t len) {
   return f(crc, buf, len);
 }
 
-uint32_t ferry_crc32c(uint32_t crc, const void *buf, size_t len) {
+uint32_t ferry__crc32c(uint32_t crc, const void *buf, size_t len) {
   return atomic_load_explicit(&impl, memory_order_relaxed)(crc, buf, len);
 }
 
-const char *ferry_crc32c_impl(void) {
+const char *ferry__crc32c_impl(void) {
   return choose() == ferry__crc32c_hw3 ? "sse42x3" : "portable";
 }

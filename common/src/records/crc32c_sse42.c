@@ -1,6 +1,6 @@
 /* CRC-32C with the SSE4.2 crc32 instruction. Compiled with -msse4.2
  * -mpclmul (see common/CMakeLists.txt); callers check
- * ferry_crc32c_have_hw() first.
+ * ferry__crc32c_have_hw() first.
  *
  * The instruction has a 3-cycle latency and a 1-cycle throughput, so one
  * dependent chain runs at a third of the unit's speed. ferry__crc32c_hw3
@@ -8,7 +8,7 @@
  * them: with the raw (uninverted) register, crc(A || B) = crc(A) * x^(8|B|)
  * + crc(B) mod P, and the multiplication by the constant x^(8n) is one
  * carry-less multiply followed by a crc32 of the 64-bit product. */
-#include "ferry/crc32c.h"
+#include "crc32c.h"
 
 #include <nmmintrin.h>
 #include <pthread.h>

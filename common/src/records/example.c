@@ -25,7 +25,7 @@
  * enclosing message, or a packed float list whose length is not a multiple
  * of 4, is FERRY_EOVERRUN at the field's tag.
  */
-#include "ferry/example.h"
+#include "example.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -33,8 +33,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/varint.h"
+#include "alloc.h"
+#include "varint.h"
 
 enum {
   WT_VARINT = 0,
@@ -166,7 +166,7 @@ static inline int next_field(const walk_t *w, level_t level,
   int k;
 
   f->tag = p;
-  k = ferry_varint_get(p, end, 5, &v);
+  k = ferry__varint_get(p, end, 5, &v);
   if (k <= 0) {
     if (k == 0)
       return fail(w, FERRY_EVARINT, p, level, 0,
@@ -186,7 +186,7 @@ static inline int next_field(const walk_t *w, level_t level,
   /* An if-chain, most frequent wire type first: a switch compiles to an
    * indirect jump that mispredicts on every record. */
   if (f->wire == WT_LEN) {
-    k = ferry_varint_get(p, end, 5, &v);
+    k = ferry__varint_get(p, end, 5, &v);
     if (k <= 0) {
       if (k == 0)
         return fail(w, FERRY_EVARINT, p, level, f->num,
@@ -207,7 +207,7 @@ static inline int next_field(const walk_t *w, level_t level,
     f->body = p;
     f->len = (size_t)v;
   } else if (f->wire == WT_VARINT) {
-    k = ferry_varint_get(p, end, 10, &v);
+    k = ferry__varint_get(p, end, 10, &v);
     if (k <= 0) {
       if (k == 0)
         return fail(w, FERRY_EVARINT, p, level, f->num,
@@ -529,21 +529,21 @@ static int parse_features(ferry_example_t *ex, walk_t *w, const uint8_t *body,
   return 0;
 }
 
-void ferry_example_init(ferry_example_t *ex) {
+void ferry__example_init(ferry_example_t *ex) {
   ex->features = NULL;
   ex->n = 0;
   ex->cap = 0;
 }
 
-void ferry_example_close(ferry_example_t *ex) {
+void ferry__example_close(ferry_example_t *ex) {
   if (ex == NULL)
     return;
   ferry__free(ex->features);
-  ferry_example_init(ex);
+  ferry__example_init(ex);
 }
 
-int ferry_example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
-                        ferry_error_t *err) {
+int ferry__example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
+                         ferry_error_t *err) {
   walk_t w = {buf, err, 0, FERRY_FEATURE_NONE};
   const uint8_t *p = buf;
   const uint8_t *end;
@@ -574,8 +574,8 @@ int ferry_example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
   return rc;
 }
 
-const ferry_feature_t *ferry_example_find(const ferry_example_t *ex,
-                                          const char *key) {
+const ferry_feature_t *ferry__example_find(const ferry_example_t *ex,
+                                           const char *key) {
   size_t len;
   size_t i;
 
@@ -604,8 +604,8 @@ static int next_list_field(const uint8_t **pp, const uint8_t *end,
   return next_field(&quiet, L_LIST, pp, end, f);
 }
 
-int ferry_feature_bytes(const ferry_feature_t *f, size_t i,
-                        const uint8_t **data, size_t *len) {
+int ferry__feature_bytes(const ferry_feature_t *f, size_t i,
+                         const uint8_t **data, size_t *len) {
   const uint8_t *p;
   const uint8_t *end;
   field_t fl;
@@ -628,8 +628,8 @@ int ferry_feature_bytes(const ferry_feature_t *f, size_t i,
   return FERRY_ERANGE;
 }
 
-int ferry_feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
-                         size_t *n) {
+int ferry__feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
+                          size_t *n) {
   const uint8_t *p;
   const uint8_t *end;
   size_t k = 0;
@@ -650,13 +650,13 @@ int ferry_feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
     if (fl.num != 1)
       continue;
     if (fl.wire == WT_VARINT) {
-      if (ferry_varint_get(fl.body, fl.body + fl.len, 10, &v) > 0)
+      if (ferry__varint_get(fl.body, fl.body + fl.len, 10, &v) > 0)
         out[k++] = (int64_t)v;
     } else if (fl.wire == WT_LEN) {
       const uint8_t *q = fl.body;
       const uint8_t *e = q + fl.len;
       while (q < e && k < cap) {
-        len = ferry_varint_get(q, e, 10, &v);
+        len = ferry__varint_get(q, e, 10, &v);
         if (len <= 0)
           break;
         out[k++] = (int64_t)v;
@@ -676,8 +676,8 @@ static float load_float(const uint8_t *p) {
   return x;
 }
 
-int ferry_feature_floats(const ferry_feature_t *f, float *out, size_t cap,
-                         size_t *n) {
+int ferry__feature_floats(const ferry_feature_t *f, float *out, size_t cap,
+                          size_t *n) {
   const uint8_t *p;
   const uint8_t *end;
   size_t k = 0;
@@ -711,7 +711,7 @@ int ferry_feature_floats(const ferry_feature_t *f, float *out, size_t cap,
   return 0;
 }
 
-const char *ferry_feature_kind_name(ferry_feature_kind_t kind) {
+const char *ferry__feature_kind_name(ferry_feature_kind_t kind) {
   switch (kind) {
   case FERRY_FEATURE_NONE:
     return "none";

@@ -12,7 +12,7 @@
  * seen. Either way steady-state reading allocates nothing. A file that
  * ends before the size it had when opened was truncated under the reader:
  * every message then says so. */
-#include "ferry/tfrecord.h"
+#include "tfrecord.h"
 
 #include <fcntl.h>
 #include <inttypes.h>
@@ -24,8 +24,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
+#include "alloc.h"
+#include "crc32c.h"
 
 #define HEADER_LEN FERRY_TFR_HEADER_LEN
 #define FRAMING_LEN 16
@@ -101,7 +101,7 @@ static inline void store_le32(uint8_t *p, uint32_t v) {
     p[i] = (uint8_t)(v >> (8 * i));
 }
 
-void ferry_tfr_options_init(ferry_tfr_options_t *opts) {
+void ferry__tfr_options_init(ferry_tfr_options_t *opts) {
   memset(opts, 0, sizeof(*opts));
   opts->compression = FERRY_COMPRESSION_AUTO;
   opts->max_record_len = FERRY_TFR_DEFAULT_MAX_RECORD;
@@ -109,17 +109,17 @@ void ferry_tfr_options_init(ferry_tfr_options_t *opts) {
   opts->verify_crc = true;
 }
 
-void ferry_tfr_frame_header(uint64_t len, uint8_t out[12]) {
+void ferry__tfr_frame_header(uint64_t len, uint8_t out[12]) {
   for (int i = 0; i < 8; i++)
     out[i] = (uint8_t)(len >> (8 * i));
-  store_le32(out + 8, ferry_crc32c_mask(ferry_crc32c(0, out, 8)));
+  store_le32(out + 8, ferry__crc32c_mask(ferry__crc32c(0, out, 8)));
 }
 
-void ferry_tfr_frame_footer(const void *data, size_t len, uint8_t out[4]) {
-  store_le32(out, ferry_crc32c_mask(ferry_crc32c(0, data, len)));
+void ferry__tfr_frame_footer(const void *data, size_t len, uint8_t out[4]) {
+  store_le32(out, ferry__crc32c_mask(ferry__crc32c(0, data, len)));
 }
 
-int ferry_compression_parse(const char *name) {
+int ferry__compression_parse(const char *name) {
   if (name == NULL)
     return -1;
   if (name[0] == '\0' || strcasecmp(name, "none") == 0)
@@ -133,7 +133,7 @@ int ferry_compression_parse(const char *name) {
   return -1;
 }
 
-const char *ferry_compression_name(ferry_compression_t c) {
+const char *ferry__compression_name(ferry_compression_t c) {
   switch (c) {
   case FERRY_COMPRESSION_NONE: return "none";
   case FERRY_COMPRESSION_GZIP: return "gzip";
@@ -152,17 +152,17 @@ static voidpf zalloc_cb(voidpf opaque, uInt items, uInt size) {
 
 static void zfree_cb(voidpf opaque, voidpf p) { ferry__free(p); }
 
-bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
-                            uint64_t *len) {
-  if (load_le32(h + 8) != ferry_crc32c_mask(ferry_crc32c(0, h, 8)))
+bool ferry__tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
+                             uint64_t *len) {
+  if (load_le32(h + 8) != ferry__crc32c_mask(ferry__crc32c(0, h, 8)))
     return false;
   if (len != NULL)
     *len = load_le64(h);
   return true;
 }
 
-ferry_compression_t ferry_tfr_sniff(const uint8_t *b, size_t n) {
-  if (n >= HEADER_LEN && ferry_tfr_header_check(b, NULL))
+ferry_compression_t ferry__tfr_sniff(const uint8_t *b, size_t n) {
+  if (n >= HEADER_LEN && ferry__tfr_header_check(b, NULL))
     return FERRY_COMPRESSION_NONE;
   if (n >= 2 && b[0] == 0x1f && b[1] == 0x8b)
     return FERRY_COMPRESSION_GZIP;
@@ -174,7 +174,7 @@ ferry_compression_t ferry_tfr_sniff(const uint8_t *b, size_t n) {
   return FERRY_COMPRESSION_NONE;
 }
 
-const char *ferry_tfr_describe_head(const uint8_t *b, size_t n) {
+const char *ferry__tfr_describe_head(const uint8_t *b, size_t n) {
   static const struct {
     const char *magic;
     size_t len;
@@ -200,29 +200,29 @@ const char *ferry_tfr_describe_head(const uint8_t *b, size_t n) {
       printable++;
   if (n > 0 && printable == n)
     return "text";
-  if (!(n >= HEADER_LEN && ferry_tfr_header_check(b, NULL)) &&
-      ferry_tfr_sniff(b, n) == FERRY_COMPRESSION_ZLIB)
+  if (!(n >= HEADER_LEN && ferry__tfr_header_check(b, NULL)) &&
+      ferry__tfr_sniff(b, n) == FERRY_COMPRESSION_ZLIB)
     return "zlib data";
   return NULL;
 }
 
-int ferry_tfr_sniff_file(const char *path, ferry_error_t *err) {
+int ferry__tfr_sniff_file(const char *path, ferry_error_t *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return ferry__seterr(err, ferry_err_from_errno(errno), "%s: %s", path,
+    return ferry__seterr(err, ferry__err_from_errno(errno), "%s: %s", path,
                          strerror(errno));
   uint8_t head[HEADER_LEN];
   int64_t n = ferry__pread_full(fd, head, sizeof(head), 0);
   int e = errno;
   close(fd);
   if (n < 0)
-    return ferry__seterr(err, ferry_err_from_errno(e), "%s: read: %s", path,
+    return ferry__seterr(err, ferry__err_from_errno(e), "%s: read: %s", path,
                          strerror(e));
-  return (int)ferry_tfr_sniff(head, (size_t)n);
+  return (int)ferry__tfr_sniff(head, (size_t)n);
 }
 
 static const char *zname(const ferry_tfr_reader_t *r) {
-  return ferry_compression_name(r->compression);
+  return ferry__compression_name(r->compression);
 }
 
 int64_t ferry__pread_full(int fd, void *buf, size_t n, uint64_t off) {
@@ -259,9 +259,9 @@ static void note_end(ferry_tfr_reader_t *r, uint64_t at) {
 static int read_error(ferry_tfr_reader_t *r, int64_t neg_errno, uint64_t off,
                       ferry_error_t *err) {
   int e = (int)-neg_errno;
-  return ferry__seterr(err, ferry_err_from_errno(e),
-                       "%s: read at byte offset %" PRIu64 ": %s", r->name,
-                       off, strerror(e));
+  return ferry__seterr(err, ferry__err_from_errno(e),
+                       "%s: read at byte offset %" PRIu64 ": %s", r->name, off,
+                       strerror(e));
 }
 
 /* Compressed input: makes zs->avail_in > 0 unless the input is over.
@@ -475,7 +475,7 @@ static int release(ferry_tfr_reader_t *r) {
   return 0;
 }
 
-void ferry_tfr_reader_free(ferry_tfr_reader_t *r) {
+void ferry__tfr_reader_free(ferry_tfr_reader_t *r) {
   if (r != NULL)
     release(r);
 }
@@ -503,7 +503,7 @@ static int open_common(const uint8_t *buf, size_t len, int fd,
   if (opts != NULL)
     r->opts = *opts;
   else
-    ferry_tfr_options_init(&r->opts);
+    ferry__tfr_options_init(&r->opts);
   r->next_index = r->opts.start_index;
 
   switch (r->opts.compression) {
@@ -521,9 +521,9 @@ static int open_common(const uint8_t *buf, size_t len, int fd,
         release(r);
         return code;
       }
-      r->compression = ferry_tfr_sniff(head, (size_t)n);
+      r->compression = ferry__tfr_sniff(head, (size_t)n);
     } else {
-      r->compression = ferry_tfr_sniff(buf, len);
+      r->compression = ferry__tfr_sniff(buf, len);
     }
     break;
   default:
@@ -575,15 +575,15 @@ static int open_common(const uint8_t *buf, size_t len, int fd,
   return 0;
 }
 
-int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
-                              const ferry_tfr_options_t *opts,
-                              ferry_tfr_reader_t **out, ferry_error_t *err) {
+int ferry__tfr_reader_open_mem(const void *buf, size_t len, const char *name,
+                               const ferry_tfr_options_t *opts,
+                               ferry_tfr_reader_t **out, ferry_error_t *err) {
   return open_common(buf, len, -1, name != NULL ? name : "<memory>", opts,
                      out, err);
 }
 
-int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
-                          ferry_tfr_reader_t **out, ferry_error_t *err) {
+int ferry__tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
+                           ferry_tfr_reader_t **out, ferry_error_t *err) {
   int fd, code;
 
   *out = NULL;
@@ -591,21 +591,21 @@ int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
    * block; anything but a regular file is refused below. */
   fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    code = ferry_err_from_errno(errno);
+    code = ferry__err_from_errno(errno);
     return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
   }
-  return ferry_tfr_reader_open_fd(fd, path, opts, out, err);
+  return ferry__tfr_reader_open_fd(fd, path, opts, out, err);
 }
 
-int ferry_tfr_reader_open_fd(int fd, const char *path,
-                             const ferry_tfr_options_t *opts,
-                             ferry_tfr_reader_t **out, ferry_error_t *err) {
+int ferry__tfr_reader_open_fd(int fd, const char *path,
+                              const ferry_tfr_options_t *opts,
+                              ferry_tfr_reader_t **out, ferry_error_t *err) {
   struct stat st;
   int code;
 
   *out = NULL;
   if (fstat(fd, &st) != 0) {
-    code = ferry_err_from_errno(errno);
+    code = ferry__err_from_errno(errno);
     ferry__seterr(err, code, "%s: fstat: %s", path, strerror(errno));
     close(fd);
     return code;
@@ -618,14 +618,14 @@ int ferry_tfr_reader_open_fd(int fd, const char *path,
   return open_common(NULL, (size_t)st.st_size, fd, path, opts, out, err);
 }
 
-int ferry_tfr_reader_fd(const ferry_tfr_reader_t *r) { return r->fd; }
+int ferry__tfr_reader_fd(const ferry_tfr_reader_t *r) { return r->fd; }
 
-ferry_compression_t ferry_tfr_reader_compression(const ferry_tfr_reader_t *r) {
+ferry_compression_t ferry__tfr_reader_compression(const ferry_tfr_reader_t *r) {
   return r->compression;
 }
 
-void ferry_tfr_reader_stats(const ferry_tfr_reader_t *r,
-                            ferry_tfr_stats_t *out) {
+void ferry__tfr_reader_stats(const ferry_tfr_reader_t *r,
+                             ferry_tfr_stats_t *out) {
   *out = r->stats;
 }
 
@@ -686,12 +686,12 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
   stored = load_le32(b + 8);
   /* The length CRC is checked even when verify_crc is off: a length that
    * is not checked must never be used to allocate or to seek. */
-  computed = ferry_crc32c_mask(ferry_crc32c(0, b, 8));
+  computed = ferry__crc32c_mask(ferry__crc32c(0, b, 8));
   /* A bad first header usually means the file is not a TFRecord file at
    * all (or is compressed and was read as plain): say so, naming only
    * the kind its first bytes look like. */
   if (stored != computed && r->pos == 0 && r->next_index == 0) {
-    const char *kind = ferry_tfr_describe_head(b, HEADER_LEN);
+    const char *kind = ferry__tfr_describe_head(b, HEADER_LEN);
     bool packed = kind != NULL && (strcmp(kind, "gzip data") == 0 ||
                                    strcmp(kind, "zlib data") == 0);
     return ferry__seterr(err, FERRY_ELENCRC,
@@ -742,7 +742,7 @@ static int read_one(ferry_tfr_reader_t *r, ferry_record_t *rec,
                          r->note);
   if (r->opts.verify_crc) {
     stored = load_le32(b + HEADER_LEN + len);
-    computed = ferry_crc32c_mask(ferry_crc32c(0, b + HEADER_LEN, len));
+    computed = ferry__crc32c_mask(ferry__crc32c(0, b + HEADER_LEN, len));
     if (stored != computed) {
       r->bad_len = len;
       if (!r->opts.file_bytes_in_errors)
@@ -780,7 +780,7 @@ static int resync(ferry_tfr_reader_t *r, ferry_error_t *err) {
       return FERRY_EOF;
     }
     uint64_t len;
-    if (ferry_tfr_header_check(b, &len) && len <= r->opts.max_record_len &&
+    if (ferry__tfr_header_check(b, &len) && len <= r->opts.max_record_len &&
         len <= SIZE_MAX - FRAMING_LEN)
       return 0;
   }
@@ -809,8 +809,8 @@ static int fail(ferry_tfr_reader_t *r, int code, const ferry_error_t *e,
   return code;
 }
 
-int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
-                          ferry_error_t *err) {
+int ferry__tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
+                           ferry_error_t *err) {
   ferry_error_t e;
   int rc;
 
@@ -908,7 +908,7 @@ static int write_all(ferry_tfr_writer_t *w, const uint8_t *p, size_t n) {
     if (k < 0) {
       if (errno == EINTR)
         continue;
-      w->code = ferry_err_from_errno(errno);
+      w->code = ferry__err_from_errno(errno);
       ferry__seterr(&w->first_err, w->code,
                     "%s: write at byte offset %" PRIu64 ": %s", w->path,
                     w->file_off, strerror(errno));
@@ -972,8 +972,8 @@ static int emit(ferry_tfr_writer_t *w, const void *data, size_t n) {
   return 0;
 }
 
-int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
-                          ferry_tfr_writer_t **out, ferry_error_t *err) {
+int ferry__tfr_writer_open(const char *path, ferry_compression_t compression,
+                           ferry_tfr_writer_t **out, ferry_error_t *err) {
   ferry_tfr_writer_t *w;
   int code;
 
@@ -983,7 +983,7 @@ int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
       compression != FERRY_COMPRESSION_ZLIB)
     return ferry__seterr(err, FERRY_EINVAL,
                          "%s: the writer needs none, gzip or zlib, not %s",
-                         path, ferry_compression_name(compression));
+                         path, ferry__compression_name(compression));
   w = ferry__calloc(1, sizeof(*w));
   if (w == NULL || (w->path = ferry__strdup(path)) == NULL ||
       (w->out = ferry__malloc(WBUF_LEN)) == NULL) {
@@ -1010,7 +1010,7 @@ int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
   }
   w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd < 0) {
-    code = ferry_err_from_errno(errno);
+    code = ferry__err_from_errno(errno);
     ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
     if (w->z_init)
       deflateEnd(&w->zs);
@@ -1023,21 +1023,21 @@ int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
   return 0;
 }
 
-int ferry_tfr_writer_write(ferry_tfr_writer_t *w, const void *data,
-                           size_t len, ferry_error_t *err) {
+int ferry__tfr_writer_write(ferry_tfr_writer_t *w, const void *data, size_t len,
+                            ferry_error_t *err) {
   uint8_t header[HEADER_LEN], footer[4];
 
   if (w->code != 0)
     return wfail(w, err);
-  ferry_tfr_frame_header(len, header);
-  ferry_tfr_frame_footer(data, len, footer);
+  ferry__tfr_frame_header(len, header);
+  ferry__tfr_frame_footer(data, len, footer);
   if (emit(w, header, sizeof(header)) != 0 || emit(w, data, len) != 0 ||
       emit(w, footer, sizeof(footer)) != 0)
     return wfail(w, err);
   return 0;
 }
 
-int ferry_tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err) {
+int ferry__tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err) {
   int code;
 
   if (w == NULL)
@@ -1047,7 +1047,7 @@ int ferry_tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err) {
   if (w->code == 0)
     flush_out(w);
   if (close(w->fd) != 0 && w->code == 0) {
-    w->code = ferry_err_from_errno(errno);
+    w->code = ferry__err_from_errno(errno);
     ferry__seterr(&w->first_err, w->code, "%s: close: %s", w->path,
                   strerror(errno));
   }

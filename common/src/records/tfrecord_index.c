@@ -1,6 +1,6 @@
 /* DALI index files: one "<offset> <size>\n" line per record, size being
  * the whole framed record (16 framing bytes included). */
-#include "ferry/tfrecord.h"
+#include "tfrecord.h"
 
 #include <fcntl.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 
 /* Appends one entry, growing the array geometrically. */
 static int push(ferry_tfr_index_entry_t **v, size_t *n, size_t *cap,
@@ -22,8 +22,8 @@ static int push(ferry_tfr_index_entry_t **v, size_t *n, size_t *cap,
   return 0;
 }
 
-int ferry_tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
-                          size_t *n, ferry_error_t *err) {
+int ferry__tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
+                           size_t *n, ferry_error_t *err) {
   ferry_tfr_options_t opts;
   ferry_tfr_reader_t *r;
   ferry_tfr_index_entry_t *v = NULL;
@@ -33,27 +33,27 @@ int ferry_tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
 
   *out = NULL;
   *n = 0;
-  ferry_tfr_options_init(&opts);
+  ferry__tfr_options_init(&opts);
   opts.max_record_len = UINT64_MAX; /* an index describes what is there */
-  rc = ferry_tfr_reader_open(path, &opts, &r, err);
+  rc = ferry__tfr_reader_open(path, &opts, &r, err);
   if (rc != 0)
     return rc;
-  if (ferry_tfr_reader_compression(r) != FERRY_COMPRESSION_NONE) {
-    rc = ferry__seterr(err, FERRY_ENOTSUP,
-                       "%s: index files describe uncompressed TFRecord "
-                       "files, and this one is %s",
-                       path,
-                       ferry_compression_name(ferry_tfr_reader_compression(r)));
-    ferry_tfr_reader_free(r);
+  if (ferry__tfr_reader_compression(r) != FERRY_COMPRESSION_NONE) {
+    rc = ferry__seterr(
+        err, FERRY_ENOTSUP,
+        "%s: index files describe uncompressed TFRecord "
+        "files, and this one is %s",
+        path, ferry__compression_name(ferry__tfr_reader_compression(r)));
+    ferry__tfr_reader_free(r);
     return rc;
   }
-  while ((rc = ferry_tfr_reader_next(r, &rec, err)) == 0) {
+  while ((rc = ferry__tfr_reader_next(r, &rec, err)) == 0) {
     if (push(&v, &len, &cap, rec.offset, (uint64_t)rec.len + 16) != 0) {
       rc = ferry__seterr(err, FERRY_ENOMEM, "%s: out of memory", path);
       break;
     }
   }
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
   if (rc != FERRY_EOF) {
     ferry__free(v);
     return rc;
@@ -63,14 +63,14 @@ int ferry_tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
   return 0;
 }
 
-int ferry_tfr_index_write(const char *path,
-                          const ferry_tfr_index_entry_t *entries, size_t n,
-                          ferry_error_t *err) {
+int ferry__tfr_index_write(const char *path,
+                           const ferry_tfr_index_entry_t *entries, size_t n,
+                           ferry_error_t *err) {
   FILE *f = fopen(path, "we");
   int code;
 
   if (f == NULL) {
-    code = ferry_err_from_errno(errno);
+    code = ferry__err_from_errno(errno);
     return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
   }
   for (size_t i = 0; i < n; i++) {
@@ -82,7 +82,7 @@ int ferry_tfr_index_write(const char *path,
   if (fclose(f) != 0 && code == 0)
     code = errno != 0 ? errno : EIO;
   if (code != 0)
-    return ferry__seterr(err, ferry_err_from_errno(code), "%s: write: %s",
+    return ferry__seterr(err, ferry__err_from_errno(code), "%s: write: %s",
                          path, strerror(code));
   return 0;
 }
@@ -127,7 +127,7 @@ static int read_all(int fd, const char *path, char **out, size_t *len,
     if (k < 0 && errno == EINTR)
       continue;
     if (k < 0) {
-      code = ferry_err_from_errno(errno);
+      code = ferry__err_from_errno(errno);
       ferry__seterr(err, code, "%s: read: %s", path, strerror(errno));
       close(fd);
       ferry__free(buf);
@@ -144,21 +144,21 @@ static int read_all(int fd, const char *path, char **out, size_t *len,
   return 0;
 }
 
-int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
-                         size_t *n, ferry_error_t *err) {
+int ferry__tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
+                          size_t *n, ferry_error_t *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   *out = NULL;
   *n = 0;
   if (fd < 0) {
-    int code = ferry_err_from_errno(errno);
+    int code = ferry__err_from_errno(errno);
     return ferry__seterr(err, code, "%s: open: %s", path, strerror(errno));
   }
-  return ferry_tfr_index_read_fd(fd, path, out, n, err);
+  return ferry__tfr_index_read_fd(fd, path, out, n, err);
 }
 
-int ferry_tfr_index_read_fd(int fd, const char *path,
-                            ferry_tfr_index_entry_t **out, size_t *n,
-                            ferry_error_t *err) {
+int ferry__tfr_index_read_fd(int fd, const char *path,
+                             ferry_tfr_index_entry_t **out, size_t *n,
+                             ferry_error_t *err) {
   ferry_tfr_index_entry_t *v = NULL;
   size_t len = 0, cap = 0, size = 0;
   char *text = NULL;

@@ -5,16 +5,16 @@
  * resync (tfrecord.c) checks headers only, as TensorFlow's does. */
 #include <errno.h>
 
-#include "ferry/alloc.h"
-#include "ferry/crc32c.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "crc32c.h"
+#include "tfrecord.h"
 
 static uint32_t le32(const uint8_t *b) {
   return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
          (uint32_t)b[3] << 24;
 }
 
-/* ferry_tfr_valid_record_at with the header's bytes (hn of them, up to
+/* ferry__tfr_valid_record_at with the header's bytes (hn of them, up to
  * 12) already read. */
 static int valid_with_header(int fd, uint64_t off, uint64_t end,
                              const uint8_t *h, size_t hn, uint64_t *len_out) {
@@ -22,7 +22,7 @@ static int valid_with_header(int fd, uint64_t off, uint64_t end,
   uint64_t len, at;
   uint32_t crc = 0;
 
-  if (hn < FERRY_TFR_HEADER_LEN || !ferry_tfr_header_check(h, &len))
+  if (hn < FERRY_TFR_HEADER_LEN || !ferry__tfr_header_check(h, &len))
     return 0;
   if (off > end || end - off < 16 || len > end - off - 16)
     return 0;
@@ -32,20 +32,20 @@ static int valid_with_header(int fd, uint64_t off, uint64_t end,
                                : sizeof(b));
     if (ferry__pread_full(fd, b, want, at) != (int64_t)want)
       return -1;
-    crc = ferry_crc32c(crc, b, want);
+    crc = ferry__crc32c(crc, b, want);
     at += want;
   }
   if (ferry__pread_full(fd, b, 4, at) != 4)
     return -1;
-  if (ferry_crc32c_unmask(le32(b)) != crc)
+  if (ferry__crc32c_unmask(le32(b)) != crc)
     return 0;
   if (len_out != NULL)
     *len_out = len;
   return 1;
 }
 
-int ferry_tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
-                              uint64_t *len) {
+int ferry__tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
+                               uint64_t *len) {
   uint8_t h[FERRY_TFR_HEADER_LEN];
   int64_t n = ferry__pread_full(fd, h, sizeof(h), off);
   if (n < 0)
@@ -53,7 +53,7 @@ int ferry_tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
   return valid_with_header(fd, off, end, h, (size_t)n, len);
 }
 
-int64_t ferry_tfr_next_valid_record(int fd, uint64_t after, uint64_t end) {
+int64_t ferry__tfr_next_valid_record(int fd, uint64_t after, uint64_t end) {
   enum { WIN = 64 << 10 };
   uint8_t *w = ferry__malloc(WIN);
   uint64_t base = 0, off;

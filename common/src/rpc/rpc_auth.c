@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
 #include "rpc_internal.h"
 
@@ -86,7 +86,7 @@ static int read_pem(const char *path, char **out, ferry_error_t *err) {
   return 0;
 }
 
-int ferry_rpc_read_token(const char *path, char **out, ferry_error_t *err) {
+int ferry__rpc_read_token(const char *path, char **out, ferry_error_t *err) {
   struct stat st;
   size_t len;
   char *tok;
@@ -118,7 +118,7 @@ int ferry_rpc_read_token(const char *path, char **out, ferry_error_t *err) {
   return 0;
 }
 
-bool ferry_rpc_bytes_equal(const void *a, const void *b, size_t n) {
+bool ferry__rpc_bytes_equal(const void *a, const void *b, size_t n) {
   const volatile uint8_t *x = a, *y = b;
   uint8_t d = 0;
   for (size_t i = 0; i < n; i++)
@@ -126,7 +126,7 @@ bool ferry_rpc_bytes_equal(const void *a, const void *b, size_t n) {
   return d == 0;
 }
 
-bool ferry_rpc_token_equal(const char *a, size_t n, const char *b) {
+bool ferry__rpc_token_equal(const char *a, size_t n, const char *b) {
   size_t m = strlen(b);
   /* Walk the expected token whatever `a` is: the time depends on the
    * lengths only. */
@@ -138,7 +138,7 @@ bool ferry_rpc_token_equal(const char *a, size_t n, const char *b) {
   return d == 0 && a != NULL;
 }
 
-int ferry_rpc_random(void *buf, size_t n) {
+int ferry__rpc_random(void *buf, size_t n) {
   uint8_t *p = buf;
   while (n > 0) {
     ssize_t r = getrandom(p, n, 0);
@@ -153,7 +153,7 @@ int ferry_rpc_random(void *buf, size_t n) {
   return 0;
 }
 
-bool ferry_rpc_host_is_loopback(const char *host) {
+bool ferry__rpc_host_is_loopback(const char *host) {
   if (host == NULL)
     return false;
   if (host[0] == '[')

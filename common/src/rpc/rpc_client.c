@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/tsan.h"
+#include "alloc.h"
 #include "rpc_internal.h"
+#include "tsan.h"
 
 struct ferry_rpc_channel_s {
   grpc_channel *channel;
@@ -42,8 +42,8 @@ struct ferry_rpc_stream_s {
 
 /* ---- Channels ---------------------------------------------------------- */
 
-int ferry_rpc_channel_new(const char *target, const ferry_rpc_options_t *opts,
-                          ferry_rpc_channel_t **out, ferry_error_t *err) {
+int ferry__rpc_channel_new(const char *target, const ferry_rpc_options_t *opts,
+                           ferry_rpc_channel_t **out, ferry_error_t *err) {
   grpc_arg args[FERRY__RPC_MAX_ARGS];
   ferry_rpc_options_t o;
   int rc = ferry__rpc_options(opts, &o, err);
@@ -83,7 +83,7 @@ int ferry_rpc_channel_new(const char *target, const ferry_rpc_options_t *opts,
   return 0;
 }
 
-void ferry_rpc_channel_free(ferry_rpc_channel_t *ch) {
+void ferry__rpc_channel_free(ferry_rpc_channel_t *ch) {
   if (ch == NULL)
     return;
   grpc_channel_destroy(ch->channel);
@@ -120,21 +120,21 @@ static void msg_set(ferry_rpc_msg_t *msg, grpc_byte_buffer *bb) {
   msg->nslices = bb->data.raw.slice_buffer.count;
 }
 
-const uint8_t *ferry_rpc_msg_slice(const ferry_rpc_msg_t *msg, size_t i,
-                                   size_t *len) {
+const uint8_t *ferry__rpc_msg_slice(const ferry_rpc_msg_t *msg, size_t i,
+                                    size_t *len) {
   const grpc_byte_buffer *bb = msg->impl_;
   const grpc_slice *s = &bb->data.raw.slice_buffer.slices[i];
   *len = GRPC_SLICE_LENGTH(*s);
   return GRPC_SLICE_START_PTR(*s);
 }
 
-size_t ferry_rpc_msg_copy(const ferry_rpc_msg_t *msg, size_t offset,
-                          void *dst, size_t n) {
+size_t ferry__rpc_msg_copy(const ferry_rpc_msg_t *msg, size_t offset, void *dst,
+                           size_t n) {
   uint8_t *out = dst;
   size_t done = 0;
   for (size_t i = 0; i < msg->nslices && done < n; i++) {
     size_t len;
-    const uint8_t *p = ferry_rpc_msg_slice(msg, i, &len);
+    const uint8_t *p = ferry__rpc_msg_slice(msg, i, &len);
     if (offset >= len) {
       offset -= len;
       continue;
@@ -147,7 +147,7 @@ size_t ferry_rpc_msg_copy(const ferry_rpc_msg_t *msg, size_t offset,
   return done;
 }
 
-void ferry_rpc_msg_release(ferry_rpc_msg_t *msg) {
+void ferry__rpc_msg_release(ferry_rpc_msg_t *msg) {
   if (msg == NULL || msg->impl_ == NULL)
     return;
   grpc_byte_buffer_destroy(msg->impl_);
@@ -209,10 +209,10 @@ static int start_call(ferry_rpc_stream_t *s, const void *req, size_t len,
   return start_ops(s, ops, 1, &s->status_pending);
 }
 
-int ferry_rpc_stream_open(ferry_rpc_channel_t *ch, const char *method,
-                          const void *req, size_t len, int deadline_ms,
-                          unsigned flags, ferry_rpc_stream_t **out,
-                          ferry_error_t *err) {
+int ferry__rpc_stream_open(ferry_rpc_channel_t *ch, const char *method,
+                           const void *req, size_t len, int deadline_ms,
+                           unsigned flags, ferry_rpc_stream_t **out,
+                           ferry_error_t *err) {
   ferry_rpc_stream_t *s = ferry__calloc(1, sizeof(*s));
   *out = NULL;
   if (s == NULL || (s->method = ferry__strdup(method)) == NULL) {
@@ -230,7 +230,7 @@ int ferry_rpc_stream_open(ferry_rpc_channel_t *ch, const char *method,
       grpc_slice_from_static_string(s->method), NULL,
       deadline_after(deadline_ms <= 0 ? -1 : deadline_ms), NULL);
   if (s->call == NULL || start_call(s, req, len, flags) != 0) {
-    ferry_rpc_stream_free(s);
+    ferry__rpc_stream_free(s);
     return ferry__seterr(err, FERRY_EIO, "rpc: %s: cannot start the call",
                          method);
   }
@@ -247,7 +247,7 @@ static bool wait_event(ferry_rpc_stream_t *s, gpr_timespec deadline) {
   FERRY_TSAN_ACQUIRE(ev.tag);
   *(bool *)ev.tag = false; /* the tag is the batch's pending flag */
   if (ev.tag == &s->status_pending)
-    s->result = ferry_rpc_err_from_status(s->status);
+    s->result = ferry__rpc_err_from_status(s->status);
   return true;
 }
 
@@ -260,8 +260,8 @@ static int ended(ferry_rpc_stream_t *s, ferry_error_t *err) {
   return s->result;
 }
 
-int ferry_rpc_stream_next(ferry_rpc_stream_t *s, ferry_rpc_msg_t *msg,
-                          int timeout_ms, ferry_error_t *err) {
+int ferry__rpc_stream_next(ferry_rpc_stream_t *s, ferry_rpc_msg_t *msg,
+                           int timeout_ms, ferry_error_t *err) {
   gpr_timespec deadline = deadline_after(timeout_ms);
   memset(msg, 0, sizeof(*msg));
   if (!s->eof && !s->msg_pending) {
@@ -292,13 +292,13 @@ int ferry_rpc_stream_next(ferry_rpc_stream_t *s, ferry_rpc_msg_t *msg,
   return ended(s, err);
 }
 
-int ferry_rpc_stream_status(const ferry_rpc_stream_t *s) { return s->result; }
+int ferry__rpc_stream_status(const ferry_rpc_stream_t *s) { return s->result; }
 
-void ferry_rpc_stream_cancel(ferry_rpc_stream_t *s) {
+void ferry__rpc_stream_cancel(ferry_rpc_stream_t *s) {
   grpc_call_cancel(s->call, NULL);
 }
 
-void ferry_rpc_stream_free(ferry_rpc_stream_t *s) {
+void ferry__rpc_stream_free(ferry_rpc_stream_t *s) {
   gpr_timespec forever = gpr_inf_future(GPR_CLOCK_REALTIME);
   if (s == NULL)
     return;
@@ -326,31 +326,31 @@ void ferry_rpc_stream_free(ferry_rpc_stream_t *s) {
 
 /* ---- Unary calls ------------------------------------------------------- */
 
-int ferry_rpc_unary(ferry_rpc_channel_t *ch, const char *method,
-                    const void *req, size_t len, int deadline_ms,
-                    unsigned flags, uint8_t **reply, size_t *reply_len,
-                    ferry_error_t *err) {
+int ferry__rpc_unary(ferry_rpc_channel_t *ch, const char *method,
+                     const void *req, size_t len, int deadline_ms,
+                     unsigned flags, uint8_t **reply, size_t *reply_len,
+                     ferry_error_t *err) {
   ferry_rpc_stream_t *s;
   ferry_rpc_msg_t msg;
   uint8_t *out = NULL;
   size_t out_len = 0;
   *reply = NULL;
   *reply_len = 0;
-  int rc = ferry_rpc_stream_open(ch, method, req, len, deadline_ms, flags,
-                                 &s, err);
+  int rc =
+      ferry__rpc_stream_open(ch, method, req, len, deadline_ms, flags, &s, err);
   if (rc != 0)
     return rc;
-  rc = ferry_rpc_stream_next(s, &msg, -1, err);
+  rc = ferry__rpc_stream_next(s, &msg, -1, err);
   if (rc == 0) {
     out_len = msg.len;
     out = ferry__malloc(out_len > 0 ? out_len : 1);
     if (out != NULL)
-      ferry_rpc_msg_copy(&msg, 0, out, out_len);
-    ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_copy(&msg, 0, out, out_len);
+    ferry__rpc_msg_release(&msg);
     /* The status follows the one message. */
-    rc = ferry_rpc_stream_next(s, &msg, -1, err);
+    rc = ferry__rpc_stream_next(s, &msg, -1, err);
     if (rc == 0) {
-      ferry_rpc_msg_release(&msg);
+      ferry__rpc_msg_release(&msg);
       rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL,
                          "%s: more than one reply", method);
     } else if (rc == FERRY_EOF) {
@@ -360,7 +360,7 @@ int ferry_rpc_unary(ferry_rpc_channel_t *ch, const char *method,
   } else if (rc == FERRY_EOF) {
     rc = ferry__seterr(err, FERRY_EGRPC_INTERNAL, "%s: no reply", method);
   }
-  ferry_rpc_stream_free(s);
+  ferry__rpc_stream_free(s);
   if (rc != 0) {
     ferry__free(out);
     return rc;

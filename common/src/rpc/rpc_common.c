@@ -27,14 +27,14 @@ static void log_to_ferry(gpr_log_func_args *a) {
   FERRY_LOG(level, "grpc: %s:%d: %s", a->file, a->line, a->message);
 }
 
-void ferry_rpc_init(void) {
+void ferry__rpc_init(void) {
   gpr_set_log_function(log_to_ferry);
   grpc_init();
 }
 
-void ferry_rpc_shutdown(void) { grpc_shutdown(); }
+void ferry__rpc_shutdown(void) { grpc_shutdown(); }
 
-int ferry_rpc_tune_malloc(void) {
+int ferry__rpc_tune_malloc(void) {
   int ok = 1;
   /* 32 MiB is glibc's largest mmap threshold on 64-bit systems: gRPC's
    * read buffers and control messages then always come from the heap,
@@ -46,7 +46,7 @@ int ferry_rpc_tune_malloc(void) {
   return ok ? 0 : FERRY_ENOTSUP;
 }
 
-int ferry_rpc_err_from_status(int status) {
+int ferry__rpc_err_from_status(int status) {
   if (status == GRPC_STATUS_OK)
     return 0;
   if (status < 1 || status > 16)
@@ -54,7 +54,7 @@ int ferry_rpc_err_from_status(int status) {
   return -1100 - status;
 }
 
-int ferry_rpc_status_from_err(int code) {
+int ferry__rpc_status_from_err(int code) {
   if (code == 0)
     return GRPC_STATUS_OK;
   if (code <= FERRY_EGRPC_CANCELLED && code >= FERRY_EGRPC_UNAUTHENTICATED)

@@ -3,11 +3,11 @@
  * any other name. The state is owned by the server and freed with it. */
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/pb_alloc.h"
-#include "ferry/rpc_methods.h"
+#include "alloc.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "pb_alloc.h"
 #include "rpc_internal.h"
+#include "rpc_methods.h"
 
 #define SERVING                                                               \
   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
@@ -37,21 +37,21 @@ static void on_check(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
       grpc__health__v1__health_check_request__unpack(&ferry__pb_allocator, len,
                                                      req);
   if (r == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "malformed HealthCheckRequest");
+    ferry__rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                           "malformed HealthCheckRequest");
     return;
   }
   if (!known(h, r->service)) {
     char msg[256];
     snprintf(msg, sizeof(msg), "unknown service \"%.200s\"", r->service);
-    ferry_rpc_reply_error(call, FERRY_RPC_NOT_FOUND, msg);
+    ferry__rpc_reply_error(call, FERRY_RPC_NOT_FOUND, msg);
   } else {
     Grpc__Health__V1__HealthCheckResponse resp =
         GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     uint8_t buf[16];
     resp.status = h->serving ? SERVING : NOT_SERVING;
     size_t n = grpc__health__v1__health_check_response__pack(&resp, buf);
-    ferry_rpc_reply(call, buf, n);
+    ferry__rpc_reply(call, buf, n);
   }
   grpc__health__v1__health_check_request__free_unpacked(r,
                                                         &ferry__pb_allocator);
@@ -66,9 +66,9 @@ void ferry__rpc_health_free(struct ferry__rpc_health *h) {
   ferry__free(h);
 }
 
-int ferry_rpc_health_register(ferry_rpc_server_t *server,
-                              const char *const *services, size_t n,
-                              ferry_error_t *err) {
+int ferry__rpc_health_register(ferry_rpc_server_t *server,
+                               const char *const *services, size_t n,
+                               ferry_error_t *err) {
   struct ferry__rpc_health **slot = ferry__rpc_server_health(server);
   struct ferry__rpc_health *h;
   int rc;
@@ -88,8 +88,8 @@ int ferry_rpc_health_register(ferry_rpc_server_t *server,
       return ferry__seterr(err, FERRY_ENOMEM, "rpc: out of memory");
     }
   }
-  rc = ferry_rpc_server_register(server, FERRY_METHOD_HEALTH_CHECK,
-                                 FERRY_RPC_UNARY, on_check, h, err);
+  rc = ferry__rpc_server_register(server, FERRY_METHOD_HEALTH_CHECK,
+                                  FERRY_RPC_UNARY, on_check, h, err);
   if (rc != 0) {
     ferry__rpc_health_free(h);
     return rc;
@@ -98,7 +98,7 @@ int ferry_rpc_health_register(ferry_rpc_server_t *server,
   return 0;
 }
 
-void ferry_rpc_health_set_serving(ferry_rpc_server_t *server, bool serving) {
+void ferry__rpc_health_set_serving(ferry_rpc_server_t *server, bool serving) {
   struct ferry__rpc_health *h = *ferry__rpc_server_health(server);
   if (h != NULL)
     h->serving = serving;

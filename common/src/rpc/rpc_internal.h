@@ -6,7 +6,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 
-#include "ferry/rpc.h"
+#include "rpc.h"
 
 /* The most channel args ferry__rpc_channel_args fills in. */
 #define FERRY__RPC_MAX_ARGS 16

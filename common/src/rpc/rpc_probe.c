@@ -1,4 +1,4 @@
-/* Why a call found nobody to answer it (ferry_rpc_probe, ferry/rpc.h).
+/* Why a call found nobody to answer it (ferry__rpc_probe, rpc.h).
  *
  * gRPC reports a name that does not resolve as a deadline, and a TLS
  * server dialed in plaintext (or the reverse) as a closed socket: the
@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferry/hostport.h"
-#include "ferry/rpc.h"
+#include "hostport.h"
+#include "rpc.h"
 
 /* The HTTP/2 client preface and an empty SETTINGS frame: a plaintext
  * HTTP/2 server answers with its own SETTINGS frame. */
@@ -90,14 +90,14 @@ static ferry_rpc_probe_t classify(int fd, int ms) {
                                                 : FERRY_RPC_PROBE_OTHER;
 }
 
-ferry_rpc_probe_t ferry_rpc_probe(const char *target, int timeout_ms,
-                                  char *why, size_t cap) {
+ferry_rpc_probe_t ferry__rpc_probe(const char *target, int timeout_ms,
+                                   char *why, size_t cap) {
   char host[FERRY_HOST_MAX + 1], port_s[8];
   int port = 0;
   ferry_error_t err = {0};
   if (cap > 0)
     why[0] = '\0';
-  if (ferry_hostport_parse(target, 0, host, sizeof(host), &port, &err) != 0) {
+  if (ferry__hostport_parse(target, 0, host, sizeof(host), &port, &err) != 0) {
     snprintf(why, cap, "%s", err.msg);
     return FERRY_RPC_PROBE_BAD_ADDRESS;
   }

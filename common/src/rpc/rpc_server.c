@@ -24,11 +24,11 @@
 #include <string.h>
 #include <strings.h>
 
-#include "ferry/alloc.h"
-#include "ferry/metrics.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/tsan.h"
+#include "metrics.h"
 #include "rpc_internal.h"
+#include "tsan.h"
 
 enum tag_kind {
   TAG_REQUEST,  /* a requested call arrived (or the request failed) */
@@ -257,19 +257,19 @@ static int request_call(ferry_rpc_server_t *s, struct method *m) {
 /* ---- Answers ----------------------------------------------------------- */
 
 /* ferry_rpc_handled_total{method,code} in the process's registry
- * (ferry/metrics.h): every status a server sends. */
+ * (metrics.h): every status a server sends. */
 static ferry_metric_family_t *handled_family;
 static pthread_once_t handled_once = PTHREAD_ONCE_INIT;
 static void handled_init(void) {
-  handled_family = ferry_metrics_family(
-      ferry_metrics_default(), FERRY_METRIC_COUNTER, "ferry_rpc_handled_total",
+  handled_family = ferry__metrics_family(
+      ferry__metrics_default(), FERRY_METRIC_COUNTER, "ferry_rpc_handled_total",
       "RPCs this daemon answered, by method and gRPC status code.",
       "method,code", 1, NULL, 0);
 }
 
 static atomic_bool handled_on;
 
-void ferry_metrics_count_rpcs(bool on) { atomic_store(&handled_on, on); }
+void ferry__metrics_count_rpcs(bool on) { atomic_store(&handled_on, on); }
 
 static void count_status(const char *method, int status) {
   static const char *const codes[17] = {
@@ -283,7 +283,7 @@ static void count_status(const char *method, int status) {
   pthread_once(&handled_once, handled_init);
   const char *v[2] = {method,
                       status >= 0 && status < 17 ? codes[status] : "UNKNOWN"};
-  ferry_metric_add(ferry_metric_child(handled_family, v), 1);
+  ferry__metric_add(ferry__metric_child(handled_family, v), 1);
 }
 
 static int start_status(struct ferry_rpc_call_s *c) {
@@ -327,7 +327,7 @@ static int answer(struct ferry_rpc_call_s *c, int status, const char *msg,
   return rc;
 }
 
-int ferry_rpc_reply(ferry_rpc_call_t *call, const void *bytes, size_t len) {
+int ferry__rpc_reply(ferry_rpc_call_t *call, const void *bytes, size_t len) {
   if (call->method->kind != FERRY_RPC_UNARY)
     return FERRY_EINVAL;
   grpc_slice slice = grpc_slice_from_copied_buffer(bytes, len);
@@ -336,15 +336,15 @@ int ferry_rpc_reply(ferry_rpc_call_t *call, const void *bytes, size_t len) {
   return answer(call, GRPC_STATUS_OK, NULL, bb);
 }
 
-int ferry_rpc_reply_error(ferry_rpc_call_t *call, int status,
-                          const char *msg) {
+int ferry__rpc_reply_error(ferry_rpc_call_t *call, int status,
+                           const char *msg) {
   if (status == GRPC_STATUS_OK)
     return FERRY_EINVAL;
   return answer(call, status, msg, NULL);
 }
 
-int ferry_rpc_stream_finish(ferry_rpc_call_t *call, int status,
-                            const char *msg) {
+int ferry__rpc_stream_finish(ferry_rpc_call_t *call, int status,
+                             const char *msg) {
   if (call->method->kind != FERRY_RPC_SERVER_STREAM)
     return FERRY_EINVAL;
   return answer(call, status, msg, NULL);
@@ -386,9 +386,9 @@ static grpc_byte_buffer *pieces_to_bb(const ferry_rpc_piece_t *pieces,
   return bb;
 }
 
-int ferry_rpc_stream_send(ferry_rpc_call_t *call,
-                          const ferry_rpc_piece_t *pieces, size_t n,
-                          ferry_rpc_sent_cb on_sent, void *arg) {
+int ferry__rpc_stream_send(ferry_rpc_call_t *call,
+                           const ferry_rpc_piece_t *pieces, size_t n,
+                           ferry_rpc_sent_cb on_sent, void *arg) {
   grpc_op ops[2];
   size_t nops = 0;
   int rc = 0;
@@ -425,8 +425,8 @@ int ferry_rpc_stream_send(ferry_rpc_call_t *call,
   return 0;
 }
 
-void ferry_rpc_call_on_cancel(ferry_rpc_call_t *call, ferry_rpc_cancel_cb cb,
-                              void *arg) {
+void ferry__rpc_call_on_cancel(ferry_rpc_call_t *call, ferry_rpc_cancel_cb cb,
+                               void *arg) {
   call->on_cancel = cb;
   call->cancel_arg = arg;
   if (call->cancelled && !call->answered && cb != NULL) {
@@ -435,11 +435,11 @@ void ferry_rpc_call_on_cancel(ferry_rpc_call_t *call, ferry_rpc_cancel_cb cb,
   }
 }
 
-bool ferry_rpc_call_cancelled(const ferry_rpc_call_t *call) {
+bool ferry__rpc_call_cancelled(const ferry_rpc_call_t *call) {
   return call->cancelled;
 }
 
-const char *ferry_rpc_call_method(const ferry_rpc_call_t *call) {
+const char *ferry__rpc_call_method(const ferry_rpc_call_t *call) {
   return call->method->name;
 }
 
@@ -616,7 +616,7 @@ static void maybe_finish_shutdown(ferry_rpc_server_t *s) {
   grpc_completion_queue_shutdown(s->cq);
 }
 
-/* Undoes the gRPC part of ferry_rpc_server_new when no thread runs. */
+/* Undoes the gRPC part of ferry__rpc_server_new when no thread runs. */
 static void destroy_unstarted(ferry_rpc_server_t *s) {
   grpc_server_destroy(s->server);
   grpc_completion_queue_shutdown(s->cq);
@@ -630,8 +630,8 @@ static void destroy_unstarted(ferry_rpc_server_t *s) {
 
 static void free_on_close(uv_handle_t *h) { ferry__free(h->data); }
 
-int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
-                         ferry_rpc_server_t **out, ferry_error_t *err) {
+int ferry__rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
+                          ferry_rpc_server_t **out, ferry_error_t *err) {
   grpc_arg args[FERRY__RPC_MAX_ARGS + 1];
   ferry_rpc_server_t *s;
   size_t nargs;
@@ -686,10 +686,10 @@ int ferry_rpc_server_new(uv_loop_t *loop, const ferry_rpc_options_t *opts,
   return 0;
 }
 
-int ferry_rpc_server_register(ferry_rpc_server_t *s, const char *method,
-                              ferry_rpc_kind_t kind,
-                              ferry_rpc_handler_cb handler, void *user,
-                              ferry_error_t *err) {
+int ferry__rpc_server_register(ferry_rpc_server_t *s, const char *method,
+                               ferry_rpc_kind_t kind,
+                               ferry_rpc_handler_cb handler, void *user,
+                               ferry_error_t *err) {
   struct method *m;
   if (s->state != S_NEW || method == NULL || method[0] != '/' ||
       handler == NULL)
@@ -722,8 +722,8 @@ int ferry_rpc_server_register(ferry_rpc_server_t *s, const char *method,
   return 0;
 }
 
-int ferry_rpc_server_start(ferry_rpc_server_t *s, const char *addr,
-                           int *port, ferry_error_t *err) {
+int ferry__rpc_server_start(ferry_rpc_server_t *s, const char *addr, int *port,
+                            ferry_error_t *err) {
   int rc = 0;
   if (s->state != S_NEW)
     return ferry__seterr(err, FERRY_EINVAL, "rpc: server already started");
@@ -755,8 +755,8 @@ int ferry_rpc_server_start(ferry_rpc_server_t *s, const char *addr,
   return 0;
 }
 
-void ferry_rpc_server_shutdown(ferry_rpc_server_t *s, ferry_rpc_done_cb done,
-                               void *arg) {
+void ferry__rpc_server_shutdown(ferry_rpc_server_t *s, ferry_rpc_done_cb done,
+                                void *arg) {
   enum server_state was = s->state;
   s->done = done;
   s->done_arg = arg;
@@ -776,11 +776,11 @@ struct ferry__rpc_health **ferry__rpc_server_health(ferry_rpc_server_t *s) {
   return &s->health;
 }
 
-void ferry_rpc_server_reload_tls(ferry_rpc_server_t *s) {
+void ferry__rpc_server_reload_tls(ferry_rpc_server_t *s) {
   ferry__rpc_tls_server_force(s->tls);
 }
 
-const char *ferry_rpc_call_bearer(const ferry_rpc_call_t *call, size_t *len) {
+const char *ferry__rpc_call_bearer(const ferry_rpc_call_t *call, size_t *len) {
   static const char prefix[] = "Bearer ";
   *len = 0;
   for (size_t i = 0; i < call->md.count; i++) {

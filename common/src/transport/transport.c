@@ -1,11 +1,11 @@
 /* The registry of transports, the bounds on what workers publish, and the
- * client's choice between transports (ferry/transport.h).
+ * client's choice between transports (transport.h).
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "ferry/pb_alloc.h"
-#include "ferry/transport.h"
+#include "pb_alloc.h"
+#include "transport.h"
 #include "transport_internal.h"
 
 /* The registry: every transport of this source tree, in the order that
@@ -18,21 +18,21 @@ static const struct {
   const char *option;
   const ferry_transport_ops_t *ops;
 } registry[] = {
-    {"grpc", NULL, &ferry_transport_grpc},
+    {"grpc", NULL, &ferry__transport_grpc},
     {"ucx", "FERRY_WITH_UCX", FERRY__TRANSPORT_UCX},
 };
 #define N_REGISTRY (sizeof(registry) / sizeof(registry[0]))
 _Static_assert(N_REGISTRY <= FERRY_TRANSPORTS_MAX,
                "more transports than FERRY_TRANSPORTS_MAX");
 
-size_t ferry_transport_count(void) {
+size_t ferry__transport_count(void) {
   size_t n = 0;
   for (size_t i = 0; i < N_REGISTRY; i++)
     n += registry[i].ops != NULL;
   return n;
 }
 
-const ferry_transport_ops_t *ferry_transport_at(size_t i) {
+const ferry_transport_ops_t *ferry__transport_at(size_t i) {
   for (size_t k = 0; k < N_REGISTRY; k++)
     if (registry[k].ops != NULL && i-- == 0)
       return registry[k].ops;
@@ -53,13 +53,13 @@ static int index_of(const char *name, size_t len) {
   return -1;
 }
 
-int ferry_transport_index(const char *name) {
+int ferry__transport_index(const char *name) {
   return name == NULL ? -1 : index_of(name, strlen(name));
 }
 
-const ferry_transport_ops_t *ferry_transport_find(const char *name) {
-  int i = ferry_transport_index(name);
-  return i < 0 ? NULL : ferry_transport_at((size_t)i);
+const ferry_transport_ops_t *ferry__transport_find(const char *name) {
+  int i = ferry__transport_index(name);
+  return i < 0 ? NULL : ferry__transport_at((size_t)i);
 }
 
 static bool name_ok(const char *s, size_t len) {
@@ -72,8 +72,8 @@ static bool name_ok(const char *s, size_t len) {
   return true;
 }
 
-int ferry_transport_endpoints_check(const ferry_transport_endpoint_t *e,
-                                    size_t n, ferry_error_t *err) {
+int ferry__transport_endpoints_check(const ferry_transport_endpoint_t *e,
+                                     size_t n, ferry_error_t *err) {
   if (n > FERRY_TRANSPORT_ENDPOINTS_MAX)
     return ferry__seterr(err, FERRY_EINVAL, "endpoints: %zu, over %d", n,
                          FERRY_TRANSPORT_ENDPOINTS_MAX);
@@ -106,17 +106,17 @@ static bool is_auto(const char *want) {
 static void built_names(char *out, size_t cap) {
   size_t used = 0;
   out[0] = '\0';
-  for (size_t i = 0; i < ferry_transport_count() && used < cap; i++) {
+  for (size_t i = 0; i < ferry__transport_count() && used < cap; i++) {
     int n = snprintf(out + used, cap - used, "%s%s", i > 0 ? ", " : "",
-                     ferry_transport_at(i)->name);
+                     ferry__transport_at(i)->name);
     if (n < 0)
       break;
     used += (size_t)n;
   }
 }
 
-int ferry_transport_want_check(const char *want, ferry_error_t *err) {
-  if (is_auto(want) || ferry_transport_index(want) >= 0)
+int ferry__transport_want_check(const char *want, ferry_error_t *err) {
+  if (is_auto(want) || ferry__transport_index(want) >= 0)
     return 0;
   for (size_t k = 0; k < N_REGISTRY; k++)
     if (strcmp(registry[k].name, want) == 0)
@@ -159,18 +159,18 @@ static void chose(ferry_transport_choice_t *out, int index,
   out->address_len = out->address != NULL ? ep->address_len : 0;
 }
 
-int ferry_transport_choose(const char *want, bool tls,
-                           const ferry_transport_endpoint_t *offered,
-                           size_t n, uint32_t failed,
-                           ferry_transport_choice_t *out, ferry_error_t *err) {
+int ferry__transport_choose(const char *want, bool tls,
+                            const ferry_transport_endpoint_t *offered, size_t n,
+                            uint32_t failed, ferry_transport_choice_t *out,
+                            ferry_error_t *err) {
   const ferry_transport_endpoint_t *ep;
   memset(out, 0, sizeof(*out));
-  int rc = ferry_transport_want_check(want, err);
+  int rc = ferry__transport_want_check(want, err);
   if (rc != 0)
     return rc;
   if (!is_auto(want)) {
-    int i = ferry_transport_index(want);
-    const ferry_transport_ops_t *ops = ferry_transport_at((size_t)i);
+    int i = ferry__transport_index(want);
+    const ferry_transport_ops_t *ops = ferry__transport_at((size_t)i);
     if (!offers(ops, offered, n, &ep))
       return ferry__seterr(err, FERRY_ENOTSUP, "transport %s: the worker "
                            "offers no %s endpoint (built without it?)",
@@ -186,16 +186,16 @@ int ferry_transport_choose(const char *want, bool tls,
   /* auto: the highest priority that applies; the lowest offered is the
    * last resort, whatever failed. */
   int best = -1, last = -1;
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *ops = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *ops = ferry__transport_at(i);
     if (!offers(ops, offered, n, &ep) ||
         (tls && !(ops->caps & FERRY_TRANSPORT_ENCRYPTS)))
       continue;
-    if (last < 0 || ops->priority < ferry_transport_at((size_t)last)->priority)
+    if (last < 0 || ops->priority < ferry__transport_at((size_t)last)->priority)
       last = (int)i;
     if ((failed & (1u << i)) == 0 &&
         (best < 0 ||
-         ops->priority > ferry_transport_at((size_t)best)->priority))
+         ops->priority > ferry__transport_at((size_t)best)->priority))
       best = (int)i;
   }
   if (best < 0)
@@ -203,13 +203,13 @@ int ferry_transport_choose(const char *want, bool tls,
   if (best < 0)
     return ferry__seterr(err, FERRY_ENOTSUP, "transport auto: the worker "
                          "offers no transport this client may use");
-  const ferry_transport_ops_t *ops = ferry_transport_at((size_t)best);
+  const ferry_transport_ops_t *ops = ferry__transport_at((size_t)best);
   offers(ops, offered, n, &ep);
   chose(out, best, ep);
   /* Why not one preferred to it. */
   const ferry_transport_ops_t *better = NULL;
-  for (size_t i = 0; i < ferry_transport_count(); i++) {
-    const ferry_transport_ops_t *o = ferry_transport_at(i);
+  for (size_t i = 0; i < ferry__transport_count(); i++) {
+    const ferry_transport_ops_t *o = ferry__transport_at(i);
     if ((int)i != best && o->priority > ops->priority &&
         offers(o, offered, n, &ep) &&
         (better == NULL || o->priority > better->priority))
@@ -228,10 +228,9 @@ int ferry_transport_choose(const char *want, bool tls,
   return 0;
 }
 
-bool ferry_transport_falls_back(const char *want, int index,
-                                uint64_t chunks) {
+bool ferry__transport_falls_back(const char *want, int index, uint64_t chunks) {
   return is_auto(want) && chunks == 0 && index >= 0 &&
-         (size_t)index < ferry_transport_count();
+         (size_t)index < ferry__transport_count();
 }
 
 Ferry__V1__StreamChunksRequest *
@@ -240,8 +239,8 @@ ferry__transport_request(ferry_rpc_call_t *call, const uint8_t *req,
   Ferry__V1__StreamChunksRequest *m =
       ferry__v1__stream_chunks_request__unpack(&ferry__pb_allocator, len, req);
   if (m == NULL) {
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksRequest: malformed protobuf");
+    ferry__rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                           "StreamChunksRequest: malformed protobuf");
     return NULL;
   }
   memset(o, 0, sizeof(*o));
@@ -249,7 +248,7 @@ ferry__transport_request(ferry_rpc_call_t *call, const uint8_t *req,
   o->client_id = m->client_id;
   if (m->client_secret.len == FERRY_CLIENT_SECRET_BYTES)
     o->secret = m->client_secret.data;
-  o->bearer = ferry_rpc_call_bearer(call, &o->bearer_len);
+  o->bearer = ferry__rpc_call_bearer(call, &o->bearer_len);
   return m;
 }
 

@@ -1,23 +1,23 @@
-/* The gRPC transport (ferry/transport.h): Worker/StreamChunks over
- * ferry/rpc.h, with its TLS, bearer tokens and keepalive.
+/* The gRPC transport (transport.h): Worker/StreamChunks over
+ * rpc.h, with its TLS, bearer tokens and keepalive.
  *
  * Worker side: StreamChunks is registered on the worker's gRPC server; a
  * call becomes a stream handed to on_open. Sends map one to one onto
- * ferry_rpc_stream_send (one outstanding: window 1), the pieces' free
+ * ferry__rpc_stream_send (one outstanding: window 1), the pieces' free
  * callbacks onto the send's release, the call's cancel onto on_end.
  * Client side: a channel and a ferry_rpc_stream_t per stream; a message is
- * the received gRPC byte buffer, read through ferry_rpc_msg_copy.
+ * the received gRPC byte buffer, read through ferry__rpc_msg_copy.
  */
 #include <stdatomic.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/transport.h"
-#include "ferry/tsan.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "rpc_methods.h"
+#include "transport.h"
 #include "transport_internal.h"
+#include "tsan.h"
 
 /* ---- Worker side --------------------------------------------------------- */
 
@@ -64,10 +64,10 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
   gstream_t *s = ferry__calloc(1, sizeof(*s));
   if (s == NULL) {
     ferry__transport_request_free(m);
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
-  s->base.ops = &ferry_transport_grpc;
+  s->base.ops = &ferry__transport_grpc;
   s->base.server = &srv->base;
   s->call = call;
   srv->on_open(&s->base, &o, srv->user);
@@ -83,13 +83,12 @@ static int g_server_new(const ferry_transport_server_config_t *cfg,
   gserver_t *srv = ferry__calloc(1, sizeof(*srv));
   if (srv == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport grpc: out of memory");
-  srv->base.ops = &ferry_transport_grpc;
+  srv->base.ops = &ferry__transport_grpc;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
-  int rc = ferry_rpc_server_register(cfg->rpc_server,
-                                     FERRY_METHOD_STREAM_CHUNKS,
-                                     FERRY_RPC_SERVER_STREAM, on_call, srv,
-                                     err);
+  int rc =
+      ferry__rpc_server_register(cfg->rpc_server, FERRY_METHOD_STREAM_CHUNKS,
+                                 FERRY_RPC_SERVER_STREAM, on_call, srv, err);
   if (rc != 0) {
     ferry__free(srv);
     return rc;
@@ -129,7 +128,7 @@ static void g_accept(ferry_transport_stream_t *base,
   s->on_end = on_end;
   s->arg = arg;
   s->accepted = true;
-  ferry_rpc_call_on_cancel(s->call, g_on_cancel, s);
+  ferry__rpc_call_on_cancel(s->call, g_on_cancel, s);
 }
 
 static void g_on_sent(ferry_rpc_call_t *call, int ok, void *arg) {
@@ -161,7 +160,7 @@ static int g_send(ferry_transport_stream_t *base,
     p[i] = (ferry_rpc_piece_t){m->pieces[i].ptr, m->pieces[i].len,
                                piece_free, r};
   /* Each piece's free runs exactly once, whether this succeeds or not. */
-  int rc = ferry_rpc_stream_send(s->call, p, m->n, g_on_sent, s);
+  int rc = ferry__rpc_stream_send(s->call, p, m->n, g_on_sent, s);
   if (rc == 0) {
     s->sending = true;
   }
@@ -175,7 +174,7 @@ static unsigned g_window(const ferry_transport_stream_t *s) {
 
 static bool g_ended(const ferry_transport_stream_t *base) {
   const gstream_t *s = (const gstream_t *)base;
-  return ferry_rpc_call_cancelled(s->call);
+  return ferry__rpc_call_cancelled(s->call);
 }
 
 static void g_finish(ferry_transport_stream_t *base, int status,
@@ -183,9 +182,9 @@ static void g_finish(ferry_transport_stream_t *base, int status,
   gstream_t *s = (gstream_t *)base;
   /* A refusal before anything was accepted is the call's error reply. */
   if (!s->accepted && status != FERRY_RPC_OK)
-    ferry_rpc_reply_error(s->call, status, msg);
+    ferry__rpc_reply_error(s->call, status, msg);
   else
-    ferry_rpc_stream_finish(s->call, status, msg);
+    ferry__rpc_stream_finish(s->call, status, msg);
   /* No callback of the call runs after its answer. */
   ferry__free(s);
 }
@@ -210,7 +209,7 @@ static int g_client_new(const ferry_transport_client_config_t *cfg,
   *out = NULL;
   if (cl == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport grpc: out of memory");
-  cl->base.ops = &ferry_transport_grpc;
+  cl->base.ops = &ferry__transport_grpc;
   ferry__transport_client_opts(cfg, &cl->opts);
   *out = &cl->base;
   return 0;
@@ -238,13 +237,13 @@ static int g_open(ferry_transport_client_t *base,
   gcstream_t *s = ferry__calloc(1, sizeof(*s));
   if (s == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport grpc: out of memory");
-  s->base.ops = &ferry_transport_grpc;
-  int rc = ferry_rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
+  s->base.ops = &ferry__transport_grpc;
+  int rc = ferry__rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
   if (rc == 0)
-    rc = ferry_rpc_stream_open(s->channel, FERRY_METHOD_STREAM_CHUNKS, buf,
-                               len, 0, 0, &s->stream, err);
+    rc = ferry__rpc_stream_open(s->channel, FERRY_METHOD_STREAM_CHUNKS, buf,
+                                len, 0, 0, &s->stream, err);
   if (rc != 0) {
-    ferry_rpc_channel_free(s->channel);
+    ferry__rpc_channel_free(s->channel);
     ferry__free(s);
     return rc;
   }
@@ -255,12 +254,12 @@ static int g_open(ferry_transport_client_t *base,
 static size_t g_msg_copy(const ferry_transport_msg_t *m, size_t off,
                          void *dst, size_t n) {
   const gcstream_t *s = m->impl_[0];
-  return ferry_rpc_msg_copy(&s->msg, off, dst, n);
+  return ferry__rpc_msg_copy(&s->msg, off, dst, n);
 }
 
 static void g_msg_release(ferry_transport_msg_t *m) {
   gcstream_t *s = m->impl_[0];
-  ferry_rpc_msg_release(&s->msg);
+  ferry__rpc_msg_release(&s->msg);
   memset(m, 0, sizeof(*m));
 }
 
@@ -268,8 +267,8 @@ static int g_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
                   int timeout_ms, ferry_error_t *err) {
   gcstream_t *s = (gcstream_t *)base;
   memset(msg, 0, sizeof(*msg));
-  ferry_rpc_msg_release(&s->msg); /* a message the reader forgot */
-  int rc = ferry_rpc_stream_next(s->stream, &s->msg, timeout_ms, err);
+  ferry__rpc_msg_release(&s->msg); /* a message the reader forgot */
+  int rc = ferry__rpc_stream_next(s->stream, &s->msg, timeout_ms, err);
   if (rc != 0)
     return rc;
   msg->len = s->msg.len;
@@ -280,20 +279,20 @@ static int g_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
 }
 
 static void g_cancel(ferry_transport_cstream_t *base) {
-  ferry_rpc_stream_cancel(((gcstream_t *)base)->stream);
+  ferry__rpc_stream_cancel(((gcstream_t *)base)->stream);
 }
 
 static void g_cstream_free(ferry_transport_cstream_t *base) {
   gcstream_t *s = (gcstream_t *)base;
   if (s == NULL)
     return;
-  ferry_rpc_msg_release(&s->msg);
-  ferry_rpc_stream_free(s->stream);
-  ferry_rpc_channel_free(s->channel);
+  ferry__rpc_msg_release(&s->msg);
+  ferry__rpc_stream_free(s->stream);
+  ferry__rpc_channel_free(s->channel);
   ferry__free(s);
 }
 
-const ferry_transport_ops_t ferry_transport_grpc = {
+const ferry_transport_ops_t ferry__transport_grpc = {
     .name = "grpc",
     .caps = FERRY_TRANSPORT_ENCRYPTS,
     .priority = 0,

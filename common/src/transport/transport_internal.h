@@ -5,9 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ferry/rpc.h"
-#include "ferry/transport.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "rpc.h"
+#include "transport.h"
 
 /* The StreamChunksRequest a transport's gRPC call opened with: unpacked
  * (with ferry__pb_allocator), and the job, client, secret and bearer token

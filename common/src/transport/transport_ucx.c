@@ -1,4 +1,4 @@
-/* The UCX transport (ferry/transport.h): chunks as UCP active messages.
+/* The UCX transport (transport.h): chunks as UCP active messages.
  *
  * Control on gRPC, bytes on UCX. A stream is opened as a gRPC
  * server-streaming call, Worker/StreamChunksUcx, whose request is
@@ -74,11 +74,11 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#include "ferry/alloc.h"
+#include "alloc.h"
 #include "ferry/log.h"
-#include "ferry/rpc_methods.h"
-#include "ferry/transport.h"
 #include "ferry/v1/worker.pb-c.h"
+#include "rpc_methods.h"
+#include "transport.h"
 #include "transport_internal.h"
 
 #define METHOD FERRY_METHOD_STREAM_CHUNKS_UCX
@@ -434,11 +434,11 @@ static void stream_answer(ustream_t *s) {
   ferry_rpc_call_t *call = s->call;
   s->call = NULL;
   if (s->unreachable != NULL)
-    ferry_rpc_stream_finish(call, FERRY_RPC_UNAVAILABLE, s->unreachable);
+    ferry__rpc_stream_finish(call, FERRY_RPC_UNAVAILABLE, s->unreachable);
   else if (!s->accepted && s->fin_status != FERRY_RPC_OK)
-    ferry_rpc_reply_error(call, s->fin_status, s->fin_msg);
+    ferry__rpc_reply_error(call, s->fin_status, s->fin_msg);
   else
-    ferry_rpc_stream_finish(call, s->fin_status, s->fin_msg);
+    ferry__rpc_stream_finish(call, s->fin_status, s->fin_msg);
 }
 
 /* A finished stream, from the sweep: sends END once the last send
@@ -603,15 +603,14 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     return;
   if (m->transport_address.len == 0 || m->transport_address.len > 65536) {
     ferry__transport_request_free(m);
-    ferry_rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
-                          "StreamChunksUcx: transport_address missing or over "
-                          "64 KiB");
+    ferry__rpc_reply_error(call, FERRY_RPC_INVALID_ARGUMENT,
+                           "StreamChunksUcx: transport_address missing or over "
+                           "64 KiB");
     return;
   }
   if (srv->stopping) {
     ferry__transport_request_free(m);
-    ferry_rpc_reply_error(call, FERRY_RPC_UNAVAILABLE,
-                          "worker shutting down");
+    ferry__rpc_reply_error(call, FERRY_RPC_UNAVAILABLE, "worker shutting down");
     return;
   }
   ustream_t *s = ferry__calloc(1, sizeof(*s));
@@ -620,11 +619,11 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     ferry__free(s);
     ferry__free(a);
     ferry__transport_request_free(m);
-    ferry_rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
+    ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
   memcpy(a, m->transport_address.data, m->transport_address.len);
-  s->base.ops = &ferry_transport_ucx;
+  s->base.ops = &ferry__transport_ucx;
   s->base.server = &srv->base;
   s->srv = srv;
   s->call = call;
@@ -646,7 +645,7 @@ static int u_server_new(const ferry_transport_server_config_t *cfg,
   userver_t *srv = ferry__calloc(1, sizeof(*srv));
   if (srv == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
-  srv->base.ops = &ferry_transport_ucx;
+  srv->base.ops = &ferry__transport_ucx;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
   int rc = ucx_open(&srv->ctx, &srv->worker, false, err);
@@ -664,8 +663,8 @@ static int u_server_new(const ferry_transport_server_config_t *cfg,
                        "event fd: %s", ucs_status_string(st));
     goto fail;
   }
-  rc = ferry_rpc_server_register(cfg->rpc_server, METHOD,
-                                 FERRY_RPC_SERVER_STREAM, on_call, srv, err);
+  rc = ferry__rpc_server_register(cfg->rpc_server, METHOD,
+                                  FERRY_RPC_SERVER_STREAM, on_call, srv, err);
   if (rc != 0)
     goto fail;
   uv_poll_init(cfg->loop, &srv->poll, efd);
@@ -775,7 +774,7 @@ static void u_accept(ferry_transport_stream_t *base,
     return;
   }
   /* on_end runs now if the call already ended. */
-  ferry_rpc_call_on_cancel(s->call, on_call_cancel, s);
+  ferry__rpc_call_on_cancel(s->call, on_call_cancel, s);
 }
 
 static int u_send(ferry_transport_stream_t *base,
@@ -851,7 +850,7 @@ static unsigned u_window(const ferry_transport_stream_t *s) {
 
 static bool u_ended(const ferry_transport_stream_t *base) {
   const ustream_t *s = (const ustream_t *)base;
-  return s->ended || (s->call != NULL && ferry_rpc_call_cancelled(s->call));
+  return s->ended || (s->call != NULL && ferry__rpc_call_cancelled(s->call));
 }
 
 static void u_finish(ferry_transport_stream_t *base, int status,
@@ -1301,7 +1300,7 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
   uclient_t *cl = ferry__calloc(1, sizeof(*cl));
   if (cl == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
-  cl->base.ops = &ferry_transport_ucx;
+  cl->base.ops = &ferry__transport_ucx;
   ferry__transport_client_opts(cfg, &cl->opts);
   cl->peer_timeout_ms = ferry__transport_peer_timeout_ms(cfg);
   int slow = cfg != NULL ? cfg->slow_fetch_ms : 0;
@@ -1338,7 +1337,7 @@ static int u_client_new(const ferry_transport_client_config_t *cfg,
     goto fail;
   }
   uint64_t base_id = 0;
-  ferry_rpc_random(&base_id, sizeof(base_id));
+  ferry__rpc_random(&base_id, sizeof(base_id));
   cl->next_id = base_id | 1;
   pthread_mutex_init(&cl->mu, NULL);
   pthread_cond_init(&cl->op_cv, NULL);
@@ -1414,7 +1413,7 @@ static int u_open(ferry_transport_client_t *base,
     ferry__free(s);
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
   }
-  s->base.ops = &ferry_transport_ucx;
+  s->base.ops = &ferry__transport_ucx;
   s->cl = cl;
   pthread_cond_init(&s->cv, NULL);
   s->fetch_ahead = cl->slow_fetch_ms == 0;
@@ -1441,14 +1440,14 @@ static int u_open(ferry_transport_client_t *base,
                        : 0;
   if (rc == 0) {
     ferry__v1__stream_chunks_request__pack(&m, buf);
-    rc = ferry_rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
+    rc = ferry__rpc_channel_new(peer->name, &cl->opts, &s->channel, err);
   }
   if (rc == 0)
-    rc = ferry_rpc_stream_open(s->channel, METHOD, buf, len, 0, 0, &s->ctl,
-                               err);
+    rc = ferry__rpc_stream_open(s->channel, METHOD, buf, len, 0, 0, &s->ctl,
+                                err);
   ferry__free(buf);
   if (rc != 0) {
-    ferry_transport_cstream_free(&s->base);
+    ferry__transport_cstream_free(&s->base);
     return rc;
   }
   *out = &s->base;
@@ -1692,9 +1691,9 @@ static void msg_release(ferry_transport_msg_t *mv) {
 static bool ctl_failed(ucstream_t *s) {
   ferry_rpc_msg_t cm;
   ferry_error_t cerr = {0};
-  int rc = ferry_rpc_stream_next(s->ctl, &cm, 0, &cerr);
+  int rc = ferry__rpc_stream_next(s->ctl, &cm, 0, &cerr);
   if (rc == 0)
-    ferry_rpc_msg_release(&cm);
+    ferry__rpc_msg_release(&cm);
   return rc != 0 && rc != FERRY_ETIMEDOUT && rc != FERRY_EOF &&
          rc != FERRY_EGRPC_CANCELLED;
 }
@@ -1717,7 +1716,7 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
                "StreamChunksUcx from %s: cancelled", s->peer);
       pthread_mutex_unlock(&cl->mu);
       bool dead = ctl_failed(s);
-      ferry_rpc_stream_cancel(s->ctl);
+      ferry__rpc_stream_cancel(s->ctl);
       pthread_mutex_lock(&cl->mu);
       if (dead)
         s->peer_dead = true;
@@ -1745,7 +1744,7 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
       if (s->end_status == FERRY_RPC_OK) {
         s->final_rc = FERRY_EOF;
       } else {
-        s->final_rc = ferry_rpc_err_from_status(s->end_status);
+        s->final_rc = ferry__rpc_err_from_status(s->end_status);
         snprintf(s->final_msg, sizeof(s->final_msg),
                  "StreamChunksUcx from %s: %s", s->peer, s->end_msg);
       }
@@ -1764,9 +1763,9 @@ static int u_next(ferry_transport_cstream_t *base, ferry_transport_msg_t *msg,
     pthread_mutex_unlock(&cl->mu);
     ferry_rpc_msg_t cm;
     ferry_error_t cerr = {0};
-    int rc = ferry_rpc_stream_next(s->ctl, &cm, ctl_wait, &cerr);
+    int rc = ferry__rpc_stream_next(s->ctl, &cm, ctl_wait, &cerr);
     if (rc == 0)
-      ferry_rpc_msg_release(&cm); /* none are sent; ignore */
+      ferry__rpc_msg_release(&cm); /* none are sent; ignore */
     pthread_mutex_lock(&cl->mu);
     if (rc != 0 && rc != FERRY_ETIMEDOUT && s->final_rc == 0 && !s->got_end) {
       if (rc == FERRY_EOF) {
@@ -1854,15 +1853,15 @@ static void u_cstream_free(ferry_transport_cstream_t *base) {
     s->out = NULL;
   }
   pthread_mutex_unlock(&cl->mu);
-  ferry_rpc_stream_free(s->ctl);
-  ferry_rpc_channel_free(s->channel);
+  ferry__rpc_stream_free(s->ctl);
+  ferry__rpc_channel_free(s->channel);
   pthread_cond_destroy(&s->cv);
   ferry__free(s->bounce);
   ferry__free(s->peer);
   ferry__free(s);
 }
 
-const ferry_transport_ops_t ferry_transport_ucx = {
+const ferry_transport_ops_t ferry__transport_ucx = {
     .name = "ucx",
     .caps = FERRY_TRANSPORT_NEEDS_ADDRESS | FERRY_TRANSPORT_ZERO_COPY,
     .priority = 10,

@@ -25,8 +25,8 @@
 
 #include "ferry/client.h"
 #include "ferry/error.h"
-#include "ferry/rpc.h"
 #include "harness.h"
+#include "rpc.h"
 
 #define IMG_H 32
 #define IMG_W 32
@@ -315,7 +315,7 @@ int main(int argc, char **argv) {
   }
   /* One gRPC initialisation for the whole run, not one per status poll
    * and client. */
-  ferry_rpc_init();
+  ferry__rpc_init();
   printf("bench_trainer: dataset %d x %d records of %dx%dx%d in %s/train\n",
          opt.files, opt.records_per_file, IMG_H, IMG_W, IMG_C, hx_tmpdir());
   hx_dataset_t ds;
@@ -369,7 +369,7 @@ int main(int argc, char **argv) {
            "%s)\n", 100 * best->stall, best->workers,
            best->stall < 0.03 ? "PASS" : "MISS");
   }
-  ferry_rpc_shutdown();
+  ferry__rpc_shutdown();
   /* hx_reap_all (at exit) removes the temporary directory, but keeps the
    * logs of a failed run. */
   if (failed) {

@@ -1,5 +1,5 @@
 /* Fuzzes the JPEG decoder: the input is a whole file, sized with
- * ferry_jpeg_header and decoded with ferry_jpeg_decode into a buffer of
+ * ferry__jpeg_header and decoded with ferry__jpeg_decode into a buffer of
  * exactly h * w * 3 bytes (so AddressSanitizer sees any write past it),
  * then decoded again into a buffer one byte short, which must fail with
  * FERRY_ERANGE. Decoded images big enough for blur(11) are blurred too,
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "ferry/error.h"
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -30,11 +30,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t n;
   uint8_t *img, *out;
 
-  if (jpeg == NULL && ferry_jpeg_new(&jpeg, NULL) != 0)
+  if (jpeg == NULL && ferry__jpeg_new(&jpeg, NULL) != 0)
     __builtin_trap();
-  if (blur == NULL && ferry_blur_new(11, 0.8f, &blur, NULL) != 0)
+  if (blur == NULL && ferry__blur_new(11, 0.8f, &blur, NULL) != 0)
     __builtin_trap();
-  if (ferry_jpeg_header(jpeg, data, size, &h, &w, &err) != 0) {
+  if (ferry__jpeg_header(jpeg, data, size, &h, &w, &err) != 0) {
     if (err.code != FERRY_EJPEG && err.code != FERRY_EJPEGTRUNC &&
         err.code != FERRY_ENOMEM)
       __builtin_trap();
@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   img = malloc(n);
   if (img == NULL)
     return 0;
-  rc = ferry_jpeg_decode(jpeg, data, size, img, n, &dh, &dw, &err);
+  rc = ferry__jpeg_decode(jpeg, data, size, img, n, &dh, &dw, &err);
   if (rc != 0 && rc != FERRY_EJPEG && rc != FERRY_EJPEGTRUNC &&
       rc != FERRY_ERANGE && rc != FERRY_ENOMEM)
     __builtin_trap();
@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (h > 5 && w > 5) {
       out = malloc(n);
       if (out != NULL) {
-        if (ferry_blur_apply(blur, img, out, h, w, 3, &err) != 0)
+        if (ferry__blur_apply(blur, img, out, h, w, 3, &err) != 0)
           __builtin_trap();
         sink ^= out[0] ^ out[n - 1];
         free(out);
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   img = malloc(n - 1);
   if (img == NULL)
     return 0;
-  rc = ferry_jpeg_decode(jpeg, data, size, img, n - 1, &dh, &dw, &err);
+  rc = ferry__jpeg_decode(jpeg, data, size, img, n - 1, &dh, &dw, &err);
   if (rc == 0)
     __builtin_trap();
   free(img);

@@ -1,4 +1,4 @@
-/* Fuzzes the JPEG decode fused with a crop (ferry_jpeg_decode_crop): the
+/* Fuzzes the JPEG decode fused with a crop (ferry__jpeg_decode_crop): the
  * first 8 bytes choose the op (random_resized_crop, resize(S) |
  * center_crop, center_crop), the output size (1..64 a side), the sampler's
  * key, the DCT-scale gap and the exact path; the rest is the JPEG. The
@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/crop.h"
+#include "crop.h"
 #include "ferry/error.h"
-#include "ferry/imgops.h"
+#include "imgops.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t n;
   uint8_t *out;
 
-  if (jpeg == NULL && ferry_jpeg_new(&jpeg, NULL) != 0)
+  if (jpeg == NULL && ferry__jpeg_new(&jpeg, NULL) != 0)
     __builtin_trap();
   if (size < 8)
     return 0;
@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += 8;
   size -= 8;
 
-  if (ferry_jpeg_header(jpeg, data, size, &h, &w, &err) != 0) {
+  if (ferry__jpeg_header(jpeg, data, size, &h, &w, &err) != 0) {
     if (!is_jpeg_error(err.code))
       __builtin_trap();
     return 0;
@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* The output size the plan gives (resize(S) alone: from the image). */
   {
     ferry_window_t win;
-    if (ferry_crop_plan(&op, h, w, &win, &oh, &ow, &err) != 0)
+    if (ferry__crop_plan(&op, h, w, &win, &oh, &ow, &err) != 0)
       __builtin_trap();
     if (oh <= 0 || ow <= 0 || oh > 8192 || ow > 8192)
       return 0;
@@ -78,8 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   out = malloc(n);
   if (out == NULL)
     return 0;
-  rc = ferry_jpeg_decode_crop(jpeg, data, size, &op, out, n, &oh, &ow, &info,
-                              &err);
+  rc = ferry__jpeg_decode_crop(jpeg, data, size, &op, out, n, &oh, &ow, &info,
+                               &err);
   if (rc != 0 && !is_jpeg_error(rc)) {
 #ifdef FUZZ_DEBUG
     fprintf(stderr, "rc %d: %s\n", rc, err.msg);
@@ -97,8 +97,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   out = malloc(n - 1 > 0 ? n - 1 : 1);
   if (out == NULL)
     return 0;
-  rc = ferry_jpeg_decode_crop(jpeg, data, size, &op, out, n - 1, &oh, &ow,
-                              NULL, &err);
+  rc = ferry__jpeg_decode_crop(jpeg, data, size, &op, out, n - 1, &oh, &ow,
+                               NULL, &err);
   if (rc == 0)
     __builtin_trap();
   free(out);

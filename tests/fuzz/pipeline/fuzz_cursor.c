@@ -1,4 +1,4 @@
-/* Fuzz target for checkpoint cursors (ferry/cursor.h): bytes a trainer
+/* Fuzz target for checkpoint cursors (cursor.h): bytes a trainer
  * hands back as options.resume, from a checkpoint file. Whatever is
  * accepted must encode and decode to the same cursor; nothing may stay
  * allocated.
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/cursor.h"
+#include "alloc.h"
+#include "cursor.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -25,12 +25,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t len = 0;
   ferry_alloc_stats_t before, after;
   ferry__alloc_stats(&before);
-  if (ferry_cursor_decode(data, size, &a, &err) != 0) {
+  if (ferry__cursor_decode(data, size, &a, &err) != 0) {
     CHECK(err.msg[0] != '\0');
   } else {
-    CHECK(ferry_cursor_encode(&a, buf, sizeof(buf), &len) == 0);
+    CHECK(ferry__cursor_encode(&a, buf, sizeof(buf), &len) == 0);
     CHECK(len <= FERRY_CURSOR_MAX_BYTES);
-    CHECK(ferry_cursor_decode(buf, len, &b, &err) == 0);
+    CHECK(ferry__cursor_decode(buf, len, &b, &err) == 0);
     CHECK(memcmp(&a, &b, sizeof(a)) == 0);
   }
   ferry__alloc_stats(&after);

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/spec.h"
+#include "alloc.h"
+#include "spec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -28,24 +28,24 @@ static void round_trips(const ferry_spec_t *s) {
   uint8_t *buf = NULL;
   size_t len = 0;
 
-  CHECK(ferry_spec_validate(s, &err) == 0);
-  CHECK(ferry_spec_format(s, &c1) == 0);
-  CHECK(ferry_spec_parse(c1, &t, &err) == 0);
-  CHECK(ferry_spec_equal(s, &t));
-  CHECK(ferry_spec_format(&t, &c2) == 0);
+  CHECK(ferry__spec_validate(s, &err) == 0);
+  CHECK(ferry__spec_format(s, &c1) == 0);
+  CHECK(ferry__spec_parse(c1, &t, &err) == 0);
+  CHECK(ferry__spec_equal(s, &t));
+  CHECK(ferry__spec_format(&t, &c2) == 0);
   CHECK(strcmp(c1, c2) == 0);
 
-  CHECK(ferry_spec_pack(s, &buf, &len) == 0);
-  CHECK(ferry_spec_unpack(buf, len, &u, &err) == 0);
-  CHECK(ferry_spec_equal(s, &u));
-  CHECK(ferry_spec_fingerprint(s) == ferry_spec_fingerprint(&u));
-  CHECK(ferry_spec_fingerprint(s) == ferry_spec_fingerprint(&t));
+  CHECK(ferry__spec_pack(s, &buf, &len) == 0);
+  CHECK(ferry__spec_unpack(buf, len, &u, &err) == 0);
+  CHECK(ferry__spec_equal(s, &u));
+  CHECK(ferry__spec_fingerprint(s) == ferry__spec_fingerprint(&u));
+  CHECK(ferry__spec_fingerprint(s) == ferry__spec_fingerprint(&t));
 
   ferry_free(c1);
   ferry_free(c2);
   ferry_free(buf);
-  ferry_spec_close(&t);
-  ferry_spec_close(&u);
+  ferry__spec_close(&t);
+  ferry__spec_close(&u);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(text, data, size);
   text[size] = '\0';
 
-  rc = ferry_spec_parse(text, &s, &err);
+  rc = ferry__spec_parse(text, &s, &err);
   if (rc == 0) {
     round_trips(&s);
   } else {
@@ -72,15 +72,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           strncmp(err.msg, "line ", 5) == 0);
     CHECK(s.patterns == NULL && s.n_patterns == 0);
   }
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
   free(text);
 
-  rc = ferry_spec_unpack(data, size, &s, &err);
+  rc = ferry__spec_unpack(data, size, &s, &err);
   if (rc == 0)
     round_trips(&s);
   else
     CHECK(rc == FERRY_ESPEC && s.patterns == NULL);
-  ferry_spec_close(&s);
+  ferry__spec_close(&s);
 
   ferry__alloc_stats(&after);
   CHECK(after.blocks == before.blocks && after.bytes == before.bytes);

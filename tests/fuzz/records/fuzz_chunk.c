@@ -1,4 +1,4 @@
-/* Fuzz target for the chunk header parser (ferry/chunk.h), the one parser
+/* Fuzz target for the chunk header parser (chunk.h), the one parser
  * that reads bytes a worker (a network peer) sent. The input is split into
  * slices of a size taken from its first byte, as gRPC delivers messages
  * in slices, so window refills across slice boundaries are exercised. An
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/chunk.h"
+#include "chunk.h"
 #include "ferry/v1/worker.pb-c.h"
 
 typedef struct {
@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0)
     return 0;
   if (!ready) {
-    ferry_chunk_parser_init(&parser);
+    ferry__chunk_parser_init(&parser);
     ready = 1;
   }
   s.slice = 1 + data[0] % 64 * 97; /* 1 .. ~6 KiB */
@@ -57,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   src.len = s.len;
   src.copy = sliced_copy;
   src.ctx = &s;
-  if (ferry_chunk_parse(&parser, &src, &ch, &err) != 0)
+  if (ferry__chunk_parse(&parser, &src, &ch, &err) != 0)
     return 0;
   if (ch.payload_off > s.len || ch.payload_len > s.len - ch.payload_off)
     abort();

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ferry/example.h"
+#include "example.h"
 #include "tensorflow/core/example/example.pb-c.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -123,23 +123,23 @@ static void exercise(const ferry_feature_t *f) {
   size_t n, i, len;
   int rc;
 
-  rc = ferry_feature_int64s(f, iv, 256, &n);
+  rc = ferry__feature_int64s(f, iv, 256, &n);
   CHECK(rc == (f->kind == FERRY_FEATURE_INT64 || f->kind == FERRY_FEATURE_NONE
                    ? 0 : FERRY_EFEATTYPE));
   if (rc == 0)
     CHECK(n == f->count);
-  rc = ferry_feature_floats(f, fv, 256, &n);
+  rc = ferry__feature_floats(f, fv, 256, &n);
   CHECK(rc == (f->kind == FERRY_FEATURE_FLOAT || f->kind == FERRY_FEATURE_NONE
                    ? 0 : FERRY_EFEATTYPE));
   if (rc == 0)
     CHECK(n == f->count);
   for (i = 0; f->kind == FERRY_FEATURE_BYTES && i < f->count && i < 1024;
        i++) {
-    CHECK(ferry_feature_bytes(f, i, &d, &len) == 0);
+    CHECK(ferry__feature_bytes(f, i, &d, &len) == 0);
     CHECK(len <= f->list_len && d >= f->list &&
           d + len <= f->list + f->list_len);
   }
-  rc = ferry_feature_bytes(f, f->count, &d, &len);
+  rc = ferry__feature_bytes(f, f->count, &d, &len);
   CHECK(rc == (f->kind == FERRY_FEATURE_BYTES || f->kind == FERRY_FEATURE_NONE
                    ? FERRY_ERANGE : FERRY_EFEATTYPE));
 }
@@ -156,18 +156,18 @@ static void compare(const ferry_feature_t *f, const Tensorflow__Feature *v) {
   if (kind == TENSORFLOW__FEATURE__KIND_BYTES_LIST) {
     CHECK(f->count == v->bytes_list->n_value);
     for (i = 0; i < f->count && i < 256; i++) {
-      CHECK(ferry_feature_bytes(f, i, &d, &len) == 0);
+      CHECK(ferry__feature_bytes(f, i, &d, &len) == 0);
       CHECK(len == v->bytes_list->value[i].len);
       CHECK(len == 0 || memcmp(d, v->bytes_list->value[i].data, len) == 0);
     }
   } else if (kind == TENSORFLOW__FEATURE__KIND_FLOAT_LIST) {
     CHECK(f->count == v->float_list->n_value);
-    CHECK(ferry_feature_floats(f, fv, 256, &n) == 0);
+    CHECK(ferry__feature_floats(f, fv, 256, &n) == 0);
     for (i = 0; i < n && i < 256; i++)
       CHECK(memcmp(&fv[i], &v->float_list->value[i], 4) == 0);
   } else if (kind == TENSORFLOW__FEATURE__KIND_INT64_LIST) {
     CHECK(f->count == v->int64_list->n_value);
-    CHECK(ferry_feature_int64s(f, iv, 256, &n) == 0);
+    CHECK(ferry__feature_int64s(f, iv, 256, &n) == 0);
     for (i = 0; i < n && i < 256; i++)
       CHECK(iv[i] == v->int64_list->value[i]);
   } else {
@@ -183,7 +183,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t i, j;
   int rc;
 
-  rc = ferry_example_parse(&ex, data, size, &err);
+  rc = ferry__example_parse(&ex, data, size, &err);
   pe = tensorflow__example__unpack(NULL, size, data);
   if (rc != 0) {
     CHECK(ex.n == 0);
@@ -213,7 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     key = malloc(f->key_len + 1);
     memcpy(key, f->key, f->key_len);
     key[f->key_len] = '\0';
-    CHECK(ferry_example_find(&ex, key) == f);
+    CHECK(ferry__example_find(&ex, key) == f);
     free(key);
   }
 
@@ -232,7 +232,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!last)
         continue;
       distinct++;
-      f = ferry_example_find(&ex, e->key);
+      f = ferry__example_find(&ex, e->key);
       CHECK(f != NULL);
       compare(f, e->value);
     }

@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ferry/alloc.h"
-#include "ferry/tfrecord.h"
+#include "alloc.h"
+#include "tfrecord.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -20,13 +20,13 @@ static void run(const uint8_t *data, size_t size, ferry_error_policy_t pol,
   uint64_t count = 0;
   int rc;
 
-  ferry_tfr_options_init(&o);
+  ferry__tfr_options_init(&o);
   o.on_error = pol;
   o.verify_crc = verify;
   o.max_record_len = 64 << 10;
-  if (ferry_tfr_reader_open_mem(data, size, "fuzz", &o, &r, &err) != 0)
+  if (ferry__tfr_reader_open_mem(data, size, "fuzz", &o, &r, &err) != 0)
     return;
-  while ((rc = ferry_tfr_reader_next(r, &rec, &err)) == 0) {
+  while ((rc = ferry__tfr_reader_next(r, &rec, &err)) == 0) {
     volatile uint8_t sink = 0;
     if (rec.len > o.max_record_len)
       __builtin_trap();
@@ -36,14 +36,14 @@ static void run(const uint8_t *data, size_t size, ferry_error_policy_t pol,
     count++;
   }
   /* A finished reader keeps answering the same way. */
-  if (ferry_tfr_reader_next(r, &rec, &err) != rc)
+  if (ferry__tfr_reader_next(r, &rec, &err) != rc)
     __builtin_trap();
   if (pol == FERRY_ON_ERROR_SKIP && rc != FERRY_EOF && rc != FERRY_ENOMEM)
     __builtin_trap();
-  ferry_tfr_reader_stats(r, &st);
+  ferry__tfr_reader_stats(r, &st);
   if (st.records != count)
     __builtin_trap();
-  ferry_tfr_reader_free(r);
+  ferry__tfr_reader_free(r);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

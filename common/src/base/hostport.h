@@ -14,7 +14,7 @@
 /* Longest host accepted (a DNS name is at most 253 characters). */
 #define FERRY_HOST_MAX 255
 
-/* ferry_hostport_parse flags. */
+/* ferry__hostport_parse flags. */
 #define FERRY_HOSTPORT_PORT_OPTIONAL 1u /* "HOST" alone is fine: *port 0 */
 
 /* Splits `s` into host and port: "HOST:PORT", "[V6]:PORT" (an IPv6
@@ -24,7 +24,7 @@
  * the port (1..65535, or 0 when absent) into *port (may be NULL).
  * Returns 0, or FERRY_EINVAL with a message that says what is wrong and
  * what to write instead (it quotes `s`, at most 64 characters of it). */
-int ferry_hostport_parse(const char *s, unsigned flags, char *host,
-                         size_t cap, int *port, ferry_error_t *err);
+int ferry__hostport_parse(const char *s, unsigned flags, char *host, size_t cap,
+                          int *port, ferry_error_t *err);
 
 #endif /* FERRY_HOSTPORT_H */

@@ -1,6 +1,6 @@
 /* A zero-copy tf.train.Example parser.
  *
- * ferry_example_parse walks the protobuf wire format of an Example and
+ * ferry__example_parse walks the protobuf wire format of an Example and
  * records, for each feature, its key and the location of its list inside
  * the record: nothing is copied and nothing is allocated once the
  * example's feature array has grown to the record's feature count. It
@@ -26,12 +26,12 @@ typedef enum {
 } ferry_feature_kind_t;
 
 typedef struct ferry_feature_s {
-  const char *key;       /* points into the record; not NUL-terminated */
+  const char *key; /* points into the record; not NUL-terminated */
   size_t key_len;
   ferry_feature_kind_t kind;
-  const uint8_t *list;   /* body of the BytesList/FloatList/Int64List */
+  const uint8_t *list; /* body of the BytesList/FloatList/Int64List */
   size_t list_len;
-  size_t count;          /* number of values in the list */
+  size_t count; /* number of values in the list */
 } ferry_feature_t;
 
 /* Caller-owned and reusable across records (init once, parse many). */
@@ -41,33 +41,33 @@ typedef struct ferry_example_s {
   size_t cap;
 } ferry_example_t;
 
-void ferry_example_init(ferry_example_t *ex);
-void ferry_example_close(ferry_example_t *ex);
+void ferry__example_init(ferry_example_t *ex);
+void ferry__example_close(ferry_example_t *ex);
 
 /* Parses `len` bytes at `buf` into `ex` (replacing its previous content).
  * Pointers in `ex` point into `buf`. Returns 0, or FERRY_EVARINT,
  * FERRY_EWIRETYPE, FERRY_EOVERRUN (message names the byte offset and the
  * field), or FERRY_ENOMEM. */
-int ferry_example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
-                        ferry_error_t *err);
+int ferry__example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
+                         ferry_error_t *err);
 
 /* The feature named `key`, or NULL. */
-const ferry_feature_t *ferry_example_find(const ferry_example_t *ex,
-                                          const char *key);
+const ferry_feature_t *ferry__example_find(const ferry_example_t *ex,
+                                           const char *key);
 
 /* The i-th value of a BytesList feature. Returns 0, FERRY_EFEATTYPE or
  * FERRY_ERANGE. */
-int ferry_feature_bytes(const ferry_feature_t *f, size_t i,
-                        const uint8_t **data, size_t *len);
+int ferry__feature_bytes(const ferry_feature_t *f, size_t i,
+                         const uint8_t **data, size_t *len);
 
 /* Copies up to `cap` values of an Int64List / FloatList feature into
  * `out` and sets *n to the number of values in the list (which may exceed
  * cap). Returns 0 or FERRY_EFEATTYPE. */
-int ferry_feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
-                         size_t *n);
-int ferry_feature_floats(const ferry_feature_t *f, float *out, size_t cap,
-                         size_t *n);
+int ferry__feature_int64s(const ferry_feature_t *f, int64_t *out, size_t cap,
+                          size_t *n);
+int ferry__feature_floats(const ferry_feature_t *f, float *out, size_t cap,
+                          size_t *n);
 
-const char *ferry_feature_kind_name(ferry_feature_kind_t kind);
+const char *ferry__feature_kind_name(ferry_feature_kind_t kind);
 
 #endif /* FERRY_EXAMPLE_H */

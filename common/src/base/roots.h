@@ -6,7 +6,7 @@
  * The dispatcher checks a spec's patterns before it expands them (so a
  * glob cannot probe for files outside the roots) and every file after;
  * the dispatcher's scan and the workers open each file through
- * ferry_roots_open_file, which checks again and opens without a race.
+ * ferry__roots_open_file, which checks again and opens without a race.
  */
 #ifndef FERRY_ROOTS_H
 #define FERRY_ROOTS_H
@@ -25,18 +25,18 @@ typedef struct ferry_roots_s {
 /* Resolves the roots in `list` (one per line, as FERRY_OPT_LIST keeps
  * them; NULL or "": none). Each must be an existing directory: otherwise
  * FERRY_EINVAL naming it. Returns 0 or the error; free with
- * ferry_roots_close either way. */
-int ferry_roots_init(ferry_roots_t *r, const char *list, ferry_error_t *err);
-void ferry_roots_close(ferry_roots_t *r);
+ * ferry__roots_close either way. */
+int ferry__roots_init(ferry_roots_t *r, const char *list, ferry_error_t *err);
+void ferry__roots_close(ferry_roots_t *r);
 
 /* True when no root is configured. */
-bool ferry_roots_open(const ferry_roots_t *r);
+bool ferry__roots_open(const ferry_roots_t *r);
 
 /* Checks that `path` (an existing file) resolves inside a root: 0, or
  * FERRY_EACCES "PATH is outside every --data-root" (naming only the path
  * as given), or the errno of realpath (FERRY_ENOENT...). */
-int ferry_roots_check(const ferry_roots_t *r, const char *path,
-                      ferry_error_t *err);
+int ferry__roots_check(const ferry_roots_t *r, const char *path,
+                       ferry_error_t *err);
 
 /* Opens `path` for reading (O_RDONLY | O_CLOEXEC | O_NONBLOCK; the
  * caller checks that it is a regular file) into *fd, without a race:
@@ -48,11 +48,11 @@ int ferry_roots_check(const ferry_roots_t *r, const char *path,
  * symlink swapped into the path between the check and the open is
  * refused (FERRY_EACCES, naming the path and the root) instead of
  * followed. Every read goes through this descriptor. Outside every root:
- * FERRY_EACCES as ferry_roots_check. With no root: a plain open(2). */
-int ferry_roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
-                          ferry_error_t *err);
+ * FERRY_EACCES as ferry__roots_check. With no root: a plain open(2). */
+int ferry__roots_open_file(const ferry_roots_t *r, const char *path, int *fd,
+                           ferry_error_t *err);
 
-/* Test-only: false makes ferry_roots_open_file take the component walk
+/* Test-only: false makes ferry__roots_open_file take the component walk
  * that stands in for openat2 on kernels without it. */
 void ferry__roots_use_openat2(bool use);
 
@@ -61,7 +61,7 @@ void ferry__roots_use_openat2(bool use);
  * inside a root. A directory that does not exist is refused the same way
  * as one outside the roots, so the answer tells nothing about what exists
  * outside them. */
-int ferry_roots_check_pattern(const ferry_roots_t *r, const char *pattern,
-                              ferry_error_t *err);
+int ferry__roots_check_pattern(const ferry_roots_t *r, const char *pattern,
+                               ferry_error_t *err);
 
 #endif /* FERRY_ROOTS_H */

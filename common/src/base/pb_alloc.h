@@ -1,4 +1,4 @@
-/* protobuf-c's allocator over the one allocation wrapper (ferry/alloc.h),
+/* protobuf-c's allocator over the one allocation wrapper (alloc.h),
  * so that unpacked messages count in the leak checks and fail under the
  * failure injection like everything else. Pass &ferry__pb_allocator to
  * *__unpack and *__free_unpacked. */

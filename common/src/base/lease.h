@@ -21,25 +21,25 @@
 #define FERRY_LEASE_PART_SHIFT 24
 #define FERRY_LEASE_BOOT_SHIFT 40
 /* Parts of one split a plan may make. */
-#define FERRY_LEASE_MAX_PARTS                                                 \
+#define FERRY_LEASE_MAX_PARTS                                                  \
   (1u << (FERRY_LEASE_BOOT_SHIFT - FERRY_LEASE_PART_SHIFT))
 
 /* The lowest lease of part `part` of a split in dispatcher process
  * `boot`. */
-static inline uint64_t ferry_lease_floor(uint64_t boot, uint32_t part) {
+static inline uint64_t ferry__lease_floor(uint64_t boot, uint32_t part) {
   return boot << FERRY_LEASE_BOOT_SHIFT |
          (uint64_t)(part % FERRY_LEASE_MAX_PARTS) << FERRY_LEASE_PART_SHIFT;
 }
 
 /* The part of its split a lease is of (0 for unranked jobs). */
-static inline uint32_t ferry_lease_part(uint64_t lease) {
+static inline uint32_t ferry__lease_part(uint64_t lease) {
   return (uint32_t)(lease >> FERRY_LEASE_PART_SHIFT) &
          (FERRY_LEASE_MAX_PARTS - 1);
 }
 
 /* Whether a lease was issued: a row's lease before its first is its
  * part's floor in process 0. */
-static inline bool ferry_lease_issued(uint64_t lease) {
+static inline bool ferry__lease_issued(uint64_t lease) {
   return (lease & ~((uint64_t)(FERRY_LEASE_MAX_PARTS - 1)
                     << FERRY_LEASE_PART_SHIFT)) != 0;
 }

@@ -17,7 +17,7 @@ extern "C" {
 
 /* Maps an errno value (positive) to a Ferry code: known values to their
  * FERRY_E* twin, anything else to FERRY_EIO. */
-int ferry_err_from_errno(int errnum);
+int ferry__err_from_errno(int errnum);
 
 /* Fills `err` (if not NULL) with `code` and the formatted message, and
  * returns `code` so callers can write `return ferry__seterr(err, ...)`. */

@@ -76,11 +76,11 @@ typedef struct ferry_chunk_s {
 
 /* The header's exact size in bytes for `ch` (with the payload's tag and
  * length when payload_len > 0). */
-size_t ferry_chunk_header_size(const ferry_chunk_t *ch);
+size_t ferry__chunk_header_size(const ferry_chunk_t *ch);
 
 /* At most this many header bytes for n_records labels and ids and an
  * error of error_len bytes, whatever the values. */
-size_t ferry_chunk_header_bound(size_t n_records, size_t error_len);
+size_t ferry__chunk_header_bound(size_t n_records, size_t error_len);
 
 /* One piece of an encoded message: bytes that are not copied. */
 typedef struct ferry_chunk_piece_s {
@@ -96,9 +96,9 @@ typedef struct ferry_chunk_piece_s {
  * the pieces back to back is one valid ferry.v1.Chunk. Returns the number
  * of pieces (1 or 2), or FERRY_ERANGE (nothing written that matters) when
  * the header needs more than cap bytes. */
-int ferry_chunk_encode(const ferry_chunk_t *ch, const void *payload,
-                       uint8_t *hdr, size_t cap,
-                       ferry_chunk_piece_t out[FERRY_CHUNK_MAX_PIECES]);
+int ferry__chunk_encode(const ferry_chunk_t *ch, const void *payload,
+                        uint8_t *hdr, size_t cap,
+                        ferry_chunk_piece_t out[FERRY_CHUNK_MAX_PIECES]);
 
 /* ---- Parser ------------------------------------------------------------- */
 
@@ -108,14 +108,13 @@ int ferry_chunk_encode(const ferry_chunk_t *ch, const void *payload,
 typedef struct ferry_chunk_src_s ferry_chunk_src_t;
 struct ferry_chunk_src_s {
   size_t len;
-  size_t (*copy)(const ferry_chunk_src_t *src, size_t off, void *dst,
-                 size_t n);
+  size_t (*copy)(const ferry_chunk_src_t *src, size_t off, void *dst, size_t n);
   const void *ctx;
 };
 
 /* A source over len contiguous bytes at buf (kept by the caller). */
-void ferry_chunk_src_bytes(ferry_chunk_src_t *src, const void *buf,
-                           size_t len);
+void ferry__chunk_src_bytes(ferry_chunk_src_t *src, const void *buf,
+                            size_t len);
 
 /* The parser's reusable buffers: a window over the message's header bytes,
  * the label and id arrays and the error text. They grow to the largest
@@ -129,8 +128,8 @@ typedef struct ferry_chunk_parser_s {
   char error[FERRY_CHUNK_ERROR_MAX];
 } ferry_chunk_parser_t;
 
-void ferry_chunk_parser_init(ferry_chunk_parser_t *p);
-void ferry_chunk_parser_close(ferry_chunk_parser_t *p);
+void ferry__chunk_parser_init(ferry_chunk_parser_t *p);
+void ferry__chunk_parser_close(ferry_chunk_parser_t *p);
 
 /* Parses the header of one Chunk message without copying its payload:
  * only the header bytes pass through the window (fields in any order,
@@ -139,7 +138,7 @@ void ferry_chunk_parser_close(ferry_chunk_parser_t *p);
  * and ids number count or 0 (not for an error chunk). Returns 0,
  * FERRY_EOVERRUN / FERRY_EVARINT / FERRY_EWIRETYPE / FERRY_EINVAL for a
  * malformed message (err names the byte offset), FERRY_ENOMEM. */
-int ferry_chunk_parse(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
-                      ferry_chunk_t *out, ferry_error_t *err);
+int ferry__chunk_parse(ferry_chunk_parser_t *p, const ferry_chunk_src_t *src,
+                       ferry_chunk_t *out, ferry_error_t *err);
 
 #endif /* FERRY_CHUNK_H */

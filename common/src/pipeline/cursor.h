@@ -27,14 +27,14 @@ typedef struct ferry_cursor_cut_s {
 
 typedef struct ferry_cursor_s {
   uint32_t version;
-  char dataset_id[65];      /* the spec's fingerprint (hex) */
+  char dataset_id[65]; /* the spec's fingerprint (hex) */
   bool shuffle;
   uint64_t seed;
-  uint32_t epoch;           /* the next batch is batch `step` of `epoch` */
+  uint32_t epoch; /* the next batch is batch `step` of `epoch` */
   uint64_t step;
   uint32_t world_size;
   uint32_t batch_size;
-  bool pad;                 /* padding, not drop_remainder */
+  bool pad; /* padding, not drop_remainder */
   uint64_t records_per_epoch;
   /* The epoch's earlier cuts, oldest first; the current one is
    * (world_size, step). */
@@ -44,12 +44,12 @@ typedef struct ferry_cursor_s {
 
 /* Writes the cursor into buf (cap bytes); *len its size. FERRY_ERANGE
  * when cap is too small (*len then says how much is needed). */
-int ferry_cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
-                        size_t *len);
+int ferry__cursor_encode(const ferry_cursor_t *cur, uint8_t *buf, size_t cap,
+                         size_t *len);
 
 /* Reads a cursor. FERRY_EINVAL with err naming what is wrong: not a Ferry
  * cursor, a malformed one, or one of another format version. */
-int ferry_cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
-                        ferry_error_t *err);
+int ferry__cursor_decode(const void *buf, size_t len, ferry_cursor_t *cur,
+                         ferry_error_t *err);
 
 #endif

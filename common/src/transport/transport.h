@@ -1,16 +1,16 @@
 /* The data-plane seam: how a worker streams Chunk messages to a client.
  *
  * The control plane (registration, heartbeats, leases) stays on gRPC
- * (ferry/rpc.h). Only the chunk stream goes through this header:
+ * (rpc.h). Only the chunk stream goes through this header:
  * worker/stream.c and client/src/client_streams.c open, send and read
  * streams only through it, and never name a transport. An implementation
  * is a const table of function pointers with a name, capabilities and a
  * priority (ferry_transport_ops_t), listed in the registry
- * (common/src/transport/transport.c): ferry_transport_grpc ("grpc", over
- * ferry/rpc.h, keeping its TLS and bearer tokens) and, when built with
- * UCX, ferry_transport_ucx ("ucx", UCP). The worker starts every
+ * (common/src/transport/transport.c): ferry__transport_grpc ("grpc", over
+ * rpc.h, keeping its TLS and bearer tokens) and, when built with
+ * UCX, ferry__transport_ucx ("ucx", UCP). The worker starts every
  * registered transport and publishes the endpoints they return; the
- * client picks one per worker with ferry_transport_choose, whose rules
+ * client picks one per worker with ferry__transport_choose, whose rules
  * (the job's choice, TLS, the fallback before a first chunk) are the
  * seam's, stated once below ("Choosing").
  *
@@ -34,12 +34,12 @@
  *   1. A client opens it with a request (job, client id, secret, bearer
  *      token). on_open runs with a new stream handle; the handler answers
  *      at once (before returning) or later on the loop: it either accepts
- *      (ferry_transport_accept, then sends) or refuses (finish with a
- *      status, without accept). Every stream handed to on_open must be finished exactly
- *      once (ferry_transport_finish), also after on_end reported it dead;
+ *      (ferry__transport_accept, then sends) or refuses (finish with a
+ *      status, without accept). Every stream handed to on_open must be finished
+ * exactly once (ferry__transport_finish), also after on_end reported it dead;
  *      the handle stays valid until then and must not be used after.
  *   2. send: one chunk per call, as pieces pointing into the chunk pool
- *      (no copy). At most `window` sends (ferry_transport_window, >= 1;
+ *      (no copy). At most `window` sends (ferry__transport_window, >= 1;
  *      gRPC: 1) may be outstanding per stream: a send is outstanding from
  *      the call until its on_sent. on_sent(ok=1) means the transport took
  *      the message (it passed flow control: the caller may send one more),
@@ -53,7 +53,7 @@
  *      down. It runs before the on_sent(ok=0) of sends that failed for
  *      that reason. The caller still has to finish the stream.
  *   4. finish(status, msg): ends the stream with a gRPC status code
- *      (FERRY_RPC_OK or FERRY_RPC_* from ferry/rpc.h, for every transport)
+ *      (FERRY_RPC_OK or FERRY_RPC_* from rpc.h, for every transport)
  *      and a message the client sees in its error. Sends still outstanding
  *      complete first (their release runs; their on_sent does not).
  *
@@ -92,12 +92,12 @@
  *
  * Every worker has a gRPC address ("host:port", its name in messages).
  * A transport may need more to reach it (FERRY_TRANSPORT_NEEDS_ADDRESS;
- * UCX: the UCP worker address): ferry_transport_server_address gives
+ * UCX: the UCP worker address): ferry__transport_server_address gives
  * those bytes on the worker, and the client passes them back to connect.
  * gRPC needs none (connects to the gRPC address). The worker publishes
  * one endpoint per transport it serves (name and address bytes, bounded
  * by the FERRY_TRANSPORT_*_MAX below) in its heartbeats; the dispatcher
- * checks them with ferry_transport_endpoints_check, keeps them and hands
+ * checks them with ferry__transport_endpoints_check, keeps them and hands
  * them to clients with the worker's address, never reading them.
  *
  * ---- Choosing ------------------------------------------------------------
@@ -129,7 +129,7 @@
 #include <uv.h>
 
 #include "ferry/error.h"
-#include "ferry/rpc.h"
+#include "rpc.h"
 
 typedef struct ferry_transport_ops_s ferry_transport_ops_t;
 typedef struct ferry_transport_server_s ferry_transport_server_t;
@@ -164,7 +164,7 @@ typedef struct ferry_transport_open_s {
   const char *bearer;    /* the client token the caller presented (not
                             NUL-terminated), NULL: none */
   size_t bearer_len;
-  const char *peer;      /* for logs: the client's address, or NULL */
+  const char *peer; /* for logs: the client's address, or NULL */
 } ferry_transport_open_t;
 
 /* One piece of a message: bytes the transport reads until release. */
@@ -187,14 +187,13 @@ typedef struct ferry_transport_send_s {
 } ferry_transport_send_t;
 
 /* Server-side callbacks (loop thread; see the contract above). `arg` is
- * the one given to ferry_transport_accept (on_open: the server's user). */
+ * the one given to ferry__transport_accept (on_open: the server's user). */
 typedef void (*ferry_transport_open_cb)(ferry_transport_stream_t *s,
                                         const ferry_transport_open_t *req,
                                         void *user);
 typedef void (*ferry_transport_sent_cb)(ferry_transport_stream_t *s, int ok,
                                         void *arg);
-typedef void (*ferry_transport_end_cb)(ferry_transport_stream_t *s,
-                                       void *arg);
+typedef void (*ferry_transport_end_cb)(ferry_transport_stream_t *s, void *arg);
 typedef void (*ferry_transport_done_cb)(void *arg);
 
 /* How a worker serves streams. Zero-initialise, set what applies. */
@@ -269,9 +268,9 @@ enum {
 };
 
 struct ferry_transport_ops_s {
-  const char *name;  /* [a-z0-9_]+, under FERRY_TRANSPORT_NAME_MAX */
-  unsigned caps;     /* FERRY_TRANSPORT_* capabilities */
-  int priority;      /* auto prefers the highest that applies */
+  const char *name; /* [a-z0-9_]+, under FERRY_TRANSPORT_NAME_MAX */
+  unsigned caps;    /* FERRY_TRANSPORT_* capabilities */
+  int priority;     /* auto prefers the highest that applies */
 
   /* ---- Server (loop thread) ---- */
   /* Creates the server on cfg->loop; it serves once the worker's gRPC
@@ -331,7 +330,7 @@ struct ferry_transport_ops_s {
   /* Waits at most timeout_ms (< 0: no limit) for the next message: 0 with
    * *msg filled (release it before the next call), FERRY_EOF when the
    * worker finished with OK, FERRY_EGRPC_* when the stream failed (the
-   * worker's finish status maps through ferry_rpc_err_from_status on every
+   * worker's finish status maps through ferry__rpc_err_from_status on every
    * transport; err names the peer and carries the worker's message), or
    * FERRY_ETIMEDOUT (call again). After FERRY_EOF or an error every later
    * call returns the same. */
@@ -345,12 +344,12 @@ struct ferry_transport_ops_s {
   void (*cstream_free)(ferry_transport_cstream_t *s);
 };
 
-/* The implementations. ferry_transport_ucx exists when FERRY_HAVE_UCX;
+/* The implementations. ferry__transport_ucx exists when FERRY_HAVE_UCX;
  * FERRY__TRANSPORT_UCX is its table or NULL, for the registry. */
-extern const ferry_transport_ops_t ferry_transport_grpc;
+extern const ferry_transport_ops_t ferry__transport_grpc;
 #ifdef FERRY_HAVE_UCX
-extern const ferry_transport_ops_t ferry_transport_ucx;
-#define FERRY__TRANSPORT_UCX (&ferry_transport_ucx)
+extern const ferry_transport_ops_t ferry__transport_ucx;
+#define FERRY__TRANSPORT_UCX (&ferry__transport_ucx)
 #else
 #define FERRY__TRANSPORT_UCX NULL
 #endif
@@ -361,16 +360,16 @@ extern const ferry_transport_ops_t ferry_transport_ucx;
 #define FERRY_TRANSPORTS_MAX 8
 
 /* How many transports this build has (the registry's entries that were
- * built in), and the one at registry position i (< ferry_transport_count(),
+ * built in), and the one at registry position i (< ferry__transport_count(),
  * else NULL); positions are fixed at build time, so callers index
  * per-transport state by them. */
-size_t ferry_transport_count(void);
-const ferry_transport_ops_t *ferry_transport_at(size_t i);
+size_t ferry__transport_count(void);
+const ferry_transport_ops_t *ferry__transport_at(size_t i);
 /* The position of the transport called `name`, or -1 when unknown or not
  * built in. */
-int ferry_transport_index(const char *name);
+int ferry__transport_index(const char *name);
 /* The table called `name`, or NULL when unknown or not built in. */
-const ferry_transport_ops_t *ferry_transport_find(const char *name);
+const ferry_transport_ops_t *ferry__transport_find(const char *name);
 
 /* One endpoint a worker publishes: a transport's name and its address
  * bytes (none for a transport that needs no address). */
@@ -387,8 +386,8 @@ typedef struct ferry_transport_endpoint_s {
  * FERRY_TRANSPORT_ADDRESS_MAX bytes. Names need not be registered here (a
  * worker may serve what this build lacks). FERRY_EINVAL naming the
  * endpoint's position and field otherwise. */
-int ferry_transport_endpoints_check(const ferry_transport_endpoint_t *e,
-                                    size_t n, ferry_error_t *err);
+int ferry__transport_endpoints_check(const ferry_transport_endpoint_t *e,
+                                     size_t n, ferry_error_t *err);
 
 /* ---- Choosing (see "Choosing" above) ---- */
 
@@ -396,14 +395,14 @@ int ferry_transport_endpoints_check(const ferry_transport_endpoint_t *e,
  * transport built in. FERRY_ENOTSUP for a registered transport this
  * build left out (err names its CMake option), FERRY_EINVAL for an
  * unknown name (err lists the choices). */
-int ferry_transport_want_check(const char *want, ferry_error_t *err);
+int ferry__transport_want_check(const char *want, ferry_error_t *err);
 
 /* The client's choice for one worker. */
 typedef struct ferry_transport_choice_s {
-  int index;            /* registry position */
-  const void *address;  /* the endpoint's address bytes (NULL/0: none) */
+  int index;           /* registry position */
+  const void *address; /* the endpoint's address bytes (NULL/0: none) */
   size_t address_len;
-  char why[160];        /* for the log: what was chosen and why */
+  char why[160]; /* for the log: what was chosen and why */
 } ferry_transport_choice_t;
 
 /* Picks the transport for a stream to a worker that published
@@ -412,61 +411,62 @@ typedef struct ferry_transport_choice_s {
  * stream to this worker failed before its first chunk. 0 with *out
  * filled, or FERRY_ENOTSUP (a transport asked for by name that is not
  * built in or not offered) / FERRY_EINVAL (an unknown name) with err. */
-int ferry_transport_choose(const char *want, bool tls,
-                           const ferry_transport_endpoint_t *offered,
-                           size_t n, uint32_t failed,
-                           ferry_transport_choice_t *out, ferry_error_t *err);
+int ferry__transport_choose(const char *want, bool tls,
+                            const ferry_transport_endpoint_t *offered, size_t n,
+                            uint32_t failed, ferry_transport_choice_t *out,
+                            ferry_error_t *err);
 
 /* The fallback rule: whether a stream on registry position `index` that
  * ended with an error after `chunks` chunks makes auto avoid that
  * transport for that worker from now on (its bit in choose's `failed`).
  * True when the job asked for auto and nothing came. */
-bool ferry_transport_falls_back(const char *want, int index, uint64_t chunks);
+bool ferry__transport_falls_back(const char *want, int index, uint64_t chunks);
 
 /* Generic calls: dispatch through the object's table. */
-static inline void ferry_transport_accept(ferry_transport_stream_t *s,
-                                          ferry_transport_sent_cb on_sent,
-                                          ferry_transport_end_cb on_end,
-                                          void *arg) {
+static inline void ferry__transport_accept(ferry_transport_stream_t *s,
+                                           ferry_transport_sent_cb on_sent,
+                                           ferry_transport_end_cb on_end,
+                                           void *arg) {
   s->ops->accept(s, on_sent, on_end, arg);
 }
-static inline int ferry_transport_send(ferry_transport_stream_t *s,
-                                       const ferry_transport_send_t *m) {
+static inline int ferry__transport_send(ferry_transport_stream_t *s,
+                                        const ferry_transport_send_t *m) {
   return s->ops->send(s, m);
 }
-static inline unsigned ferry_transport_window(
-    const ferry_transport_stream_t *s) {
+static inline unsigned
+ferry__transport_window(const ferry_transport_stream_t *s) {
   return s->ops->window(s);
 }
-static inline bool ferry_transport_ended(const ferry_transport_stream_t *s) {
+static inline bool ferry__transport_ended(const ferry_transport_stream_t *s) {
   return s->ops->ended(s);
 }
-static inline void ferry_transport_finish(ferry_transport_stream_t *s,
-                                          int status, const char *msg) {
+static inline void ferry__transport_finish(ferry_transport_stream_t *s,
+                                           int status, const char *msg) {
   s->ops->finish(s, status, msg);
 }
-static inline const void *ferry_transport_server_address(
-    ferry_transport_server_t *srv, size_t *len) {
+static inline const void *
+ferry__transport_server_address(ferry_transport_server_t *srv, size_t *len) {
   return srv->ops->server_address(srv, len);
 }
-static inline void ferry_transport_server_shutdown(
-    ferry_transport_server_t *srv, ferry_transport_done_cb done, void *arg) {
+static inline void
+ferry__transport_server_shutdown(ferry_transport_server_t *srv,
+                                 ferry_transport_done_cb done, void *arg) {
   srv->ops->server_shutdown(srv, done, arg);
 }
-static inline int ferry_transport_next(ferry_transport_cstream_t *s,
-                                       ferry_transport_msg_t *msg,
-                                       int timeout_ms, ferry_error_t *err) {
+static inline int ferry__transport_next(ferry_transport_cstream_t *s,
+                                        ferry_transport_msg_t *msg,
+                                        int timeout_ms, ferry_error_t *err) {
   return s->ops->next(s, msg, timeout_ms, err);
 }
-static inline void ferry_transport_cancel(ferry_transport_cstream_t *s) {
+static inline void ferry__transport_cancel(ferry_transport_cstream_t *s) {
   s->ops->cancel(s);
 }
-static inline void ferry_transport_cstream_free(ferry_transport_cstream_t *s) {
+static inline void ferry__transport_cstream_free(ferry_transport_cstream_t *s) {
   if (s != NULL)
     s->ops->cstream_free(s);
 }
 /* NULL-safe for a message next did not fill (release NULL). */
-static inline void ferry_transport_msg_release(ferry_transport_msg_t *msg) {
+static inline void ferry__transport_msg_release(ferry_transport_msg_t *msg) {
   if (msg != NULL && msg->release != NULL)
     msg->release(msg);
 }

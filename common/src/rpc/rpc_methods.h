@@ -1,6 +1,7 @@
-/* The full gRPC method names of Ferry's services (dispatcher.proto and worker.proto in proto/ferry/v1)
- * and of the standard health check: the one place they are spelled, for
- * the servers that register them and the clients that call them. */
+/* The full gRPC method names of Ferry's services (dispatcher.proto and
+ * worker.proto in proto/ferry/v1) and of the standard health check: the one
+ * place they are spelled, for the servers that register them and the clients
+ * that call them. */
 #ifndef FERRY_RPC_METHODS_H
 #define FERRY_RPC_METHODS_H
 
@@ -15,8 +16,8 @@
 
 /* ferry.v1.Worker (worker.proto): the chunk stream over gRPC. */
 #define FERRY_METHOD_STREAM_CHUNKS "/ferry.v1.Worker/StreamChunks"
-/* The UCX transport's control call (common/src/transport/transport_ucx.c): the same
- * request with the client's UCP address; the chunks travel over UCX. */
+/* The UCX transport's control call (common/src/transport/transport_ucx.c): the
+ * same request with the client's UCP address; the chunks travel over UCX. */
 #define FERRY_METHOD_STREAM_CHUNKS_UCX "/ferry.v1.Worker/StreamChunksUcx"
 
 /* grpc.health.v1.Health (every Ferry server). */

@@ -30,10 +30,10 @@ typedef struct ferry_tfr_options_s {
   uint64_t max_record_len;         /* default FERRY_TFR_DEFAULT_MAX_RECORD */
   ferry_error_policy_t on_error;   /* default FAIL */
   bool verify_crc;                 /* default true */
-  uint64_t start_offset;   /* first record's byte offset (uncompressed: a
-                              seek; compressed: decompress and discard) */
-  uint64_t start_index;    /* index the first record is numbered with */
-  uint64_t max_records;    /* stop after this many; 0 = no limit */
+  uint64_t start_offset; /* first record's byte offset (uncompressed: a
+                            seek; compressed: decompress and discard) */
+  uint64_t start_index;  /* index the first record is numbered with */
+  uint64_t max_records;  /* stop after this many; 0 = no limit */
   /* Policy SKIP: called for every bad record skipped, in file order, on
    * the reader's thread, with its error (code, and a message naming the
    * file and byte offset), its byte offset and its record index. NULL: no
@@ -50,13 +50,13 @@ typedef struct ferry_tfr_options_s {
 } ferry_tfr_options_t;
 
 /* Fills `opts` with the defaults above. */
-void ferry_tfr_options_init(ferry_tfr_options_t *opts);
+void ferry__tfr_options_init(ferry_tfr_options_t *opts);
 
 typedef struct ferry_record_s {
   const uint8_t *data; /* valid until the next call on the reader */
   size_t len;
-  uint64_t offset;     /* byte offset of the record's length field */
-  uint64_t index;      /* record number in the file (0-based) */
+  uint64_t offset; /* byte offset of the record's length field */
+  uint64_t index;  /* record number in the file (0-based) */
 } ferry_record_t;
 
 typedef struct ferry_tfr_stats_s {
@@ -76,26 +76,26 @@ typedef struct ferry_tfr_reader_s ferry_tfr_reader_t;
  * before the size it had when opened is reported as truncated, also at a
  * record boundary. Returns 0 and sets *out, or a negative code
  * with `err` naming the file. The reader is owned by the caller (free with
- * ferry_tfr_reader_free) and used by one thread at a time. */
-int ferry_tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
-                          ferry_tfr_reader_t **out, ferry_error_t *err);
+ * ferry__tfr_reader_free) and used by one thread at a time. */
+int ferry__tfr_reader_open(const char *path, const ferry_tfr_options_t *opts,
+                           ferry_tfr_reader_t **out, ferry_error_t *err);
 
-/* Like ferry_tfr_reader_open over `fd`, already open for reading (by
- * ferry_roots_open_file: the file a data root allows). The reader owns
+/* Like ferry__tfr_reader_open over `fd`, already open for reading (by
+ * ferry__roots_open_file: the file a data root allows). The reader owns
  * `fd` from the call on, failure included; `path` names it in errors. */
-int ferry_tfr_reader_open_fd(int fd, const char *path,
-                             const ferry_tfr_options_t *opts,
-                             ferry_tfr_reader_t **out, ferry_error_t *err);
+int ferry__tfr_reader_open_fd(int fd, const char *path,
+                              const ferry_tfr_options_t *opts,
+                              ferry_tfr_reader_t **out, ferry_error_t *err);
 
 /* The reader's file descriptor (-1 for an in-memory stream); it stays
  * the reader's. */
-int ferry_tfr_reader_fd(const ferry_tfr_reader_t *r);
+int ferry__tfr_reader_fd(const ferry_tfr_reader_t *r);
 
-/* Like ferry_tfr_reader_open over an in-memory stream (not copied: `buf`
+/* Like ferry__tfr_reader_open over an in-memory stream (not copied: `buf`
  * must outlive the reader). `name` is used in error messages. */
-int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
-                              const ferry_tfr_options_t *opts,
-                              ferry_tfr_reader_t **out, ferry_error_t *err);
+int ferry__tfr_reader_open_mem(const void *buf, size_t len, const char *name,
+                               const ferry_tfr_options_t *opts,
+                               ferry_tfr_reader_t **out, ferry_error_t *err);
 
 /* Reads the next record into *rec. Returns 0, FERRY_EOF at the clean end
  * (or after max_records), or a negative code with `err` naming the file,
@@ -104,31 +104,31 @@ int ferry_tfr_reader_open_mem(const void *buf, size_t len, const char *name,
  * counted and skipped; a bad length CRC makes the reader scan forward for
  * the next plausible header. After an error under FAIL, further calls
  * return the same error. */
-int ferry_tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
-                          ferry_error_t *err);
+int ferry__tfr_reader_next(ferry_tfr_reader_t *r, ferry_record_t *rec,
+                           ferry_error_t *err);
 
-void ferry_tfr_reader_stats(const ferry_tfr_reader_t *r,
-                            ferry_tfr_stats_t *out);
+void ferry__tfr_reader_stats(const ferry_tfr_reader_t *r,
+                             ferry_tfr_stats_t *out);
 /* The compression in use: the configured one, or what AUTO detected
  * (never AUTO). */
-ferry_compression_t ferry_tfr_reader_compression(const ferry_tfr_reader_t *r);
-void ferry_tfr_reader_free(ferry_tfr_reader_t *r);
+ferry_compression_t ferry__tfr_reader_compression(const ferry_tfr_reader_t *r);
+void ferry__tfr_reader_free(ferry_tfr_reader_t *r);
 
 typedef struct ferry_tfr_writer_s ferry_tfr_writer_t;
 
 /* Creates (truncates) `path` and writes records to it, compressed as asked
- * (AUTO is invalid here). Close with ferry_tfr_writer_close, which flushes
+ * (AUTO is invalid here). Close with ferry__tfr_writer_close, which flushes
  * and reports the first write error. */
-int ferry_tfr_writer_open(const char *path, ferry_compression_t compression,
-                          ferry_tfr_writer_t **out, ferry_error_t *err);
-int ferry_tfr_writer_write(ferry_tfr_writer_t *w, const void *data,
-                           size_t len, ferry_error_t *err);
-int ferry_tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err);
+int ferry__tfr_writer_open(const char *path, ferry_compression_t compression,
+                           ferry_tfr_writer_t **out, ferry_error_t *err);
+int ferry__tfr_writer_write(ferry_tfr_writer_t *w, const void *data, size_t len,
+                            ferry_error_t *err);
+int ferry__tfr_writer_close(ferry_tfr_writer_t *w, ferry_error_t *err);
 
 /* Writes the 12-byte header and 4-byte footer of a record of `len` bytes
  * with data CRC computed over `data`. */
-void ferry_tfr_frame_header(uint64_t len, uint8_t out[12]);
-void ferry_tfr_frame_footer(const void *data, size_t len, uint8_t out[4]);
+void ferry__tfr_frame_header(uint64_t len, uint8_t out[12]);
+void ferry__tfr_frame_footer(const void *data, size_t len, uint8_t out[4]);
 
 /* DALI index entries: "<offset> <size incl. 16 framing bytes>" per line. */
 typedef struct ferry_tfr_index_entry_s {
@@ -138,24 +138,24 @@ typedef struct ferry_tfr_index_entry_s {
 
 /* Scans an uncompressed TFRecord file (verifying both CRCs) and returns
  * its index in a ferry_free()-able array. Compressed files: FERRY_ENOTSUP. */
-int ferry_tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
-                          size_t *n, ferry_error_t *err);
-int ferry_tfr_index_write(const char *path,
-                          const ferry_tfr_index_entry_t *entries, size_t n,
-                          ferry_error_t *err);
+int ferry__tfr_index_build(const char *path, ferry_tfr_index_entry_t **out,
+                           size_t *n, ferry_error_t *err);
+int ferry__tfr_index_write(const char *path,
+                           const ferry_tfr_index_entry_t *entries, size_t n,
+                           ferry_error_t *err);
 /* Reads an index file; a malformed line gives FERRY_EINDEX naming the file
  * and line. */
-int ferry_tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
-                         size_t *n, ferry_error_t *err);
-/* Like ferry_tfr_index_read over `fd` (closed either way; opened by
- * ferry_roots_open_file where data roots apply); `path` names it. */
-int ferry_tfr_index_read_fd(int fd, const char *path,
-                            ferry_tfr_index_entry_t **out, size_t *n,
-                            ferry_error_t *err);
+int ferry__tfr_index_read(const char *path, ferry_tfr_index_entry_t **out,
+                          size_t *n, ferry_error_t *err);
+/* Like ferry__tfr_index_read over `fd` (closed either way; opened by
+ * ferry__roots_open_file where data roots apply); `path` names it. */
+int ferry__tfr_index_read_fd(int fd, const char *path,
+                             ferry_tfr_index_entry_t **out, size_t *n,
+                             ferry_error_t *err);
 
 /* Parses "none", "gzip", "zlib", "auto"; returns the value or -1. */
-int ferry_compression_parse(const char *name);
-const char *ferry_compression_name(ferry_compression_t c);
+int ferry__compression_parse(const char *name);
+const char *ferry__compression_name(ferry_compression_t c);
 
 /* A record's header: the uint64 length (LE) and the masked crc32c of
  * those 8 bytes. */
@@ -164,8 +164,8 @@ const char *ferry_compression_name(ferry_compression_t c);
 /* The one record-header check (the reader, the dispatcher's scan,
  * ferryctl): true when the stored CRC matches the length bytes, with the
  * length in *len (may be NULL). The length itself is not bounded here. */
-bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
-                            uint64_t *len);
+bool ferry__tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
+                             uint64_t *len);
 
 /* The compression of a TFRecord stream judged from its first n bytes (12
  * suffice): a valid first record header wins over the magic bytes (an
@@ -173,28 +173,28 @@ bool ferry_tfr_header_check(const uint8_t h[FERRY_TFR_HEADER_LEN],
  * zlib header is not compressed), then gzip's magic, then a zlib header
  * (deflate, window <= 32 KiB, no dictionary, check bits); NONE
  * otherwise. Never AUTO. */
-ferry_compression_t ferry_tfr_sniff(const uint8_t *head, size_t n);
+ferry_compression_t ferry__tfr_sniff(const uint8_t *head, size_t n);
 
 /* What a stream whose first record header is bad looks like, judged from
  * its first n bytes: "gzip data", "zlib data", "a JPEG image", "a PNG
  * image", "a ZIP archive", "bzip2 data", "xz data", "zstd data", "text",
  * or NULL (unknown binary). A static string naming the kind, never the
  * bytes themselves (errors do not quote file contents). */
-const char *ferry_tfr_describe_head(const uint8_t *head, size_t n);
+const char *ferry__tfr_describe_head(const uint8_t *head, size_t n);
 
-/* ferry_tfr_sniff on the first bytes of the file at `path`. Returns the
+/* ferry__tfr_sniff on the first bytes of the file at `path`. Returns the
  * compression (>= 0), or a negative code with err naming the file. */
-int ferry_tfr_sniff_file(const char *path, ferry_error_t *err);
+int ferry__tfr_sniff_file(const char *path, ferry_error_t *err);
 
 /* Whole valid records in an uncompressed file (tfrecord_scan.c): both
  * CRCs checked, the record within [off, end).
- * ferry_tfr_valid_record_at: 1 when one starts at `off` (its data length
+ * ferry__tfr_valid_record_at: 1 when one starts at `off` (its data length
  * in *len, may be NULL), 0 when not, -1 on a read error (errno set).
- * ferry_tfr_next_valid_record: the first offset after `after` (to `end`)
+ * ferry__tfr_next_valid_record: the first offset after `after` (to `end`)
  * where one starts; `end` when there is none, -1 on a read error. */
-int ferry_tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
-                              uint64_t *len);
-int64_t ferry_tfr_next_valid_record(int fd, uint64_t after, uint64_t end);
+int ferry__tfr_valid_record_at(int fd, uint64_t off, uint64_t end,
+                               uint64_t *len);
+int64_t ferry__tfr_next_valid_record(int fd, uint64_t after, uint64_t end);
 
 /* pread(2) that retries on EINTR and reads until `n` bytes or the end of
  * the file: the one way Ferry reads files at an offset (the reader, the

@@ -11,7 +11,7 @@
 #define FERRY_VARINT_MAX 10
 
 /* Bytes v takes as a varint (1 to 10). */
-static inline size_t ferry_varint_len(uint64_t v) {
+static inline size_t ferry__varint_len(uint64_t v) {
   size_t n = 1;
   while (v >= 0x80) {
     v >>= 7;
@@ -20,9 +20,9 @@ static inline size_t ferry_varint_len(uint64_t v) {
   return n;
 }
 
-/* Writes v at out (room for ferry_varint_len(v) bytes); returns the
+/* Writes v at out (room for ferry__varint_len(v) bytes); returns the
  * bytes written. */
-static inline size_t ferry_varint_put(uint8_t *out, uint64_t v) {
+static inline size_t ferry__varint_put(uint8_t *out, uint64_t v) {
   size_t n = 0;
   while (v >= 0x80) {
     out[n++] = (uint8_t)(v | 0x80);
@@ -35,8 +35,8 @@ static inline size_t ferry_varint_put(uint8_t *out, uint64_t v) {
 /* Reads a varint of at most `max` bytes at p (p <= end). Returns its
  * length, 0 when it runs into `end`, -1 when it is longer than `max`
  * bytes. Bits past the 64th are dropped, as protobuf does. */
-static inline int ferry_varint_get(const uint8_t *p, const uint8_t *end,
-                                   int max, uint64_t *out) {
+static inline int ferry__varint_get(const uint8_t *p, const uint8_t *end,
+                                    int max, uint64_t *out) {
   uint64_t v = 0;
   size_t avail = (size_t)(end - p);
   int i;

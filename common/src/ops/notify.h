@@ -14,15 +14,15 @@
 
 /* READY=1, STATUS=<fmt...> and MAINPID=<this pid>. Call it once, after the
  * listening socket is bound and listening. */
-void ferry_notify_ready(const char *fmt, ...)
+void ferry__notify_ready(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
 /* STATUS=<fmt...>: a line `systemctl status` shows. Thread-safe. */
-void ferry_notify_status(const char *fmt, ...)
+void ferry__notify_status(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
 /* STOPPING=1 and STATUS=<fmt...>: call it first thing in a shutdown. */
-void ferry_notify_stopping(const char *fmt, ...)
+void ferry__notify_stopping(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
 /* WATCHDOG=1 pings every half of the manager's watchdog interval
@@ -30,7 +30,7 @@ void ferry_notify_stopping(const char *fmt, ...)
  * is set), from a timer on `loop`: a loop that stops turning stops the
  * pings and the manager restarts the daemon. The timer is unreferenced,
  * so it never keeps uv_run going; after uv_run returns, call
- * ferry_notify_watchdog_stop and run the loop once more to close it. */
+ * ferry__notify_watchdog_stop and run the loop once more to close it. */
 typedef struct ferry_notify_watchdog_s {
   uv_timer_t timer;
   uint64_t interval_ms; /* 0: no watchdog asked for */
@@ -39,8 +39,8 @@ typedef struct ferry_notify_watchdog_s {
 
 /* Returns the ping interval in ms (0: the manager asked for none, nothing
  * started). */
-uint64_t ferry_notify_watchdog_start(ferry_notify_watchdog_t *wd,
-                                     uv_loop_t *loop);
-void ferry_notify_watchdog_stop(ferry_notify_watchdog_t *wd);
+uint64_t ferry__notify_watchdog_start(ferry_notify_watchdog_t *wd,
+                                      uv_loop_t *loop);
+void ferry__notify_watchdog_stop(ferry_notify_watchdog_t *wd);
 
 #endif /* FERRY_NOTIFY_H */

@@ -23,9 +23,8 @@ char *ferry__strndup(const char *s, size_t n);
  * `need`; a byte count that would overflow size_t fails. False when out
  * of memory, with the array and *cap unchanged. FERRY__GROW(a, cap, need,
  * min) passes &a and sizeof(*a). */
-bool ferry__grow(void *arrp, size_t *cap, size_t need, size_t elem,
-                 size_t min);
-#define FERRY__GROW(arr, cap, need, min)                                      \
+bool ferry__grow(void *arrp, size_t *cap, size_t need, size_t elem, size_t min);
+#define FERRY__GROW(arr, cap, need, min)                                       \
   ferry__grow(&(arr), &(cap), (need), sizeof(*(arr)), (min))
 
 /* Memory aligned to `align` (a power of two, at least 16), e.g. page-aligned

@@ -6,8 +6,8 @@
  *   dilate(3) | blur(11, 0.8) | shuffle(seed=7, buffer=10000) | batch(1024)
  *
  * Grammar and every stage's arguments: docs/PROTOCOL.md. The canonical
- * text (ferry_spec_format) and the canonical serialization
- * (ferry_spec_pack) are deterministic, and the fingerprint is a hash of
+ * text (ferry__spec_format) and the canonical serialization
+ * (ferry__spec_pack) are deterministic, and the fingerprint is a hash of
  * the latter, so registering the same spec twice yields one dataset.
  */
 #ifndef FERRY_SPEC_H
@@ -18,12 +18,12 @@
 #include <stdint.h>
 
 #include "ferry/error.h"
-#include "ferry/tfrecord.h"
+#include "tfrecord.h"
 
 typedef enum { FERRY_IMAGE_RAW = 0, FERRY_IMAGE_JPEG = 1 } ferry_image_format_t;
 
 typedef enum {
-  FERRY_OP_RESIZE = 1,              /* resize(H, W): TF bilinear */
+  FERRY_OP_RESIZE = 1, /* resize(H, W): TF bilinear */
   FERRY_OP_DILATE = 2,
   FERRY_OP_BLUR = 3,
   FERRY_OP_RANDOM_RESIZED_CROP = 4, /* torchvision RandomResizedCrop */
@@ -39,13 +39,13 @@ typedef struct ferry_image_op_s {
   int b;       /* resize, random_resized_crop, center_crop: width */
   float sigma; /* blur */
   float scale[2], ratio[2]; /* random_resized_crop: (min, max) */
-  bool exact;  /* random_resized_crop, resize(S): no fused decode */
+  bool exact; /* random_resized_crop, resize(S): no fused decode */
 } ferry_image_op_t;
 
 #define FERRY_SPEC_MAX_OPS 16
 
 typedef struct ferry_spec_s {
-  char **patterns;      /* file globs, at least one */
+  char **patterns; /* file globs, at least one */
   size_t n_patterns;
   ferry_compression_t compression; /* default NONE */
 
@@ -63,65 +63,65 @@ typedef struct ferry_spec_s {
 
   uint32_t batch_size; /* 0: no batch stage (a client must then set one) */
   bool drop_remainder;
-  int64_t repeat;      /* epochs, >= 1; -1 infinite */
+  int64_t repeat; /* epochs, >= 1; -1 infinite */
 } ferry_spec_t;
 
 /* Sets the defaults (no patterns, raw, keys "image" and "label",
  * shuffle off with buffer 10000, repeat 1). Allocates nothing: the
- * default keys are static strings that ferry_spec_close recognises and
+ * default keys are static strings that ferry__spec_close recognises and
  * does not free; any other pattern or key must be ferry__malloc'd. */
-void ferry_spec_init(ferry_spec_t *spec);
+void ferry__spec_init(ferry_spec_t *spec);
 /* Frees what the spec owns (patterns, keys) and re-initialises it; the
  * struct itself is the caller's. Safe on an init'ed, parsed or already
  * closed spec. */
-void ferry_spec_close(ferry_spec_t *spec);
+void ferry__spec_close(ferry_spec_t *spec);
 
 /* Deep copy into `dst` (not initialised first: its old contents are not
  * freed). Returns 0 or FERRY_ENOMEM (then `dst` holds nothing to free). */
-int ferry_spec_copy(ferry_spec_t *dst, const ferry_spec_t *src);
+int ferry__spec_copy(ferry_spec_t *dst, const ferry_spec_t *src);
 
 /* Field-by-field equality of what the spec means: shuffle seed and buffer
  * only count when shuffling, op fields only those of the op's kind. */
-bool ferry_spec_equal(const ferry_spec_t *a, const ferry_spec_t *b);
+bool ferry__spec_equal(const ferry_spec_t *a, const ferry_spec_t *b);
 
 /* Parses the text form into `spec` (which it initialises first). Errors
  * give FERRY_ESPEC with "column N: expected X, found Y" (1-based column)
  * or which argument is out of range. On error `spec` holds nothing to
  * free. */
-int ferry_spec_parse(const char *text, ferry_spec_t *spec, ferry_error_t *err);
+int ferry__spec_parse(const char *text, ferry_spec_t *spec, ferry_error_t *err);
 
 /* Checks the spec's semantics (decode sizes, op arguments, blur needing
  * images larger than its radius when sizes are known). */
-int ferry_spec_validate(const ferry_spec_t *spec, ferry_error_t *err);
+int ferry__spec_validate(const ferry_spec_t *spec, ferry_error_t *err);
 
 /* Canonical text form in a ferry_free()-able string; parse(format(s)) == s.
  * FERRY_ESPEC when the spec does not validate, FERRY_ENOMEM. */
-int ferry_spec_format(const ferry_spec_t *spec, char **out);
+int ferry__spec_format(const ferry_spec_t *spec, char **out);
 
 /* Canonical protobuf serialization (ferry.v1.PipelineSpec) in a
  * ferry_free()-able buffer (FERRY_ESPEC when the spec does not validate),
  * and its inverse (which validates, and refuses unknown fields). */
-int ferry_spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len);
-int ferry_spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
-                      ferry_error_t *err);
+int ferry__spec_pack(const ferry_spec_t *spec, uint8_t **out, size_t *len);
+int ferry__spec_unpack(const uint8_t *buf, size_t len, ferry_spec_t *spec,
+                       ferry_error_t *err);
 
 /* 64-bit fingerprint of the canonical serialization; stable across
  * versions for the same spec. Allocates nothing; 0 for a spec that does
  * not validate. */
-uint64_t ferry_spec_fingerprint(const ferry_spec_t *spec);
+uint64_t ferry__spec_fingerprint(const ferry_spec_t *spec);
 
 /* Output image shape after decode and ops: returns 0 and sets h, w, c, or
  * FERRY_ESHAPE when it depends on the record (JPEG of any size and no
  * resize). */
-int ferry_spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c);
+int ferry__spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c);
 
 /* Expands the patterns (glob(3), sorted, deduplicated) into a
  * ferry_free()-able array of ferry_free()-able paths. Directories and
  * files whose name ends in ".idx" (DALI index files next to the shards)
  * are left out. No match for a pattern (or only those) is FERRY_ENOENT
  * naming the pattern. */
-int ferry_spec_expand_files(const ferry_spec_t *spec, char ***files,
-                            size_t *n, ferry_error_t *err);
-void ferry_spec_free_files(char **files, size_t n);
+int ferry__spec_expand_files(const ferry_spec_t *spec, char ***files, size_t *n,
+                             ferry_error_t *err);
+void ferry__spec_free_files(char **files, size_t n);
 
 #endif /* FERRY_SPEC_H */
