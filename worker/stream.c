@@ -373,10 +373,22 @@ static void publish(ferry__worker_t *w, size_t i) {
               "others", ops->name, n, FERRY_TRANSPORT_ADDRESS_MAX);
     return;
   }
+  /* A copy: the heartbeat thread reads it until ferry__worker_close,
+   * after the server that owns `a` is gone. */
+  uint8_t *copy = NULL;
+  if (n > 0) {
+    copy = ferry__malloc(n);
+    if (copy == NULL) {
+      FERRY_LOG(FERRY_LOG_WARN, "worker: transport %s: out of memory for "
+                "its %zu-byte address: not published", ops->name, n);
+      return;
+    }
+    memcpy(copy, a, n);
+  }
   Ferry__V1__TransportEndpoint *e = &w->endpoint_msgs[w->n_endpoints];
   ferry__v1__transport_endpoint__init(e);
   e->transport = (char *)ops->name;
-  e->address.data = (uint8_t *)a;
+  e->address.data = copy;
   e->address.len = n;
   w->endpoints[w->n_endpoints++] = e;
 }
@@ -411,13 +423,18 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
 
 /* After the gRPC server's shutdown: no stream is open any more. */
 static void transports_shutdown(ferry__worker_t *w) {
-  w->n_endpoints = 0; /* their addresses go with the servers */
   for (size_t i = 0; i < FERRY_TRANSPORTS_MAX; i++) {
     ferry_transport_server_t *t = w->transports[i];
     w->transports[i] = NULL;
     if (t != NULL)
       ferry__transport_server_shutdown(t, NULL, NULL);
   }
+}
+
+void ferry__wstream_endpoints_free(ferry__worker_t *w) {
+  for (size_t i = 0; i < w->n_endpoints; i++)
+    ferry__free(w->endpoint_msgs[i].address.data);
+  w->n_endpoints = 0;
 }
 
 void ferry__winbox_push(ferry__wchunk_t *c, void *arg) {

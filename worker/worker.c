@@ -250,6 +250,7 @@ fail:
 bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
   if (atomic_load(&w->hb_started) && !ferry__whb_join(w, hb_wait_ms))
     return false;
+  ferry__wstream_endpoints_free(w);
   ferry__wtasks_close(&w->tasks);
   uint64_t used = ferry__wpool_used(&w->pool);
   if (used != 0)

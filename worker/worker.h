@@ -455,8 +455,8 @@ typedef struct ferry__worker_s {
   uint64_t call_gen;       /* loop-owned: numbers the streams opened */
   /* The data-plane transports clients open streams through (stream.c),
    * by registry position (NULL: it did not start), and the endpoints the
-   * heartbeats publish for them (set once at start; their addresses
-   * point into the servers, valid until transports_shutdown). */
+   * heartbeats publish for them (set once before the heartbeat thread
+   * starts, read by it, freed by ferry__worker_close after its join). */
   ferry_transport_server_t *transports[FERRY_TRANSPORTS_MAX];
   Ferry__V1__TransportEndpoint endpoint_msgs[FERRY_TRANSPORTS_MAX];
   Ferry__V1__TransportEndpoint *endpoints[FERRY_TRANSPORTS_MAX];
@@ -509,6 +509,8 @@ bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms);
 
 /* stream.c (loop thread unless said otherwise). */
 int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err);
+/* Frees the published endpoints (once no heartbeat can read them). */
+void ferry__wstream_endpoints_free(ferry__worker_t *w);
 /* The emit callback of the daemon: hands a chunk to the loop (any thread;
  * a chunk that arrives after shutdown began is released). */
 void ferry__winbox_push(ferry__wchunk_t *c, void *worker);

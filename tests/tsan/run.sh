@@ -21,7 +21,8 @@
 # second report of the failure already counted.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-build=${1:-$root/build-tsan}
+# Absolute: the daemons write their reports from their own directories.
+build=$(realpath -m "${1:-$root/build-tsan}")
 reports=$build/tsan-reports
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFERRY_WERROR=ON -DFERRY_WITH_CUDA=OFF -DFERRY_SANITIZE=thread
