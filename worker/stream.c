@@ -350,7 +350,7 @@ static void on_stream(ferry_transport_stream_t *call,
   q->sending = 0;
   FERRY_LOG(FERRY_LOG_DEBUG, "stream open: job %llu client %llu, %zu queued "
             "(%s)", (unsigned long long)job_id, (unsigned long long)client_id,
-            q->n, call->ops->name);
+            q->n, call->ops->transport->name);
   ferry__transport_accept(call, on_sent, on_call_end, q);
   /* on_call_end may have run already (the client is gone). */
   if (q->call != call) {
@@ -407,9 +407,10 @@ int ferry__wstream_register(ferry__worker_t *w, ferry_error_t *err) {
   cfg.host = w->cfg.host;
   for (size_t i = 0; i < ferry__transport_count(); i++) {
     const ferry_transport_ops_t *ops = ferry__transport_at(i);
+    const ferry_transport_server_ops_t *sops = ferry__transport_server_at(i);
     bool required = !(ops->caps & FERRY_TRANSPORT_NEEDS_ADDRESS);
     ferry_error_t e;
-    if (ops->server_new(&cfg, &w->transports[i], required ? err : &e) != 0) {
+    if (sops->server_new(&cfg, &w->transports[i], required ? err : &e) != 0) {
       if (required)
         return ferry__prefixerr(err, "transport %s", ops->name);
       FERRY_LOG(FERRY_LOG_WARN, "worker: transport %s unavailable, not "

@@ -7,7 +7,8 @@
    object that makes it and the layer that defines it.
 2. libferry.so holds only the objects of common/ the client reaches: the
    objects it contains are listed, and those no client path may need
-   (NOT_IN_LIBFERRY) must be absent.
+   (NOT_IN_LIBFERRY) must be absent, as must the transports' worker
+   sides inside the objects it holds (NOT_IN_LIBFERRY_SYMBOLS).
 3. Names say what is public: every symbol common/ defines with the
    prefix ferry_ is one libferry.so exports (FERRY_API); internal ones
    are ferry__.
@@ -22,13 +23,19 @@ LAYERS = ["base", "records", "image", "ops", "pipeline", "rpc", "transport"]
 
 # Objects of common/ that only the daemons, ferryctl or the tests call:
 # data roots, option files, TFRecord reading and writing, Example
-# parsing, the per-record pipeline and its image ops, /metrics, systemd.
-# (The RPC server, its health service and the metrics registry are in
-# libferry.so: each transport's table holds its server side too.)
+# parsing, the per-record pipeline and its image ops, the RPC server and
+# its health service (the transports' worker sides), /metrics, systemd.
 NOT_IN_LIBFERRY = ["roots.c.o", "options.c.o", "tfrecord.c.o",
                    "tfrecord_index.c.o", "tfrecord_scan.c.o", "example.c.o",
                    "pipeline.c.o", "jpeg.c.o", "blur.c.o", "dilate.c.o",
+                   "rpc_server.c.o", "rpc_health.c.o",
                    "metrics_http.c.o", "notify.c.o"]
+# Functions of objects libferry.so holds that belong to the worker side
+# of a transport: --gc-sections must have dropped them.
+NOT_IN_LIBFERRY_SYMBOLS = ["ferry__transport_server_at",
+                           "ferry__transport_grpc_server",
+                           "ferry__transport_ucx_server",
+                           "ferry__rpc_server_new"]
 
 
 def nm(path, *flags):
@@ -114,6 +121,10 @@ def main():
     for o in NOT_IN_LIBFERRY:
         if any(x.endswith("/" + o) for x in inside):
             print("libferry.so holds %s, which no client path needs" % o)
+            bad += 1
+    for sym in NOT_IN_LIBFERRY_SYMBOLS:
+        if sym in held:
+            print("libferry.so holds %s, a worker's part" % sym)
             bad += 1
     return 1 if bad else 0
 

@@ -207,7 +207,7 @@ static void setup(void) {
                err.msg);
   ferry_transport_server_config_t cfg = {.loop = &F.loop, .rpc_server = F.rpc,
                                          .on_open = on_open};
-  if (ferry__transport_ucx.server_new(&cfg, &F.srv, &err) != 0)
+  if (ferry__transport_ucx_server.server_new(&cfg, &F.srv, &err) != 0)
     cr_skip_test("UCX cannot start here: %s", err.msg);
   size_t len;
   const void *a = ferry__transport_server_address(F.srv, &len);

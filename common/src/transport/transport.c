@@ -10,17 +10,26 @@
 
 /* The registry: every transport of this source tree, in the order that
  * gives their positions, with the CMake option that builds it (NULL:
- * always built) and its table (NULL where that option left it out).
- * Adding a transport is one line here (docs/ARCHITECTURE.md, "Adding a
- * transport"). */
+ * always built), its client table and its worker table (NULL where that
+ * option left it out). Adding a transport is one line here
+ * (docs/ARCHITECTURE.md, "Adding a transport"). */
+#define FERRY__TRANSPORT_REGISTRY(X)                                           \
+  X("grpc", NULL, &ferry__transport_grpc, &ferry__transport_grpc_server)       \
+  X("ucx", "FERRY_WITH_UCX", FERRY__TRANSPORT_UCX, FERRY__TRANSPORT_UCX_SERVER)
+
+/* The client tables and, apart, the worker tables: only
+ * ferry__transport_server_at reads the second array, so a program that
+ * never calls it (libferry.so) keeps no server when linked with
+ * --gc-sections. */
+#define CLIENT_ENTRY(name, option, ops, server) {name, option, ops},
+#define SERVER_ENTRY(name, option, ops, server) server,
 static const struct {
   const char *name;
   const char *option;
   const ferry_transport_ops_t *ops;
-} registry[] = {
-    {"grpc", NULL, &ferry__transport_grpc},
-    {"ucx", "FERRY_WITH_UCX", FERRY__TRANSPORT_UCX},
-};
+} registry[] = {FERRY__TRANSPORT_REGISTRY(CLIENT_ENTRY)};
+static const ferry_transport_server_ops_t *const servers[] = {
+    FERRY__TRANSPORT_REGISTRY(SERVER_ENTRY)};
 #define N_REGISTRY (sizeof(registry) / sizeof(registry[0]))
 _Static_assert(N_REGISTRY <= FERRY_TRANSPORTS_MAX,
                "more transports than FERRY_TRANSPORTS_MAX");
@@ -36,6 +45,13 @@ const ferry_transport_ops_t *ferry__transport_at(size_t i) {
   for (size_t k = 0; k < N_REGISTRY; k++)
     if (registry[k].ops != NULL && i-- == 0)
       return registry[k].ops;
+  return NULL;
+}
+
+const ferry_transport_server_ops_t *ferry__transport_server_at(size_t i) {
+  for (size_t k = 0; k < N_REGISTRY; k++)
+    if (registry[k].ops != NULL && i-- == 0)
+      return servers[k];
   return NULL;
 }
 

@@ -132,6 +132,7 @@
 #include "rpc.h"
 
 typedef struct ferry_transport_ops_s ferry_transport_ops_t;
+typedef struct ferry_transport_server_ops_s ferry_transport_server_ops_t;
 typedef struct ferry_transport_server_s ferry_transport_server_t;
 typedef struct ferry_transport_stream_s ferry_transport_stream_t;
 typedef struct ferry_transport_client_s ferry_transport_client_t;
@@ -140,10 +141,10 @@ typedef struct ferry_transport_cstream_s ferry_transport_cstream_t;
 /* Every object starts with its table, so the generic calls below dispatch
  * on it (an implementation embeds the struct as its first member). */
 struct ferry_transport_server_s {
-  const ferry_transport_ops_t *ops;
+  const ferry_transport_server_ops_t *ops;
 };
 struct ferry_transport_stream_s {
-  const ferry_transport_ops_t *ops;
+  const ferry_transport_server_ops_t *ops;
   ferry_transport_server_t *server;
 };
 struct ferry_transport_client_s {
@@ -267,10 +268,13 @@ enum {
   FERRY_TRANSPORT_ZERO_COPY = 1u << 2,
 };
 
-struct ferry_transport_ops_s {
-  const char *name; /* [a-z0-9_]+, under FERRY_TRANSPORT_NAME_MAX */
-  unsigned caps;    /* FERRY_TRANSPORT_* capabilities */
-  int priority;     /* auto prefers the highest that applies */
+/* A transport is two tables: its worker side (the server and its
+ * streams) and its client side with its name, capabilities and priority.
+ * They are apart so that libferry.so, which reaches only the client
+ * tables, leaves every server out (linked with --gc-sections: nothing it
+ * calls references a server table). */
+struct ferry_transport_server_ops_s {
+  const ferry_transport_ops_t *transport; /* its name, caps, priority */
 
   /* ---- Server (loop thread) ---- */
   /* Creates the server on cfg->loop; it serves once the worker's gRPC
@@ -310,6 +314,12 @@ struct ferry_transport_ops_s {
   /* Ends the stream with `status` (FERRY_RPC_*) and `msg` (copied; may
    * be NULL). Exactly once per stream; `s` is invalid afterwards. */
   void (*finish)(ferry_transport_stream_t *s, int status, const char *msg);
+};
+
+struct ferry_transport_ops_s {
+  const char *name; /* [a-z0-9_]+, under FERRY_TRANSPORT_NAME_MAX */
+  unsigned caps;    /* FERRY_TRANSPORT_* capabilities */
+  int priority;     /* auto prefers the highest that applies */
 
   /* ---- Client (any thread) ---- */
   int (*client_new)(const ferry_transport_client_config_t *cfg,
@@ -344,14 +354,19 @@ struct ferry_transport_ops_s {
   void (*cstream_free)(ferry_transport_cstream_t *s);
 };
 
-/* The implementations. ferry__transport_ucx exists when FERRY_HAVE_UCX;
- * FERRY__TRANSPORT_UCX is its table or NULL, for the registry. */
+/* The implementations' tables. The UCX ones exist when FERRY_HAVE_UCX;
+ * FERRY__TRANSPORT_UCX and FERRY__TRANSPORT_UCX_SERVER are they or NULL,
+ * for the registry. */
 extern const ferry_transport_ops_t ferry__transport_grpc;
+extern const ferry_transport_server_ops_t ferry__transport_grpc_server;
 #ifdef FERRY_HAVE_UCX
 extern const ferry_transport_ops_t ferry__transport_ucx;
+extern const ferry_transport_server_ops_t ferry__transport_ucx_server;
 #define FERRY__TRANSPORT_UCX (&ferry__transport_ucx)
+#define FERRY__TRANSPORT_UCX_SERVER (&ferry__transport_ucx_server)
 #else
 #define FERRY__TRANSPORT_UCX NULL
+#define FERRY__TRANSPORT_UCX_SERVER NULL
 #endif
 
 /* ---- The registry ---- */
@@ -365,6 +380,9 @@ extern const ferry_transport_ops_t ferry__transport_ucx;
  * per-transport state by them. */
 size_t ferry__transport_count(void);
 const ferry_transport_ops_t *ferry__transport_at(size_t i);
+/* The worker side of the transport at registry position i (the worker's
+ * call: libferry.so leaves it and every server out). */
+const ferry_transport_server_ops_t *ferry__transport_server_at(size_t i);
 /* The position of the transport called `name`, or -1 when unknown or not
  * built in. */
 int ferry__transport_index(const char *name);

@@ -67,7 +67,7 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     ferry__rpc_reply_error(call, FERRY_RPC_INTERNAL, "out of memory");
     return;
   }
-  s->base.ops = &ferry__transport_grpc;
+  s->base.ops = &ferry__transport_grpc_server;
   s->base.server = &srv->base;
   s->call = call;
   srv->on_open(&s->base, &o, srv->user);
@@ -83,7 +83,7 @@ static int g_server_new(const ferry_transport_server_config_t *cfg,
   gserver_t *srv = ferry__calloc(1, sizeof(*srv));
   if (srv == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport grpc: out of memory");
-  srv->base.ops = &ferry__transport_grpc;
+  srv->base.ops = &ferry__transport_grpc_server;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
   int rc =
@@ -292,10 +292,8 @@ static void g_cstream_free(ferry_transport_cstream_t *base) {
   ferry__free(s);
 }
 
-const ferry_transport_ops_t ferry__transport_grpc = {
-    .name = "grpc",
-    .caps = FERRY_TRANSPORT_ENCRYPTS,
-    .priority = 0,
+const ferry_transport_server_ops_t ferry__transport_grpc_server = {
+    .transport = &ferry__transport_grpc,
     .server_new = g_server_new,
     .server_address = g_server_address,
     .server_shutdown = g_server_shutdown,
@@ -306,6 +304,12 @@ const ferry_transport_ops_t ferry__transport_grpc = {
     .window = g_window,
     .ended = g_ended,
     .finish = g_finish,
+};
+
+const ferry_transport_ops_t ferry__transport_grpc = {
+    .name = "grpc",
+    .caps = FERRY_TRANSPORT_ENCRYPTS,
+    .priority = 0,
     .client_new = g_client_new,
     .client_free = g_client_free,
     .client_mem_map = NULL,

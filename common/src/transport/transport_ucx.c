@@ -623,7 +623,7 @@ static void on_call(ferry_rpc_call_t *call, const uint8_t *req, size_t len,
     return;
   }
   memcpy(a, m->transport_address.data, m->transport_address.len);
-  s->base.ops = &ferry__transport_ucx;
+  s->base.ops = &ferry__transport_ucx_server;
   s->base.server = &srv->base;
   s->srv = srv;
   s->call = call;
@@ -645,7 +645,7 @@ static int u_server_new(const ferry_transport_server_config_t *cfg,
   userver_t *srv = ferry__calloc(1, sizeof(*srv));
   if (srv == NULL)
     return ferry__seterr(err, FERRY_ENOMEM, "transport ucx: out of memory");
-  srv->base.ops = &ferry__transport_ucx;
+  srv->base.ops = &ferry__transport_ucx_server;
   srv->on_open = cfg->on_open;
   srv->user = cfg->user;
   int rc = ucx_open(&srv->ctx, &srv->worker, false, err);
@@ -1861,10 +1861,8 @@ static void u_cstream_free(ferry_transport_cstream_t *base) {
   ferry__free(s);
 }
 
-const ferry_transport_ops_t ferry__transport_ucx = {
-    .name = "ucx",
-    .caps = FERRY_TRANSPORT_NEEDS_ADDRESS | FERRY_TRANSPORT_ZERO_COPY,
-    .priority = 10,
+const ferry_transport_server_ops_t ferry__transport_ucx_server = {
+    .transport = &ferry__transport_ucx,
     .server_new = u_server_new,
     .server_address = u_server_address,
     .server_shutdown = u_server_shutdown,
@@ -1875,6 +1873,12 @@ const ferry_transport_ops_t ferry__transport_ucx = {
     .window = u_window,
     .ended = u_ended,
     .finish = u_finish,
+};
+
+const ferry_transport_ops_t ferry__transport_ucx = {
+    .name = "ucx",
+    .caps = FERRY_TRANSPORT_NEEDS_ADDRESS | FERRY_TRANSPORT_ZERO_COPY,
+    .priority = 10,
     .client_new = u_client_new,
     .client_free = u_client_free,
     .client_mem_map = NULL,
