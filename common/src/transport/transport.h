@@ -4,11 +4,12 @@
  * (rpc.h). Only the chunk stream goes through this header:
  * worker/stream.c and client/src/client_streams.c open, send and read
  * streams only through it, and never name a transport. An implementation
- * is a const table of function pointers with a name, capabilities and a
- * priority (ferry_transport_ops_t), listed in the registry
+ * is two const tables of function pointers: its client side with a name,
+ * capabilities and a priority (ferry_transport_ops_t) and its worker side
+ * (ferry_transport_server_ops_t), both listed on one line of the registry
  * (common/src/transport/transport.c): ferry__transport_grpc ("grpc", over
  * rpc.h, keeping its TLS and bearer tokens) and, when built with
- * UCX, ferry__transport_ucx ("ucx", UCP). The worker starts every
+ * UCX, ferry__transport_ucx ("ucx", UCP), each with its _server table. The worker starts every
  * registered transport and publishes the endpoints they return; the
  * client picks one per worker with ferry__transport_choose, whose rules
  * (the job's choice, TLS, the fallback before a first chunk) are the
