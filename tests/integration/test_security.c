@@ -322,6 +322,36 @@ static int unreachable_reason(ferry_rpc_channel_t *ch, const char *addr,
   return n;
 }
 
+/* What GetStatus says of the worker at `addr`: its state, tasks and
+ * heartbeat's age (for a job it took no part in), into `out`; returns
+ * that age in ms (-1: unknown). */
+static int64_t worker_state(ferry_rpc_channel_t *ch, const char *addr,
+                            char *out, size_t cap) {
+  uint8_t *reply = NULL;
+  size_t len = 0;
+  ferry_error_t err = {0};
+  snprintf(out, cap, "not in GetStatus");
+  if (ferry__rpc_unary(ch, FERRY_METHOD_GET_STATUS, "", 0, REFUSE_MS,
+                       FERRY_RPC_WAIT_FOR_READY, &reply, &len, &err) != 0) {
+    snprintf(out, cap, "GetStatus failed: %.200s", err.msg);
+    return -1;
+  }
+  int64_t age = -1;
+  Ferry__V1__GetStatusResponse *st =
+      ferry__v1__get_status_response__unpack(NULL, len, reply);
+  cr_assert_not_null(st);
+  for (size_t i = 0; i < st->n_workers; i++)
+    if (strcmp(st->workers[i]->address, addr) == 0) {
+      age = st->workers[i]->last_heartbeat_ms_ago;
+      snprintf(out, cap, "%.40s, %u tasks, last heartbeat %lld ms ago",
+               st->workers[i]->state, st->workers[i]->tasks,
+               (long long)age);
+    }
+  ferry__v1__get_status_response__free_unpacked(st, NULL);
+  ferry_free(reply);
+  return age;
+}
+
 /* After each batch: what GetStatus says of the bad worker, kept once
  * seen (a client drops its report when its splits no longer use the
  * worker, so it is looked for while the epoch runs). */
@@ -381,49 +411,67 @@ Test(security, a_certificate_not_naming_the_worker_is_reported) {
   secure_options(&o, spec);
   o.num_epochs = 1;
   o.transport = "grpc"; /* TLS: UCX does not encrypt */
-  ferry_client_t *c = NULL;
-  ferry_error_t err = {0};
-  cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
-  hx_ids_t got = {0};
-  double t0 = hx_now_ms();
+  /* The bad worker takes half the splits when it is eligible as the job
+   * begins; a heartbeat of it late under load (CI) leaves it none, and
+   * the epoch ends on the other worker with nothing to report. Such a
+   * job says nothing either way: another one runs, at most 3 in all. */
   seen_t seen = {.ch = ch, .addr = W[1]->addr};
-  int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS,
-                            look_for_report, &seen, &err);
-  if (rc != FERRY_EPOCH_END)
-    hx_dump_logs();
-  cr_assert_eq(rc, FERRY_EPOCH_END, "ferry_next: %d (%s) after %zu records",
-               rc, err.msg, got.n);
-  size_t n;
-  uint64_t *expected = hx_expected_ids(&ds, false, &n);
-  cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why, sizeof(why)),
-            "%s", why);
-  free(expected);
-  hx_ids_free(&got);
-
-  int reporters = seen.reporters;
-  const char *reason = seen.reason;
-  fprintf(stderr, "certificate not naming %s: epoch of %zu records in "
-          "%.0f ms; unreachable by %d client(s): %s\n", W[1]->addr, n,
-          hx_now_ms() - t0, reporters, reason);
-  /* The dispatcher's warning names the address, what to check and the
-   * reason; GetStatus showed it while the epoch ran. */
-  char line[2048];
   bool warned = false;
-  FILE *log = fopen(D->log, "r");
-  cr_assert_not_null(log, "%s", D->log);
-  while (!warned && fgets(line, sizeof(line), log) != NULL)
-    warned = strstr(line, W[1]->addr) != NULL &&
-             strstr(line, "cannot reach") != NULL &&
-             strstr(line, "TLS certificate") != NULL;
-  fclose(log);
+  char state[256];
+  for (int attempt = 1; attempt <= 3; attempt++) {
+    /* Each job starts once the bad worker's last heartbeat is fresh (at
+     * most 10 s of waiting). */
+    double until = hx_now_ms() + 10000;
+    int64_t age;
+    while (((age = worker_state(ch, W[1]->addr, state, sizeof(state))) < 0 ||
+            age > 200) &&
+           hx_now_ms() < until)
+      usleep(20000); /* polling a condition, bounded by `until` */
+    ferry_client_t *c = NULL;
+    ferry_error_t err = {0};
+    cr_assert_eq(ferry_client_new(&o, &c, &err), 0, "%s", err.msg);
+    hx_ids_t got = {0};
+    double t0 = hx_now_ms();
+    int rc = hx_collect_epoch(c, &got, &ds, true, NEXT_TIMEOUT_MS,
+                              look_for_report, &seen, &err);
+    if (rc != FERRY_EPOCH_END)
+      hx_dump_logs();
+    cr_assert_eq(rc, FERRY_EPOCH_END, "ferry_next: %d (%s) after %zu records",
+                 rc, err.msg, got.n);
+    size_t n;
+    uint64_t *expected = hx_expected_ids(&ds, false, &n);
+    cr_assert(hx_same_multiset(got.ids, got.n, expected, n, why, sizeof(why)),
+              "%s", why);
+    free(expected);
+    hx_ids_free(&got);
+    ferry_client_free(c);
+    fprintf(stderr, "certificate not naming %s, job %d: epoch of %zu records "
+            "in %.0f ms; unreachable by %d client(s): %s\n", W[1]->addr,
+            attempt, n, hx_now_ms() - t0, seen.reporters, seen.reason);
+    /* The dispatcher's warning names the address, what to check and the
+     * reason; GetStatus showed it while the epoch ran. */
+    char line[2048];
+    FILE *log = fopen(D->log, "r");
+    cr_assert_not_null(log, "%s", D->log);
+    while (!warned && fgets(line, sizeof(line), log) != NULL)
+      warned = strstr(line, W[1]->addr) != NULL &&
+               strstr(line, "cannot reach") != NULL &&
+               strstr(line, "TLS certificate") != NULL;
+    fclose(log);
+    if (warned || seen.reporters > 0)
+      break;
+    worker_state(ch, W[1]->addr, state, sizeof(state));
+    fprintf(stderr, "  no report and no warning: %s got no split in job "
+            "%d (now: %s)\n", W[1]->addr, attempt, state);
+  }
   cr_assert(warned, "no dispatcher warning names %s", W[1]->addr);
-  cr_assert_eq(reporters, 1, "the worker whose certificate does not name "
-               "%s was not shown unreachable during the epoch", W[1]->addr);
-  cr_assert(strstr(reason, "certificate") != NULL ||
-                strstr(reason, "handshake") != NULL ||
-                strstr(reason, "SSL") != NULL,
-            "the reason does not point at TLS: %s", reason);
-  ferry_client_free(c);
+  cr_assert_eq(seen.reporters, 1, "the worker whose certificate does not "
+               "name %s was not shown unreachable during the epoch",
+               W[1]->addr);
+  cr_assert(strstr(seen.reason, "certificate") != NULL ||
+                strstr(seen.reason, "handshake") != NULL ||
+                strstr(seen.reason, "SSL") != NULL,
+            "the reason does not point at TLS: %s", seen.reason);
   ferry__rpc_channel_free(ch);
   hx_dataset_free(&ds);
 }
