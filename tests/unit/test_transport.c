@@ -80,7 +80,15 @@ Test(transport, the_registry_has_stable_positions_and_valid_names) {
                     "%s and %s share a priority: auto would be arbitrary",
                     ferry__transport_at(k)->name, t->name);
     reachable_by_grpc_address |= addressless(t);
+    /* The worker side at the same position is this transport's. */
+    const ferry_transport_server_ops_t *srv = ferry__transport_server_at(i);
+    cr_assert_not_null(srv, "%s has no worker side", t->name);
+    cr_assert_eq(srv->transport, t, "position %zu: the worker side of %s "
+                 "belongs to %s", i, t->name, srv->transport->name);
+    cr_assert_not_null(srv->server_new);
+    cr_assert_not_null(srv->send);
   }
+  cr_assert_null(ferry__transport_server_at(n));
   /* Workers that publish nothing (a release before endpoint lists) are
    * still reached by some transport. */
   cr_assert(reachable_by_grpc_address);

@@ -8,12 +8,13 @@
  * capabilities and a priority (ferry_transport_ops_t) and its worker side
  * (ferry_transport_server_ops_t), both listed on one line of the registry
  * (common/src/transport/transport.c): ferry__transport_grpc ("grpc", over
- * rpc.h, keeping its TLS and bearer tokens) and, when built with
- * UCX, ferry__transport_ucx ("ucx", UCP), each with its _server table. The worker starts every
- * registered transport and publishes the endpoints they return; the
- * client picks one per worker with ferry__transport_choose, whose rules
- * (the job's choice, TLS, the fallback before a first chunk) are the
- * seam's, stated once below ("Choosing").
+ * rpc.h, keeping its TLS and bearer tokens) and, when built with UCX,
+ * ferry__transport_ucx ("ucx", UCP), each with its _server table. The
+ * worker starts every registered transport and publishes the endpoints
+ * they return; the client picks one per worker with
+ * ferry__transport_choose, whose rules (the job's choice, TLS, the
+ * fallback before a first chunk) are the seam's, stated once below
+ * ("Choosing").
  *
  * What travels is one ferry.v1.Chunk message per chunk (PROTOCOL.md): the
  * header bytes (fields 1-14 and the tag and length of field 15, the
