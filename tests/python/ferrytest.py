@@ -14,7 +14,9 @@ stopped with SIGTERM, then SIGKILL after a bound, and reaped.
 import json
 import os
 import queue
+import random
 import signal
+import socket
 import struct
 import subprocess
 import threading
@@ -498,6 +500,35 @@ def inject(cluster, rng, kind):
     victim = rng.randrange(len(cluster.workers))
     cluster.kill_worker(victim)
     return "worker%d SIGKILLed" % victim
+
+
+def free_ports(n):
+    """n ports for launchers that cannot take port 0 (torchrun's
+    --master_port, TF_CONFIG's hosts). A port a bind to 0 returned could
+    be handed to another process (a bind to 0, an outgoing connection of
+    a test running beside this one) before the launcher binds it: CI saw
+    torchrun fail with "Address already in use". These are drawn at random
+    from the 8,192 ports below the kernel's ephemeral range, which it never
+    hands out by itself, and each is free when drawn."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 1024 + 8192)
+    draw = random.SystemRandom()
+    ports = []
+    while len(ports) < n:
+        port = draw.randrange(low - 8192, low)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 def run_launcher(argv, env, out_dir, log, ranks, timeout_s, cluster=None,

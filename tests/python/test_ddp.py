@@ -18,7 +18,6 @@ import collections
 import json
 import os
 import random
-import socket
 import sys
 import uuid
 
@@ -58,9 +57,7 @@ def ddp_data(tmp_path_factory):
 
 
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ferrytest.free_ports(1)[0]
 
 
 def expected_steps():

@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -127,19 +126,6 @@ def mwms_data(tmp_path_factory):
                              RECORDS)
 
 
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def progress(out_dir):
     n = 0
     for i in range(WORKERS):
@@ -157,7 +143,7 @@ def run_workers(py, cluster, data, out_dir, rng=None, fault_kind="worker"):
     seconds, fault description or None)."""
     os.makedirs(out_dir)
     job = "mwms-" + uuid.uuid4().hex[:8]
-    hosts = ["127.0.0.1:%d" % p for p in free_ports(WORKERS)]
+    hosts = ["127.0.0.1:%d" % p for p in ferrytest.free_ports(WORKERS)]
     procs, logs = [], []
     t0 = time.monotonic()
     fault = None
