@@ -518,7 +518,9 @@ def free_ports(n):
     low = max(low, 1024 + 8192)
     draw = random.SystemRandom()
     ports = []
-    while len(ports) < n:
+    for _ in range(64 * n + 1024):
+        if len(ports) == n:
+            return ports
         port = draw.randrange(low - 8192, low)
         if port in ports:
             continue
@@ -528,7 +530,10 @@ def free_ports(n):
             except OSError:
                 continue
         ports.append(port)
-    return ports
+    if len(ports) == n:
+        return ports
+    raise RuntimeError("no %d free ports among %d to %d" % (n, low - 8192,
+                                                            low - 1))
 
 
 def run_launcher(argv, env, out_dir, log, ranks, timeout_s, cluster=None,
