@@ -41,18 +41,24 @@ size_t ferry__transport_count(void) {
   return n;
 }
 
-const ferry_transport_ops_t *ferry__transport_at(size_t i) {
-  for (size_t k = 0; k < N_REGISTRY; k++)
+/* The registry entry of the built transport at position i, or
+ * N_REGISTRY. */
+static size_t entry_at(size_t i) {
+  size_t k = 0;
+  for (; k < N_REGISTRY; k++)
     if (registry[k].ops != NULL && i-- == 0)
-      return registry[k].ops;
-  return NULL;
+      break;
+  return k;
+}
+
+const ferry_transport_ops_t *ferry__transport_at(size_t i) {
+  size_t k = entry_at(i);
+  return k < N_REGISTRY ? registry[k].ops : NULL;
 }
 
 const ferry_transport_server_ops_t *ferry__transport_server_at(size_t i) {
-  for (size_t k = 0; k < N_REGISTRY; k++)
-    if (registry[k].ops != NULL && i-- == 0)
-      return servers[k];
-  return NULL;
+  size_t k = entry_at(i);
+  return k < N_REGISTRY ? servers[k] : NULL;
 }
 
 /* The position of the built transport whose name is name[0..len). */
