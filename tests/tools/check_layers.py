@@ -29,11 +29,13 @@ LAYERS = ["base", "records", "image", "ops", "pipeline", "rpc", "transport"]
 
 # Objects of common/ that only the daemons, ferryctl or the tests call:
 # data roots, option files, TFRecord reading and writing, Example
-# parsing, the per-record pipeline and its image ops, the RPC server and
-# its health service (the transports' worker sides), /metrics, systemd.
+# parsing, the per-record pipeline and its image ops, the prefix cache's
+# files and the prefix rule, the RPC server and its health service (the
+# transports' worker sides), /metrics, systemd.
 NOT_IN_LIBFERRY = ["roots.c.o", "options.c.o", "tfrecord.c.o",
                    "tfrecord_index.c.o", "tfrecord_scan.c.o", "example.c.o",
                    "pipeline.c.o", "jpeg.c.o", "blur.c.o", "dilate.c.o",
+                   "pcache.c.o", "spec_prefix.c.o",
                    "rpc_server.c.o", "rpc_health.c.o",
                    "metrics_http.c.o", "notify.c.o"]
 # The objects above that only the transports' worker sides reach (kept

@@ -944,3 +944,153 @@ Test(pipeline, bad_jpegs_fused) {
   free(jpeg);
   release(p, ctx);
 }
+
+/* ---- The deterministic prefix (spec_prefix.c) ---------------------------- */
+
+static void add_resize_shorter(ferry_spec_t *s, int size) {
+  add_op(s, FERRY_OP_RESIZE_SHORTER, size, 0, 0);
+}
+
+/* Which leading ops depend only on the record. */
+Test(pipeline, deterministic_prefix_rule) {
+  ferry_spec_t s;
+  const char *why;
+  spec_raw(&s, 32, 32, 3);
+  cr_assert_eq(ferry__spec_det_prefix(&s, &why), 0, "decode alone");
+  seed_ops(&s);
+  cr_assert_eq(ferry__spec_det_prefix(&s, &why), 2);
+  cr_assert_str_eq(why, "the whole pipeline depends only on the record");
+  add_rrc(&s, 16, false);
+  add_op(&s, FERRY_OP_BLUR, 3, 0, 0.5f);
+  cr_assert_eq(ferry__spec_det_prefix(&s, NULL), 2, "up to the crop");
+  free(s.image_key);
+  free(s.label_key);
+
+  /* A JPEG decode fused with a random crop: nothing. */
+  spec_jpeg(&s, 0, 0);
+  add_rrc(&s, 64, false);
+  cr_assert_eq(ferry__spec_det_prefix(&s, &why), -1);
+  cr_assert(strstr(why, "fuses with random_resized_crop") != NULL, "%s", why);
+  /* The exact crop does not fuse: the decode is the prefix. */
+  s.ops[0].exact = true;
+  cr_assert_eq(ferry__spec_det_prefix(&s, NULL), 0);
+  /* Fused deterministic ops belong to it whole. */
+  s.n_ops = 0;
+  add_resize_shorter(&s, 80);
+  add_op(&s, FERRY_OP_CENTER_CROP, 64, 64, 0);
+  add_rrc(&s, 32, false);
+  cr_assert_eq(ferry__spec_det_prefix(&s, NULL), 2);
+  free(s.image_key);
+  free(s.label_key);
+}
+
+/* The prefix's fingerprint names what it produces: the same for specs
+ * that differ only after it or in epoch-level stages, another for
+ * another prefix. */
+Test(pipeline, prefix_fingerprints) {
+  ferry_spec_t a, b;
+  spec_raw(&a, 32, 32, 3);
+  seed_ops(&a);
+  spec_raw(&b, 32, 32, 3);
+  seed_ops(&b);
+  add_rrc(&b, 16, false);
+  b.shuffle = true;
+  b.shuffle_seed = 99;
+  b.batch_size = 7;
+  uint64_t fa = ferry__spec_prefix_fingerprint(&a, 2);
+  cr_assert_neq(fa, 0);
+  cr_assert_eq(fa, ferry__spec_prefix_fingerprint(&b, 2));
+  cr_assert_neq(fa, ferry__spec_prefix_fingerprint(&a, 1));
+  b.ops[1].sigma = 0.9f;
+  cr_assert_neq(fa, ferry__spec_prefix_fingerprint(&b, 2));
+  b.ops[1].sigma = 0.8f;
+  free(b.label_key);
+  b.label_key = strdup("other");
+  cr_assert_neq(fa, ferry__spec_prefix_fingerprint(&b, 2),
+                "the label is part of an entry");
+  for (ferry_spec_t *s = &a; s != NULL; s = s == &a ? &b : NULL) {
+    free(s->image_key);
+    free(s->label_key);
+  }
+}
+
+/* The prefix compiled alone, then ferry__pipeline_process_from on its
+ * output, gives the whole pipeline's pixels bit for bit, random ops
+ * keyed alike (what a cache hit serves is what recomputing gives). */
+static void prefix_then_rest(ferry_spec_t *s, const uint8_t *rec, size_t len,
+                             const char *what) {
+  int n = ferry__spec_det_prefix(s, NULL);
+  cr_assert_geq(n, 0, "%s", what);
+  ferry_spec_t ps;
+  cr_assert_eq(ferry__spec_prefix(s, (size_t)n, &ps), 0);
+  ferry_pipeline_t *whole, *pre;
+  ferry_pipeline_ctx_t *cw, *cp;
+  ferry_error_t err = {0};
+  cr_assert_eq(ferry__pipeline_new(&ps, &pre, &err), 0, "%s: %s", what,
+               err.msg);
+  ferry__spec_close(&ps);
+  cr_assert_eq(ferry__pipeline_ctx_new(pre, &cp, &err), 0);
+  compile(s, &whole, &cw);
+  for (uint64_t id = 0; id < 8; id++) {
+    const uint8_t *px, *pp, *out;
+    int h, w, c, ph, pw, pc, oh, ow;
+    int64_t label, plabel;
+    ferry__pipeline_ctx_set_key(cw, 5, 3, id);
+    ferry__pipeline_ctx_set_key(cp, 5, 3, id);
+    cr_assert_eq(ferry__pipeline_process(cw, rec, len, &px, &h, &w, &c,
+                                         &label, &err),
+                 0, "%s: %s", what, err.msg);
+    uint8_t *want = malloc((size_t)h * w * c);
+    memcpy(want, px, (size_t)h * w * c);
+    cr_assert_eq(ferry__pipeline_process(cp, rec, len, &pp, &ph, &pw, &pc,
+                                         &plabel, &err),
+                 0, "%s: %s", what, err.msg);
+    cr_assert_eq(plabel, label);
+    ferry__pipeline_ctx_set_key(cw, 5, 3, id);
+    cr_assert_eq(ferry__pipeline_process_from(cw, (size_t)n, pp, ph, pw, pc,
+                                              &out, &oh, &ow, &err),
+                 0, "%s: %s", what, err.msg);
+    cr_assert(oh == h && ow == w && pc == c, "%s: %dx%d, whole %dx%d", what,
+              oh, ow, h, w);
+    cr_assert(memcmp(out, want, (size_t)h * w * c) == 0,
+              "%s, record %llu: prefix + rest differs from the whole", what,
+              (unsigned long long)id);
+    free(want);
+  }
+  release(whole, cw);
+  release(pre, cp);
+}
+
+Test(pipeline, prefix_then_rest_equals_the_whole) {
+  uint8_t img[40 * 36 * 3], *rec, *jpeg;
+  fill_random(img, sizeof(img), 3);
+  size_t len = raw_record(img, sizeof(img), 4, &rec);
+  ferry_spec_t s;
+  spec_raw(&s, 40, 36, 3);
+  seed_ops(&s);
+  prefix_then_rest(&s, rec, len, "raw: dilate | blur");
+  spec_raw(&s, 40, 36, 3);
+  seed_ops(&s);
+  add_rrc(&s, 24, false);
+  add_op(&s, FERRY_OP_DILATE, 3, 0, 0);
+  prefix_then_rest(&s, rec, len, "raw: dilate | blur | rrc | dilate");
+  free(rec);
+
+  size_t jlen = make_jpeg(120, 160, 4, &jpeg);
+  len = raw_record(jpeg, jlen, 2, &rec);
+  spec_jpeg(&s, 0, 0);
+  add_rrc(&s, 48, true);
+  prefix_then_rest(&s, rec, len, "jpeg: exact rrc");
+  spec_jpeg(&s, 0, 0);
+  add_resize_shorter(&s, 90);
+  add_op(&s, FERRY_OP_CENTER_CROP, 80, 80, 0);
+  add_rrc(&s, 48, false);
+  prefix_then_rest(&s, rec, len, "jpeg: resize(S) | center_crop (fused) | rrc");
+  spec_jpeg(&s, 0, 0);
+  add_op(&s, FERRY_OP_BLUR, 3, 0, 0.7f);
+  add_rrc(&s, 48, false);
+  add_op(&s, FERRY_OP_RESIZE, 32, 32, 0);
+  prefix_then_rest(&s, rec, len, "jpeg: blur | rrc | resize");
+  free(rec);
+  free(jpeg);
+}

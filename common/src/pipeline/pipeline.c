@@ -521,6 +521,77 @@ static int crop_op(ferry_pipeline_ctx_t *ctx, size_t i, const uint8_t *cur,
   return 0;
 }
 
+/* Runs ops [from, n_ops) on *curp (ih x iw x ic), leaving the result's
+ * place in *curp; `which` is the buffer *curp is in (1 for memory outside
+ * the ctx, so the first op writes buffer 0). */
+static int run_ops(ferry_pipeline_ctx_t *ctx, size_t from,
+                   const uint8_t **curp, int which, int *ihp, int *iwp,
+                   int ic, ferry_error_t *err) {
+  const ferry_pipeline_t *p = ctx->p;
+  const uint8_t *cur = *curp;
+  int ih = *ihp, iw = *iwp, rc;
+  double t2;
+  /* Each op reads `cur` and writes the other buffer; `which` is the
+   * buffer `cur` is in (1 for the raw record itself, so the first op
+   * writes buffer 0). */
+  for (size_t i = from; i < p->n_ops; i++) {
+    const ferry_image_op_t *op = &p->ops[i];
+    int dst_i = which == 0 ? 1 : 0;
+    size_t in_bytes = (size_t)ih * (size_t)iw * (size_t)ic;
+    uint8_t *dst;
+
+    if (op->kind == FERRY_OP_RANDOM_RESIZED_CROP ||
+        op->kind == FERRY_OP_RESIZE_SHORTER ||
+        op->kind == FERRY_OP_CENTER_CROP) {
+      if ((rc = crop_op(ctx, i, cur, &ih, &iw, ic, dst_i, err)) < 0) {
+        ferry__prefixerr(err, "%s (op %zu)",
+                         op->kind == FERRY_OP_CENTER_CROP ? "center_crop"
+                         : op->kind == FERRY_OP_RESIZE_SHORTER
+                             ? "resize"
+                             : "random_resized_crop",
+                         i + 1);
+        return rc;
+      }
+      dst = ctx->buf[dst_i];
+    } else if (op->kind == FERRY_OP_RESIZE) {
+      size_t out_bytes = (size_t)op->a * (size_t)op->b * (size_t)ic;
+      if (op->a == ih && op->b == iw)
+        continue; /* Half-pixel bilinear at scale 1 is the identity. */
+      if ((rc = grow(ctx, dst_i, out_bytes, err)) < 0)
+        return rc;
+      dst = ctx->buf[dst_i];
+      ferry__resize_bilinear(cur, ih, iw, ic, dst, op->a, op->b);
+      ih = op->a;
+      iw = op->b;
+    } else {
+      if ((rc = grow(ctx, dst_i, in_bytes, err)) < 0)
+        return rc;
+      dst = ctx->buf[dst_i];
+      t2 = ctx->timing ? now() : 0;
+      if (op->kind == FERRY_OP_DILATE) {
+        ferry__dilate3x3(cur, dst, ih, iw, ic);
+        if (ctx->timing)
+          ctx->t[FERRY_STAGE_DILATE] += now() - t2;
+      } else {
+        rc = ferry__blur_apply(ctx->blur[i], cur, dst, ih, iw, ic, err);
+        if (rc < 0) {
+          ferry__prefixerr(err, "blur(%d, %g) on a %dx%d image", op->a,
+                           (double)op->sigma, ih, iw);
+          return rc;
+        }
+        if (ctx->timing)
+          ctx->t[FERRY_STAGE_BLUR] += now() - t2;
+      }
+    }
+    cur = dst;
+    which = dst_i;
+  }
+  *curp = cur;
+  *ihp = ih;
+  *iwp = iw;
+  return 0;
+}
+
 int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
                             size_t len, const uint8_t **pixels, int *h, int *w,
                             int *c, int64_t *label, ferry_error_t *err) {
@@ -530,7 +601,7 @@ int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
   size_t data_len, n;
   int64_t lv = 0;
   int ih, iw, ic, rc, which;
-  double t0 = 0, t1, t2;
+  double t0 = 0, t1;
 
   if (ctx->timing)
     t0 = now();
@@ -626,62 +697,10 @@ int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
     t0 = t1;
   }
 
-  /* Each op reads `cur` and writes the other buffer; `which` is the
-   * buffer `cur` is in (1 for the raw record itself, so the first op
-   * writes buffer 0). */
-  for (size_t i = p->format == FERRY_IMAGE_JPEG ? p->fused : 0;
-       i < p->n_ops; i++) {
-    const ferry_image_op_t *op = &p->ops[i];
-    int dst_i = which == 0 ? 1 : 0;
-    size_t in_bytes = (size_t)ih * (size_t)iw * (size_t)ic;
-    uint8_t *dst;
-
-    if (op->kind == FERRY_OP_RANDOM_RESIZED_CROP ||
-        op->kind == FERRY_OP_RESIZE_SHORTER ||
-        op->kind == FERRY_OP_CENTER_CROP) {
-      if ((rc = crop_op(ctx, i, cur, &ih, &iw, ic, dst_i, err)) < 0) {
-        ferry__prefixerr(err, "%s (op %zu)",
-                         op->kind == FERRY_OP_CENTER_CROP ? "center_crop"
-                         : op->kind == FERRY_OP_RESIZE_SHORTER
-                             ? "resize"
-                             : "random_resized_crop",
-                         i + 1);
-        return rc;
-      }
-      dst = ctx->buf[dst_i];
-    } else if (op->kind == FERRY_OP_RESIZE) {
-      size_t out_bytes = (size_t)op->a * (size_t)op->b * (size_t)ic;
-      if (op->a == ih && op->b == iw)
-        continue; /* Half-pixel bilinear at scale 1 is the identity. */
-      if ((rc = grow(ctx, dst_i, out_bytes, err)) < 0)
-        return rc;
-      dst = ctx->buf[dst_i];
-      ferry__resize_bilinear(cur, ih, iw, ic, dst, op->a, op->b);
-      ih = op->a;
-      iw = op->b;
-    } else {
-      if ((rc = grow(ctx, dst_i, in_bytes, err)) < 0)
-        return rc;
-      dst = ctx->buf[dst_i];
-      t2 = ctx->timing ? now() : 0;
-      if (op->kind == FERRY_OP_DILATE) {
-        ferry__dilate3x3(cur, dst, ih, iw, ic);
-        if (ctx->timing)
-          ctx->t[FERRY_STAGE_DILATE] += now() - t2;
-      } else {
-        rc = ferry__blur_apply(ctx->blur[i], cur, dst, ih, iw, ic, err);
-        if (rc < 0) {
-          ferry__prefixerr(err, "blur(%d, %g) on a %dx%d image", op->a,
-                           (double)op->sigma, ih, iw);
-          return rc;
-        }
-        if (ctx->timing)
-          ctx->t[FERRY_STAGE_BLUR] += now() - t2;
-      }
-    }
-    cur = dst;
-    which = dst_i;
-  }
+  rc = run_ops(ctx, p->format == FERRY_IMAGE_JPEG ? p->fused : 0, &cur,
+               which, &ih, &iw, ic, err);
+  if (rc < 0)
+    return rc;
 
   /* Only identity resizes ran on a raw record: the output is the
    * record's own bytes, handed out as they are when the caller allows it
@@ -701,5 +720,32 @@ int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
   *w = iw;
   *c = ic;
   *label = lv;
+  return 0;
+}
+
+int ferry__pipeline_process_from(ferry_pipeline_ctx_t *ctx, size_t from,
+                                 const uint8_t *in, int h, int w, int c,
+                                 const uint8_t **pixels, int *oh, int *ow,
+                                 ferry_error_t *err) {
+  const ferry_pipeline_t *p = ctx->p;
+  const uint8_t *cur = in;
+  double t0 = ctx->timing ? now() : 0;
+  if (from > p->n_ops || c != p->channels || h <= 0 || w <= 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "pipeline: ops from %zu of %zu on a %dx%dx%d image",
+                         from, p->n_ops, h, w, c);
+  /* The fused ops run inside the decode only: a later start is outside
+   * the fusion by construction (ferry__spec_det_prefix). */
+  if (p->format == FERRY_IMAGE_JPEG && from < p->fused && from > 0)
+    return ferry__seterr(err, FERRY_EINVAL,
+                         "pipeline: ops from %zu split a fused decode", from);
+  int rc = run_ops(ctx, from, &cur, 1, &h, &w, c, err);
+  if (rc < 0)
+    return rc;
+  if (ctx->timing)
+    ctx->t[FERRY_STAGE_OPS] += now() - t0;
+  *pixels = cur;
+  *oh = h;
+  *ow = w;
   return 0;
 }

@@ -90,4 +90,15 @@ int ferry__pipeline_process(ferry_pipeline_ctx_t *ctx, const uint8_t *record,
                             size_t len, const uint8_t **pixels, int *h, int *w,
                             int *c, int64_t *label, ferry_error_t *err);
 
+/* Runs the ops from index `from` (of the spec's ops) on an image that
+ * the first `from` ops already produced (a prefix cache entry), with the
+ * ctx's random-op key (set_key). *pixels: in the ctx, or `in` itself
+ * when no op from `from` changes it. The ops a JPEG decode fuses cannot
+ * start here (FERRY_EINVAL): a cached prefix never ends inside a
+ * fusion. */
+int ferry__pipeline_process_from(ferry_pipeline_ctx_t *ctx, size_t from,
+                                 const uint8_t *in, int h, int w, int c,
+                                 const uint8_t **pixels, int *oh, int *ow,
+                                 ferry_error_t *err);
+
 #endif /* FERRY_PIPELINE_H */

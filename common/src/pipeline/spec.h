@@ -115,6 +115,23 @@ uint64_t ferry__spec_fingerprint(const ferry_spec_t *spec);
  * resize). */
 int ferry__spec_output_shape(const ferry_spec_t *spec, int *h, int *w, int *c);
 
+/* The deterministic prefix (spec_prefix.c): how many leading ops, after
+ * the decode, depend only on the record (resize, dilate, blur,
+ * resize(S), center_crop; not random_resized_crop, whose crop is drawn
+ * per epoch). The decode always belongs to it, except where a JPEG
+ * decode fuses with a random first crop: then nothing does and the
+ * result is -1. *why (may be NULL) gets a static sentence saying so. */
+int ferry__spec_det_prefix(const ferry_spec_t *spec, const char **why);
+/* The first n_ops ops as a spec of their own into `out` (initialised
+ * here; ferry__spec_close it): no shuffle, batch or repeat, one "*"
+ * pattern (a cache entry is keyed by the shard, not the globs). */
+int ferry__spec_prefix(const ferry_spec_t *spec, size_t n_ops,
+                       ferry_spec_t *out);
+/* The fingerprint of that prefix, mixed with the prefix format version;
+ * never 0 for a valid spec (0: invalid). */
+uint64_t ferry__spec_prefix_fingerprint(const ferry_spec_t *spec,
+                                        size_t n_ops);
+
 /* Expands the patterns (glob(3), sorted, deduplicated) into a
  * ferry_free()-able array of ferry_free()-able paths. Directories and
  * files whose name ends in ".idx" (DALI index files next to the shards)
