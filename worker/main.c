@@ -56,6 +56,16 @@ static const ferry_option_t table[] = {
      NULL, 0, 0, NULL,
      "directory of the unlinked files shuffled GZIP/ZLIB shards are inflated "
      "into (default: $TMPDIR, else /tmp)"},
+    {"cache-dir", FERRY_OPT_STRING, offsetof(ferry__wconfig_t, cache_dir),
+     NULL, 0, 0, NULL,
+     "directory of the prefix cache: from its second epoch a job reads the "
+     "output of its pipeline's deterministic prefix from here when that "
+     "costs less than recomputing it (may be shared by workers; none: no "
+     "cache)"},
+    {"cache-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, cache_bytes),
+     "10G", 0, 1ull << 50, NULL,
+     "bound of the prefix cache's entries on disk (full: the splits beyond "
+     "it recompute)"},
     {"data-root", FERRY_OPT_LIST, offsetof(ferry__wconfig_t, data_roots),
      NULL, 0, 0, NULL,
      "a directory datasets may be read from (repeatable; none: any file)"},

@@ -33,12 +33,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "crc32c.h"
 #include "ferry/log.h"
+#include "pcache.h"
 #include "tasks_internal.h"
 #include "tfrecord.h"
 #include "wmetrics.h"
@@ -98,6 +100,7 @@ void ferry__wthread_free(ferry__wthread_t *th) {
   for (int i = 0; i < CTX_SLOTS; i++)
     if (th->slots[i].pipe != NULL) {
       ferry__pipeline_ctx_free(th->slots[i].ctx);
+      ferry__pipeline_ctx_free(th->slots[i].pctx);
       ferry__wpipe_unref(th->slots[i].pipe);
     }
   ferry__free(th);
@@ -131,6 +134,8 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
     if (th->last == victim->ctx)
       th->last = NULL;
     ferry__pipeline_ctx_free(victim->ctx);
+    ferry__pipeline_ctx_free(victim->pctx);
+    victim->pctx = NULL;
     ferry__wpipe_unref(victim->pipe);
   }
   __atomic_add_fetch(&pipe->refs, 1, __ATOMIC_ACQ_REL);
@@ -139,6 +144,26 @@ static ferry_pipeline_ctx_t *get_ctx(ferry__wthread_t *th,
   victim->ctx = ctx;
   victim->used = th->tick;
   return use_ctx(th, ctx);
+}
+
+/* The thread's ctx of `pipe`'s prefix pipeline (the slot get_ctx just
+ * returned for it), created when missing; NULL when out of memory. */
+static ferry_pipeline_ctx_t *get_pctx(ferry__wthread_t *th,
+                                      ferry__wpipe_t *pipe) {
+  for (int i = 0; i < CTX_SLOTS; i++) {
+    struct ctx_slot *s = &th->slots[i];
+    if (s->pipe == NULL || s->pipe_id != pipe->id)
+      continue;
+    if (s->pctx == NULL) {
+      ferry_error_t err;
+      if (ferry__pipeline_ctx_new(pipe->pol->prefix, &s->pctx, &err) != 0)
+        return NULL;
+      if (th->t->jpeg_set)
+        ferry__pipeline_ctx_set_jpeg_limits(s->pctx, &th->t->jpeg);
+    }
+    return s->pctx;
+  }
+  return NULL;
 }
 
 /* ---- A task's run state -------------------------------------------------- */
@@ -172,6 +197,16 @@ typedef struct ferry__wrun_s {
   uint8_t *wbuf; /* spill writes */
   size_t wlen;
   uint64_t spill_len;
+  /* The prefix cache (worker/cache.h): an entry being read (a hit) or
+   * written (a miss the policy wants kept); the key names the entry. */
+  ferry_pcache_reader_t *pc_rd;
+  ferry_pcache_writer_t *pc_wr;
+  ferry_pcache_key_t pc_key;
+  uint64_t *pc_order; /* a hit: positions in split order */
+  uint64_t pc_next, pc_added;
+  /* Positions below this were produced from an entry found damaged: the
+   * recomputing path goes on from here. */
+  uint64_t resume_at;
   /* The record processed when the task parked, waiting for a chunk. */
   bool pending;
   uint8_t *pix;
@@ -184,6 +219,9 @@ void ferry__wrun_free(wrun_t *ru) {
   if (ru == NULL)
     return;
   ferry__tfr_reader_free(ru->rd);
+  ferry__pcache_reader_close(ru->pc_rd);
+  ferry__pcache_writer_abort(ru->pc_wr);
+  ferry__free(ru->pc_order);
   if (ru->fd >= 0)
     close(ru->fd);
   ferry__free(ru->recs);
@@ -215,6 +253,9 @@ typedef struct run_s {
    * when the record before a timed one ended (its read time); 0: none. */
   uint64_t seen;
   int64_t read_t0;
+  /* The prefix cache: records served from entries and recomputed, entries
+   * found damaged, records of this run seen by its timing sample. */
+  uint64_t pc_hits, pc_misses, pc_corrupt, pc_seen, pc_read_bytes;
 } run_t;
 
 static bool should_stop(run_t *r) {
@@ -281,17 +322,16 @@ static ferry__wchunk_t *new_chunk(run_t *r, uint32_t cap, int h, int w,
   return c;
 }
 
-/* Puts one produced record into the current chunk (a new one when full
- * or of another shape). Returns false when the task ends or parks here;
- * on parking the record is kept in the run state. */
-static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
-                       int64_t label, int64_t id) {
+/* The place of one record of h x w x c in the current chunk (a new one
+ * when full or of another shape), not yet counted: commit_record counts
+ * it. NULL when the task ends or parks here (r->parked). */
+static uint8_t *reserve_record(run_t *r, int h, int w, int c) {
   size_t rb = (size_t)h * (size_t)w * (size_t)c;
   ferry__wchunk_t *cur = r->cur;
   if (cur != NULL && (cur->count == cur->cap || cur->h != h || cur->w != w ||
                       cur->c != c)) {
     if (flush(r, false) != 0)
-      return false;
+      return NULL;
     cur = NULL;
   }
   if (cur == NULL) {
@@ -301,34 +341,56 @@ static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
     if (kk > MAX_CHUNK_RECORDS)
       kk = MAX_CHUNK_RECORDS;
     cur = r->cur = new_chunk(r, (uint32_t)kk, h, w, c);
-    if (cur == NULL) {
-      wrun_t *ru = r->ru;
-      if (r->parked && pix != ru->pix) {
-        if (!FERRY__GROW(ru->pix, ru->pix_cap, rb > 0 ? rb : 1, 256)) {
-          r->parked = false;
-          ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
-          return false;
-        }
-        memcpy(ru->pix, pix, rb);
-        ru->h = h;
-        ru->w = w;
-        ru->c = c;
-        ru->label = label;
-        ru->id = id;
-        ru->pending = true;
-      }
-      return false;
-    }
+    if (cur == NULL)
+      return NULL;
   }
-  memcpy(cur->payload + (size_t)cur->count * rb, pix, rb);
+  return cur->payload + (size_t)cur->count * rb;
+}
+
+/* Counts the record reserve_record placed. */
+static void commit_record(run_t *r, int64_t label, int64_t id) {
+  ferry__wchunk_t *cur = r->cur;
   cur->labels[cur->count] = label;
   cur->ids[cur->count] = id;
   cur->count++;
   r->out++;
-  if (pix == r->ru->pix)
-    r->ru->pending = false;
+}
+
+/* Puts one produced record into the current chunk. Returns false when the
+ * task ends or parks here; on parking the record is kept in the run
+ * state. */
+static bool put_record(run_t *r, const uint8_t *pix, int h, int w, int c,
+                       int64_t label, int64_t id) {
+  size_t rb = (size_t)h * (size_t)w * (size_t)c;
+  wrun_t *ru = r->ru;
+  uint8_t *slot = reserve_record(r, h, w, c);
+  if (slot == NULL) {
+    if (r->parked && pix != ru->pix) {
+      if (!FERRY__GROW(ru->pix, ru->pix_cap, rb > 0 ? rb : 1, 256)) {
+        r->parked = false;
+        ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+        return false;
+      }
+      memcpy(ru->pix, pix, rb);
+      ru->h = h;
+      ru->w = w;
+      ru->c = c;
+      ru->label = label;
+      ru->id = id;
+      ru->pending = true;
+    }
+    return false;
+  }
+  memcpy(slot, pix, rb);
+  commit_record(r, label, id);
+  if (pix == ru->pix)
+    ru->pending = false;
   return true;
 }
+
+static int process(run_t *r, const uint8_t *data, size_t len, uint64_t index,
+                   uint64_t offset, const uint8_t **pix, int *h, int *w,
+                   int *c, int64_t *label, ferry_error_t *perr);
 
 /* Runs one record; returns false when the task ends or parks here. */
 static bool do_record(run_t *r, const uint8_t *data, size_t len,
@@ -339,7 +401,8 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
   int64_t label;
   if (should_stop(r))
     return false;
-  if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
+  if ((r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) ||
+      r->out < r->ru->resume_at) {
     r->out++;
     return true;
   }
@@ -373,8 +436,8 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
    * same crop whichever worker or lease runs it. */
   ferry__pipeline_ctx_set_key(r->ctx, k->seed, k->epoch,
                               (uint64_t)k->file_index << 40 | index);
-  int rc = ferry__pipeline_process(r->ctx, data, len, &pix, &h, &w, &c, &label,
-                                   &perr);
+  int rc = process(r, data, len, index, offset, &pix, &h, &w, &c, &label,
+                   &perr);
   if (timed) {
     const ferry__wmetrics_t *m = ferry__wmetrics();
     ferry__pipeline_ctx_set_timing(r->ctx, 0);
@@ -600,7 +663,8 @@ static int run_shuffled(run_t *r) {
     if (k->end != 0 && r->out >= k->end)
       return FERRY_EOF; /* the part ends here (Task.end) */
     const struct rec_ref *ref = &ru->recs[ru->order[ru->next++]];
-    if (r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) {
+    if ((r->out < k->start && k->policy == FERRY_ON_ERROR_FAIL) ||
+        r->out < ru->resume_at) {
       if ((ru->next & 1023) == 0 && should_stop(r))
         return 0;
       r->out++; /* as do_record would, without reading the record */
@@ -621,6 +685,354 @@ static int run_shuffled(run_t *r) {
       return 0;
   }
   return FERRY_EOF;
+}
+
+/* ---- The prefix cache ---------------------------------------------------- */
+
+/* An entry of at most this many bytes is read whole when opened: small
+ * images then cost no system call each. */
+#define PC_LOAD_BYTES (16u << 20)
+
+/* One record in 16 of a run is timed for the policy (thread CPU time). */
+static bool pc_sample(run_t *r) { return (r->pc_seen++ & 15) == 0; }
+
+static void writer_drop(run_t *r) {
+  ferry__pcache_writer_abort(r->ru->pc_wr);
+  r->ru->pc_wr = NULL;
+}
+
+/* Runs the pipeline on one record. While the run writes an entry, the
+ * prefix runs first (alone, or as the whole pipeline), its output goes
+ * into the entry, then the ops after it run on that output: the same
+ * pixels as one pass (ferry__spec_det_prefix keeps fusions whole). */
+static int process(run_t *r, const uint8_t *data, size_t len, uint64_t index,
+                   uint64_t offset, const uint8_t **pix, int *h, int *w,
+                   int *c, int64_t *label, ferry_error_t *perr) {
+  ferry__wtask_t *k = r->task;
+  ferry__wpolicy_t *pol = k->pipe->pol;
+  ferry__wcache_t *cache = r->th->t->cache;
+  wrun_t *ru = r->ru;
+  bool sample = pol != NULL && pc_sample(r);
+  ferry_pipeline_ctx_t *pctx = NULL;
+  if (ru->pc_wr != NULL && pol->prefix != NULL &&
+      (pctx = get_pctx(r->th, k->pipe)) == NULL)
+    writer_drop(r); /* out of memory: recompute without writing */
+  if (pol != NULL && pol->det_ops >= 0)
+    r->pc_misses++;
+  int64_t t0 = sample ? ferry__thread_cpu_ns() : 0;
+  if (ru->pc_wr == NULL) {
+    int rc = ferry__pipeline_process(r->ctx, data, len, pix, h, w, c, label,
+                                     perr);
+    if (sample && rc == 0) {
+      int64_t t1 = ferry__thread_cpu_ns();
+      pthread_mutex_lock(&pol->mu);
+      pol->recompute_ns += (double)(t1 - t0);
+      pol->n_recompute++;
+      pthread_mutex_unlock(&pol->mu);
+    }
+    return rc;
+  }
+  const uint8_t *pp;
+  int ph, pw, pc, rc;
+  if (pctx != NULL) {
+    ferry__pipeline_ctx_set_key(pctx, k->seed, k->epoch,
+                                (uint64_t)k->file_index << 40 | index);
+    rc = ferry__pipeline_process(pctx, data, len, &pp, &ph, &pw, &pc, label,
+                                 perr);
+  } else {
+    rc = ferry__pipeline_process(r->ctx, data, len, &pp, &ph, &pw, &pc,
+                                 label, perr);
+  }
+  if (rc != 0) {
+    writer_drop(r); /* a record the pipeline rejects: no entry */
+    return rc;
+  }
+  int64_t t1 = sample ? ferry__thread_cpu_ns() : 0;
+  size_t bytes = (size_t)ph * (size_t)pw * (size_t)pc;
+  uint64_t held = atomic_load(&cache->held);
+  if (held + ferry__pcache_writer_bytes(ru->pc_wr) + bytes + 64 >
+      cache->budget) {
+    writer_drop(r);
+    atomic_fetch_add(&cache->full, 1);
+    pthread_mutex_lock(&pol->mu);
+    pol->full = true;
+    pthread_mutex_unlock(&pol->mu);
+  } else {
+    ferry_error_t werr;
+    if (ferry__pcache_writer_add(ru->pc_wr, index - k->first_record, index,
+                                 offset, *label, ph, pw, pc, pp,
+                                 &werr) != 0) {
+      FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s (the split is not cached)",
+                werr.msg);
+      writer_drop(r);
+    } else {
+      ru->pc_added++;
+    }
+  }
+  if (pctx != NULL) {
+    rc = ferry__pipeline_process_from(r->ctx, (size_t)pol->det_ops, pp, ph,
+                                      pw, pc, pix, h, w, perr);
+    if (rc != 0)
+      return rc;
+  } else {
+    *pix = pp;
+    *h = ph;
+    *w = pw;
+  }
+  *c = pc;
+  if (sample) {
+    int64_t t2 = ferry__thread_cpu_ns();
+    pthread_mutex_lock(&pol->mu);
+    pol->prefix_ns += (double)(t1 - t0);
+    pol->n_prefix++;
+    if (pctx != NULL) {
+      pol->suffix_ns += (double)(t2 - t1);
+      pol->n_suffix++;
+    }
+    pol->entry_bytes += (double)bytes + 64;
+    pol->n_entries++;
+    pthread_mutex_unlock(&pol->mu);
+  }
+  return 0;
+}
+
+/* Looks the task's split up in the cache, as the policy says: a hit
+ * opens the entry (run_cached serves it); a miss of a whole split that
+ * fits opens a writer. `sb` is the shard's identity. */
+static void cache_begin(run_t *r, const struct stat *sb) {
+  ferry__wtask_t *k = r->task;
+  ferry__wcache_t *c = r->th->t->cache;
+  ferry__wpolicy_t *pol = k->pipe->pol;
+  wrun_t *ru = r->ru;
+  if (c == NULL || pol == NULL)
+    return;
+  if (pol->det_ops < 0) { /* nothing to cache: the reason gets the costs */
+    pthread_mutex_lock(&pol->mu);
+    ferry__wpolicy_decide_locked(c, pol);
+    pthread_mutex_unlock(&pol->mu);
+    return;
+  }
+  ferry_pcache_key_t *key = &ru->pc_key;
+  key->prefix_fp = pol->prefix_fp;
+  key->path = k->file;
+  key->file_size = (uint64_t)sb->st_size;
+  key->mtime_ns = (int64_t)sb->st_mtim.tv_sec * 1000000000 +
+                  sb->st_mtim.tv_nsec;
+  key->byte_offset = k->byte_offset;
+  key->byte_end = k->byte_end;
+  key->first_record = k->first_record;
+  key->max_records = k->num_records;
+  pthread_mutex_lock(&pol->mu);
+  ferry__wc_choice_t choice = ferry__wpolicy_decide_locked(c, pol);
+  pthread_mutex_unlock(&pol->mu);
+  if (choice == FERRY__WC_RECOMPUTE)
+    return;
+  ferry_error_t err;
+  int rc = ferry__pcache_reader_open(c->dir, key, &ru->pc_rd, &err);
+  if (rc == 0 &&
+      (rc = ferry__pcache_reader_load(ru->pc_rd, PC_LOAD_BYTES, &err)) != 0) {
+    ferry__pcache_reader_close(ru->pc_rd);
+    ru->pc_rd = NULL;
+  }
+  if (rc == 0)
+    return;
+  if (ferry__pcache_damaged(rc)) {
+    FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s; recomputing the split",
+              err.msg);
+    r->pc_corrupt++;
+    ferry__pcache_remove(c->dir, key);
+  } else if (rc != FERRY_ENOENT) {
+    FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s; recomputing the split",
+              err.msg);
+    return; /* an I/O error: neither trusted nor replaced */
+  }
+  /* Only a whole split is written: a part or a lease resumed past its
+   * start does not produce every record. */
+  if (k->start != 0 || k->end != 0)
+    return;
+  if (atomic_load(&c->held) >= c->budget) {
+    atomic_fetch_add(&c->full, 1);
+    pthread_mutex_lock(&pol->mu);
+    pol->full = true;
+    pthread_mutex_unlock(&pol->mu);
+    return;
+  }
+  if (ferry__pcache_writer_open(c->dir, key, &ru->pc_wr, &err) != 0)
+    FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s (the split is not cached)",
+              err.msg);
+}
+
+/* An entry read back was damaged: the split goes on recomputed from the
+ * position reached, and the entry is removed. */
+static void cache_fallback(run_t *r, const ferry_error_t *why) {
+  wrun_t *ru = r->ru;
+  FERRY_LOG(FERRY_LOG_WARN,
+            "prefix cache: %s; recomputing the split from position %llu",
+            why->msg, (unsigned long long)r->out);
+  r->pc_corrupt++;
+  ferry__pcache_reader_close(ru->pc_rd);
+  ru->pc_rd = NULL;
+  ferry__pcache_remove(r->th->t->cache->dir, &ru->pc_key);
+  /* The shard's pass counts positions from 0 again, passing over those
+   * already produced without processing them (a cached split is clean:
+   * every record has its position). */
+  ru->resume_at = r->out;
+  r->out = 0;
+}
+
+enum { RUN_FALLBACK = 1 };
+
+/* Serves the split from its entry in split order (the permutation of the
+ * records in file order, as run_shuffled walks it). Returns FERRY_EOF at
+ * the end, 0 when stopped or parked, RUN_FALLBACK when an entry is
+ * damaged (recompute from r->out). */
+static int run_cached(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  ferry__wpolicy_t *pol = k->pipe->pol;
+  wrun_t *ru = r->ru;
+  uint64_t n = ferry__pcache_reader_count(ru->pc_rd);
+  if (ru->pc_order == NULL) {
+    ru->pc_order = ferry__malloc((n > 0 ? n : 1) * sizeof(*ru->pc_order));
+    if (ru->pc_order == NULL)
+      return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
+    ferry__wshuffle(ru->pc_order, n, k->shuffle, k->seed, k->epoch, k->split);
+  }
+  bool suffix = (size_t)pol->det_ops < pol->n_ops;
+  /* The entries hold the output itself, of one shape: each is read
+   * straight into its place in the chunk. */
+  int sh = 0, sw = 0, sc = 0;
+  bool direct = !suffix &&
+                ferry__pipeline_shape(k->pipe->pipeline, &sh, &sw, &sc) == 0;
+  size_t bytes = (size_t)sh * (size_t)sw * (size_t)sc;
+  while (ru->pc_next < n) {
+    if (k->end != 0 && r->out >= k->end)
+      return FERRY_EOF;
+    if (r->out < k->start) {
+      ru->pc_next++;
+      r->out++;
+      continue;
+    }
+    if (should_stop(r))
+      return 0;
+    bool sample = pc_sample(r);
+    int64_t t0 = sample ? ferry__thread_cpu_ns() : 0;
+    ferry_pcache_record_t e;
+    ferry_error_t err;
+    if (direct) {
+      uint8_t *slot = reserve_record(r, sh, sw, sc);
+      if (slot == NULL)
+        return 0; /* parked (nothing pending: this entry is read again) */
+      if (ferry__pcache_reader_get_into(ru->pc_rd,
+                                        ru->pc_order[ru->pc_next], slot,
+                                        bytes, &e, &err) != 0) {
+        cache_fallback(r, &err);
+        return RUN_FALLBACK;
+      }
+      ru->pc_next++;
+      if (sample) {
+        int64_t t1 = ferry__thread_cpu_ns();
+        pthread_mutex_lock(&pol->mu);
+        pol->read_ns += (double)(t1 - t0);
+        pol->read_bytes += (double)bytes;
+        pthread_mutex_unlock(&pol->mu);
+      }
+      r->pc_hits++;
+      r->pc_read_bytes += bytes;
+      commit_record(r, e.label,
+                    (int64_t)((uint64_t)k->file_index << 40 | e.index));
+      continue;
+    }
+    if (ferry__pcache_reader_get(ru->pc_rd, ru->pc_order[ru->pc_next], &e,
+                                 &err) != 0) {
+      cache_fallback(r, &err);
+      return RUN_FALLBACK;
+    }
+    int64_t t1 = sample ? ferry__thread_cpu_ns() : 0;
+    const uint8_t *pix = e.pixels;
+    int h = e.h, w = e.w;
+    uint64_t id = (uint64_t)k->file_index << 40 | e.index;
+    if (suffix) {
+      ferry_error_t perr;
+      ferry__pipeline_ctx_set_key(r->ctx, k->seed, k->epoch, id);
+      if (ferry__pipeline_process_from(r->ctx, (size_t)pol->det_ops,
+                                       e.pixels, e.h, e.w, e.c, &pix, &h, &w,
+                                       &perr) != 0) {
+        /* The policies judge the record where it is recomputed. */
+        cache_fallback(r, &perr);
+        return RUN_FALLBACK;
+      }
+    }
+    ru->pc_next++;
+    if (sample) {
+      int64_t t2 = ferry__thread_cpu_ns();
+      pthread_mutex_lock(&pol->mu);
+      pol->read_ns += (double)(t1 - t0);
+      pol->read_bytes += (double)((size_t)e.h * (size_t)e.w * (size_t)e.c);
+      if (suffix) {
+        pol->suffix_ns += (double)(t2 - t1);
+        pol->n_suffix++;
+      }
+      pthread_mutex_unlock(&pol->mu);
+    }
+    r->pc_hits++;
+    r->pc_read_bytes += (uint64_t)e.h * (uint64_t)e.w * (uint64_t)e.c;
+    if (!put_record(r, pix, h, w, e.c, e.label, (int64_t)id))
+      return 0;
+  }
+  return FERRY_EOF;
+}
+
+/* Adds the run's cache counts to its policy, the cache and the metrics. */
+static void cache_count(run_t *r) {
+  ferry__wpolicy_t *pol = r->task->pipe != NULL ? r->task->pipe->pol : NULL;
+  ferry__wcache_t *c = r->th->t->cache;
+  if (pol == NULL || c == NULL ||
+      (r->pc_hits | r->pc_misses | r->pc_corrupt) == 0)
+    return;
+  pthread_mutex_lock(&pol->mu);
+  pol->hits += r->pc_hits;
+  pol->misses += r->pc_misses;
+  pthread_mutex_unlock(&pol->mu);
+  atomic_fetch_add(&c->hits, r->pc_hits);
+  atomic_fetch_add(&c->misses, r->pc_misses);
+  atomic_fetch_add(&c->corrupt, r->pc_corrupt);
+  atomic_fetch_add(&c->read_bytes, r->pc_read_bytes);
+  r->pc_hits = r->pc_misses = r->pc_corrupt = r->pc_read_bytes = 0;
+}
+
+/* Commits the entry a complete, clean run wrote. */
+static void cache_commit(run_t *r, uint64_t reader_skipped) {
+  wrun_t *ru = r->ru;
+  ferry__wcache_t *c = r->th->t->cache;
+  if (ru->pc_wr == NULL)
+    return;
+  if (reader_skipped != 0 || r->skipped != 0 || ru->pc_added == 0) {
+    writer_drop(r);
+    return;
+  }
+  uint64_t bytes = ferry__pcache_writer_bytes(ru->pc_wr);
+  ferry_error_t err;
+  int rc = ferry__pcache_writer_commit(ru->pc_wr, ru->pc_added, &err);
+  ru->pc_wr = NULL;
+  if (rc != 0) {
+    FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s (the split is not cached)",
+              err.msg);
+    return;
+  }
+  atomic_fetch_add(&c->held, bytes);
+  atomic_fetch_add(&c->entries, 1);
+  atomic_fetch_add(&c->written_bytes, bytes);
+}
+
+/* Runs the split from the cache when it has its entry, else (or from
+ * where an entry turned out damaged) from the shard. */
+static int run_any(run_t *r) {
+  if (r->ru->pc_rd != NULL) {
+    int rc = run_cached(r);
+    if (rc != RUN_FALLBACK)
+      return rc;
+  }
+  return r->task->shuffle ? run_shuffled(r) : run_identity(r);
 }
 
 /* Sends an error chunk and records the error on the task. */
@@ -708,6 +1120,7 @@ static int run_begin(run_t *r) {
     return ferry__seterr(&r->err, FERRY_ENOMEM, "out of memory");
   ru->fd = -1;
   k->run = ru;
+  r->ru = ru;
   ferry_tfr_options_t o;
   ferry__tfr_options_init(&o);
   o.compression = k->pipe->spec.compression;
@@ -722,6 +1135,9 @@ static int run_begin(run_t *r) {
   int fd, rc = ferry__roots_open_file(&r->th->t->roots, k->file, &fd, &r->err);
   if (rc != 0)
     return rc;
+  struct stat sb;
+  if (r->th->t->cache != NULL && fstat(fd, &sb) == 0)
+    cache_begin(r, &sb);
   return ferry__tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
 }
 
@@ -754,14 +1170,16 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
       rc = 0;
       if (!ru->pending ||
           put_record(&r, ru->pix, ru->h, ru->w, ru->c, ru->label, ru->id))
-        rc = k->shuffle ? run_shuffled(&r) : run_identity(&r);
+        rc = run_any(&r);
       if (!r.parked)
         break;
       ru->out = r.out;
       ru->skipped = r.skipped;
       int pr = park(t, k, &r);
-      if (pr == PARK_DONE)
+      if (pr == PARK_DONE) {
+        cache_count(&r);
         return false;
+      }
       if (pr == PARK_STOP) {
         r.parked = false;
         r.stopped = true;
@@ -782,6 +1200,7 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
       r.skipped += st.skipped;
       ferry__wmetrics_skipped(0, st.skipped);
     }
+    cache_commit(&r, st.skipped);
     if (r.cur == NULL) {
       int h = 0, w = 0, c = 0;
       if (ferry__pipeline_shape(k->pipe->pipeline, &h, &w, &c) != 0)
@@ -807,6 +1226,7 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
   }
   if (r.cur != NULL) /* stopped mid-chunk, or given back: the chunk is moot */
     ferry__wpool_release(r.cur);
+  cache_count(&r);
   pthread_mutex_lock(&t->lock);
   wrun_t *ru = k->run;
   k->run = NULL;

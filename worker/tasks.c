@@ -24,6 +24,7 @@ void ferry__wpipe_unref(ferry__wpipe_t *p) {
 }
 
 static void pipe_free(ferry__wpipe_t *p) {
+  ferry__wpolicy_free(p->pol);
   ferry__pipeline_free(p->pipeline);
   ferry__spec_close(&p->spec);
   ferry__free(p->spec_bytes);
@@ -160,6 +161,14 @@ static ferry__wpipe_t *pipe_get(ferry__wtasks_t *t, const uint8_t *bytes,
     ferry__spec_close(&p->spec);
     ferry__free(p->spec_bytes);
     ferry__free(p);
+    return NULL;
+  }
+  if (t->cache != NULL && (p->pol = ferry__wpolicy_new(&p->spec)) == NULL) {
+    ferry__pipeline_free(p->pipeline);
+    ferry__spec_close(&p->spec);
+    ferry__free(p->spec_bytes);
+    ferry__free(p);
+    ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     return NULL;
   }
   p->id = t->next_pipe_id++;
@@ -503,6 +512,9 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 static void *thread_main(void *arg) {
   ferry__wthread_t *th = arg;
   ferry__wtasks_t *t = th->t;
+  /* Named for top(1) and the benchmarks, which count the CPU time spent
+   * producing records apart from sending them. */
+  pthread_setname_np(pthread_self(), "ferry-pipeline");
   for (;;) {
     pthread_mutex_lock(&t->lock);
     while (t->qhead == NULL && !atomic_load(&t->stop))

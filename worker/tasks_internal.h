@@ -16,6 +16,7 @@ struct ctx_slot {
   ferry__wpipe_t *pipe; /* holds a reference; NULL: empty slot */
   uint64_t pipe_id;
   ferry_pipeline_ctx_t *ctx;
+  ferry_pipeline_ctx_t *pctx; /* the prefix's (pipe->pol->prefix); lazy */
   uint64_t used; /* LRU tick */
 };
 

@@ -11,6 +11,11 @@
 static ferry__wmetrics_t wm;
 static ferry_metric_family_t *f_pool_used, *f_pool_limit, *f_tasks,
     *f_streams;
+/* The prefix cache (worker/cache.h), copied from its counters at scrape
+ * time. */
+static ferry_metric_family_t *f_cache_hits, *f_cache_misses,
+    *f_cache_read_bytes, *f_cache_written_bytes, *f_cache_corrupt,
+    *f_cache_full, *f_cache_held, *f_cache_limit, *f_cache_policy;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
@@ -70,6 +75,40 @@ static void init(void) {
   f_tasks = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_tasks_open",
       "Tasks (leased splits) the worker holds.", NULL, 1, NULL, 0);
+  f_cache_hits = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_hits_total",
+      "Records served from the prefix cache (--cache-dir).", NULL, 1, NULL,
+      0);
+  f_cache_misses = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_misses_total",
+      "Records whose pipeline has a deterministic prefix, recomputed.", NULL,
+      1, NULL, 0);
+  f_cache_read_bytes = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_read_bytes_total",
+      "Pixel bytes read from prefix cache entries.", NULL, 1, NULL, 0);
+  f_cache_written_bytes = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_written_bytes_total",
+      "Bytes of prefix cache entries committed.", NULL, 1, NULL, 0);
+  f_cache_corrupt = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_corrupt_total",
+      "Prefix cache entries found damaged (cut short, bad checksum): "
+      "removed and recomputed.",
+      NULL, 1, NULL, 0);
+  f_cache_full = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_cache_full_total",
+      "Entries not written because --cache-bytes was reached.", NULL, 1,
+      NULL, 0);
+  f_cache_held = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_cache_bytes",
+      "Bytes of prefix cache entries in --cache-dir.", NULL, 1, NULL, 0);
+  f_cache_limit = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_cache_limit_bytes",
+      "The prefix cache's bound (--cache-bytes).", NULL, 1, NULL, 0);
+  f_cache_policy = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_cache_policy",
+      "1 for each dataset's current choice of the prefix cache's policy "
+      "(cache, recompute, measuring, no_prefix).",
+      "dataset,choice", 1, NULL, 0);
   f_streams = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_streams_open",
       "Streams (job, client) with live tasks or chunks out.", NULL, 1, NULL, 0);
@@ -118,6 +157,43 @@ static void collect(void *arg) {
   ferry__metric_set(ferry__metric_get(f_pool_limit), (int64_t)cap);
   ferry__metric_set(ferry__metric_get(f_tasks), tasks);
   ferry__metric_set(ferry__metric_get(f_streams), streams);
+  if (!w->cache_on)
+    return;
+  ferry__wcache_t *c = &w->cache;
+  ferry__metric_set(ferry__metric_get(f_cache_hits),
+                    (int64_t)atomic_load(&c->hits));
+  ferry__metric_set(ferry__metric_get(f_cache_misses),
+                    (int64_t)atomic_load(&c->misses));
+  ferry__metric_set(ferry__metric_get(f_cache_read_bytes),
+                    (int64_t)atomic_load(&c->read_bytes));
+  ferry__metric_set(ferry__metric_get(f_cache_written_bytes),
+                    (int64_t)atomic_load(&c->written_bytes));
+  ferry__metric_set(ferry__metric_get(f_cache_corrupt),
+                    (int64_t)atomic_load(&c->corrupt));
+  ferry__metric_set(ferry__metric_get(f_cache_full),
+                    (int64_t)atomic_load(&c->full));
+  ferry__metric_set(ferry__metric_get(f_cache_held),
+                    (int64_t)atomic_load(&c->held));
+  ferry__metric_set(ferry__metric_get(f_cache_limit), (int64_t)c->budget);
+  static const ferry__wc_choice_t choices[] = {
+      FERRY__WC_NO_PREFIX, FERRY__WC_MEASURING, FERRY__WC_CACHE,
+      FERRY__WC_RECOMPUTE};
+  pthread_mutex_lock(&w->tasks.lock);
+  for (ferry__wpipe_t *p = w->tasks.pipes; p != NULL; p = p->next) {
+    if (p->pol == NULL)
+      continue;
+    char ds[17];
+    snprintf(ds, sizeof(ds), "%016llx", (unsigned long long)p->pol->dataset_fp);
+    pthread_mutex_lock(&p->pol->mu);
+    ferry__wc_choice_t now = p->pol->choice;
+    pthread_mutex_unlock(&p->pol->mu);
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
+      const char *labels[2] = {ds, ferry__wc_choice_name(choices[i])};
+      ferry__metric_set(ferry__metric_child(f_cache_policy, labels),
+                        choices[i] == now);
+    }
+  }
+  pthread_mutex_unlock(&w->tasks.lock);
 }
 
 int ferry__wmetrics_attach(struct ferry__worker_s *w) {

@@ -146,6 +146,13 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   if ((rc = ferry__wtasks_set_roots(&w->tasks, cfg->data_roots, err)) != 0)
     return rc;
+  if (cfg->cache_dir != NULL && cfg->cache_dir[0] != '\0') {
+    if ((rc = ferry__wcache_open(&w->cache, cfg->cache_dir, cfg->cache_bytes,
+                                 err)) != 0)
+      return rc;
+    w->cache_on = true;
+    w->tasks.cache = &w->cache;
+  }
   w->tasks.test_record_delay_ms = cfg->test_record_delay_ms;
   /* Tasks start only while their client reads (worker.h, the gate). */
   w->tasks.gate = true;
@@ -252,6 +259,10 @@ bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
     return false;
   ferry__wstream_endpoints_free(w);
   ferry__wtasks_close(&w->tasks);
+  if (w->cache_on) {
+    ferry__wcache_close(&w->cache);
+    w->cache_on = false;
+  }
   uint64_t used = ferry__wpool_used(&w->pool);
   if (used != 0)
     FERRY_LOG(FERRY_LOG_WARN, "worker: %llu chunk bytes still out at exit",

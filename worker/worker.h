@@ -59,6 +59,7 @@
 #include "rpc.h"
 #include "rpc_methods.h"
 #include "transport.h"
+#include "cache.h"
 
 /* Settings (the options table in main.c fills this). */
 typedef struct ferry__wconfig_s {
@@ -74,6 +75,8 @@ typedef struct ferry__wconfig_s {
   int64_t heartbeat_ms;
   uint64_t chunk_bytes;  /* target chunk payload size */
   char *spill_dir;       /* shuffled compressed shards; NULL: $TMPDIR */
+  char *cache_dir;       /* the prefix cache; NULL: none */
+  uint64_t cache_bytes;  /* its bound */
   char *data_roots;      /* --data-root, one per line; NULL: any file */
   char *config;
   int log_level;
@@ -252,6 +255,7 @@ typedef struct ferry__wpipe_s {
   ferry_spec_t spec;
   ferry_pipeline_t *pipeline;
   int refs;             /* tasks and thread ctxs using it (tasks lock) */
+  ferry__wpolicy_t *pol; /* the prefix cache's policy; NULL: no cache */
 } ferry__wpipe_t;
 
 struct ferry__wtask_s {
@@ -337,6 +341,7 @@ typedef struct ferry__wtasks_s {
   ferry__wpool_t *pool;
   uint64_t chunk_bytes;
   int64_t test_record_delay_ms; /* --test-record-delay-ms (tests only) */
+  ferry__wcache_t *cache;  /* the prefix cache (--cache-dir); NULL: none */
   ferry__wemit_cb emit;
   void *emit_arg;
   ferry__wend_cb on_end; /* may be NULL; set before the threads start */
@@ -441,6 +446,8 @@ typedef struct ferry__worker_s {
 
   ferry__wpool_t pool;
   ferry__wtasks_t tasks;
+  ferry__wcache_t cache; /* open when cfg.cache_dir is set */
+  bool cache_on;
 
   /* Inbox: pipeline and heartbeat threads -> loop. */
   pthread_mutex_t inbox_lock;
