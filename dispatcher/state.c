@@ -1,6 +1,7 @@
 /* The dispatcher's state machine: its lifetime, the split order, the
  * lookups and indexes every part uses and the workers' unreachable lists
  * (state_internal.h lists the parts). */
+#include "pb_alloc.h"
 #include "state_internal.h"
 
 #include "tfrecord.h"
@@ -143,6 +144,7 @@ void ferry__disp_free_contents(ferry_disp_t *d) {
     ferry__free(d->workers[i]->address);
     ferry__free(d->workers[i]->endpoints);
     ferry__disp_free_unreachable(d->workers[i]);
+    ferry__disp_free_cache_report(d->workers[i]);
     ferry__free(d->workers[i]);
   }
   ferry__free(d->ds);
@@ -422,6 +424,15 @@ void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all) {
   for (uint32_t k = w->nunreach; k-- > 0;)
     if (all || !entry_live(d, &w->unreach[k]))
       ferry__disp_unreach_drop(d, w, k);
+}
+
+void ferry__disp_free_cache_report(worker_t *w) {
+  if (w->cache != NULL)
+    ferry__v1__cache_report__free_unpacked(w->cache, &ferry__pb_allocator);
+  ferry__free(w->cache_pb);
+  w->cache = NULL;
+  w->cache_pb = NULL;
+  w->cache_len = 0;
 }
 
 void ferry__disp_free_unreachable(worker_t *w) {

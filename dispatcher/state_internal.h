@@ -296,6 +296,11 @@ typedef struct worker_s {
   char *unreach_reason;
   int64_t unreach_at;
   bool unreach_warned;
+  /* Volatile: its prefix cache as its last heartbeat reported it (NULL:
+   * none), unpacked with ferry__pb_allocator, and that message packed. */
+  Ferry__V1__CacheReport *cache;
+  uint8_t *cache_pb;
+  size_t cache_len;
 } worker_t;
 
 struct ferry_disp_s {
@@ -445,5 +450,7 @@ void ferry__disp_prune_unreachable(ferry_disp_t *d, worker_t *w, bool all);
 
 /* Frees a worker's lists. */
 void ferry__disp_free_unreachable(worker_t *w);
+/* Frees the prefix cache report a worker's heartbeat left (state.c). */
+void ferry__disp_free_cache_report(worker_t *w);
 
 #endif /* FERRY_DISPATCHER_STATE_INTERNAL_H */

@@ -35,6 +35,7 @@ worker_status(ferry_disp_t *d, const worker_t *w, ferry_arena_t *a) {
   s->last_heartbeat_ms_ago = d->now - w->last_hb;
   s->unreachable_clients = ferry__disp_unreachable_count(d, w);
   s->unreachable_reason = w->unreach_reason != NULL ? w->unreach_reason : "";
+  s->cache = w->cache; /* the worker's copy: the arena does not free it */
   s->unreachable_ms_ago = w->unreach_reason != NULL ? d->now - w->unreach_at
                                                     : -1;
   return s;

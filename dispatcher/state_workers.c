@@ -1,5 +1,6 @@
 /* WorkerHeartbeat (registration, task reports, the diff of leases), the
  * long-polled heartbeat, and the operator's DrainWorker. */
+#include "pb_alloc.h"
 #include "state_internal.h"
 #include "state_apply.h"
 #include "state_leases.h"
@@ -375,6 +376,66 @@ static int set_endpoints(worker_t *w, const ferry_transport_endpoint_t *e,
   return 0;
 }
 
+/* Bounds of a heartbeat's cache report (dispatcher.proto CacheReport). */
+#define MAX_CACHE_POLICIES 64
+#define MAX_CACHE_DIR 4096
+#define MAX_CACHE_REASON 512
+
+static int check_cache_report(const Ferry__V1__CacheReport *c,
+                              ferry_error_t *err) {
+  int rc;
+  if (c == NULL)
+    return 0;
+  if (c->n_policies > MAX_CACHE_POLICIES)
+    return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: %zu cache "
+                         "policies, over %d", c->n_policies,
+                         MAX_CACHE_POLICIES);
+  if ((rc = ferry__disp_check_str(c->dir, MAX_CACHE_DIR, true,
+                                  "the cache directory", err)) != 0)
+    return rc;
+  for (size_t i = 0; i < c->n_policies; i++) {
+    const Ferry__V1__CachePolicy *p = c->policies[i];
+    if ((rc = ferry__disp_check_str(p->dataset_id, 64, true,
+                                    "a cache policy's dataset", err)) != 0 ||
+        (rc = ferry__disp_check_str(p->choice, 32, true,
+                                    "a cache policy's choice", err)) != 0 ||
+        (rc = ferry__disp_check_str(p->reason, MAX_CACHE_REASON, true,
+                                    "a cache policy's reason", err)) != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* Keeps the cache report of a heartbeat (a copy, unpacked again only
+ * when it changed). */
+static int set_cache_report(worker_t *w, const Ferry__V1__CacheReport *c) {
+  if (c == NULL) {
+    ferry__disp_free_cache_report(w);
+    return 0;
+  }
+  size_t n = ferry__v1__cache_report__get_packed_size(c);
+  uint8_t *buf = ferry__malloc(n > 0 ? n : 1);
+  if (buf == NULL)
+    return FERRY_ENOMEM;
+  ferry__v1__cache_report__pack(c, buf);
+  if (w->cache != NULL && n == w->cache_len &&
+      memcmp(buf, w->cache_pb, n) == 0) {
+    ferry__free(buf);
+    return 0;
+  }
+  Ferry__V1__CacheReport *copy =
+      ferry__v1__cache_report__unpack(&ferry__pb_allocator, n, buf);
+  if (copy == NULL) {
+    ferry__free(buf);
+    return FERRY_ENOMEM;
+  }
+  ferry__disp_free_cache_report(w);
+  w->cache = copy;
+  w->cache_pb = buf;
+  w->cache_len = n;
+  return 0;
+}
+
 int ferry__disp_worker_heartbeat(ferry_disp_t *d,
                                  const Ferry__V1__WorkerHeartbeatRequest *req,
                                  Ferry__V1__WorkerHeartbeatResponse *resp,
@@ -394,6 +455,8 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if (req->n_tasks > FERRY_DISP_MAX_PROGRESS)
     return ferry__seterr(err, FERRY_EINVAL, "worker heartbeat: over %d tasks",
                          FERRY_DISP_MAX_PROGRESS);
+  if ((rc = check_cache_report(req->cache, err)) != 0)
+    return rc;
   /* A task's error is cleaned of invalid UTF-8 when it is recorded. */
   for (size_t i = 0; i < req->n_tasks; i++)
     if ((rc = ferry__disp_check_str(req->tasks[i]->error,
@@ -412,7 +475,8 @@ int ferry__disp_worker_heartbeat(ferry_disp_t *d,
   if (req->draining && !w->draining)
     FERRY_LOG(FERRY_LOG_INFO, "worker %" PRIu64 " is draining", w->id);
   w->draining = req->draining;
-  if (set_endpoints(w, endpoints, req->n_endpoints) != 0)
+  if (set_endpoints(w, endpoints, req->n_endpoints) != 0 ||
+      set_cache_report(w, req->cache) != 0)
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   w->unfinished = 0;
   for (size_t i = 0; i < req->n_tasks; i++)

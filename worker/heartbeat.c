@@ -154,6 +154,63 @@ static int call(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   return rc;
 }
 
+/* The prefix cache's report (dispatcher.proto CacheReport): counters and
+ * each compiled pipeline's policy, at most 64, in one block *mem. */
+#define REPORT_POLICIES 64
+typedef struct {
+  Ferry__V1__CachePolicy msg;
+  char dataset[17];
+  char reason[sizeof(((ferry__wpolicy_t *)0)->reason)];
+} policy_slot_t;
+
+static int cache_report(ferry__worker_t *w, Ferry__V1__CacheReport *rep,
+                        void **mem) {
+  ferry__wcache_t *c = &w->cache;
+  *mem = NULL;
+  rep->dir = c->dir;
+  rep->limit_bytes = c->budget;
+  rep->held_bytes = atomic_load(&c->held);
+  rep->entries = atomic_load(&c->entries);
+  rep->hits = atomic_load(&c->hits);
+  rep->misses = atomic_load(&c->misses);
+  rep->read_bytes = atomic_load(&c->read_bytes);
+  rep->written_bytes = atomic_load(&c->written_bytes);
+  rep->corrupt = atomic_load(&c->corrupt);
+  rep->full = atomic_load(&c->full);
+  size_t cap = REPORT_POLICIES;
+  uint8_t *block = ferry__malloc(cap * (sizeof(policy_slot_t) + sizeof(void *)));
+  if (block == NULL)
+    return FERRY_ENOMEM;
+  Ferry__V1__CachePolicy **ptrs = (Ferry__V1__CachePolicy **)block;
+  policy_slot_t *slots = (policy_slot_t *)(block + cap * sizeof(void *));
+  size_t n = 0;
+  pthread_mutex_lock(&w->tasks.lock);
+  for (ferry__wpipe_t *p = w->tasks.pipes; p != NULL && n < cap;
+       p = p->next) {
+    if (p->pol == NULL)
+      continue;
+    policy_slot_t *sl = &slots[n];
+    ferry__v1__cache_policy__init(&sl->msg);
+    snprintf(sl->dataset, sizeof(sl->dataset), "%016llx",
+             (unsigned long long)p->pol->dataset_fp);
+    pthread_mutex_lock(&p->pol->mu);
+    sl->msg.choice = (char *)ferry__wc_choice_name(p->pol->choice);
+    memcpy(sl->reason, p->pol->reason, sizeof(sl->reason));
+    sl->msg.hits = p->pol->hits;
+    sl->msg.misses = p->pol->misses;
+    pthread_mutex_unlock(&p->pol->mu);
+    sl->reason[sizeof(sl->reason) - 1] = '\0';
+    sl->msg.dataset_id = sl->dataset;
+    sl->msg.reason = sl->reason;
+    ptrs[n++] = &sl->msg;
+  }
+  pthread_mutex_unlock(&w->tasks.lock);
+  rep->policies = ptrs;
+  rep->n_policies = n;
+  *mem = block;
+  return 0;
+}
+
 /* One heartbeat (`final`: the last one, which always says draining).
  * Returns 0 or the call's error (in err); *changed tells whether the
  * answer changed the id or the task table. */
@@ -176,17 +233,28 @@ static int beat(ferry__worker_t *w, ferry_rpc_channel_t *ch, bool final,
   req.draining = final || atomic_load(&w->draining);
   req.endpoints = w->endpoints;
   req.n_endpoints = w->n_endpoints;
+  Ferry__V1__CacheReport cache = FERRY__V1__CACHE_REPORT__INIT;
+  void *cache_mem = NULL;
+  if (w->cache_on) {
+    if (cache_report(w, &cache, &cache_mem) != 0)
+      return ferry__seterr(err, FERRY_ENOMEM, "heartbeat: out of memory");
+    req.cache = &cache;
+  }
   rc = ferry__wtasks_report(&w->tasks, &req, &mem);
-  if (rc != 0)
+  if (rc != 0) {
+    ferry__free(cache_mem);
     return ferry__seterr(err, rc, "heartbeat: out of memory");
+  }
   size_t len = ferry__v1__worker_heartbeat_request__get_packed_size(&req);
   buf = ferry__malloc(len + 1);
   if (buf == NULL) {
     ferry__free(mem);
+    ferry__free(cache_mem);
     return ferry__seterr(err, FERRY_ENOMEM, "heartbeat: out of memory");
   }
   ferry__v1__worker_heartbeat_request__pack(&req, buf);
   ferry__free(mem);
+  ferry__free(cache_mem);
   rc = call(w, ch, final, buf, len, deadline_ms, flags, &reply, &reply_len,
             err);
   ferry__free(buf);

@@ -325,6 +325,30 @@ static void text_epoch(FILE *out, const vjob_t *j) {
     fprintf(out, "%" PRId64, j->num_epochs);
 }
 
+/* A worker's prefix cache: its counters, then each dataset's choice. */
+static void text_cache(FILE *out, const Ferry__V1__CacheReport *c) {
+  char b1[32], b2[32], b3[32], b4[32];
+  fprintf(out, "         cache %s: %s of %s in %" PRIu64 " entries; %" PRIu64
+               " hits, %" PRIu64 " misses; read %s, written %s",
+          c->dir ? c->dir : "",
+          ferryctl_human_bytes(c->held_bytes, b1, sizeof(b1)),
+          ferryctl_human_bytes(c->limit_bytes, b2, sizeof(b2)), c->entries,
+          c->hits, c->misses,
+          ferryctl_human_bytes(c->read_bytes, b3, sizeof(b3)),
+          ferryctl_human_bytes(c->written_bytes, b4, sizeof(b4)));
+  if (c->corrupt > 0)
+    fprintf(out, "; %" PRIu64 " damaged entries recomputed", c->corrupt);
+  if (c->full > 0)
+    fprintf(out, "; %" PRIu64 " entries not written (full)", c->full);
+  fputc('\n', out);
+  for (size_t k = 0; k < c->n_policies; k++) {
+    const Ferry__V1__CachePolicy *p = c->policies[k];
+    fprintf(out, "           dataset %s: %s: %s\n",
+            p->dataset_id ? p->dataset_id : "", p->choice ? p->choice : "",
+            p->reason ? p->reason : "");
+  }
+}
+
 static void text_workers(FILE *out, const view_t *v) {
   const Ferry__V1__GetStatusResponse *st = v->pb;
   char b1[32], b2[32], buf[64];
@@ -345,6 +369,26 @@ static void text_workers(FILE *out, const view_t *v) {
       fprintf(out, "         unreachable by %" PRIu32 " client%s: %s\n",
               w->unreachable_clients, w->unreachable_clients == 1 ? "" : "s",
               w->unreachable_reason ? w->unreachable_reason : "");
+    }
+    if (w->cache != NULL)
+      text_cache(out, w->cache);
+  }
+}
+
+/* The policy each worker reports for `dataset` (text). */
+static void text_job_cache(FILE *out, const Ferry__V1__GetStatusResponse *st,
+                           const char *dataset) {
+  for (size_t i = 0; i < st->n_workers; i++) {
+    const Ferry__V1__CacheReport *c = st->workers[i]->cache;
+    for (size_t k = 0; c != NULL && k < c->n_policies; k++) {
+      const Ferry__V1__CachePolicy *p = c->policies[k];
+      if (p->dataset_id == NULL || dataset == NULL ||
+          strcmp(p->dataset_id, dataset) != 0)
+        continue;
+      fprintf(out, "    cache on worker %" PRIu64 ": %s (%" PRIu64
+                   " hits, %" PRIu64 " misses): %s\n",
+              st->workers[i]->worker_id, p->choice ? p->choice : "",
+              p->hits, p->misses, p->reason ? p->reason : "");
     }
   }
 }
@@ -440,6 +484,7 @@ static void text_status(FILE *out, const view_t *v) {
       fprintf(out, "      %" PRIu64 " skipped in %s\n",
               j->skipped_by_file[k]->skipped,
               j->skipped_by_file[k]->file ? j->skipped_by_file[k]->file : "");
+    text_job_cache(out, st, j->dataset_id);
     if (j->error && *j->error)
       fprintf(out, "    error: %s\n", j->error);
     for (size_t k = 0; k < j->n_clients; k++) {
@@ -499,6 +544,30 @@ static void json_workers(FILE *out, const view_t *v) {
             w->buffer_bytes, used_bytes(w), w->last_heartbeat_ms_ago,
             w->unreachable_clients, w->unreachable_ms_ago);
     json_str(out, w->unreachable_reason);
+    const Ferry__V1__CacheReport *c = w->cache;
+    if (c != NULL) {
+      fputs(", \"cache\": {\"dir\": ", out);
+      json_str(out, c->dir);
+      fprintf(out, ", \"limit_bytes\": %" PRIu64 ", \"held_bytes\": %" PRIu64
+                   ", \"entries\": %" PRIu64 ", \"hits\": %" PRIu64
+                   ", \"misses\": %" PRIu64 ", \"read_bytes\": %" PRIu64
+                   ", \"written_bytes\": %" PRIu64 ", \"corrupt\": %" PRIu64
+                   ", \"full\": %" PRIu64 ", \"policies\": [",
+              c->limit_bytes, c->held_bytes, c->entries, c->hits, c->misses,
+              c->read_bytes, c->written_bytes, c->corrupt, c->full);
+      for (size_t k = 0; k < c->n_policies; k++) {
+        const Ferry__V1__CachePolicy *p = c->policies[k];
+        fputs(k ? ", {\"dataset_id\": " : "{\"dataset_id\": ", out);
+        json_str(out, p->dataset_id);
+        fputs(", \"choice\": ", out);
+        json_str(out, p->choice);
+        fputs(", \"reason\": ", out);
+        json_str(out, p->reason);
+        fprintf(out, ", \"hits\": %" PRIu64 ", \"misses\": %" PRIu64 "}",
+                p->hits, p->misses);
+      }
+      fputs("]}", out);
+    }
     putc('}', out);
   }
   putc(']', out);

@@ -2594,3 +2594,64 @@ Test(dispatcher, worker_endpoints_are_relayed_as_published) {
   cr_assert_eq(c->workers[0]->n_endpoints, 1);
   cr_assert_str_eq(c->workers[0]->endpoints[0]->transport, "grpc");
 }
+
+/* A worker's cache report is kept as its last heartbeat sent it, shown in
+ * GetStatus, bounded before anything changes, and cleared by a heartbeat
+ * without one. */
+Test(dispatcher, worker_cache_reports_are_bounded_and_shown) {
+  dataset(1); /* makes the state */
+  Ferry__V1__CachePolicy pol[65], *pp[65];
+  for (int i = 0; i < 65; i++) {
+    ferry__v1__cache_policy__init(&pol[i]);
+    pol[i].dataset_id = "00000000000000aa";
+    pol[i].choice = "cache";
+    pol[i].reason = "recompute 1.0 ms > read 0.1 ms";
+    pp[i] = &pol[i];
+  }
+  Ferry__V1__CacheReport rep = FERRY__V1__CACHE_REPORT__INIT;
+  rep.dir = "/var/cache/ferry";
+  rep.hits = 42;
+  rep.policies = pp;
+  rep.n_policies = 1;
+  Ferry__V1__WorkerHeartbeatRequest wq =
+      FERRY__V1__WORKER_HEARTBEAT_REQUEST__INIT;
+  Ferry__V1__WorkerHeartbeatResponse wr =
+      FERRY__V1__WORKER_HEARTBEAT_RESPONSE__INIT;
+  ferry_error_t err = {0};
+  wq.address = "w:1";
+  wq.cache = &rep;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 0, &err),
+               0, "%s", err.msg);
+  Ferry__V1__GetStatusResponse *s = fx_status(D, 1);
+  cr_assert_eq(s->n_workers, 1);
+  const Ferry__V1__CacheReport *got = s->workers[0]->cache;
+  cr_assert_not_null(got);
+  cr_assert_str_eq(got->dir, "/var/cache/ferry");
+  cr_assert_eq(got->hits, 42);
+  cr_assert_eq(got->n_policies, 1);
+  cr_assert_str_eq(got->policies[0]->choice, "cache");
+
+  /* Over the bounds: refused naming what, the kept report unchanged. */
+  wq.worker_id = wr.worker_id;
+  rep.n_policies = 65;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 2, &err),
+               FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "65 cache policies") != NULL, "%s", err.msg);
+  rep.n_policies = 1;
+  char reason[600];
+  memset(reason, 'x', sizeof(reason) - 1);
+  reason[sizeof(reason) - 1] = '\0';
+  pol[0].reason = reason;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 3, &err),
+               FERRY_EINVAL);
+  cr_assert(strstr(err.msg, "reason") != NULL, "%s", err.msg);
+  s = fx_status(D, 4);
+  cr_assert_eq(s->workers[0]->cache->hits, 42);
+
+  /* Without one: cleared. */
+  wq.cache = NULL;
+  cr_assert_eq(ferry__disp_worker_heartbeat(D, &wq, &wr, &fx_arena, 5, &err),
+               0, "%s", err.msg);
+  s = fx_status(D, 6);
+  cr_assert_null(s->workers[0]->cache);
+}

@@ -420,3 +420,61 @@ Test(cache, a_worker_killed_while_serving_from_its_cache) {
                    s / PER_FILE, s % PER_FILE, seed);
   hx_dataset_free(&ds);
 }
+
+/* `ferryctl status` shows each worker's cache and the policy's choice
+ * with its measured costs, and the job the choice of its dataset. */
+Test(cache, status_shows_the_cache_and_the_policy) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "status", FILES, PER_FILE, 32, 32, 3), 0);
+  char spec[1024], id[17], why[512];
+  hx_spec(&ds, "dilate(3) | blur(11, 0.8)", 32, spec, sizeof(spec));
+  cluster_t cl;
+  start(&cl, 1, true, "status");
+  cr_assert_eq(hx_register_dataset(cl.d->addr, spec, id, why, sizeof(why)), 0,
+               "%s", why);
+  ferry_client_t *c = client(&cl, spec, 2, 1);
+  epoch(c, dig_on[0], "epoch 0", 0, NULL);
+  epoch(c, dig_on[1], "epoch 1", 0, NULL);
+  /* The report travels with the worker's heartbeats (100 ms here): poll
+   * until it counts the second epoch, at most 10 s. */
+  char *json = NULL;
+  int64_t hits = -1;
+  char want[128];
+  snprintf(want, sizeof(want), "\"dataset_id\": \"%s\", \"choice\": \"", id);
+  for (double t0 = hx_now_ms(); hx_now_ms() - t0 < 10000;) {
+    int st;
+    free(json);
+    json = hx_ferryctl_status_json(cl.d->addr, &st);
+    cr_assert_not_null(json);
+    cr_assert_eq(st, 0);
+    if (hx_json_int_after(json, "\"cache\": {", "hits", &hits) &&
+        hits == N_RECORDS)
+      break;
+    usleep(50 * 1000);
+  }
+  cr_assert_eq(hits, N_RECORDS, "the status counted %lld hits:\n%s",
+               (long long)hits, json);
+  cr_assert(hx_json_valid(json), "%s", json);
+  char *at = strstr(json, want);
+  cr_assert_not_null(at, "no policy for dataset %s:\n%s", id, json);
+  cr_assert(strncmp(at + strlen(want), "cache\"", 6) == 0,
+            "the seed pipeline's choice: %.80s", at + strlen(want));
+  cr_assert_not_null(strstr(json, "recompute "), "the reason's costs:\n%s",
+                     json);
+  free(json);
+  /* The text form names the job's choice. */
+  char cmd[1200];
+  snprintf(cmd, sizeof(cmd), "%s status --dispatcher %s", hx_ferryctl_bin(),
+           cl.d->addr);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  char line[2048];
+  bool job_line = false;
+  while (fgets(line, sizeof(line), p) != NULL)
+    job_line |= strstr(line, "cache on worker 1: cache (") != NULL;
+  cr_assert_eq(pclose(p), 0);
+  cr_assert(job_line, "no \"cache on worker 1\" line in `ferryctl status`");
+  ferry_client_free(c);
+  stop(&cl);
+  hx_dataset_free(&ds);
+}
