@@ -190,6 +190,7 @@ static int take_job(snap_job_t *s, const job_t *j) {
   s->cj.world_size = j->world_size;
   s->cj.batch_size = j->batch;
   s->cj.pad_remainder = j->pad;
+  s->cj.share = j->share;
   s->cj.resume_epoch = j->resume_epoch;
   s->cj.resume_step = j->resume_step;
   if (j->ncuts > 0) {

@@ -127,6 +127,7 @@ static int apply_create_job(ferry_disp_t *d,
   j->world_size = m->world_size;
   j->batch = m->batch_size;
   j->pad = m->pad_remainder;
+  j->share = m->share;
   /* A job resumed at a cursor starts at its epoch. */
   j->resume_epoch = m->resume_epoch;
   j->resume_step = m->resume_step;

@@ -210,6 +210,7 @@ typedef struct job_s {
    * of the current epoch (row_end: nrows, rank_taken: W). */
   uint32_t world_size, batch;
   bool pad;
+  bool share; /* JobOptions.share: lease splits by affinity */
   /* The job was made to resume at a cursor: it starts at epoch
    * resume_epoch, each rank's first resume_step batches of it done
    * (ferry__disp_resume_rows, from apply_epoch_start). */

@@ -245,6 +245,7 @@ static int create_job(ferry_disp_t *d, dataset_t *ds,
   m.world_size = o->world_size;
   m.batch_size = o->world_size > 0 ? o->batch_size : 0;
   m.pad_remainder = o->world_size > 0 && o->pad_remainder;
+  m.share = o->share;
   m.resume_epoch = o->world_size > 0 ? o->resume_epoch : 0;
   m.resume_step = o->world_size > 0 ? o->resume_step : 0;
   if (o->world_size > 0 && o->resume) {

@@ -185,6 +185,39 @@ static int bind_row(ferry_disp_t *d, job_t *j, uint32_t r, uint64_t client,
   return bind_row_end(d, j, r, client, w, 0);
 }
 
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Shared production (JobOptions.share): every sharing job's row of one
+ * split of a dataset goes to the same worker, so the worker produces it
+ * once for all of them. Rendezvous hashing over the eligible workers the
+ * row does not shun: (dataset, split, worker) scores, the highest wins;
+ * a worker joining or leaving moves only the splits it wins or held.
+ * Walks the workers (sharing jobs only). NULL: none eligible. */
+static worker_t *share_worker(ferry_disp_t *d, const job_t *j, uint32_t r,
+                              uint64_t client, const row_t *row) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char *p = j->ds->id; *p != '\0'; p++)
+    h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+  h ^= mix64((uint64_t)ferry__disp_row_split(j, r) + 1);
+  worker_t *best = NULL;
+  uint64_t best_score = 0;
+  for (size_t i = 0; i < d->nworkers; i++) {
+    worker_t *w = d->workers[i];
+    if (!ferry__disp_eligible(d, w) || shunned(d, j, client, row, w))
+      continue;
+    uint64_t score = mix64(h ^ mix64(w->id * 0x9E3779B97F4A7C15ull));
+    if (best == NULL || score > best_score) {
+      best = w;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
 /* The worker a row bound (or about to be bound) to `client` should be
  * leased to now: its pinned worker in parallel_epochs (if live and not in
  * its backoff), else the least loaded eligible one it does not avoid and
@@ -196,6 +229,8 @@ static worker_t *worker_for(ferry_disp_t *d, job_t *j, uint32_t r,
     worker_t *w = ferry__disp_live_worker(d, ferry__disp_row_pinned(j, r));
     return w != NULL && !avoided(d, row, w) ? w : NULL;
   }
+  if (j->share)
+    return share_worker(d, j, r, client, row);
   return pick_worker(d, j, client, row);
 }
 

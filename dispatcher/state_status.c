@@ -105,6 +105,7 @@ static Ferry__V1__JobStatus *job_status(ferry_disp_t *d, const job_t *j,
   s->state = j->state;
   s->epoch = j->epoch;
   s->num_epochs = j->num_epochs;
+  s->share = j->share;
   s->delivered = ferry__disp_epoch_delivered(j);
   /* Records per epoch: known row totals (unknown counts add 0). */
   if (j->started)

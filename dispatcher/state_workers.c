@@ -212,6 +212,7 @@ static Ferry__V1__Task *make_task(const job_t *j, const row_t *row,
   t->shuffle = j->shuffle;
   t->shuffle_seed = j->seed;
   t->error_policy = j->policy;
+  t->share = j->share;
   return t;
 }
 

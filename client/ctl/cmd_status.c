@@ -456,9 +456,9 @@ static void text_status(FILE *out, const view_t *v) {
     const vjob_t *vj = &v->jobs[i];
     const Ferry__V1__JobStatus *j = vj->pb;
     bool named = j->name && *j->name;
-    fprintf(out, "  job %" PRIu64 " %s%s%s  %s  %s  epoch ", j->job_id,
+    fprintf(out, "  job %" PRIu64 " %s%s%s  %s%s  %s  epoch ", j->job_id,
             named ? "\"" : "", job_name(j), named ? "\"" : "", vj->mode,
-            vj->state);
+            j->share ? " (shares production)" : "", vj->state);
     text_epoch(out, vj);
     fputs("\n    ", out);
     print_bar(out, vj->fraction);
@@ -583,6 +583,7 @@ static void json_jobs(FILE *out, const view_t *v) {
     json_str(out, j->name);
     fputs(", \"dataset_id\": ", out);
     json_str(out, j->dataset_id);
+    fprintf(out, ", \"share\": %s", j->share ? "true" : "false");
     fprintf(out, ", \"mode\": \"%s\", \"state\": \"%s\", \"epoch\": %" PRIu32
                  ", \"num_epochs\": ",
             vj->mode, vj->state, vj->epoch);

@@ -45,12 +45,13 @@ static const struct {
     OPT_FIELD(transport),        OPT_FIELD(world_size),
     OPT_FIELD(rank),             OPT_FIELD(order),
     OPT_FIELD(resume),           OPT_FIELD(resume_len),
+    OPT_FIELD(share),
 };
 #undef OPT_FIELD
 #define N_OPT_FIELDS (sizeof(opt_fields) / sizeof(opt_fields[0]))
 _Static_assert(sizeof(ferry_client_options_t) -
-                       (offsetof(ferry_client_options_t, resume_len) +
-                        sizeof(size_t)) <
+                       (offsetof(ferry_client_options_t, share) +
+                        sizeof(int)) <
                    sizeof(void *),
                "opt_fields must list the options' last field");
 
@@ -348,6 +349,7 @@ static int get_job(ferry_client_t *c, const ferry_spec_t *parsed,
                 ? FERRY__V1__JOB_MODE__JOB_MODE_PARALLEL_EPOCHS
                 : FERRY__V1__JOB_MODE__JOB_MODE_DISTRIBUTED_EPOCH;
   jo.num_epochs = c->opts.num_epochs;
+  jo.share = c->opts.share != 0;
   if (c->opts.shuffle > 0) {
     jo.shuffle = 1;
     jo.shuffle_seed = c->opts.shuffle_seed;

@@ -2655,3 +2655,75 @@ Test(dispatcher, worker_cache_reports_are_bounded_and_shown) {
   s = fx_status(D, 6);
   cr_assert_null(s->workers[0]->cache);
 }
+
+/* Shared production: the rows of one split of every sharing job go to one
+ * worker (whatever each job's own balance), and the worker's tasks say
+ * they share; a job that does not share is balanced as ever. The option
+ * survives a replay of the journal. */
+Test(dispatcher, sharing_jobs_lease_a_split_to_one_worker) {
+  const char *id = dataset(8);
+  Ferry__V1__WorkerHeartbeatResponse *w[3];
+  for (int i = 0; i < 3; i++) {
+    char addr[16];
+    snprintf(addr, sizeof(addr), "w%d:1", i);
+    w[i] = fx_worker(D, 0, addr, NULL, 0, false, 0);
+  }
+  Ferry__V1__GetOrCreateJobRequest req =
+      FERRY__V1__GET_OR_CREATE_JOB_REQUEST__INIT;
+  Ferry__V1__JobOptions o = FERRY__V1__JOB_OPTIONS__INIT;
+  req.dataset_id = (char *)id;
+  req.options = &o;
+  o.job_name = "";
+  o.mode = DIST;
+  o.num_epochs = 1;
+  o.error_policy = FAIL;
+  o.share = true;
+  Ferry__V1__GetOrCreateJobResponse *j[3];
+  ferry_error_t err = {0};
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(fx_job_req(D, &req, &j[k], 0, &err), 0, "%s", err.msg);
+  o.share = false;
+  cr_assert_eq(fx_job_req(D, &req, &j[2], 0, &err), 0, "%s", err.msg);
+  uint64_t where[3][8] = {{0}};
+  for (int k = 0; k < 3; k++) {
+    Ferry__V1__ClientHeartbeatResponse *c =
+        fx_client(D, j[k]->job_id, j[k]->client_id, 8, NULL, 0, false, 10);
+    cr_assert_eq(c->n_assignments, 8);
+    for (size_t i = 0; i < 8; i++)
+      where[k][c->assignments[i]->split] = c->assignments[i]->worker_id;
+  }
+  int used[3] = {0};
+  for (int s = 0; s < 8; s++) {
+    cr_assert_eq(where[0][s], where[1][s], "split %d: workers %llu and %llu",
+                 s, (unsigned long long)where[0][s],
+                 (unsigned long long)where[1][s]);
+    for (int i = 0; i < 3; i++)
+      used[i] += where[0][s] == w[i]->worker_id;
+  }
+  /* Rendezvous hashing spreads the splits (8 over 3: none takes all). */
+  cr_assert(used[0] < 8 && used[1] < 8 && used[2] < 8);
+  Ferry__V1__WorkerHeartbeatResponse *r =
+      fx_worker(D, w[0]->worker_id, "w0:1", NULL, 0, false, 20);
+  cr_assert_gt(r->n_new_tasks, 0);
+  for (size_t i = 0; i < r->n_new_tasks; i++)
+    cr_assert_eq(r->new_tasks[i]->share,
+                 r->new_tasks[i]->job_id != j[2]->job_id,
+                 "job %llu's task", (unsigned long long)
+                 r->new_tasks[i]->job_id);
+  /* A replay of the journal keeps the option. */
+  ferry_disp_config_t cfg;
+  ferry_disp_t *r2;
+  ferry__disp_config_init(&cfg);
+  cr_assert_eq(ferry__disp_new(&cfg, 0, &r2), 0);
+  for (size_t i = 0; i < fx_entries.n; i++)
+    cr_assert_eq(ferry__disp_apply(r2, fx_entries.e[i], fx_entries.len[i], 30,
+                                   &err),
+                 0, "%s", err.msg);
+  Ferry__V1__GetStatusResponse *st = fx_status(r2, 30);
+  int shared = 0, alone = 0;
+  for (size_t i = 0; i < st->n_jobs; i++)
+    *(st->jobs[i]->share ? &shared : &alone) += 1;
+  ferry__disp_free(r2);
+  cr_assert(shared == 2 && alone == 1, "after the replay %d jobs share, %d "
+            "do not", shared, alone);
+}

@@ -207,6 +207,19 @@ typedef struct ferry_client_options_s {
    * restart join the same new job. NULL: no resume. */
   const void *resume;
   size_t resume_len;
+
+  /* Shared production (0, the default: the job has its own). 1: the
+   * job shares what the workers produce with every other sharing job of
+   * the same dataset, spec, shuffle seed and epoch (a hyperparameter
+   * sweep's trainers): the dispatcher leases a split of all of them to
+   * one worker, which reads and processes it once and sends each job its
+   * own copy, every record to every trainer once per epoch, each at its
+   * own pace. A worker keeps what it produced for the others within its
+   * --share-bytes window; a job that falls behind it gets the records it
+   * missed produced again for it alone, never holding the others back.
+   * Nothing else changes: the job's leases, faults and order are its
+   * own. */
+  int share;
 } ferry_client_options_t;
 
 /* A batch: `size` records (batch_size, except an epoch's last, partial

@@ -133,6 +133,7 @@ class Client:
         world_size: Optional[int] = None,
         order: Literal["arrival", "deterministic"] = "arrival",
         resume: Optional[Union[Dict[str, bytes], bytes]] = None,
+        share: bool = False,
     ) -> None: ...
     def state_dict(self) -> Dict[str, bytes]: ...
     @property

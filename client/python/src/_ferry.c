@@ -905,7 +905,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       "device",     "dtype",          "layout",       "augment",
       "augment_seed", "timeout",      "tls_ca",       "tls_cert",
       "tls_key",    "token_file",     "rank",         "world_size",
-      "order",      "resume",       NULL};
+      "order",      "resume",       "share",        NULL};
   PyObject *dispatcher, *spec = Py_None, *dataset_id = Py_None;
   PyObject *epochs = NULL, *job_name = Py_None, *mode = NULL;
   PyObject *shuffle = Py_None, *seed = NULL, *on_error = NULL;
@@ -915,15 +915,15 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
   PyObject *timeout = Py_None, *tls_ca = Py_None, *tls_cert = Py_None;
   PyObject *tls_key = Py_None, *token_file = Py_None;
   PyObject *rank = Py_None, *world_size = Py_None, *order = NULL;
-  PyObject *resume = Py_None;
+  PyObject *resume = Py_None, *share = Py_False;
   Py_buffer resume_buf = {0};
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
+          args, kwargs, "O|O$OOOOOOOOOOOOOOOOOOOOOOOOO:Client", kwlist,
           &dispatcher, &spec, &dataset_id, &epochs, &job_name, &mode,
           &shuffle, &seed, &on_error, &batch_size, &drop_remainder,
           &prefetch, &device, &dtype, &layout, &augment, &augment_seed,
           &timeout, &tls_ca, &tls_cert, &tls_key, &token_file, &rank,
-          &world_size, &order, &resume))
+          &world_size, &order, &resume, &share))
     return -1;
   if (self->c != NULL || self->closing) {
     PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -1138,6 +1138,12 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwargs) {
       goto out;
     o.order = m == 0 ? FERRY_ORDER_ARRIVAL : FERRY_ORDER_DETERMINISTIC;
   }
+  if (!PyBool_Check(share)) {
+    PyErr_Format(PyExc_TypeError, "share must be True or False, not %.100s",
+                 Py_TYPE(share)->tp_name);
+    goto out;
+  }
+  o.share = share == Py_True;
   /* resume= takes what state_dict() returned, or its bytes. */
   if (resume != Py_None) {
     PyObject *cur = resume;
@@ -1753,7 +1759,8 @@ PyDoc_STRVAR(client_doc,
 "       batch_size=None, drop_remainder=False, prefetch=None, device='cpu',\n"
 "       dtype=None, layout='NHWC', augment=None, augment_seed=0,\n"
 "       timeout=None, tls_ca=None, tls_cert=None, tls_key=None,\n"
-"       token_file=None, rank=None, world_size=None)\n"
+"       token_file=None, rank=None, world_size=None, order='arrival',\n"
+"       resume=None, share=False)\n"
 "\n"
 "A trainer's connection to a Ferry cluster: registers the dataset (`spec`,\n"
 "a pipeline spec text, or `dataset_id`), joins or creates the job and\n"
@@ -1785,6 +1792,10 @@ PyDoc_STRVAR(client_doc,
 "  drop_remainder drops the last partial round, else it is padded\n"
 "  (Batch.num_real). ferry.Client takes them from the launcher's\n"
 "  environment when both are None (ferry.launcher_rank()).\n"
+"share: True shares what the workers produce with the other sharing jobs\n"
+"  of the same dataset, spec and seed (a sweep's trainers): each record\n"
+"  is produced once and reaches every trainer once per epoch, each at its\n"
+"  own pace; False (the default): the job's own production.\n"
 "\n"
 "Raises TypeError/ValueError for bad arguments, ferry.SpecError for a bad\n"
 "spec or augment text, ferry.UnreachableError when the dispatcher does not\n"
