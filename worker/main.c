@@ -66,6 +66,11 @@ static const ferry_option_t table[] = {
      "10G", 0, 1ull << 50, NULL,
      "bound of the prefix cache's entries on disk (full: the splits beyond "
      "it recompute)"},
+    {"share-bytes", FERRY_OPT_SIZE, offsetof(ferry__wconfig_t, share_bytes),
+     "512M", 0, 1ull << 44, NULL,
+     "window of shared production: what this worker produced for jobs that "
+     "share (a sweep's trainers) and keeps for the others; a job behind "
+     "it gets what it missed produced again for it alone (0: no sharing)"},
     {"data-root", FERRY_OPT_LIST, offsetof(ferry__wconfig_t, data_roots),
      NULL, 0, 0, NULL,
      "a directory datasets may be read from (repeatable; none: any file)"},

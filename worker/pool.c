@@ -239,6 +239,10 @@ ferry__wchunk_t *ferry__wpool_acquire(ferry__wpool_t *p, uint32_t cap,
 void ferry__wpool_release(ferry__wchunk_t *c) {
   ferry__wpool_t *p = c->pool;
   ferry__wkey_t *key = c->key;
+  if (c->view_release != NULL) {
+    c->view_release(c->view_arg);
+    c->view_release = NULL;
+  }
   uint64_t job_id = key != NULL ? key->job_id : 0;
   uint64_t client_id = key != NULL ? key->client_id : 0;
   if (c->task != NULL) {

@@ -204,9 +204,16 @@ typedef struct ferry__wrun_s {
   ferry_pcache_key_t pc_key;
   uint64_t *pc_order; /* a hit: positions in split order */
   uint64_t pc_next, pc_added;
-  /* Positions below this were produced from an entry found damaged: the
-   * recomputing path goes on from here. */
+  /* Positions below this were produced elsewhere (a prefix cache entry
+   * found damaged, a shared-production entry): the shard path goes on
+   * from here. */
   uint64_t resume_at;
+  bool rd_used; /* the reader has read (a restart reopens it) */
+  /* Shared production (share.h): the entry this task produces into
+   * (share_producer) or sends from; share_ended once a producer said so. */
+  ferry__wshare_entry_t *share_e;
+  ferry__wtasks_t *share_t; /* whose window share_e is in */
+  bool share_producer;
   /* The record processed when the task parked, waiting for a chunk. */
   bool pending;
   uint8_t *pix;
@@ -215,6 +222,8 @@ typedef struct ferry__wrun_s {
   int64_t label, id;
 } wrun_t;
 
+static void share_drop(wrun_t *ru, bool complete);
+
 void ferry__wrun_free(wrun_t *ru) {
   if (ru == NULL)
     return;
@@ -222,6 +231,7 @@ void ferry__wrun_free(wrun_t *ru) {
   ferry__pcache_reader_close(ru->pc_rd);
   ferry__pcache_writer_abort(ru->pc_wr);
   ferry__free(ru->pc_order);
+  share_drop(ru, false); /* a task cancelled while parked */
   if (ru->fd >= 0)
     close(ru->fd);
   ferry__free(ru->recs);
@@ -256,6 +266,10 @@ typedef struct run_s {
   /* The prefix cache: records served from entries and recomputed, entries
    * found damaged, records of this run seen by its timing sample. */
   uint64_t pc_hits, pc_misses, pc_corrupt, pc_seen, pc_read_bytes;
+  /* Shared production: parked waiting for the entry's producer (at the
+   * entry's gen). */
+  bool share_wait;
+  uint64_t share_gen;
 } run_t;
 
 static bool should_stop(run_t *r) {
@@ -283,6 +297,14 @@ static int flush(run_t *r, bool last) {
   const ferry__wmetrics_t *m = ferry__wmetrics();
   ferry__metric_add(m->records, c->count);
   ferry__metric_add(m->bytes, (int64_t)(c->count * c->rec_bytes));
+  wrun_t *ru = r->ru;
+  if (ru != NULL && ru->share_producer && c->count > 0) {
+    bool wake;
+    ferry__wshare_append(t->share, ru->share_e, c->first, c->count, c->h,
+                         c->w, c->c, c->labels, c->ids, c->payload, &wake);
+    if (wake)
+      ferry__wtasks_wake_share(t, ru->share_e);
+  }
   t->emit(c, t->emit_arg);
   return 0;
 }
@@ -450,6 +472,7 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     r->read_t0 = ferry__metrics_now_ns(); /* the next record's read */
   }
   if (rc == 0) {
+    ferry__metric_add(ferry__wmetrics()->produced, 1);
     ferry_decode_path_t dp = ferry__pipeline_ctx_last_decode(r->ctx);
     if (dp != FERRY_DECODE_NONE)
       ferry__metric_add(ferry__wmetrics()->jpeg[dp], 1);
@@ -484,6 +507,7 @@ static int run_identity(run_t *r) {
   ferry__wtask_t *k = r->task;
   ferry_record_t rec;
   int rc;
+  r->ru->rd_used = true;
   while ((rc = ferry__tfr_reader_next(r->ru->rd, &rec, &r->err)) == 0) {
     if (k->byte_end != 0 && rec.offset >= k->byte_end)
       return FERRY_EOF;
@@ -548,6 +572,7 @@ static int collect(run_t *r) {
   wrun_t *ru = r->ru;
   ferry_record_t rec;
   int rc;
+  ru->rd_used = true;
   ru->spill = ferry__tfr_reader_compression(ru->rd) != FERRY_COMPRESSION_NONE;
   if (ru->spill) {
     if ((rc = spill_open(r)) < 0)
@@ -685,6 +710,179 @@ static int run_shuffled(run_t *r) {
       return 0;
   }
   return FERRY_EOF;
+}
+
+/* The task's reader over `fd` (the shard, opened once by run_begin). */
+static int open_reader(run_t *r, int fd) {
+  ferry__wtask_t *k = r->task;
+  ferry_tfr_options_t o;
+  ferry__tfr_options_init(&o);
+  o.compression = k->pipe->spec.compression;
+  o.on_error = (ferry_error_policy_t)k->policy;
+  o.start_offset = k->byte_offset;
+  o.start_index = k->first_record;
+  o.max_records = k->num_records;
+  return ferry__tfr_reader_open_fd(fd, k->file, &o, &r->ru->rd, &r->err);
+}
+
+/* The task produces its records itself from position `pos` on (what
+ * came before was sent from elsewhere): the shard path restarts at
+ * position 0 and passes over the positions below `pos` (resume_at). A
+ * reader that has read starts again over the same descriptor. */
+static int own_from(run_t *r, uint64_t pos) {
+  wrun_t *ru = r->ru;
+  ru->resume_at = pos;
+  r->out = 0;
+  if (r->task->shuffle) {
+    ru->next = 0; /* the table, when built, serves again */
+    return 0;
+  }
+  if (!ru->rd_used)
+    return 0;
+  int fd = fcntl(ferry__tfr_reader_fd(ru->rd), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return ferry__seterr(&r->err, ferry__err_from_errno(errno),
+                         "%s: dup: %s", r->task->file, strerror(errno));
+  ferry__tfr_reader_free(ru->rd);
+  ru->rd = NULL;
+  ru->rd_used = false;
+  return open_reader(r, fd);
+}
+
+/* ---- Shared production (share.h) ---------------------------------------- */
+
+/* Joins the window's entry of the task's split: a task from the split's
+ * start that finds none produces it (into a new entry); one that finds
+ * one sends from it. Ranked parts, policy skip (whose positions are
+ * counted per job) and tasks of jobs that do not share have none. */
+static void share_begin(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  ferry__wtasks_t *t = r->th->t;
+  if (t->share == NULL || !k->share || k->end != 0 ||
+      k->policy != FERRY_ON_ERROR_FAIL)
+    return;
+  ferry__wshare_key_t key = {.pipe_id = k->pipe->id,
+                             .seed = k->seed,
+                             .shuffle = k->shuffle,
+                             .policy = k->policy,
+                             .epoch = k->epoch,
+                             .split = k->split,
+                             .file_index = k->file_index,
+                             .byte_offset = k->byte_offset,
+                             .byte_end = k->byte_end,
+                             .first_record = k->first_record,
+                             .num_records = k->num_records};
+  bool producer;
+  r->ru->share_t = t;
+  r->ru->share_e = ferry__wshare_get(t->share, &key, k->start == 0, &producer);
+  r->ru->share_producer = producer;
+}
+
+/* A producer stops producing (`complete`: at the split's end); the tasks
+ * waiting on its entry wake to take over or finish. */
+static void share_end(run_t *r, bool complete) {
+  wrun_t *ru = r->ru;
+  ferry__wtasks_t *t = r->th->t;
+  if (ru == NULL || ru->share_e == NULL || !ru->share_producer)
+    return;
+  bool wake;
+  ferry__wshare_end(t->share, ru->share_e, complete, &wake);
+  ru->share_producer = false;
+  if (wake)
+    ferry__wtasks_wake_share(t, ru->share_e);
+}
+
+/* The task's end: its production ends, its reference goes. */
+static void share_drop(wrun_t *ru, bool complete) {
+  if (ru == NULL || ru->share_e == NULL)
+    return;
+  ferry__wtasks_t *t = ru->share_t;
+  if (ru->share_producer) {
+    bool wake;
+    ferry__wshare_end(t->share, ru->share_e, complete, &wake);
+    if (wake)
+      ferry__wtasks_wake_share(t, ru->share_e);
+  }
+  ferry__wshare_put(t->share, ru->share_e);
+  ru->share_e = NULL;
+  ru->share_producer = false;
+}
+
+enum { RUN_OWN = 2 };
+
+/* Sends the task's records from its entry, from r->out. Returns FERRY_EOF
+ * at the split's end, 0 when stopped or parked (r->share_wait: waiting
+ * for the producer, at r->share_gen), RUN_OWN when the task produces the
+ * rest itself (taking over the entry's production, or alone past what
+ * the window kept), or an error. */
+static int run_shared(run_t *r) {
+  ferry__wtask_t *k = r->task;
+  wrun_t *ru = r->ru;
+  ferry__wshare_t *sh = r->th->t->share;
+  if (r->out < k->start)
+    r->out = k->start; /* the positions before were the client's */
+  for (;;) {
+    if (should_stop(r))
+      return 0;
+    const ferry__wshare_chunk_t *ch = NULL;
+    uint64_t gen;
+    switch (ferry__wshare_at(sh, ru->share_e, r->out, &ch, &gen)) {
+    case FERRY__WSHARE_CHUNK: {
+      /* The chunk goes as a view of the window's payload: no copy. */
+      size_t rb = (size_t)ch->h * (size_t)ch->w * (size_t)ch->c;
+      uint32_t i0 = (uint32_t)(r->out - ch->first), n = ch->count - i0;
+      if (r->cur != NULL && r->cur->count > 0) {
+        if (flush(r, false) != 0)
+          return r->err.code;
+      } else if (r->cur != NULL) {
+        ferry__wpool_release(r->cur);
+        r->cur = NULL;
+      }
+      /* A block for the header, labels and ids only. */
+      ferry__wchunk_t *v = new_chunk(r, n, 0, 0, 0);
+      if (v == NULL)
+        return r->err.code != 0 ? r->err.code : 0; /* parked, stopped */
+      v->h = ch->h;
+      v->w = ch->w;
+      v->c = ch->c;
+      v->rec_bytes = rb;
+      v->payload = ch->payload + (size_t)i0 * rb;
+      memcpy(v->labels, ch->labels + i0, 8 * (size_t)n);
+      memcpy(v->ids, ch->ids + i0, 8 * (size_t)n);
+      v->count = n;
+      ferry__wshare_chunk_ref(ch);
+      v->view_release = ferry__wshare_chunk_unref;
+      v->view_arg = (void *)ch;
+      r->cur = v; /* flushed by what comes next: the split's end marks it */
+      r->out += n;
+      atomic_fetch_add_explicit(&sh->served, n, memory_order_relaxed);
+      break;
+    }
+    case FERRY__WSHARE_END:
+      return FERRY_EOF;
+    case FERRY__WSHARE_WAIT:
+      /* A parked task keeps no chunk: what it has goes now. */
+      if (r->cur != NULL && r->cur->count > 0) {
+        if (flush(r, false) != 0)
+          return r->err.code;
+      } else if (r->cur != NULL) {
+        ferry__wpool_release(r->cur);
+        r->cur = NULL;
+      }
+      r->parked = true;
+      r->share_wait = true;
+      r->share_gen = gen;
+      return 0;
+    case FERRY__WSHARE_TAKE:
+      ru->share_producer = true;
+      return own_from(r, r->out) == 0 ? RUN_OWN : r->err.code;
+    case FERRY__WSHARE_OWN:
+      atomic_fetch_add(&sh->own, 1);
+      ferry__wshare_put(sh, ru->share_e);
+      ru->share_e = NULL;
+      return own_from(r, r->out) == 0 ? RUN_OWN : r->err.code;
+    }
+  }
 }
 
 /* ---- The prefix cache ---------------------------------------------------- */
@@ -876,8 +1074,7 @@ static void cache_fallback(run_t *r, const ferry_error_t *why) {
   /* The shard's pass counts positions from 0 again, passing over those
    * already produced without processing them (a cached split is clean:
    * every record has its position). */
-  ru->resume_at = r->out;
-  r->out = 0;
+  own_from(r, r->out); /* the reader has not read: nothing can fail */
 }
 
 enum { RUN_FALLBACK = 1 };
@@ -907,7 +1104,7 @@ static int run_cached(run_t *r) {
   while (ru->pc_next < n) {
     if (k->end != 0 && r->out >= k->end)
       return FERRY_EOF;
-    if (r->out < k->start) {
+    if (r->out < k->start || r->out < ru->resume_at) {
       ru->pc_next++;
       r->out++;
       continue;
@@ -938,6 +1135,7 @@ static int run_cached(run_t *r) {
       }
       r->pc_hits++;
       r->pc_read_bytes += bytes;
+      ferry__metric_add(ferry__wmetrics()->produced, 1);
       commit_record(r, e.label,
                     (int64_t)((uint64_t)k->file_index << 40 | e.index));
       continue;
@@ -976,6 +1174,7 @@ static int run_cached(run_t *r) {
     }
     r->pc_hits++;
     r->pc_read_bytes += (uint64_t)e.h * (uint64_t)e.w * (uint64_t)e.c;
+    ferry__metric_add(ferry__wmetrics()->produced, 1);
     if (!put_record(r, pix, h, w, e.c, e.label, (int64_t)id))
       return 0;
   }
@@ -1027,6 +1226,11 @@ static void cache_commit(run_t *r, uint64_t reader_skipped) {
 /* Runs the split from the cache when it has its entry, else (or from
  * where an entry turned out damaged) from the shard. */
 static int run_any(run_t *r) {
+  if (r->ru->share_e != NULL && !r->ru->share_producer) {
+    int rc = run_shared(r);
+    if (rc != RUN_OWN)
+      return rc;
+  }
   if (r->ru->pc_rd != NULL) {
     int rc = run_cached(r);
     if (rc != RUN_FALLBACK)
@@ -1121,13 +1325,6 @@ static int run_begin(run_t *r) {
   ru->fd = -1;
   k->run = ru;
   r->ru = ru;
-  ferry_tfr_options_t o;
-  ferry__tfr_options_init(&o);
-  o.compression = k->pipe->spec.compression;
-  o.on_error = (ferry_error_policy_t)k->policy;
-  o.start_offset = k->byte_offset;
-  o.start_index = k->first_record;
-  o.max_records = k->num_records;
   /* The dispatcher checked the roots at registration; check again here,
    * where the file is opened (a forged or stale task, a symlink that
    * moved), and open what was checked: every read of the task, the
@@ -1138,7 +1335,8 @@ static int run_begin(run_t *r) {
   struct stat sb;
   if (r->th->t->cache != NULL && fstat(fd, &sb) == 0)
     cache_begin(r, &sb);
-  return ferry__tfr_reader_open_fd(fd, k->file, &o, &ru->rd, &r->err);
+  share_begin(r);
+  return open_reader(r, fd);
 }
 
 /* Runs `k` until it ends (true) or parks (false: it is on the parked
@@ -1167,6 +1365,7 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
       r.out = ru->out;
       r.skipped = ru->skipped;
       r.parked = false;
+      r.share_wait = false;
       rc = 0;
       if (!ru->pending ||
           put_record(&r, ru->pix, ru->h, ru->w, ru->c, ru->label, ru->id))
@@ -1175,7 +1374,21 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
         break;
       ru->out = r.out;
       ru->skipped = r.skipped;
-      int pr = park(t, k, &r);
+      int pr;
+      if (r.share_wait) {
+        int sp = ferry__wtasks_park_share(t, k, ru->share_e, r.share_gen);
+        pr = sp == FERRY__WPARK_DONE    ? PARK_DONE
+             : sp == FERRY__WPARK_RETRY ? PARK_RETRY
+                                        : PARK_STOP;
+      } else {
+        /* A producer held back by its own client while other tasks wait
+         * for the split: one of them takes over (this one sends from the
+         * window when it runs again), so no trainer waits for another. */
+        if (ru->share_producer &&
+            ferry__wshare_waiting(t->share, ru->share_e))
+          share_end(&r, false);
+        pr = park(t, k, &r);
+      }
       if (pr == PARK_DONE) {
         cache_count(&r);
         return false;
@@ -1236,6 +1449,7 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
               (k->finished &&
                (k->num_records == 0 || k->produced != k->num_records));
   pthread_mutex_unlock(&t->lock);
+  share_drop(ru, k->finished);
   ferry__wrun_free(ru);
   ferry__wtask_key_idle(k);
   if (t->on_end != NULL)

@@ -66,6 +66,7 @@ static void wake_parked(void *arg, uint64_t job_id, uint64_t client_id) {
     }
     *pp = k->qnext;
     k->state = WT_PENDING;
+    k->share_wait = NULL;
     k->qnext = t->qhead;
     t->qhead = k;
     if (t->qtail == NULL)
@@ -242,6 +243,7 @@ int ferry__wtasks_add(ferry__wtasks_t *t, const Ferry__V1__Task *m) {
   k->start = m->start;
   k->end = m->end > m->start ? m->end : 0;
   k->shuffle = m->shuffle;
+  k->share = m->share;
   k->seed = m->shuffle_seed;
   k->policy = m->error_policy == FERRY__V1__ERROR_POLICY__ERROR_POLICY_SKIP
                   ? FERRY_ON_ERROR_SKIP
@@ -291,6 +293,63 @@ static void dequeue(ferry__wtasks_t *t, ferry__wtask_t *k) {
   }
 }
 
+int ferry__wtasks_park_share(ferry__wtasks_t *t, ferry__wtask_t *k,
+                             ferry__wshare_entry_t *e, uint64_t gen) {
+  pthread_mutex_lock(&t->lock);
+  if (atomic_load(&k->cancelled) || atomic_load(&t->stop)) {
+    pthread_mutex_unlock(&t->lock);
+    return FERRY__WPARK_STOP;
+  }
+  pthread_mutex_lock(&t->share->mu);
+  if (e->gen != gen) {
+    pthread_mutex_unlock(&t->share->mu);
+    pthread_mutex_unlock(&t->lock);
+    return FERRY__WPARK_RETRY;
+  }
+  e->waiting++;
+  pthread_mutex_unlock(&t->share->mu);
+  pthread_mutex_lock(&t->pool->lock);
+  t->pool->parked++;
+  pthread_mutex_unlock(&t->pool->lock);
+  k->state = WT_PARKED;
+  k->park_pool = false;
+  k->share_wait = e;
+  k->qnext = t->parked;
+  t->parked = k;
+  pthread_mutex_unlock(&t->lock);
+  return FERRY__WPARK_DONE;
+}
+
+void ferry__wtasks_wake_share(ferry__wtasks_t *t, ferry__wshare_entry_t *e) {
+  int moved = 0;
+  pthread_mutex_lock(&t->lock);
+  for (ferry__wtask_t **pp = &t->parked; *pp != NULL;) {
+    ferry__wtask_t *k = *pp;
+    if (k->share_wait != e) {
+      pp = &k->qnext;
+      continue;
+    }
+    *pp = k->qnext;
+    k->state = WT_PENDING;
+    k->share_wait = NULL;
+    k->qnext = t->qhead;
+    t->qhead = k;
+    if (t->qtail == NULL)
+      t->qtail = k;
+    moved++;
+  }
+  pthread_mutex_lock(&t->share->mu);
+  e->waiting = 0;
+  pthread_mutex_unlock(&t->share->mu);
+  if (moved > 0) {
+    pthread_mutex_lock(&t->pool->lock);
+    t->pool->parked -= moved;
+    pthread_mutex_unlock(&t->pool->lock);
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->lock);
+}
+
 /* Unlinks a parked task. Tasks lock held. */
 static void unpark(ferry__wtasks_t *t, ferry__wtask_t *k) {
   for (ferry__wtask_t **pp = &t->parked; *pp != NULL; pp = &(*pp)->qnext)
@@ -298,6 +357,7 @@ static void unpark(ferry__wtasks_t *t, ferry__wtask_t *k) {
       *pp = k->qnext;
       k->qnext = NULL;
       k->state = WT_DONE;
+      k->share_wait = NULL;
       pthread_mutex_lock(&t->pool->lock);
       t->pool->parked--;
       pthread_mutex_unlock(&t->pool->lock);
@@ -509,6 +569,32 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 
 /* ---- Threads ------------------------------------------------------------- */
 
+/* Takes the next pending task: the head, except that a new task of a
+ * sharing job whose split the shared-production window holds goes first
+ * (it sends what another job's task produced, while the window still has
+ * it, instead of waiting behind splits of its own job that would push
+ * it out). Tasks lock held; the queue is not empty. */
+static ferry__wtask_t *next_task(ferry__wtasks_t *t) {
+  ferry__wtask_t **pp = &t->qhead, *prev = NULL;
+  if (t->share != NULL)
+    for (ferry__wtask_t **q = &t->qhead, *p = NULL; *q != NULL;
+         p = *q, q = &(*q)->qnext) {
+      ferry__wtask_t *c = *q;
+      if (c->share && c->run == NULL && c->pipe != NULL &&
+          ferry__wshare_has(t->share, c->pipe->id, c->epoch, c->split)) {
+        pp = q;
+        prev = p;
+        break;
+      }
+    }
+  ferry__wtask_t *k = *pp;
+  *pp = k->qnext;
+  if (t->qtail == k)
+    t->qtail = prev;
+  k->qnext = NULL;
+  return k;
+}
+
 static void *thread_main(void *arg) {
   ferry__wthread_t *th = arg;
   ferry__wtasks_t *t = th->t;
@@ -523,11 +609,7 @@ static void *thread_main(void *arg) {
       pthread_mutex_unlock(&t->lock);
       break;
     }
-    ferry__wtask_t *k = t->qhead;
-    t->qhead = k->qnext;
-    if (t->qhead == NULL)
-      t->qtail = NULL;
-    k->qnext = NULL;
+    ferry__wtask_t *k = next_task(t);
     if (gate_holds(t, k)) {
       k->state = WT_HELD;
       k->qnext = t->held;

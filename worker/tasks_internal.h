@@ -40,6 +40,14 @@ void ferry__wtask_key_idle(ferry__wtask_t *k);
 /* The task's run state is gone: its stream's run slot frees, and one of
  * the stream's held tasks may start. Tasks lock held. */
 void ferry__wrun_slot_put(ferry__wtasks_t *t, ferry__wtask_t *k);
+/* Parks `k` on a shared-production entry until its producer appends or
+ * stops, unless the entry changed since `gen` (retry) or the task was
+ * cancelled (stop) (tasks.c). */
+enum { FERRY__WPARK_DONE, FERRY__WPARK_RETRY, FERRY__WPARK_STOP };
+int ferry__wtasks_park_share(ferry__wtasks_t *t, ferry__wtask_t *k,
+                             ferry__wshare_entry_t *e, uint64_t gen);
+/* Puts the tasks parked on `e` back at the head of the pending queue. */
+void ferry__wtasks_wake_share(ferry__wtasks_t *t, ferry__wshare_entry_t *e);
 /* Frees a task's run state (NULL: nothing) (run.c). */
 void ferry__wrun_free(struct ferry__wrun_s *ru);
 

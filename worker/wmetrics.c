@@ -16,6 +16,9 @@ static ferry_metric_family_t *f_pool_used, *f_pool_limit, *f_tasks,
 static ferry_metric_family_t *f_cache_hits, *f_cache_misses,
     *f_cache_read_bytes, *f_cache_written_bytes, *f_cache_corrupt,
     *f_cache_full, *f_cache_held, *f_cache_limit, *f_cache_policy;
+/* Shared production (worker/share.h). */
+static ferry_metric_family_t *f_share_records, *f_share_bytes,
+    *f_share_limit;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void) {
@@ -31,6 +34,12 @@ static void init(void) {
   wm.records = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_records_total",
       "Records produced into chunks (all jobs).", NULL, 1, NULL, 0));
+  wm.produced = ferry__metric_get(ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_records_produced_total",
+      "Records this worker produced: run through the pipeline, or read from "
+      "the prefix cache (not those sent from the shared-production "
+      "window).",
+      NULL, 1, NULL, 0));
   wm.bytes = ferry__metric_get(ferry__metrics_family(
       r, FERRY_METRIC_COUNTER, "ferry_worker_bytes_total",
       "Bytes of record payload produced into chunks.", NULL, 1, NULL, 0));
@@ -109,6 +118,20 @@ static void init(void) {
       "1 for each dataset's current choice of the prefix cache's policy "
       "(cache, recompute, measuring, no_prefix).",
       "dataset,choice", 1, NULL, 0);
+  f_share_records = ferry__metrics_family(
+      r, FERRY_METRIC_COUNTER, "ferry_worker_share_records_total",
+      "Shared production: records producers kept in the window (stored), "
+      "records sent from it to other jobs (served), and tasks that "
+      "produced the rest of a split themselves, the window having no room "
+      "for it (own, in tasks).",
+      "what", 1, NULL, 0);
+  f_share_bytes = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_share_bytes",
+      "Bytes the shared-production window holds.", NULL, 1, NULL, 0);
+  f_share_limit = ferry__metrics_family(
+      r, FERRY_METRIC_GAUGE, "ferry_worker_share_limit_bytes",
+      "The shared-production window's bound (--share-bytes).", NULL, 1, NULL,
+      0);
   f_streams = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_streams_open",
       "Streams (job, client) with live tasks or chunks out.", NULL, 1, NULL, 0);
@@ -157,6 +180,20 @@ static void collect(void *arg) {
   ferry__metric_set(ferry__metric_get(f_pool_limit), (int64_t)cap);
   ferry__metric_set(ferry__metric_get(f_tasks), tasks);
   ferry__metric_set(ferry__metric_get(f_streams), streams);
+  if (w->share_on) {
+    ferry__wshare_t *s = &w->share;
+    ferry__metric_set(ferry__metric_get1(f_share_records, "stored"),
+                      (int64_t)atomic_load(&s->stored));
+    ferry__metric_set(ferry__metric_get1(f_share_records, "served"),
+                      (int64_t)atomic_load(&s->served));
+    ferry__metric_set(ferry__metric_get1(f_share_records, "own"),
+                      (int64_t)atomic_load(&s->own));
+    pthread_mutex_lock(&s->mu);
+    int64_t held = (int64_t)s->used;
+    pthread_mutex_unlock(&s->mu);
+    ferry__metric_set(ferry__metric_get(f_share_bytes), held);
+    ferry__metric_set(ferry__metric_get(f_share_limit), (int64_t)s->cap);
+  }
   if (!w->cache_on)
     return;
   ferry__wcache_t *c = &w->cache;

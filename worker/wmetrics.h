@@ -12,6 +12,7 @@ enum { FERRY_WSTAGE_READ = FERRY_STAGE_COUNT, FERRY_WSTAGE_N };
 
 typedef struct ferry__wmetrics_s {
   ferry_metric_t *records;          /* ferry_worker_records_total */
+  ferry_metric_t *produced;   /* ferry_worker_records_produced_total */
   ferry_metric_t *bytes;            /* ferry_worker_bytes_total */
   ferry_metric_t *chunks_sent;      /* ferry_worker_chunks_sent_total */
   ferry_metric_family_t *skipped;   /* ..._records_skipped_total{cause} */

@@ -146,6 +146,12 @@ int ferry__worker_start(ferry__worker_t *w, const ferry__wconfig_t *cfg,
     return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
   if ((rc = ferry__wtasks_set_roots(&w->tasks, cfg->data_roots, err)) != 0)
     return rc;
+  if (cfg->share_bytes > 0) {
+    if (ferry__wshare_init(&w->share, cfg->share_bytes) != 0)
+      return ferry__seterr(err, FERRY_ENOMEM, "out of memory");
+    w->share_on = true;
+    w->tasks.share = &w->share;
+  }
   if (cfg->cache_dir != NULL && cfg->cache_dir[0] != '\0') {
     if ((rc = ferry__wcache_open(&w->cache, cfg->cache_dir, cfg->cache_bytes,
                                  err)) != 0)
@@ -262,6 +268,10 @@ bool ferry__worker_close(ferry__worker_t *w, int hb_wait_ms) {
   if (w->cache_on) {
     ferry__wcache_close(&w->cache);
     w->cache_on = false;
+  }
+  if (w->share_on) {
+    ferry__wshare_close(&w->share);
+    w->share_on = false;
   }
   uint64_t used = ferry__wpool_used(&w->pool);
   if (used != 0)

@@ -60,6 +60,7 @@
 #include "rpc_methods.h"
 #include "transport.h"
 #include "cache.h"
+#include "share.h"
 
 /* Settings (the options table in main.c fills this). */
 typedef struct ferry__wconfig_s {
@@ -77,6 +78,7 @@ typedef struct ferry__wconfig_s {
   char *spill_dir;       /* shuffled compressed shards; NULL: $TMPDIR */
   char *cache_dir;       /* the prefix cache; NULL: none */
   uint64_t cache_bytes;  /* its bound */
+  uint64_t share_bytes;  /* the shared-production window; 0: off */
   char *data_roots;      /* --data-root, one per line; NULL: any file */
   char *config;
   int log_level;
@@ -158,6 +160,10 @@ typedef struct ferry__wchunk_s {
    * the payload when not empty. */
   ferry_chunk_piece_t pieces[FERRY_CHUNK_MAX_PIECES];
   size_t n_pieces;
+  /* A view: payload points into memory the chunk does not own (a shared
+   * production window's chunk); view_release(view_arg) at release. */
+  void (*view_release)(void *arg);
+  void *view_arg;
 } ferry__wchunk_t;
 
 /* The pool of chunk blocks, bounded in bytes: blocks handed out plus free
@@ -275,6 +281,7 @@ struct ferry__wtask_s {
   bool shuffle;
   uint64_t seed;
   int policy;               /* FERRY_ON_ERROR_* */
+  bool share;               /* Task.share: its job shares production */
   ferry__wpipe_t *pipe;     /* NULL when the spec did not compile */
   ferry__wpool_t *pool;
   ferry__wkey_t *key;       /* its stream's key (a task reference) */
@@ -286,6 +293,9 @@ struct ferry__wtask_s {
    * nobody while parked or queued again); freed with the task. */
   struct ferry__wrun_s *run;
   bool park_pool;           /* parked on the whole pool, not its share */
+  /* Parked waiting for this shared-production entry's producer (tasks
+   * lock); NULL otherwise. */
+  ferry__wshare_entry_t *share_wait;
   bool has_run_slot;        /* counted in key->runs (tasks lock) */
   int64_t added_ms;         /* CLOCK_MONOTONIC ms when it was added */
   bool key_active;          /* counted in key->tasks (until it ends) */
@@ -342,6 +352,7 @@ typedef struct ferry__wtasks_s {
   uint64_t chunk_bytes;
   int64_t test_record_delay_ms; /* --test-record-delay-ms (tests only) */
   ferry__wcache_t *cache;  /* the prefix cache (--cache-dir); NULL: none */
+  ferry__wshare_t *share;  /* the shared-production window; NULL: none */
   ferry__wemit_cb emit;
   void *emit_arg;
   ferry__wend_cb on_end; /* may be NULL; set before the threads start */
@@ -448,6 +459,8 @@ typedef struct ferry__worker_s {
   ferry__wtasks_t tasks;
   ferry__wcache_t cache; /* open when cfg.cache_dir is set */
   bool cache_on;
+  ferry__wshare_t share; /* the window, when cfg.share_bytes > 0 */
+  bool share_on;
 
   /* Inbox: pipeline and heartbeat threads -> loop. */
   pthread_mutex_t inbox_lock;

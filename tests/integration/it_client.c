@@ -17,7 +17,9 @@
  * FERRY_IT_CLIENT_WORLD, FERRY_IT_CLIENT_RANK, FERRY_IT_CLIENT_BATCH and
  * FERRY_IT_CLIENT_DROP (1: drop_remainder) set those options; a batch's
  * record holds its real records only (num_real). FERRY_IT_CLIENT_ORDER=
- * deterministic sets that order. A rank still held by a
+ * deterministic sets that order; FERRY_IT_CLIENT_SHARE=1 shares
+ * production (options.share); FERRY_IT_CLIENT_SEED=N shuffles with seed
+ * N. A rank still held by a
  * client that was killed is asked for again (every 100 ms, for up to
  * 15 s) until the dispatcher declares that client lost.
  */
@@ -78,6 +80,13 @@ int main(int argc, char **argv) {
     o.rank = rank != NULL ? (uint32_t)atoi(rank) : 0;
     o.batch_size = batch != NULL ? (uint32_t)atoi(batch) : 0;
     o.drop_remainder = drop != NULL && atoi(drop) != 0;
+  }
+  const char *share = getenv("FERRY_IT_CLIENT_SHARE");
+  o.share = share != NULL && strcmp(share, "1") == 0;
+  const char *seed = getenv("FERRY_IT_CLIENT_SEED");
+  if (seed != NULL) {
+    o.shuffle = 1;
+    o.shuffle_seed = strtoull(seed, NULL, 10);
   }
   const char *order = getenv("FERRY_IT_CLIENT_ORDER");
   if (order != NULL && strcmp(order, "deterministic") == 0)
