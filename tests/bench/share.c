@@ -31,7 +31,7 @@
 
 #define MAX_TRAINERS 32
 
-static int opt_trainers = 8, opt_records = 65536, opt_epochs = 1,
+static int opt_trainers = 8, opt_records = 131072, opt_epochs = 1,
            opt_threads = 1;
 static const char *opt_size = "32x32";
 static const char *opt_window = "64M"; /* --share-bytes */

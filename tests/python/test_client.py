@@ -171,3 +171,48 @@ def test_parallel_epochs_every_worker_makes_everything(make_cluster, small):
     assert set(counts.values()) == {2}, collections.Counter(counts.values())
     with pytest.raises(ValueError):
         ferry.Client(cl.addr, small.spec(batch=100), mode="parallel")
+
+
+def _epoch_images(client):
+    out = {}
+    for b in client:
+        ids = numpy.asarray(b.ids).tolist()
+        images = numpy.asarray(b.images)
+        for i, rid in enumerate(ids):
+            assert rid not in out, "record %d twice" % rid
+            out[rid] = images[i].tobytes()
+    return out
+
+
+def test_share_two_trainers_get_everything(cluster, small):
+    """Two trainers of their own jobs with share=True over one spec and
+    seed: each gets every record once, the same bytes, and the status
+    says both jobs share; share must be a bool."""
+    spec = small.spec(batch=100)
+    with pytest.raises(TypeError):
+        ferry.Client(cluster.addr, spec, share=1)
+    clients = [ferry.Client(cluster.addr, spec, epochs=1, shuffle=True,
+                            seed=3, share=True, timeout=TIMEOUT)
+               for _ in range(2)]
+    try:
+        jobs = {j["id"]: j for j in cluster.status()["jobs"]}
+        for c in clients:
+            assert jobs[c.job_id]["share"] is True, jobs[c.job_id]
+        got = [{}, {}]
+
+        def run(i):
+            got[i] = _epoch_images(clients[i])
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not any(t.is_alive() for t in ts)
+        for g in got:
+            assert set(g) == small.ids()
+            for rid, img in g.items():
+                assert img == small.images[rid]
+    finally:
+        for c in clients:
+            c.close()
