@@ -27,6 +27,12 @@
  * Chunks hold K = max(1, chunk_bytes / record_bytes) records of one shape.
  * A full chunk is handed on only when the next record needs room, so the
  * split's final chunk is always the one marked `last`.
+ *
+ * Two other sources may stand in for the shard (run_any): a sharing job's
+ * task sends views of what another job's task produced (run_shared,
+ * share.h), and a split whose deterministic prefix is cached is read
+ * from its entry (run_cached, cache.h). Either may hand over to the shard
+ * path at a position (own_from: positions below it pass unprocessed).
  */
 #include <errno.h>
 #include <fcntl.h>
