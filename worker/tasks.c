@@ -569,6 +569,15 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 
 /* ---- Threads ------------------------------------------------------------- */
 
+uint32_t ferry__wshare_epoch(const ferry__wtask_t *k) {
+  /* Unshuffled, and no op drawn per epoch: every epoch's records are the
+   * same, so a trainer that joined later shares too. */
+  if (!k->shuffle && k->pipe != NULL &&
+      ferry__spec_det_prefix(&k->pipe->spec, NULL) == (int)k->pipe->spec.n_ops)
+    return 0;
+  return k->epoch;
+}
+
 /* Takes the next pending task: the head, except that a new task of a
  * sharing job whose split the shared-production window holds goes first
  * (it sends what another job's task produced, while the window still has
@@ -581,7 +590,8 @@ static ferry__wtask_t *next_task(ferry__wtasks_t *t) {
          p = *q, q = &(*q)->qnext) {
       ferry__wtask_t *c = *q;
       if (c->share && c->run == NULL && c->pipe != NULL &&
-          ferry__wshare_has(t->share, c->pipe->id, c->epoch, c->split)) {
+          ferry__wshare_has(t->share, c->pipe->id, ferry__wshare_epoch(c),
+                            c->split)) {
         pp = q;
         prev = p;
         break;

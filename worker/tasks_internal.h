@@ -46,6 +46,10 @@ void ferry__wrun_slot_put(ferry__wtasks_t *t, ferry__wtask_t *k);
 enum { FERRY__WPARK_DONE, FERRY__WPARK_RETRY, FERRY__WPARK_STOP };
 int ferry__wtasks_park_share(ferry__wtasks_t *t, ferry__wtask_t *k,
                              ferry__wshare_entry_t *e, uint64_t gen);
+/* The epoch that keys a task's shared-production entry: its own, or 0
+ * when every epoch's records are the same (no shuffle, no op drawn per
+ * epoch) (tasks.c). */
+uint32_t ferry__wshare_epoch(const ferry__wtask_t *k);
 /* Puts the tasks parked on `e` back at the head of the pending queue. */
 void ferry__wtasks_wake_share(ferry__wtasks_t *t, ferry__wshare_entry_t *e);
 /* Frees a task's run state (NULL: nothing) (run.c). */

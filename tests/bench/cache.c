@@ -51,7 +51,7 @@ typedef struct case_s {
 
 static const case_t cases[] = {
     {"seed32", "--size 32x32 --shards 8",
-     "decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8)", 131072, 256},
+     "decode(raw, 32, 32, 3) | dilate(3) | blur(11, 0.8)", 262144, 256},
     {"seed224", "--size 224x224 --shards 4",
      "decode(raw, 224, 224, 3) | dilate(3) | blur(11, 0.8)", 2048, 32},
     {"rrc", "--format jpeg --size imagenet --content photo --shards 2",

@@ -563,3 +563,48 @@ Test(share, sharing_with_the_prefix_cache_and_a_worker_killed) {
   stop_all(&cl);
   hx_dataset_free(&ds);
 }
+
+/* Without shuffle and with no op drawn per epoch, every epoch's records
+ * are the same: a trainer that joins after another one's epoch is served
+ * from the window (the two need not be at the same epoch). */
+Test(share, a_late_trainer_shares_an_unshuffled_pipeline) {
+  hx_dataset_t ds;
+  cr_assert_eq(hx_make_dataset(&ds, "late", FILES, PER_FILE, 32, 32, 3), 0);
+  char spec[1024];
+  hx_spec(&ds, "dilate(3) | blur(5, 1.0)", 16, spec, sizeof(spec));
+  cluster_t cl;
+  start(&cl, 1, "64M");
+  for (int k = 0; k < 2; k++) {
+    ferry_client_options_t o;
+    hx_client_options(&o, cl.d->addr, spec);
+    o.num_epochs = 1 + k; /* the second one: its epoch 1 too */
+    o.shuffle = 0;
+    o.share = 1;
+    ferry_client_t *c = it_new_client(&o);
+    for (int e = 0; e <= k; e++) {
+      size_t n = 0;
+      for (;;) {
+        const ferry_batch_t *b = NULL;
+        ferry_error_t err = {0};
+        int rc = ferry_next(c, &b, NEXT_TIMEOUT_MS, &err);
+        if (rc == FERRY_EPOCH_END || rc == FERRY_END)
+          break;
+        cr_assert_eq(rc, 0, "trainer %d epoch %d: %s", k, e, err.msg);
+        n += b->size;
+        ferry_batch_release(c, b);
+      }
+      cr_assert_eq(n, N_RECORDS, "trainer %d epoch %d: %zu records", k, e,
+                   n);
+    }
+    ferry_client_free(c);
+  }
+  long long made = produced(&cl);
+  long long served = metric(cl.metrics[0],
+                            "ferry_worker_share_records_total{what=\"served\"}");
+  fprintf(stderr, "late trainer: %lld records produced, %lld served from the "
+          "window, for 3 epochs of %d\n", made, served, N_RECORDS);
+  cr_assert_eq(made, N_RECORDS, "produced %lld", made);
+  cr_assert_eq(served, 2LL * N_RECORDS, "served %lld", served);
+  stop_all(&cl);
+  hx_dataset_free(&ds);
+}
