@@ -28,7 +28,6 @@
  * Usage: bench_cache [--quick] [--cases LIST] [--records N] [--epochs E]
  *                    [--threads T] [--transport grpc|ucx]
  */
-#include <dirent.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -67,40 +66,6 @@ typedef struct epoch_s {
   uint64_t records;
   double seconds, cpu, pipe_cpu;
 } epoch_t;
-
-/* CPU seconds of pid's threads named "ferry-pipeline". */
-static double pipeline_cpu_s(pid_t pid) {
-  char path[128];
-  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  double sum = 0;
-  if (d == NULL)
-    return -1;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.')
-      continue;
-    char buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/task/%.24s/stat", (int)pid,
-             e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-      continue;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
-    unsigned long long ut, st;
-    if (open == NULL || close == NULL ||
-        strncmp(open + 1, "ferry-pipeline", 14) != 0 ||
-        sscanf(close + 1,
-               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-               &st) != 2)
-      continue;
-    sum += (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-  }
-  closedir(d);
-  return sum;
-}
 
 /* Runs the job on a fresh cluster; fills ep[0..epochs). Prints the
  * worker's cache lines of `ferryctl status` when cached. */
@@ -144,7 +109,7 @@ static int run(const case_t *k, const char *spec, bool cached,
   }
   int rc = 0;
   for (int e = 0; e < opt_epochs && rc == 0; e++) {
-    double c0 = hx_proc_cpu_s(w->pid), p0 = pipeline_cpu_s(w->pid);
+    double c0 = hx_proc_cpu_s(w->pid), p0 = hx_threads_cpu_s(w->pid, "ferry-pipeline");
     double t0 = hx_now_ms();
     uint64_t n = 0;
     for (;;) {
@@ -164,7 +129,7 @@ static int run(const case_t *k, const char *spec, bool cached,
     ep[e].records = n;
     ep[e].seconds = (hx_now_ms() - t0) / 1e3;
     ep[e].cpu = hx_proc_cpu_s(w->pid) - c0;
-    ep[e].pipe_cpu = pipeline_cpu_s(w->pid) - p0;
+    ep[e].pipe_cpu = hx_threads_cpu_s(w->pid, "ferry-pipeline") - p0;
   }
   ferry_client_free(c);
   if (cached) {

@@ -17,7 +17,6 @@
  *                    [--window SIZE] (the worker's --share-bytes, 64M)
  *                    [--only shared|independent] (profiling: one run)
  */
-#include <dirent.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -79,58 +78,6 @@ static void *trainer_main(void *arg) {
   return NULL;
 }
 
-/* CPU seconds of pid's threads named "ferry-pipeline". */
-static double pipeline_cpu_s(pid_t pid) {
-  char path[128];
-  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  double sum = 0;
-  if (d == NULL)
-    return -1;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.')
-      continue;
-    char buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/task/%.24s/stat", (int)pid,
-             e->d_name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-      continue;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
-    unsigned long long ut, st;
-    if (open == NULL || close == NULL ||
-        strncmp(open + 1, "ferry-pipeline", 14) != 0 ||
-        sscanf(close + 1,
-               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-               &st) != 2)
-      continue;
-    sum += (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-  }
-  closedir(d);
-  return sum;
-}
-
-static long long metric(const char *hostport, const char *name) {
-  char *body = NULL;
-  long long v = -1;
-  if (hx_http_get(hostport, "/metrics", 5000, &body) != 200) {
-    free(body);
-    return -1;
-  }
-  size_t n = strlen(name);
-  for (char *l = body; l != NULL && *l != '\0';) {
-    char *nl = strchr(l, '\n');
-    if (strncmp(l, name, n) == 0 && l[n] == ' ')
-      v = atoll(l + n + 1);
-    l = nl != NULL ? nl + 1 : NULL;
-  }
-  free(body);
-  return v;
-}
-
 typedef struct {
   double cpu, pipe_cpu, seconds;
   long long produced, served, own;
@@ -152,17 +99,14 @@ static int run(const char *spec, int share, result_t *res) {
     return -1;
   }
   char url[128];
-  if (hx_read_line(w, "metrics on http://", 5000, url, sizeof(url)) != 0) {
+  if (hx_metrics_address(w, 5000, url, sizeof(url)) != 0) {
     fprintf(stderr, "bench_share: the worker printed no metrics line\n");
     return -1;
   }
-  char *slash = strchr(url, '/');
-  if (slash != NULL)
-    *slash = '\0';
   static trainer_t tr[MAX_TRAINERS];
   pthread_t th[MAX_TRAINERS];
   memset(tr, 0, sizeof(tr));
-  double c0 = hx_proc_cpu_s(w->pid), p0 = pipeline_cpu_s(w->pid);
+  double c0 = hx_proc_cpu_s(w->pid), p0 = hx_threads_cpu_s(w->pid, "ferry-pipeline");
   double t0 = hx_now_ms();
   for (int i = 0; i < opt_trainers; i++) {
     tr[i].dispatcher = d->addr;
@@ -182,10 +126,11 @@ static int run(const char *spec, int share, result_t *res) {
   }
   res->seconds = (hx_now_ms() - t0) / 1e3;
   res->cpu = hx_proc_cpu_s(w->pid) - c0;
-  res->pipe_cpu = pipeline_cpu_s(w->pid) - p0;
-  res->produced = metric(url, "ferry_worker_records_produced_total");
-  res->served = metric(url, "ferry_worker_share_records_total{what=\"served\"}");
-  res->own = metric(url, "ferry_worker_share_records_total{what=\"own\"}");
+  res->pipe_cpu = hx_threads_cpu_s(w->pid, "ferry-pipeline") - p0;
+  res->produced = hx_metric(url, "ferry_worker_records_produced_total");
+  res->served =
+      hx_metric(url, "ferry_worker_share_records_total{what=\"served\"}");
+  res->own = hx_metric(url, "ferry_worker_share_records_total{what=\"own\"}");
   hx_stop(w, SIGTERM, 10000, NULL);
   hx_stop(d, SIGTERM, 10000, NULL);
   return rc;

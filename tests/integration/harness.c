@@ -1539,3 +1539,69 @@ const char *hx_write_token(const char *name, const char *value) {
   ok = fclose(f) == 0 && ok && chmod(p, 0600) == 0;
   return ok ? p : NULL;
 }
+
+int hx_metrics_address(hx_proc_t *p, int wait_ms, char *out, size_t cap) {
+  char url[128];
+  if (hx_read_line(p, "metrics on http://", wait_ms, url, sizeof(url)) != 0)
+    return -1;
+  char *slash = strchr(url, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  size_t n = strlen(url);
+  if (n >= cap)
+    return -1;
+  memcpy(out, url, n + 1);
+  return 0;
+}
+
+long long hx_metric(const char *hostport, const char *name) {
+  char *body = NULL;
+  long long v = -1;
+  if (hx_http_get(hostport, "/metrics", 5000, &body) != 200) {
+    free(body);
+    return -1;
+  }
+  size_t n = strlen(name);
+  for (char *l = body; l != NULL && *l != '\0';) {
+    char *nl = strchr(l, '\n');
+    if (strncmp(l, name, n) == 0 && l[n] == ' ')
+      v = atoll(l + n + 1);
+    l = nl != NULL ? nl + 1 : NULL;
+  }
+  free(body);
+  return v;
+}
+
+double hx_threads_cpu_s(pid_t pid, const char *prefix) {
+  char path[128];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  double sum = 0;
+  size_t plen = strlen(prefix);
+  if (d == NULL)
+    return -1;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.')
+      continue;
+    char buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/task/%.24s/stat", (int)pid,
+             e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (open == NULL || close == NULL ||
+        strncmp(open + 1, prefix, plen) != 0 ||
+        sscanf(close + 1,
+               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+               &st) != 2)
+      continue;
+    sum += (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+  }
+  closedir(d);
+  return sum;
+}

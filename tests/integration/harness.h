@@ -163,6 +163,20 @@ int hx_http_get(const char *hostport, const char *path, int wait_ms,
 size_t hx_put_feature(uint8_t *p, const char *key, int kind,
                       const uint8_t *bytes, size_t blen, int64_t v);
 
+/* The HOST:PORT of a daemon's metrics server (started with --metrics-port)
+ * from its "metrics on http://HOST:PORT/metrics" line, read within
+ * wait_ms. 0, or -1 when it printed none. */
+int hx_metrics_address(hx_proc_t *p, int wait_ms, char *out, size_t cap);
+
+/* The value of the sample `name` (with its labels, e.g.
+ * `ferry_worker_share_records_total{what="served"}`) in one scrape of
+ * http://HOSTPORT/metrics; -1 when absent or the scrape failed. */
+long long hx_metric(const char *hostport, const char *name);
+
+/* CPU seconds (user + system) of the threads of `pid` whose name starts
+ * with `prefix` (/proc/PID/task/TID/stat); -1 when unreadable. */
+double hx_threads_cpu_s(pid_t pid, const char *prefix);
+
 /* Starts ferry-dispatcher / ferry-worker (paths from FERRY_IT_DISPATCHER /
  * FERRY_IT_WORKER, else the build tree) with `o` (may be NULL). */
 int hx_start_dispatcher(hx_proc_t **out, const hx_daemon_opts_t *o,

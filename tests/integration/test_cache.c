@@ -79,35 +79,6 @@ static uint32_t epoch(ferry_client_t *c, uint64_t *dig, const char *what,
   return batches;
 }
 
-/* The value of a metric line starting with `name` in the worker's
- * /metrics (-1: absent). */
-static long long metric(const char *hostport, const char *name) {
-  char *body = NULL;
-  cr_assert_eq(hx_http_get(hostport, "/metrics", 5000, &body), 200);
-  long long v = -1;
-  size_t n = strlen(name);
-  for (char *l = body; l != NULL && *l != '\0';) {
-    char *nl = strchr(l, '\n');
-    if (strncmp(l, name, n) == 0 && l[n] == ' ')
-      v = atoll(l + n + 1);
-    l = nl != NULL ? nl + 1 : NULL;
-  }
-  free(body);
-  return v;
-}
-
-static void metrics_hostport(hx_proc_t *p, char *out, size_t cap) {
-  char url[128];
-  cr_assert_eq(hx_read_line(p, "metrics on http://", 5000, url, sizeof(url)),
-               0, "%s printed no metrics line", p->name);
-  char *slash = strchr(url, '/');
-  if (slash != NULL)
-    *slash = '\0';
-  size_t n = strlen(url);
-  cr_assert_lt(n, cap);
-  memcpy(out, url, n + 1);
-}
-
 /* The entries (*.fpc) in dir, their paths into paths[] (up to max). */
 static int entries(const char *dir, char paths[][1024], int max) {
   DIR *d = opendir(dir);
@@ -157,7 +128,9 @@ static void start(cluster_t *cl, int n, bool cached, const char *tag) {
     cr_assert_eq(hx_start_worker(&cl->w[i], cl->d->addr, &wo, why,
                                  sizeof(why)),
                  0, "%s", why);
-    metrics_hostport(cl->w[i], cl->metrics[i], sizeof(cl->metrics[i]));
+    cr_assert_eq(hx_metrics_address(cl->w[i], 5000, cl->metrics[i],
+                                    sizeof(cl->metrics[i])),
+                 0, "%s printed no metrics line", cl->w[i]->name);
   }
   cr_assert_eq(hx_wait_workers(cl->d->addr, n, 10000), n);
 }
@@ -195,9 +168,9 @@ static void run(const char *spec, int epochs, bool cached, uint64_t seed,
   }
   ferry_client_free(c);
   if (hits != NULL)
-    *hits = metric(cl.metrics[0], "ferry_worker_cache_hits_total");
+    *hits = hx_metric(cl.metrics[0], "ferry_worker_cache_hits_total");
   if (misses != NULL)
-    *misses = metric(cl.metrics[0], "ferry_worker_cache_misses_total");
+    *misses = hx_metric(cl.metrics[0], "ferry_worker_cache_misses_total");
   if (cached) {
     char paths[8][1024];
     int n = entries(cl.cache_dir[0], paths, 8);
@@ -306,7 +279,7 @@ Test(cache, a_changed_shard_is_not_served_from_the_cache) {
   c = client(&cl, spec, 1, 3);
   epoch(c, dig_on[1], "epoch 0 of a second job", 0, NULL);
   ferry_client_free(c);
-  long long hits = metric(cl.metrics[0], "ferry_worker_cache_hits_total");
+  long long hits = hx_metric(cl.metrics[0], "ferry_worker_cache_hits_total");
   stop(&cl);
   /* File 0 now holds file 1's records: its records must be file 1's. */
   for (size_t r = 0; r < PER_FILE; r++) {
@@ -365,8 +338,8 @@ Test(cache, damaged_entries_are_recomputed_never_served) {
     ferry_client_free(c);
   }
   long long corrupt =
-      metric(cl.metrics[0], "ferry_worker_cache_corrupt_total");
-  long long hits = metric(cl.metrics[0], "ferry_worker_cache_hits_total");
+      hx_metric(cl.metrics[0], "ferry_worker_cache_corrupt_total");
+  long long hits = hx_metric(cl.metrics[0], "ferry_worker_cache_hits_total");
   int left = entries(cl.cache_dir[0], paths, 8);
   stop(&cl);
   for (int e = 1; e < 3; e++)

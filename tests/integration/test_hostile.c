@@ -179,14 +179,8 @@ Test(hostile, error_text_quotes_no_file_bytes) {
 
 /* The daemon's "metrics on http://HOST:PORT/metrics" line: HOST:PORT. */
 static void metrics_hostport(hx_proc_t *p, char *out, size_t cap) {
-  char url[128];
-  cr_assert_eq(hx_read_line(p, "metrics on http://", 5000, url, sizeof(url)),
-               0, "%s printed no metrics line", p->name);
-  char *slash = strchr(url, '/');
-  if (slash != NULL)
-    *slash = '\0';
-  cr_assert_lt(strlen(url), cap);
-  memcpy(out, url, strlen(url) + 1);
+  cr_assert_eq(hx_metrics_address(p, 5000, out, cap), 0,
+               "%s printed no metrics line", p->name);
 }
 
 /* The warning in p's log for metrics on HOSTPORT (host `host`): present

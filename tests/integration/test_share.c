@@ -132,33 +132,6 @@ static void run_trainers(trainer_t *tr, int n, const char *what) {
   }
 }
 
-static long long metric(const char *hostport, const char *name) {
-  char *body = NULL;
-  cr_assert_eq(hx_http_get(hostport, "/metrics", 5000, &body), 200);
-  long long v = -1;
-  size_t n = strlen(name);
-  for (char *l = body; l != NULL && *l != '\0';) {
-    char *nl = strchr(l, '\n');
-    if (strncmp(l, name, n) == 0 && l[n] == ' ')
-      v = atoll(l + n + 1);
-    l = nl != NULL ? nl + 1 : NULL;
-  }
-  free(body);
-  return v;
-}
-
-static void metrics_hostport(hx_proc_t *p, char *out, size_t cap) {
-  char url[128];
-  cr_assert_eq(hx_read_line(p, "metrics on http://", 5000, url, sizeof(url)),
-               0, "%s printed no metrics line", p->name);
-  char *slash = strchr(url, '/');
-  if (slash != NULL)
-    *slash = '\0';
-  size_t n = strlen(url);
-  cr_assert_lt(n, cap);
-  memcpy(out, url, n + 1);
-}
-
 typedef struct {
   hx_proc_t *d, *w[2];
   char metrics[2][64];
@@ -192,7 +165,9 @@ static void start_with(cluster_t *cl, int n, const char *share_bytes,
     cr_assert_eq(hx_start_worker(&cl->w[i], cl->d->addr, &wo, why,
                                  sizeof(why)),
                  0, "%s", why);
-    metrics_hostport(cl->w[i], cl->metrics[i], sizeof(cl->metrics[i]));
+    cr_assert_eq(hx_metrics_address(cl->w[i], 5000, cl->metrics[i],
+                                    sizeof(cl->metrics[i])),
+                 0, "%s printed no metrics line", cl->w[i]->name);
   }
   cr_assert_eq(hx_wait_workers(cl->d->addr, n, 10000), n);
 }
@@ -205,7 +180,7 @@ static long long produced(const cluster_t *cl) {
   long long sum = 0;
   for (int i = 0; i < cl->n; i++)
     if (cl->w[i] != NULL)
-      sum += metric(cl->metrics[i], "ferry_worker_records_produced_total");
+      sum += hx_metric(cl->metrics[i], "ferry_worker_records_produced_total");
   return sum;
 }
 
@@ -236,18 +211,18 @@ Test(share, sharing_trainers_get_everything_once_produced_once) {
     fprintf(stderr, "%s: the workers produced %lld records for 4 trainers "
             "x 2 epochs x %d; served from the window: %lld + %lld\n",
             share ? "shared" : "not shared", made[share], N_RECORDS,
-            metric(cl.metrics[0],
+            hx_metric(cl.metrics[0],
                    "ferry_worker_share_records_total{what=\"served\"}"),
-            metric(cl.metrics[1],
+            hx_metric(cl.metrics[1],
                    "ferry_worker_share_records_total{what=\"served\"}"));
     fprintf(stderr, "  stored %lld + %lld, own %lld + %lld\n",
-            metric(cl.metrics[0],
+            hx_metric(cl.metrics[0],
                    "ferry_worker_share_records_total{what=\"stored\"}"),
-            metric(cl.metrics[1],
+            hx_metric(cl.metrics[1],
                    "ferry_worker_share_records_total{what=\"stored\"}"),
-            metric(cl.metrics[0],
+            hx_metric(cl.metrics[0],
                    "ferry_worker_share_records_total{what=\"own\"}"),
-            metric(cl.metrics[1],
+            hx_metric(cl.metrics[1],
                    "ferry_worker_share_records_total{what=\"own\"}"));
     hx_stop(cl.w[0], SIGTERM, 5000, NULL);
     hx_stop(cl.w[1], SIGTERM, 5000, NULL);
@@ -276,6 +251,31 @@ static void set_trainers(int n, const cluster_t *cl, const char *spec,
     trainers[i].spec = spec;
     trainers[i].epochs = epochs;
     trainers[i].share = 1;
+  }
+}
+
+/* Every trainer of tr[0, n) ended well and got every record once in each
+ * of its epochs, with trainer 0's pixels of that epoch (of epoch 0 with
+ * `same_epochs`: a pipeline without random ops). */
+static void check_trainers(int n, bool same_epochs, unsigned seed) {
+  for (int i = 0; i < n; i++) {
+    trainer_t *t = &trainers[i];
+    if (t->rc != 0)
+      hx_dump_logs();
+    cr_assert_eq(t->rc, 0, "trainer %d: %s (FERRY_IT_SEED=%u)", i, t->err,
+                 seed);
+    cr_assert_eq(t->twice_epoch, -1,
+                 "trainer %d: record %llx twice in epoch %d "
+                 "(FERRY_IT_SEED=%u)",
+                 i, (unsigned long long)t->twice_id, t->twice_epoch, seed);
+    for (int e = 0; e < t->epochs; e++)
+      for (size_t r = 0; r < N_RECORDS; r++) {
+        cr_assert(t->seen[e][r], "trainer %d epoch %d: record %zu missing "
+                  "(FERRY_IT_SEED=%u)", i, e, r, seed);
+        cr_assert_eq(t->dig[e][r], trainers[0].dig[same_epochs ? 0 : e][r],
+                     "trainer %d epoch %d record %zu: other pixels "
+                     "(FERRY_IT_SEED=%u)", i, e, r, seed);
+      }
   }
 }
 
@@ -319,16 +319,7 @@ Test(share, a_trainer_killed_leaves_the_others_whole) {
   for (int i = 0; i < 3; i++)
     pthread_join(th[i], NULL);
   double s = (hx_now_ms() - t0) / 1e3;
-  for (int i = 0; i < 3; i++) {
-    cr_assert_eq(trainers[i].rc, 0, "trainer %d: %s (FERRY_IT_SEED=%u)", i,
-                 trainers[i].err, seed);
-    cr_assert_eq(trainers[i].twice_epoch, -1, "trainer %d: a record twice",
-                 i);
-    for (int e = 0; e < 2; e++)
-      for (size_t r = 0; r < N_RECORDS; r++)
-        cr_assert(trainers[i].seen[e][r], "trainer %d epoch %d: record %zu "
-                  "missing (FERRY_IT_SEED=%u)", i, e, r, seed);
-  }
+  check_trainers(3, false, seed);
   /* The client timeout (5 s here) bounds a wait on the dead trainer's
    * tasks. */
   cr_assert_lt(s, 20.0, "the others took %.1f s", s);
@@ -381,18 +372,7 @@ Test(share, a_worker_killed_mid_epoch) {
   for (int i = 0; i < 2; i++)
     if (cl.w[i] == victim_worker)
       cl.w[i] = NULL;
-  for (int i = 0; i < 3; i++) {
-    cr_assert_eq(trainers[i].rc, 0, "trainer %d: %s (FERRY_IT_SEED=%u)", i,
-                 trainers[i].err, seed);
-    cr_assert_eq(trainers[i].twice_epoch, -1, "trainer %d: a record twice",
-                 i);
-    for (int e = 0; e < 2; e++)
-      for (size_t r = 0; r < N_RECORDS; r++) {
-        cr_assert(trainers[i].seen[e][r], "trainer %d epoch %d: record %zu "
-                  "missing (FERRY_IT_SEED=%u)", i, e, r, seed);
-        cr_assert_eq(trainers[i].dig[e][r], trainers[0].dig[e][r]);
-      }
-  }
+  check_trainers(3, false, seed);
   stop_all(&cl);
   hx_dataset_free(&ds);
 }
@@ -419,7 +399,7 @@ Test(share, a_slow_trainer_behind_the_window_stalls_nobody) {
           "produced %lld records for 2 epochs of %d, %lld tasks produced "
           "the rest of a split themselves\n", fast, trainers[3].seconds,
           produced(&cl), N_RECORDS,
-          metric(cl.metrics[0],
+          hx_metric(cl.metrics[0],
                  "ferry_worker_share_records_total{what=\"own\"}"));
   cr_assert_lt(fast, trainers[3].seconds / 2,
                "the fast trainers took %.2f s, the slow one %.2f s", fast,
@@ -488,23 +468,7 @@ Test(share, the_dispatcher_restarted_mid_epoch) {
   pthread_join(killer, NULL);
   cl.d = restart_d;
   cr_assert(restart_ok, "the dispatcher did not restart");
-  for (int i = 0; i < 3; i++) {
-    if (trainers[i].rc != 0)
-      hx_dump_logs();
-    cr_assert_eq(trainers[i].rc, 0, "trainer %d: %s (FERRY_IT_SEED=%u)", i,
-                 trainers[i].err, seed);
-    cr_assert_eq(trainers[i].twice_epoch, -1,
-                 "trainer %d: record %llx twice in epoch %d "
-                 "(FERRY_IT_SEED=%u)",
-                 i, (unsigned long long)trainers[i].twice_id,
-                 trainers[i].twice_epoch, seed);
-    for (int e = 0; e < 2; e++)
-      for (size_t r = 0; r < N_RECORDS; r++) {
-        cr_assert(trainers[i].seen[e][r], "trainer %d epoch %d: record %zu "
-                  "missing (FERRY_IT_SEED=%u)", i, e, r, seed);
-        cr_assert_eq(trainers[i].dig[e][r], trainers[0].dig[e][r]);
-      }
-  }
+  check_trainers(3, false, seed);
   stop_all(&cl);
   hx_dataset_free(&ds);
 }
@@ -537,24 +501,8 @@ Test(share, sharing_with_the_prefix_cache_and_a_worker_killed) {
     pthread_join(th[i], NULL);
   pthread_join(killer, NULL);
   cl.w[killed] = NULL;
-  for (int i = 0; i < 3; i++) {
-    cr_assert_eq(trainers[i].rc, 0, "trainer %d: %s (FERRY_IT_SEED=%u)", i,
-                 trainers[i].err, seed);
-    cr_assert_eq(trainers[i].twice_epoch, -1,
-                 "trainer %d: record %llx twice in epoch %d "
-                 "(FERRY_IT_SEED=%u)",
-                 i, (unsigned long long)trainers[i].twice_id,
-                 trainers[i].twice_epoch, seed);
-    for (int e = 0; e < 3; e++)
-      for (size_t r = 0; r < N_RECORDS; r++) {
-        cr_assert(trainers[i].seen[e][r], "trainer %d epoch %d: record %zu "
-                  "missing (FERRY_IT_SEED=%u)", i, e, r, seed);
-        cr_assert_eq(trainers[i].dig[e][r], trainers[0].dig[0][r],
-                     "trainer %d epoch %d record %zu: not the first "
-                     "epoch's pixels", i, e, r);
-      }
-  }
-  long long hits = metric(cl.metrics[1 - killed],
+  check_trainers(3, true, seed);
+  long long hits = hx_metric(cl.metrics[1 - killed],
                           "ferry_worker_cache_hits_total");
   /* Not asserted: with 4 splits the survivor may have held none whole
    * before the third epoch (every record is still counted above). */
@@ -599,7 +547,7 @@ Test(share, a_late_trainer_shares_an_unshuffled_pipeline) {
     ferry_client_free(c);
   }
   long long made = produced(&cl);
-  long long served = metric(cl.metrics[0],
+  long long served = hx_metric(cl.metrics[0],
                             "ferry_worker_share_records_total{what=\"served\"}");
   fprintf(stderr, "late trainer: %lld records produced, %lld served from the "
           "window, for 3 epochs of %d\n", made, served, N_RECORDS);
