@@ -122,14 +122,15 @@ ferry__wpolicy_t *ferry__wpolicy_new(const ferry_spec_t *spec) {
     if ((size_t)p->det_ops < spec->n_ops) {
       ferry_spec_t ps;
       ferry_error_t err;
-      if (ferry__spec_prefix(spec, (size_t)p->det_ops, &ps) != 0 ||
-          (ferry__pipeline_new(&ps, &p->prefix, &err) != 0 &&
-           (ferry__spec_close(&ps), 1))) {
+      int rc = ferry__spec_prefix(spec, (size_t)p->det_ops, &ps);
+      if (rc == 0) {
+        rc = ferry__pipeline_new(&ps, &p->prefix, &err);
+        ferry__spec_close(&ps);
+      }
+      if (rc != 0) {
         /* No prefix pipeline: nothing to cache (said in the reason). */
         p->det_ops = -1;
         p->why = "the prefix does not compile alone";
-      } else {
-        ferry__spec_close(&ps);
       }
     }
   }
