@@ -731,6 +731,10 @@ static int open_reader(run_t *r, int fd) {
   return ferry__tfr_reader_open_fd(fd, k->file, &o, &r->ru->rd, &r->err);
 }
 
+/* A source standing in for the shard (run_shared, run_cached) hands the
+ * task over to the shard path, from r->out (own_from has set it up). */
+enum { RUN_OWN = 1 };
+
 /* The task produces its records itself from position `pos` on (what
  * came before was sent from elsewhere): the shard path restarts at
  * position 0 and passes over the positions below `pos` (resume_at). A
@@ -813,8 +817,6 @@ static void share_drop(wrun_t *ru, bool complete) {
   ru->share_e = NULL;
   ru->share_producer = false;
 }
-
-enum { RUN_OWN = 2 };
 
 /* Sends the task's records from its entry, from r->out. Returns FERRY_EOF
  * at the split's end, 0 when stopped or parked (r->share_wait: waiting
@@ -909,6 +911,22 @@ static void writer_drop(run_t *r) {
   r->ru->pc_wr = NULL;
 }
 
+/* An entry is not written: --cache-bytes is reached (the policy's reason
+ * says so). */
+static void cache_full(ferry__wcache_t *c, ferry__wpolicy_t *pol) {
+  atomic_fetch_add(&c->full, 1);
+  pthread_mutex_lock(&pol->mu);
+  pol->full = true;
+  pthread_mutex_unlock(&pol->mu);
+}
+
+/* One record served from an entry of `bytes` pixel bytes. */
+static void cache_hit(run_t *r, uint64_t bytes) {
+  r->pc_hits++;
+  r->pc_read_bytes += bytes;
+  ferry__metric_add(ferry__wmetrics()->produced, 1);
+}
+
 /* Runs the pipeline on one record. While the run writes an entry, the
  * prefix runs first (alone, or as the whole pipeline), its output goes
  * into the entry, then the ops after it run on that output: the same
@@ -942,15 +960,13 @@ static int process(run_t *r, const uint8_t *data, size_t len, uint64_t index,
   }
   const uint8_t *pp;
   int ph, pw, pc, rc;
-  if (pctx != NULL) {
+  /* The prefix alone, or (no ops after it) the whole pipeline. */
+  ferry_pipeline_ctx_t *first = pctx != NULL ? pctx : r->ctx;
+  if (pctx != NULL)
     ferry__pipeline_ctx_set_key(pctx, k->seed, k->epoch,
                                 (uint64_t)k->file_index << 40 | index);
-    rc = ferry__pipeline_process(pctx, data, len, &pp, &ph, &pw, &pc, label,
-                                 perr);
-  } else {
-    rc = ferry__pipeline_process(r->ctx, data, len, &pp, &ph, &pw, &pc,
-                                 label, perr);
-  }
+  rc = ferry__pipeline_process(first, data, len, &pp, &ph, &pw, &pc, label,
+                               perr);
   if (rc != 0) {
     writer_drop(r); /* a record the pipeline rejects: no entry */
     return rc;
@@ -961,10 +977,7 @@ static int process(run_t *r, const uint8_t *data, size_t len, uint64_t index,
   if (held + ferry__pcache_writer_bytes(ru->pc_wr) + bytes + 64 >
       cache->budget) {
     writer_drop(r);
-    atomic_fetch_add(&cache->full, 1);
-    pthread_mutex_lock(&pol->mu);
-    pol->full = true;
-    pthread_mutex_unlock(&pol->mu);
+    cache_full(cache, pol);
   } else {
     ferry_error_t werr;
     if (ferry__pcache_writer_add(ru->pc_wr, index - k->first_record, index,
@@ -1044,25 +1057,20 @@ static void cache_begin(run_t *r, const struct stat *sb) {
   }
   if (rc == 0)
     return;
-  if (ferry__pcache_damaged(rc)) {
+  if (rc != FERRY_ENOENT) {
     FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s; recomputing the split",
               err.msg);
+    if (!ferry__pcache_damaged(rc))
+      return; /* an I/O error: neither trusted nor replaced */
     r->pc_corrupt++;
     ferry__pcache_remove(c->dir, key);
-  } else if (rc != FERRY_ENOENT) {
-    FERRY_LOG(FERRY_LOG_WARN, "prefix cache: %s; recomputing the split",
-              err.msg);
-    return; /* an I/O error: neither trusted nor replaced */
   }
   /* Only a whole split is written: a part or a lease resumed past its
    * start does not produce every record. */
   if (k->start != 0 || k->end != 0)
     return;
   if (atomic_load(&c->held) >= c->budget) {
-    atomic_fetch_add(&c->full, 1);
-    pthread_mutex_lock(&pol->mu);
-    pol->full = true;
-    pthread_mutex_unlock(&pol->mu);
+    cache_full(c, pol);
     return;
   }
   if (ferry__pcache_writer_open(c->dir, key, &ru->pc_wr, &err) != 0)
@@ -1087,12 +1095,10 @@ static void cache_fallback(run_t *r, const ferry_error_t *why) {
   own_from(r, r->out); /* the reader has not read: nothing can fail */
 }
 
-enum { RUN_FALLBACK = 1 };
-
 /* Serves the split from its entry in split order (the permutation of the
  * records in file order, as run_shuffled walks it). Returns FERRY_EOF at
- * the end, 0 when stopped or parked, RUN_FALLBACK when an entry is
- * damaged (recompute from r->out). */
+ * the end, 0 when stopped or parked, RUN_OWN when an entry is damaged
+ * (recompute from r->out). */
 static int run_cached(run_t *r) {
   ferry__wtask_t *k = r->task;
   ferry__wpolicy_t *pol = k->pipe->pol;
@@ -1133,7 +1139,7 @@ static int run_cached(run_t *r) {
                                         ru->pc_order[ru->pc_next], slot,
                                         bytes, &e, &err) != 0) {
         cache_fallback(r, &err);
-        return RUN_FALLBACK;
+        return RUN_OWN;
       }
       ru->pc_next++;
       if (sample) {
@@ -1143,9 +1149,7 @@ static int run_cached(run_t *r) {
         pol->read_bytes += (double)bytes;
         pthread_mutex_unlock(&pol->mu);
       }
-      r->pc_hits++;
-      r->pc_read_bytes += bytes;
-      ferry__metric_add(ferry__wmetrics()->produced, 1);
+      cache_hit(r, bytes);
       commit_record(r, e.label,
                     (int64_t)((uint64_t)k->file_index << 40 | e.index));
       continue;
@@ -1153,7 +1157,7 @@ static int run_cached(run_t *r) {
     if (ferry__pcache_reader_get(ru->pc_rd, ru->pc_order[ru->pc_next], &e,
                                  &err) != 0) {
       cache_fallback(r, &err);
-      return RUN_FALLBACK;
+      return RUN_OWN;
     }
     int64_t t1 = sample ? ferry__thread_cpu_ns() : 0;
     const uint8_t *pix = e.pixels;
@@ -1167,7 +1171,7 @@ static int run_cached(run_t *r) {
                                        &perr) != 0) {
         /* The policies judge the record where it is recomputed. */
         cache_fallback(r, &perr);
-        return RUN_FALLBACK;
+        return RUN_OWN;
       }
     }
     ru->pc_next++;
@@ -1182,9 +1186,7 @@ static int run_cached(run_t *r) {
       }
       pthread_mutex_unlock(&pol->mu);
     }
-    r->pc_hits++;
-    r->pc_read_bytes += (uint64_t)e.h * (uint64_t)e.w * (uint64_t)e.c;
-    ferry__metric_add(ferry__wmetrics()->produced, 1);
+    cache_hit(r, (uint64_t)e.h * (uint64_t)e.w * (uint64_t)e.c);
     if (!put_record(r, pix, h, w, e.c, e.label, (int64_t)id))
       return 0;
   }
@@ -1243,7 +1245,7 @@ static int run_any(run_t *r) {
   }
   if (r->ru->pc_rd != NULL) {
     int rc = run_cached(r);
-    if (rc != RUN_FALLBACK)
+    if (rc != RUN_OWN)
       return rc;
   }
   return r->task->shuffle ? run_shuffled(r) : run_identity(r);

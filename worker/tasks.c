@@ -172,6 +172,8 @@ static ferry__wpipe_t *pipe_get(ferry__wtasks_t *t, const uint8_t *bytes,
     ferry__seterr(err, FERRY_ENOMEM, "out of memory");
     return NULL;
   }
+  p->deterministic =
+      ferry__spec_det_prefix(&p->spec, NULL) == (int)p->spec.n_ops;
   p->id = t->next_pipe_id++;
   p->refs = 1;
   p->next = t->pipes;
@@ -572,8 +574,7 @@ int ferry__wtasks_report(ferry__wtasks_t *t,
 uint32_t ferry__wshare_epoch(const ferry__wtask_t *k) {
   /* Unshuffled, and no op drawn per epoch: every epoch's records are the
    * same, so a trainer that joined later shares too. */
-  if (!k->shuffle && k->pipe != NULL &&
-      ferry__spec_det_prefix(&k->pipe->spec, NULL) == (int)k->pipe->spec.n_ops)
+  if (!k->shuffle && k->pipe != NULL && k->pipe->deterministic)
     return 0;
   return k->epoch;
 }

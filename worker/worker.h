@@ -262,6 +262,9 @@ typedef struct ferry__wpipe_s {
   ferry_pipeline_t *pipeline;
   int refs;             /* tasks and thread ctxs using it (tasks lock) */
   ferry__wpolicy_t *pol; /* the prefix cache's policy; NULL: no cache */
+  /* No op drawn per epoch (the whole pipeline is its deterministic
+   * prefix): unshuffled, every epoch's records are the same. */
+  bool deterministic;
 } ferry__wpipe_t;
 
 struct ferry__wtask_s {
