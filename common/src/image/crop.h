@@ -153,6 +153,11 @@ typedef struct ferry_jpeg_crop_stats_s {
                               (libjpeg-turbo cannot skip them) */
   uint64_t full;           /* decoded whole at full scale: exact option, or
                               a fallback (e.g. an image too small to gain) */
+  uint64_t window;         /* decoded from a window cut out of the image's
+                              restart-interval tiles (jpeg_restart.h) */
+  uint64_t window_fallback; /* tiled images whose window could not be used
+                              (damaged or out-of-order markers, a warning
+                              in the window): decoded by the paths above */
   uint64_t pixels_decoded; /* pixels libjpeg produced (after scaling and
                               cropping); with `images`, the saving */
 } ferry_jpeg_crop_stats_t;
@@ -164,6 +169,7 @@ typedef struct ferry_jpeg_crop_info_s {
   int scale;          /* DCT scale numerator s (s/8); 8 when full */
   int progressive;
   ferry_box_t decoded; /* what libjpeg produced, in scaled pixels */
+  int window;          /* 1: from a window of restart-interval tiles */
 } ferry_jpeg_crop_info_t;
 
 /* Decodes the JPEG at src (as ferry__jpeg_decode: TF's IFAST DCT, fancy
@@ -181,6 +187,17 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                             const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
                             int *oh, int *ow, ferry_jpeg_crop_info_t *info,
                             ferry_error_t *err);
+
+/* The window path (jpeg_restart.h): ferry__jpeg_decode_crop decodes an
+ * image laid out in restart-interval tiles (ferryctl records optimize)
+ * from the tiles that cover the crop alone, cut out into a JPEG of their
+ * own: the same pixels as the path above, without entropy-decoding the
+ * rest. Any doubt (markers out of order or missing, a warning in the
+ * window) falls back to the path above, which then decides. On by
+ * default; off for comparisons. */
+void ferry__jpeg_set_window(ferry_jpeg_t *j, int on);
+/* Why the last window attempt fell back ("" when none did). */
+const char *ferry__jpeg_window_why(const ferry_jpeg_t *j);
 
 /* The decoder's counters (zeros for a decoder that never cropped). */
 void ferry__jpeg_crop_stats(const ferry_jpeg_t *j,

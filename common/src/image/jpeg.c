@@ -30,6 +30,7 @@
 #include "alloc.h"
 #include "crop.h"
 #include "imgops_internal.h"
+#include "jpeg_restart.h"
 
 /* TensorFlow refuses images of 2^29 samples or more before decoding
  * ("Image too large"); so does Ferry, which also bounds what a tiny
@@ -63,6 +64,13 @@ struct ferry_jpeg_s {
   ferry_resampler_t *rs;
   ferry_jpeg_crop_stats_t stats;
   ferry_jpeg_limits_t lim;
+  /* The window path (jpeg_restart.h): on unless switched off, the tiles
+   * of the last image, the cut and why the last attempt fell back. */
+  int window;
+  ferry_jpeg_tiles_t tiles;
+  uint8_t *cut;
+  size_t cut_cap;
+  char window_why[320];
 };
 
 int ferry__jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
@@ -79,6 +87,7 @@ int ferry__jpeg_new(ferry_jpeg_t **out, ferry_error_t *err) {
   }
   j->lim.max_pixels = FERRY_JPEG_MAX_PIXELS;
   j->lim.max_scans = FERRY_JPEG_MAX_SCANS;
+  j->window = 1;
   *out = j;
   return 0;
 }
@@ -98,6 +107,13 @@ void ferry__jpeg_trim(ferry_jpeg_t *j, size_t keep) {
     j->cmyk = NULL;
     j->cmyk_cap = 0;
   }
+  if (j->cut_cap > keep) {
+    ferry__free(j->cut);
+    j->cut = NULL;
+    j->cut_cap = 0;
+  }
+  if (j->tiles.cap * sizeof(*j->tiles.start) > keep)
+    ferry__jpeg_tiles_free(&j->tiles);
 }
 
 void ferry__jpeg_free(ferry_jpeg_t *j) {
@@ -109,6 +125,8 @@ void ferry__jpeg_free(ferry_jpeg_t *j) {
     jpeg_destroy_decompress(&j->cinfo);
   ferry__free(j->region);
   ferry__resampler_free(j->rs);
+  ferry__jpeg_tiles_free(&j->tiles);
+  ferry__free(j->cut);
   ferry__free(j);
 }
 
@@ -623,10 +641,22 @@ static int clampi(int v, int lo, int hi) {
   return v < lo ? lo : v > hi ? hi : v;
 }
 
-int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
-                            const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
-                            int *oh, int *ow, ferry_jpeg_crop_info_t *info,
-                            ferry_error_t *err) {
+/* What the fused decode reads: the image itself (NULL), or a window cut
+ * out of it (the window path): the cut's offset in the image and the
+ * image's size, in source pixels. */
+typedef struct {
+  int ox, oy, h, w;
+} cut_t;
+
+enum { FALLBACK = 1 }; /* decode_fused on a cut: take the image's path */
+
+/* Decodes op's window of src fused with the crop. On a cut (`cut` not
+ * NULL), any libjpeg warning or error returns FALLBACK: the image's own
+ * path then decides (and reports) what the damage means. */
+static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                        const ferry_crop_op_t *op, const cut_t *cut,
+                        uint8_t *dst, size_t cap, int *oh, int *ow,
+                        ferry_jpeg_crop_info_t *info, ferry_error_t *err) {
   struct jpeg_decompress_struct *ci = &j->cinfo;
   crop_err_t *e = &j->cerr;
   ferry_window_t win, rwin;
@@ -635,28 +665,14 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   JDIMENSION xoff, cw;
   size_t rowbytes;
 
-  *oh = 0;
-  *ow = 0;
-  if (op->exact) {
-    if (j->rs == NULL && (rc = ferry__resampler_new(&j->rs, err)) != 0)
-      return rc;
-    return decode_crop_exact(j, src, len, op, dst, cap, oh, ow, info, err);
-  }
-  if ((rc = ensure_cinfo(j, err)) != 0)
-    return rc;
-  if (len == 0 || src == NULL)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
-  if (len > ULONG_MAX)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
-                         len);
-  if (check_limits(j, src, len, err) != 0)
-    return FERRY_EJPEG;
   e->warnings = 0;
   e->eof = 0;
   e->first[0] = '\0';
   if (setjmp(e->jb)) {
     int code = e->eof ? FERRY_EJPEGTRUNC : FERRY_EJPEG;
     jpeg_abort_decompress(ci);
+    if (cut != NULL)
+      return FALLBACK;
     if (e->warnings > 0 && strcmp(e->msg, e->first) != 0)
       return ferry__seterr(err, code, "jpeg: %s (after: %s)", e->msg,
                            e->first);
@@ -665,10 +681,13 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   jpeg_mem_src(ci, src, (unsigned long)len);
   if (jpeg_read_header(ci, TRUE) != JPEG_HEADER_OK) {
     jpeg_abort_decompress(ci);
+    if (cut != NULL)
+      return FALLBACK;
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image in the data");
   }
-  h = (int)ci->image_height;
-  w = (int)ci->image_width;
+  h = cut != NULL ? cut->h : (int)ci->image_height;
+  w = cut != NULL ? cut->w : (int)ci->image_width;
+  const int ox = cut != NULL ? cut->ox : 0, oy = cut != NULL ? cut->oy : 0;
   if (h <= 0 || w <= 0) {
     jpeg_abort_decompress(ci);
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image (size %dx%d)", w,
@@ -698,17 +717,20 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   sw = (int)ci->output_width;
   sh = (int)ci->output_height;
 
-  /* The clip in scaled pixels (whole pixels covering it), and the region
-   * to decode: 2 more on each side for the upsampler's context. */
+  /* The clip in scaled pixels of src (whole pixels covering it), and the
+   * region to decode: 2 more on each side for the upsampler's context.
+   * A cut starts at an MCU's corner, whole scaled pixels of the image. */
   {
     double f = s / 8.0;
     const ferry_box_t *cl = &win.clip;
-    cx0 = clampi((int)floor(cl->left * f), 0, sw - 1);
-    cx1 = clampi((int)ceil((cl->left + cl->width) * f), cx0 + 1, sw);
-    cy0 = clampi((int)floor(cl->top * f), 0, sh - 1);
-    cy1 = clampi((int)ceil((cl->top + cl->height) * f), cy0 + 1, sh);
-    rwin.x = win.x * f;
-    rwin.y = win.y * f;
+    cx0 = clampi((int)floor(cl->left * f) - ox * s / 8, 0, sw - 1);
+    cx1 = clampi((int)ceil((cl->left + cl->width) * f) - ox * s / 8, cx0 + 1,
+                 sw);
+    cy0 = clampi((int)floor(cl->top * f) - oy * s / 8, 0, sh - 1);
+    cy1 = clampi((int)ceil((cl->top + cl->height) * f) - oy * s / 8, cy0 + 1,
+                 sh);
+    rwin.x = win.x * f - ox * s / 8;
+    rwin.y = win.y * f - oy * s / 8;
     rwin.w = win.w * f;
     rwin.h = win.h * f;
   }
@@ -721,6 +743,8 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (dy0 > 0 &&
       jpeg_skip_scanlines(ci, (JDIMENSION)dy0) != (JDIMENSION)dy0) {
     jpeg_abort_decompress(ci);
+    if (cut != NULL)
+      return FALLBACK;
     return ferry__seterr(err, FERRY_EJPEG,
                          "jpeg: cannot skip to row %d of %d", dy0, sh);
   }
@@ -742,10 +766,13 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   }
   adobe = ci->saw_Adobe_marker ? 1 : 0;
   jpeg_abort_decompress(ci);
-  if (e->eof)
-    return ferry__seterr(err, FERRY_EJPEGTRUNC, "jpeg: %s", e->first);
-  {
+  if (cut != NULL) {
+    if (e->warnings > 0)
+      return FALLBACK;
+  } else {
     int adobe2;
+    if (e->eof)
+      return ferry__seterr(err, FERRY_EJPEGTRUNC, "jpeg: %s", e->first);
     if (walk(src, len, &adobe2) == WALK_TRUNCATED)
       return ferry__seterr(err, FERRY_EJPEGTRUNC,
                            "jpeg: data ends before the end-of-image marker%s%s",
@@ -771,10 +798,15 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
     info->win = win;
     info->scale = s;
     info->progressive = progressive;
-    info->decoded = (ferry_box_t){dy0, (int)xoff, rows, (int)cw};
+    info->decoded = (ferry_box_t){dy0 + oy * s / 8, (int)xoff + ox * s / 8,
+                                  rows, (int)cw};
+    info->window = cut != NULL;
   }
   j->stats.images++;
-  if (s < 8 || rows < sh || (int)cw < sw) {
+  if (cut != NULL) {
+    j->stats.window++;
+    j->stats.by_scale[s]++;
+  } else if (s < 8 || rows < sh || (int)cw < sw) {
     j->stats.fused++;
     j->stats.by_scale[s]++;
     j->stats.progressive += (uint64_t)progressive;
@@ -783,6 +815,116 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   }
   j->stats.pixels_decoded += (uint64_t)rows * (uint64_t)cw;
   return 0;
+}
+
+/* The window path: when src is laid out in restart-interval tiles, cut
+ * the tiles that cover op's window (the clip and the 2 scaled pixels of
+ * context decode_fused reads, rounded out to whole tiles) into a JPEG of
+ * their own and decode that instead. Returns FALLBACK when the image's
+ * own path must run (no tiles, nothing to gain, or damage: then counted,
+ * with the reason kept in j->window_why). */
+static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                         const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
+                         int *oh, int *ow, ferry_jpeg_crop_info_t *info,
+                         ferry_error_t *err) {
+  ferry_jpeg_layout_t l;
+  ferry_window_t win;
+  cut_t cut;
+  int s, sw, sh, x0, x1, y0, y1, mx0, mx1, my0, my1, r, rc;
+  long n;
+
+  if (!j->window || ferry__jpeg_layout(src, len, &l, NULL, 0) != 1)
+    return FALLBACK;
+  if ((long long)l.height * l.width * 4 >= MAX_SAMPLES ||
+      ferry__crop_plan(op, l.height, l.width, &win, oh, ow, err) != 0)
+    return FALLBACK; /* the image's path says what is wrong */
+  s = pick_scale(&win, *oh, *ow, op->gap);
+  sw = (l.width * s + 7) / 8;
+  sh = (l.height * s + 7) / 8;
+  {
+    double f = s / 8.0;
+    const ferry_box_t *cl = &win.clip;
+    x0 = clampi((int)floor(cl->left * f) - 2, 0, sw);
+    x1 = clampi((int)ceil((cl->left + cl->width) * f) + 2, 0, sw);
+    y0 = clampi((int)floor(cl->top * f) - 2, 0, sh);
+    y1 = clampi((int)ceil((cl->top + cl->height) * f) + 2, 0, sh);
+  }
+  /* Scaled pixels to MCUs: an MCU is mcu_w * s / 8 scaled pixels. */
+  r = l.restart;
+  mx0 = x0 * 8 / (l.mcu_w * s) / r * r;
+  mx1 = (x1 * 8 + l.mcu_w * s - 1) / (l.mcu_w * s);
+  mx1 = (mx1 + r - 1) / r * r;
+  mx1 = mx1 < l.mcus_x ? mx1 : l.mcus_x;
+  my0 = y0 * 8 / (l.mcu_h * s);
+  my1 = (y1 * 8 + l.mcu_h * s - 1) / (l.mcu_h * s);
+  my1 = my1 < l.mcus_y ? my1 : l.mcus_y;
+  if (mx1 <= mx0 || my1 <= my0)
+    return FALLBACK;
+  /* The image's path entropy-decodes every MCU row down to my1: cut only
+   * when the window's tiles are less than 9/10 of that. */
+  if ((long long)(mx1 - mx0) * (my1 - my0) * 10 >=
+      (long long)l.mcus_x * my1 * 9)
+    return FALLBACK;
+  rc = ferry__jpeg_tiles_find(src, len, &l, &j->tiles, j->window_why,
+                              sizeof(j->window_why));
+  if (rc == -2)
+    return ferry__seterr(err, FERRY_ENOMEM, "jpeg: out of memory");
+  if (rc != 0) {
+    j->stats.window_fallback++;
+    return FALLBACK;
+  }
+  n = ferry__jpeg_window_cut(src, len, &l, &j->tiles, mx0, my0, mx1, my1,
+                             &j->cut, &j->cut_cap);
+  if (n == -2)
+    return ferry__seterr(err, FERRY_ENOMEM, "jpeg: out of memory");
+  if (n < 0)
+    return FALLBACK;
+  cut = (cut_t){mx0 * l.mcu_w, my0 * l.mcu_h, l.height, l.width};
+  rc = decode_fused(j, j->cut, (size_t)n, op, &cut, dst, cap, oh, ow, info,
+                    err);
+  if (rc == FALLBACK) {
+    snprintf(j->window_why, sizeof(j->window_why),
+             "the window of MCUs [%d, %d) x [%d, %d) decodes with a "
+             "warning or an error: %.180s", mx0, mx1, my0, my1,
+             j->cerr.warnings ? j->cerr.first : j->cerr.msg);
+    j->stats.window_fallback++;
+  }
+  return rc;
+}
+
+int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                            const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
+                            int *oh, int *ow, ferry_jpeg_crop_info_t *info,
+                            ferry_error_t *err) {
+  int rc;
+  *oh = 0;
+  *ow = 0;
+  if (op->exact) {
+    if (j->rs == NULL && (rc = ferry__resampler_new(&j->rs, err)) != 0)
+      return rc;
+    return decode_crop_exact(j, src, len, op, dst, cap, oh, ow, info, err);
+  }
+  if ((rc = ensure_cinfo(j, err)) != 0)
+    return rc;
+  if (len == 0 || src == NULL)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
+  if (len > ULONG_MAX)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
+                         len);
+  if (check_limits(j, src, len, err) != 0)
+    return FERRY_EJPEG;
+  if (info != NULL)
+    info->window = 0;
+  rc = decode_window(j, src, len, op, dst, cap, oh, ow, info, err);
+  if (rc != FALLBACK)
+    return rc;
+  return decode_fused(j, src, len, op, NULL, dst, cap, oh, ow, info, err);
+}
+
+void ferry__jpeg_set_window(ferry_jpeg_t *j, int on) { j->window = on; }
+
+const char *ferry__jpeg_window_why(const ferry_jpeg_t *j) {
+  return j->window_why;
 }
 
 void ferry__jpeg_crop_stats(const ferry_jpeg_t *j,
