@@ -69,11 +69,17 @@ static void init(void) {
       "JPEGs decoded, by path: full (whole, at full scale), fused (only "
       "the crop's rows and columns, at a reduced DCT scale where it "
       "keeps the output's resolution), progressive (fused, but a "
-      "progressive file: all its coefficients decoded).",
+      "progressive file: all its coefficients decoded), window (fused, "
+      "entropy-decoding only the restart-interval tiles that cover the "
+      "crop: ferryctl records optimize), window_fallback (tiles whose "
+      "window could not be used, damaged markers: decoded fused or full).",
       "path", 1, NULL, 0);
   wm.jpeg[FERRY_DECODE_FULL] = ferry__metric_get1(jd, "full");
   wm.jpeg[FERRY_DECODE_FUSED] = ferry__metric_get1(jd, "fused");
   wm.jpeg[FERRY_DECODE_PROGRESSIVE] = ferry__metric_get1(jd, "progressive");
+  wm.jpeg[FERRY_DECODE_WINDOW] = ferry__metric_get1(jd, "window");
+  wm.jpeg[FERRY_DECODE_WINDOW_FALLBACK] =
+      ferry__metric_get1(jd, "window_fallback");
   f_pool_used = ferry__metrics_family(
       r, FERRY_METRIC_GAUGE, "ferry_worker_chunk_pool_bytes",
       "Bytes of chunk buffers handed out (queued or being sent).", NULL, 1,

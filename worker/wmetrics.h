@@ -20,7 +20,7 @@ typedef struct ferry__wmetrics_s {
   ferry_metric_t *client_wait;      /* ..._client_wait_seconds_total (ms) */
   /* ..._jpeg_decodes_total{path}, indexed by ferry_decode_path_t (0
    * unused). */
-  ferry_metric_t *jpeg[4];
+  ferry_metric_t *jpeg[6]; /* by ferry_decode_path_t */
 } ferry__wmetrics_t;
 
 /* Every record in 2^FERRY_WSTAGE_SAMPLE_SHIFT is timed per stage. */

@@ -12,6 +12,7 @@
 #include "alloc.h"
 #include "crop.h"
 #include "imgops.h"
+#include "jpeg_restart.h"
 #include "pipeline.h"
 #include "spec.h"
 #include "varint.h"
@@ -1092,5 +1093,54 @@ Test(pipeline, prefix_then_rest_equals_the_whole) {
   add_op(&s, FERRY_OP_RESIZE, 32, 32, 0);
   prefix_then_rest(&s, rec, len, "jpeg: blur | rrc | resize");
   free(rec);
+  free(jpeg);
+}
+
+/* A JPEG laid out in restart-interval tiles (ferryctl records optimize)
+ * decodes through the window path, with the pixels of the same JPEG
+ * decoded without it, and the ctx says so (the worker's
+ * ferry_worker_jpeg_decodes_total{path="window"}). */
+Test(pipeline, optimized_jpeg_takes_the_window_path) {
+  uint8_t *jpeg, *opt, *rec, *orec;
+  size_t jlen = make_jpeg(300, 400, 5, &jpeg), olen, len, rlen;
+  ferry_spec_t s;
+  ferry_error_t err = {0};
+  ferry_pipeline_t *p;
+  ferry_pipeline_ctx_t *ctx;
+  ferry_jopt_result_t res;
+  ferry_jpeg_t *j;
+  const uint8_t *px;
+  uint8_t a[64 * 64 * 3];
+  int h, w, c, windows = 0;
+  int64_t label;
+
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
+  cr_assert_eq(ferry__jpeg_optimize(j, jpeg, jlen, &opt, &olen, &res, &err),
+               0);
+  cr_assert(res.reason == FERRY_JOPT_REWRITTEN, "%s", res.detail);
+  len = raw_record(jpeg, jlen, 3, &rec);
+  rlen = raw_record(opt, olen, 3, &orec);
+  spec_jpeg(&s, 0, 0);
+  add_rrc(&s, 64, 0);
+  compile(&s, &p, &ctx);
+  for (uint64_t id = 0; id < 20; id++) {
+    ferry__pipeline_ctx_set_key(ctx, 7, 1, id);
+    cr_assert_eq(ferry__pipeline_process(ctx, rec, len, &px, &h, &w, &c,
+                                         &label, &err), 0, "%s", err.msg);
+    cr_assert(ferry__pipeline_ctx_last_decode(ctx) != FERRY_DECODE_WINDOW);
+    memcpy(a, px, sizeof(a));
+    cr_assert_eq(ferry__pipeline_process(ctx, orec, rlen, &px, &h, &w, &c,
+                                         &label, &err), 0, "%s", err.msg);
+    cr_assert(memcmp(a, px, sizeof(a)) == 0, "record %llu: other pixels",
+              (unsigned long long)id);
+    windows += ferry__pipeline_ctx_last_decode(ctx) == FERRY_DECODE_WINDOW;
+  }
+  cr_assert(windows >= 10, "%d of 20 through the window", windows);
+  ferry__pipeline_free(p);
+  ferry__pipeline_ctx_free(ctx);
+  ferry__jpeg_free(j);
+  ferry__free(opt);
+  free(rec);
+  free(orec);
   free(jpeg);
 }

@@ -170,6 +170,8 @@ typedef struct ferry_jpeg_crop_info_s {
   int progressive;
   ferry_box_t decoded; /* what libjpeg produced, in scaled pixels */
   int window;          /* 1: from a window of restart-interval tiles */
+  int window_fallback; /* 1: the image has tiles, but its window could not
+                          be used (ferry__jpeg_window_why says why) */
 } ferry_jpeg_crop_info_t;
 
 /* Decodes the JPEG at src (as ferry__jpeg_decode: TF's IFAST DCT, fancy

@@ -801,6 +801,7 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
     info->decoded = (ferry_box_t){dy0 + oy * s / 8, (int)xoff + ox * s / 8,
                                   rows, (int)cw};
     info->window = cut != NULL;
+    info->window_fallback = 0;
   }
   j->stats.images++;
   if (cut != NULL) {
@@ -914,11 +915,15 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (check_limits(j, src, len, err) != 0)
     return FERRY_EJPEG;
   if (info != NULL)
-    info->window = 0;
+    info->window = info->window_fallback = 0;
+  uint64_t fallbacks = j->stats.window_fallback;
   rc = decode_window(j, src, len, op, dst, cap, oh, ow, info, err);
   if (rc != FALLBACK)
     return rc;
-  return decode_fused(j, src, len, op, NULL, dst, cap, oh, ow, info, err);
+  rc = decode_fused(j, src, len, op, NULL, dst, cap, oh, ow, info, err);
+  if (info != NULL)
+    info->window_fallback = j->stats.window_fallback != fallbacks;
+  return rc;
 }
 
 void ferry__jpeg_set_window(ferry_jpeg_t *j, int on) { j->window = on; }

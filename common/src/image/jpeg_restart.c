@@ -142,7 +142,7 @@ static void transcode(transcode_t *t, const uint8_t *src, size_t len,
   r = choose_interval(in, &tiles, &mcu_w, &mcu_h);
   if (tiles < 2) {
     res->reason = FERRY_JOPT_TOO_SMALL;
-    set_detail(res, "%ux%u: one %dx%d MCU", in->image_width,
+    set_detail(res, "%ux%u: a single tile of %dx%d MCUs", in->image_width,
                in->image_height, mcu_w, mcu_h);
     return;
   }

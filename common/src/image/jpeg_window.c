@@ -11,6 +11,8 @@
 
 #include "alloc.h"
 
+static int why_set(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int why_set(char *why, size_t whylen, const char *fmt, ...) {
   va_list ap;
   if (why != NULL && whylen > 0) {

@@ -467,7 +467,9 @@ static int decode_jpeg_fused(ferry_pipeline_ctx_t *ctx, const uint8_t *src,
                                ctx->cap[0], h, w, &info, err);
 done:
   if (rc == 0)
-    ctx->last = info.progressive ? FERRY_DECODE_PROGRESSIVE
+    ctx->last = info.window            ? FERRY_DECODE_WINDOW
+                : info.window_fallback ? FERRY_DECODE_WINDOW_FALLBACK
+                : info.progressive     ? FERRY_DECODE_PROGRESSIVE
                 : info.scale < 8 || info.decoded.height < info.src_h ||
                         info.decoded.width < info.src_w
                     ? FERRY_DECODE_FUSED

@@ -59,8 +59,12 @@ typedef enum {
   FERRY_DECODE_NONE = 0,       /* no JPEG (raw), or the record failed */
   FERRY_DECODE_FULL = 1,       /* whole, at full scale */
   FERRY_DECODE_FUSED = 2,      /* fused: partial and/or DCT-scaled */
-  FERRY_DECODE_PROGRESSIVE = 3 /* fused, but a progressive file: all its
-                                  coefficients were decoded */
+  FERRY_DECODE_PROGRESSIVE = 3, /* fused, but a progressive file: all its
+                                   coefficients were decoded */
+  FERRY_DECODE_WINDOW = 4,      /* fused, from the restart-interval tiles
+                                   covering the crop (jpeg_restart.h) */
+  FERRY_DECODE_WINDOW_FALLBACK = 5 /* tiles whose window could not be used
+                                      (damaged markers): fused or full */
 } ferry_decode_path_t;
 ferry_decode_path_t
 ferry__pipeline_ctx_last_decode(const ferry_pipeline_ctx_t *ctx);
