@@ -10,7 +10,8 @@
 #    spread of sizes, mostly 375x500; it prints the bytes per image and per
 #    pixel);
 # 2. bench_jpeg_crop measures Ferry's fused decode and Ferry's full decode
-#    followed by the same resize, and a bound: TurboJPEG decoding each
+#    followed by the same resize, the window decode on the same JPEGs
+#    rewritten as `ferryctl records optimize` does, and a bound: TurboJPEG decoding each
 #    whole image at 1/8 scale, the entropy decoding of the whole file
 #    (a crop pays it down to its last row; not a competitor), and (not
 #    with --quick) the whole-image decode at each DCT scale; it exports
@@ -120,6 +121,7 @@ awk '
     label = $5; for (i = 6; i <= NF; i++) label = label " " $i
     lab[n] = label
     if ($2 == "ferry-fused") fused = $3
+    else if ($2 == "ferry-window") window = $3
     else if ($2 !~ /^ferry-fused/ && $2 !~ /^floor-/) {
       if ($3 > best) { best = $3; bestname = label }
       if ($2 !~ /^ferry-/ && $3 > ext) { ext = $3; extname = label }
@@ -138,5 +140,11 @@ awk '
       printf "fastest outside Ferry: %s, %.0f images/s; Ferry fused is %.2fx it\n", extname, ext, fused / ext
     else
       print "fastest outside Ferry: none measured (both baselines skipped)"
+    if (window > 0) {
+      printf "Ferry window decode on the optimized JPEGs (ferryctl records optimize): %.0f images/s per core (target >= 1800: %s), %.2fx Ferry fused on the originals (target >= 1.6x: %s)", window, (window >= 1800 ? "PASS" : "MISS"), window / fused, (window >= 1.6 * fused ? "PASS" : "MISS")
+      if (best > 0)
+        printf ", %.2fx the fastest full decode (target >= 2x: %s)", window / best, (window >= 2 * best ? "PASS" : "MISS")
+      printf "\n"
+    }
   }' "$results"
 echo "bench imagenet: ok"
