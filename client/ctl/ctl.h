@@ -11,7 +11,7 @@
 #include "ferry/error.h"
 #include "options.h"
 
-int ferryctl_records(int argc, char **argv); /* records inspect|index */
+int ferryctl_records(int argc, char **argv); /* records COMMAND */
 int ferryctl_gen(int argc, char **argv);     /* gen */
 int ferryctl_bench(int argc, char **argv);   /* bench pipeline */
 int ferryctl_status(int argc, char **argv);  /* status */

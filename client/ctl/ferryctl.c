@@ -13,6 +13,7 @@ static const char usage[] =
     "Record files:\n"
     "  records inspect FILE... [--json]   counts, CRC failures, features\n"
     "  records index FILE...              write DALI-compatible index files\n"
+    "  records optimize IN... OUT         rewrite JPEGs for cropped decodes\n"
     "  gen --out DIR ...                  generate a synthetic image dataset\n"
     "\n"
     "Cluster (each with --dispatcher HOST:PORT and --json):\n"

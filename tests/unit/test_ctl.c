@@ -1,4 +1,5 @@
-/* ferryctl records inspect|index and gen, run as the built binary.
+/* ferryctl records inspect|index|optimize and gen, run as the built
+ * binary.
  *
  * Each test spawns FERRY_BINARY_DIR/client/ctl/ferryctl with posix_spawn,
  * captures its stdout and stderr in files of a fresh temp dir, and waits
@@ -25,6 +26,8 @@
 
 #include "alloc.h"
 #include "example.h"
+#include "imgops.h"
+#include "jpeg_restart.h"
 #include "tfrecord.h"
 
 #define FERRYCTL FERRY_BINARY_DIR "/client/ctl/ferryctl"
@@ -944,6 +947,413 @@ Test(ctl, index_refuses_compressed_and_bad, .init = setup_tmp,
   cr_assert_neq(access(idx, F_OK), 0, "an index was written for a bad file");
 }
 
+/* ---- optimize --------------------------------------------------------- */
+
+/* Every record of `path` (any compression), copied. */
+typedef struct recs_s {
+  uint8_t **data;
+  size_t *len;
+  size_t n, cap;
+} recs_t;
+
+static void recs_read(const char *path, recs_t *rs) {
+  ferry_tfr_options_t o;
+  ferry__tfr_options_init(&o);
+  ferry_tfr_reader_t *rd = NULL;
+  ferry_error_t err;
+  memset(rs, 0, sizeof(*rs));
+  cr_assert_eq(ferry__tfr_reader_open(path, &o, &rd, &err), 0, "%s", err.msg);
+  ferry_record_t rec;
+  int rc;
+  while ((rc = ferry__tfr_reader_next(rd, &rec, &err)) == 0) {
+    if (rs->n == rs->cap) {
+      rs->cap = rs->cap ? 2 * rs->cap : 64;
+      rs->data = realloc(rs->data, rs->cap * sizeof(*rs->data));
+      rs->len = realloc(rs->len, rs->cap * sizeof(*rs->len));
+      cr_assert(rs->data && rs->len);
+    }
+    rs->data[rs->n] = malloc(rec.len + 1);
+    cr_assert_not_null(rs->data[rs->n]);
+    memcpy(rs->data[rs->n], rec.data, rec.len);
+    rs->len[rs->n++] = rec.len;
+  }
+  cr_assert_eq(rc, FERRY_EOF, "%s", err.msg);
+  ferry__tfr_reader_free(rd);
+}
+
+static void recs_free(recs_t *rs) {
+  for (size_t i = 0; i < rs->n; i++)
+    free(rs->data[i]);
+  free(rs->data);
+  free(rs->len);
+}
+
+/* What a comparison of an input with its output counted. */
+typedef struct opt_seen_s {
+  size_t records, not_examples, jpegs, rewritten, copied;
+} opt_seen_t;
+
+static bool is_jpeg(const uint8_t *d, size_t len) {
+  return len >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF;
+}
+
+/* Decodes a JPEG with Ferry's decoder into a malloc'd buffer. */
+static uint8_t *decode_jpeg(ferry_jpeg_t *j, const uint8_t *d, size_t len,
+                            int *h, int *w) {
+  ferry_error_t err;
+  cr_assert_eq(ferry__jpeg_header(j, d, len, h, w, &err), 0, "%s", err.msg);
+  size_t cap = (size_t)*h * (size_t)*w * 3;
+  uint8_t *px = malloc(cap);
+  cr_assert_not_null(px);
+  cr_assert_eq(ferry__jpeg_decode(j, d, len, px, cap, h, w, &err), 0, "%s",
+               err.msg);
+  return px;
+}
+
+/* Compares input `in` with output `out` record by record, in order: a
+ * record that is not an Example is copied byte for byte; an Example has
+ * the same features in the same order, every list but a JPEG's
+ * byte-identical, and every JPEG either copied byte for byte or rewritten
+ * (laid out for cropping) to an image that decodes to the same pixels. */
+static opt_seen_t compare_optimized(const char *in, const char *out) {
+  recs_t a, b;
+  recs_read(in, &a);
+  recs_read(out, &b);
+  cr_assert_eq(b.n, a.n, "%s: %zu records, %s: %zu", in, a.n, out, b.n);
+  ferry_jpeg_t *j = NULL;
+  cr_assert_eq(ferry__jpeg_new(&j, NULL), 0);
+  ferry_example_t ea, eb;
+  ferry__example_init(&ea);
+  ferry__example_init(&eb);
+  opt_seen_t seen = {a.n, 0, 0, 0, 0};
+  for (size_t r = 0; r < a.n; r++) {
+    if (ferry__example_parse(&ea, a.data[r], a.len[r], NULL) != 0) {
+      seen.not_examples++;
+      cr_assert(b.len[r] == a.len[r] &&
+                    memcmp(a.data[r], b.data[r], a.len[r]) == 0,
+                "%s: record %zu (not an Example) changed", in, r);
+      continue;
+    }
+    ferry_error_t err;
+    cr_assert_eq(ferry__example_parse(&eb, b.data[r], b.len[r], &err), 0,
+                 "%s: record %zu: %s", out, r, err.msg);
+    cr_assert_eq(eb.n, ea.n, "record %zu", r);
+    for (size_t i = 0; i < ea.n; i++) {
+      const ferry_feature_t *fa = &ea.features[i], *fb = &eb.features[i];
+      cr_assert(fa->key_len == fb->key_len &&
+                memcmp(fa->key, fb->key, fa->key_len) == 0);
+      cr_assert_eq(fa->kind, fb->kind);
+      cr_assert_eq(fa->count, fb->count);
+      if (fa->kind != FERRY_FEATURE_BYTES) {
+        cr_assert(fa->list_len == fb->list_len &&
+                  (fa->list_len == 0 ||
+                   memcmp(fa->list, fb->list, fa->list_len) == 0),
+                  "record %zu: feature %zu changed", r, i);
+        continue;
+      }
+      for (size_t v = 0; v < fa->count; v++) {
+        const uint8_t *da, *db;
+        size_t la, lb;
+        cr_assert_eq(ferry__feature_bytes(fa, v, &da, &la), 0);
+        cr_assert_eq(ferry__feature_bytes(fb, v, &db, &lb), 0);
+        bool same = la == lb && (la == 0 || memcmp(da, db, la) == 0);
+        if (!is_jpeg(da, la)) {
+          cr_assert(same, "record %zu: feature %zu value %zu changed", r, i,
+                    v);
+          continue;
+        }
+        seen.jpegs++;
+        if (same) {
+          seen.copied++;
+          continue;
+        }
+        seen.rewritten++;
+        ferry_jpeg_layout_t l;
+        cr_assert_eq(ferry__jpeg_layout(db, lb, &l, NULL, 0), 1,
+                     "record %zu: the rewrite is not laid out", r);
+        int ha, wa, hb, wb;
+        uint8_t *pa = decode_jpeg(j, da, la, &ha, &wa);
+        uint8_t *pb = decode_jpeg(j, db, lb, &hb, &wb);
+        cr_assert(ha == hb && wa == wb, "record %zu: %dx%d, was %dx%d", r,
+                  hb, wb, ha, wa);
+        cr_assert_eq(memcmp(pa, pb, (size_t)ha * (size_t)wa * 3), 0,
+                     "%s: record %zu: the rewritten JPEG decodes to other "
+                     "pixels", out, r);
+        free(pa);
+        free(pb);
+      }
+    }
+  }
+  ferry__example_close(&ea);
+  ferry__example_close(&eb);
+  ferry__jpeg_free(j);
+  recs_free(&a);
+  recs_free(&b);
+  return seen;
+}
+
+static uint64_t file_size(const char *path) {
+  struct stat st;
+  cr_assert_eq(stat(path, &st), 0, "%s: %s", path, strerror(errno));
+  return (uint64_t)st.st_size;
+}
+
+/* The .idx of an uncompressed output: what `records index` would write. */
+static void check_idx(const char *path) {
+  char idx[700];
+  snprintf(idx, sizeof(idx), "%s.idx", path);
+  size_t len;
+  char *buf = read_file(path, &len);
+  cr_assert_not_null(buf);
+  uint64_t offs[64];
+  size_t n = record_offsets((uint8_t *)buf, len, offs, 64);
+  ferry__free(buf);
+  char want[64 * 48] = "";
+  size_t w = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t end = i + 1 < n ? offs[i + 1] : len;
+    w += (size_t)snprintf(want + w, sizeof(want) - w, "%llu %llu\n",
+                          (unsigned long long)offs[i],
+                          (unsigned long long)(end - offs[i]));
+  }
+  char *got = read_file(idx, NULL);
+  cr_assert_not_null(got, "no %s", idx);
+  cr_assert_str_eq(got, want);
+  ferry__free(got);
+}
+
+/* The line of `out` that starts with `head`, and its counts. */
+static void check_line(const char *out, const char *head,
+                       const opt_seen_t *s, uint64_t bytes_in,
+                       uint64_t bytes_out) {
+  const char *line = strstr(out, head);
+  cr_assert_not_null(line, "no '%s' in:\n%s", head, out);
+  char want[256];
+  snprintf(want, sizeof(want), "%s%zu records, %zu JPEGs: %zu rewritten, "
+           "%zu copied", head, s->records, s->jpegs, s->rewritten,
+           s->copied);
+  cr_assert(strncmp(line, want, strlen(want)) == 0, "want '%s' in:\n%s",
+            want, out);
+  const char *eol = strchr(line, '\n');
+  cr_assert_not_null(eol);
+  double pct = 100.0 * ((double)bytes_out - (double)bytes_in) /
+               (double)bytes_in;
+  snprintf(want, sizeof(want), ", bytes %llu -> %llu (%+.2f%%)\n",
+           (unsigned long long)bytes_in, (unsigned long long)bytes_out, pct);
+  cr_assert(strncmp(eol + 1 - strlen(want), want, strlen(want)) == 0,
+            "want '%s' in:\n%s", want, out);
+}
+
+/* Optimizes the dataset `gen` writes with `args` (into IN, two shards
+ * when `shards` is "2") and checks every output against its input and the
+ * report; returns the JPEGs rewritten. */
+static size_t optimize_generated(const char *size, const char *records,
+                                 const char *shards) {
+  char in[512], out[512], again[512];
+  path_in(in, sizeof(in), "in");
+  path_in(out, sizeof(out), "out");
+  path_in(again, sizeof(again), "again");
+  run_t r = run_ctl("gen", "--out", in, "--format", "jpeg", "--content",
+                    "photo", "--size", size, "--records", records,
+                    "--shards", shards, "--seed", "5", NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  r = run_ctl("records", "optimize", in, out, NULL);
+  cr_assert_eq(r.status, 0, "%s%s", r.out, r.err);
+  int n = atoi(shards);
+  opt_seen_t total = {0};
+  uint64_t total_in = 0, total_out = 0;
+  for (int s = 0; s < n; s++) {
+    char a[700], b[700], head[1500];
+    snprintf(a, sizeof(a), "%s/train-%05d-of-%05d.tfrecord", in, s, n);
+    snprintf(b, sizeof(b), "%s/train-%05d-of-%05d.tfrecord", out, s, n);
+    opt_seen_t seen = compare_optimized(a, b);
+    cr_assert_eq(seen.not_examples, 0);
+    cr_assert_gt(seen.jpegs, 0);
+    check_idx(b);
+    snprintf(head, sizeof(head), "%s -> %s: ", a, b);
+    check_line(r.out, head, &seen, file_size(a), file_size(b));
+    total.records += seen.records;
+    total.jpegs += seen.jpegs;
+    total.rewritten += seen.rewritten;
+    total.copied += seen.copied;
+    total_in += file_size(a);
+    total_out += file_size(b);
+  }
+  cr_assert_eq(total.records, (size_t)atoi(records));
+  if (n > 1) {
+    char head[64];
+    snprintf(head, sizeof(head), "total (%d files): ", n);
+    check_line(r.out, head, &total, total_in, total_out);
+  }
+  run_free(&r);
+
+  /* --json: one document with the same counts. */
+  r = run_ctl("records", "optimize", "--json", in, out, NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
+  char want[256];
+  snprintf(want, sizeof(want), "\"total\": {\"files\": %d, \"records\": %zu, "
+           "\"not_examples\": 0, \"jpegs\": %zu, \"rewritten\": %zu, "
+           "\"copied\": %zu, ", n, total.records, total.jpegs,
+           total.rewritten, total.copied);
+  cr_assert(strstr(r.out, want) != NULL, "no '%s' in:\n%s", want, r.out);
+  snprintf(want, sizeof(want), "\"bytes_in\": %llu, \"bytes_out\": %llu",
+           (unsigned long long)total_in, (unsigned long long)total_out);
+  cr_assert(strstr(r.out, want) != NULL, "no '%s' in:\n%s", want, r.out);
+  run_free(&r);
+
+  /* One thread writes the same bytes as several; a second pass finds
+   * every rewritten image already laid out. */
+  r = run_ctl("records", "optimize", "--threads", "1", in, again, NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  for (int s = 0; s < n; s++) {
+    char a[700], b[700];
+    size_t la, lb;
+    snprintf(a, sizeof(a), "%s/train-%05d-of-%05d.tfrecord", out, s, n);
+    snprintf(b, sizeof(b), "%s/train-%05d-of-%05d.tfrecord", again, s, n);
+    char *da = read_file(a, &la), *db = read_file(b, &lb);
+    cr_assert(da && db && la == lb && memcmp(da, db, la) == 0,
+              "--threads 1 wrote another %s", b);
+    ferry__free(da);
+    ferry__free(db);
+  }
+  r = run_ctl("records", "optimize", "--json", out, again, NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  snprintf(want, sizeof(want), "\"rewritten\": 0, \"copied\": %zu, "
+           "\"reasons\": {\"already\": %zu, ", total.jpegs, total.rewritten);
+  cr_assert(strstr(r.out, want) != NULL, "no '%s' in:\n%s", want, r.out);
+  run_free(&r);
+  rm_rf(in);
+  rm_rf(out);
+  rm_rf(again);
+  return total.rewritten;
+}
+
+Test(ctl, optimize_photo_dataset, .init = setup_tmp, .fini = teardown_tmp,
+     .timeout = 240) {
+  size_t rewritten = optimize_generated("64x96", "20", "2");
+  cr_assert_gt(rewritten, 10, "only %zu of 20 JPEGs rewritten", rewritten);
+  rewritten = optimize_generated("imagenet", "6", "1");
+  cr_assert_gt(rewritten, 3, "only %zu of 6 JPEGs rewritten", rewritten);
+}
+
+/* --compression changes the outputs' compression: no index then, and the
+ * records are the same. */
+Test(ctl, optimize_compression, .init = setup_tmp, .fini = teardown_tmp) {
+  char in[512], out[512], a[700], b[700], idx[800];
+  path_in(in, sizeof(in), "in");
+  path_in(out, sizeof(out), "out");
+  run_t r = run_ctl("gen", "--out", in, "--format", "jpeg", "--content",
+                    "photo", "--size", "48x64", "--records", "5",
+                    "--compression", "gzip", NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  snprintf(a, sizeof(a), "%s/train-00000-of-00001.tfrecord.gz", in);
+  snprintf(b, sizeof(b), "%s/train-00000-of-00001.tfrecord.gz", out);
+  snprintf(idx, sizeof(idx), "%s.idx", b);
+  /* The same compression as the input by default; an index left by an
+   * earlier run is removed. */
+  cr_assert_eq(mkdir(out, 0700), 0);
+  write_file(idx, "0 16\n", 5);
+  r = run_ctl("records", "optimize", a, out, NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  cr_assert_eq(ferry__tfr_sniff_file(b, NULL), FERRY_COMPRESSION_GZIP);
+  cr_assert_neq(access(idx, F_OK), 0, "a stale index was left for gzip");
+  opt_seen_t seen = compare_optimized(a, b);
+  cr_assert_eq(seen.records, 5);
+  cr_assert_gt(seen.rewritten, 0);
+  /* --compression none: uncompressed, with its index. */
+  rm_rf(out);
+  r = run_ctl("records", "optimize", "--compression", "none", a, out, NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  cr_assert_eq(ferry__tfr_sniff_file(b, NULL), FERRY_COMPRESSION_NONE);
+  check_idx(b);
+  seen = compare_optimized(a, b);
+  cr_assert_eq(seen.records, 5);
+}
+
+/* OUT an input directory, an output over an input, two inputs with one
+ * name: refused before anything is written (exit 2). */
+Test(ctl, optimize_refuses_to_overwrite_inputs, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  char in[512], other[512], fresh[512], path[700], copy[700];
+  path_in(in, sizeof(in), "in");
+  path_in(other, sizeof(other), "other");
+  path_in(fresh, sizeof(fresh), "fresh");
+  gen_raw(in, "3", "1");
+  cr_assert_eq(mkdir(other, 0700), 0);
+  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", in);
+  snprintf(copy, sizeof(copy), "%s/train-00000-of-00001.tfrecord", other);
+  size_t len;
+  char *data = read_file(path, &len);
+  write_file(copy, data, len);
+  ferry__free(data);
+  struct {
+    const char *a[3];
+    const char *says;
+  } cases[] = {
+      {{in, in, NULL}, "is the input directory"},
+      {{path, in, NULL}, "would overwrite the input"},
+      {{in, other, in}, "would overwrite the input"},
+      {{path, copy, fresh}, "are both named"},
+      {{path, path, NULL}, "not a directory"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    run_t r = run_ctl("records", "optimize", cases[i].a[0], cases[i].a[1],
+                      cases[i].a[2], NULL);
+    cr_assert_eq(r.status, 2, "case %zu: exit %d: %s", i, r.status, r.err);
+    cr_assert(strstr(r.err, cases[i].says) != NULL, "case %zu: %s", i,
+              r.err);
+    run_free(&r);
+  }
+  cr_assert_neq(access(fresh, F_OK), 0, "OUT was created for a refusal");
+  char idx[800];
+  snprintf(idx, sizeof(idx), "%s.idx", path);
+  cr_assert_neq(access(idx, F_OK), 0, "an index was written over IN");
+}
+
+/* A data CRC error: exit 1 naming the file and the record's offset, and
+ * nothing under the output's name (nor a temporary file left over). */
+Test(ctl, optimize_stops_at_a_bad_record, .init = setup_tmp,
+     .fini = teardown_tmp) {
+  char in[512], out[512], path[700];
+  path_in(in, sizeof(in), "in");
+  path_in(out, sizeof(out), "out");
+  run_t r = run_ctl("gen", "--out", in, "--format", "jpeg", "--content",
+                    "photo", "--size", "64x96", "--records", "20", NULL);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  run_free(&r);
+  snprintf(path, sizeof(path), "%s/train-00000-of-00001.tfrecord", in);
+  uint64_t off = corrupt_record(path, 13);
+  for (int json = 0; json < 2; json++) {
+    r = json ? run_ctl("records", "optimize", "--json", path, out, NULL)
+             : run_ctl("records", "optimize", path, out, NULL);
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    char want[128];
+    snprintf(want, sizeof(want), "offset %llu", (unsigned long long)off);
+    cr_assert(strstr(r.err, path) != NULL && strstr(r.err, want) != NULL &&
+                  strstr(r.err, "EDATACRC") != NULL,
+              "no file, '%s' and EDATACRC in: %s", want, r.err);
+    if (json) {
+      cr_assert_eq(json_lines(r.out), 1, "%s", r.out);
+      cr_assert(strstr(r.out, "\"error\": \"EDATACRC\"") != NULL, "%s",
+                r.out);
+    }
+    run_free(&r);
+    DIR *d = opendir(out);
+    cr_assert_not_null(d, "OUT was not created");
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+      cr_assert(strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0,
+                "%s left in OUT", e->d_name);
+    closedir(d);
+  }
+}
+
 /* ---- usage ------------------------------------------------------------ */
 
 Test(ctl, usage_errors_exit_2, .init = setup_tmp, .fini = teardown_tmp) {
@@ -963,6 +1373,12 @@ Test(ctl, usage_errors_exit_2, .init = setup_tmp, .fini = teardown_tmp) {
       {{"records", "index", NULL}, "no FILE"},
       {{"records", "index", "--out-dir", "/nonexistent/d", "f", NULL},
        "/nonexistent/d"},
+      {{"records", "optimize", NULL}, "give IN... and OUT"},
+      {{"records", "optimize", out, NULL}, "give IN... and OUT"},
+      {{"records", "optimize", "/nonexistent/in", out, NULL},
+       "/nonexistent/in"},
+      {{"records", "optimize", "--compression", "lz4", "x", out, NULL},
+       "compression"},
       {{"gen", "--records", "3", NULL}, "--out"},
       {{"gen", "--out", out, "--size", "3y4", NULL}, "--size"},
       {{"gen", "--out", out, "--format", "jpeg", "--channels", "2", NULL},
@@ -996,6 +1412,8 @@ Test(ctl, help_lists_options, .init = setup_tmp, .fini = teardown_tmp) {
       {{"records", "index", "--help", NULL}, "--out-dir"},
       {{"gen", "--help", NULL}, "--compression"},
       {{"records", "--help", NULL}, "records index"},
+      {{"records", "--help", NULL}, "records optimize"},
+      {{"records", "optimize", "--help", NULL}, "--threads"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     run_t r = run_ctl(cases[i].a[0], cases[i].a[1], cases[i].a[2], NULL);
@@ -1092,6 +1510,68 @@ Test(ctl, testdata_inspect_nitishkiitk, .init = setup_tmp,
   cr_assert(strstr(r.out, "offset 0: EDATACRC") != NULL, "%s", r.out);
   cr_assert(strstr(r.out, "offset 18446: ELENCRC") != NULL, "%s", r.out);
   run_free(&r);
+}
+
+/* The real files of ../shared/testdata: each optimized, its records
+ * compared with the input's (a rewritten JPEG decodes to the same pixels,
+ * a copied one and everything else is byte-identical); a damaged file
+ * fails naming its byte offset and leaves no output. */
+Test(ctl, optimize_testdata, .init = setup_tmp, .fini = teardown_tmp,
+     .timeout = 600) {
+  if (!have_testdata()) {
+    printf("ctl: skipping optimize_testdata: no %s/tfrecord\n",
+           FERRY_TESTDATA_DIR);
+    cr_skip_test("no testdata at %s", FERRY_TESTDATA_DIR);
+  }
+  const char *dir = FERRY_TESTDATA_DIR "/tfrecord";
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "%s", dir);
+  struct dirent *e;
+  size_t files = 0, damaged = 0, rewritten = 0, copied = 0;
+  while ((e = readdir(d)) != NULL) {
+    size_t nl = strlen(e->d_name);
+    if (!((nl > 9 && strcmp(e->d_name + nl - 9, ".tfrecord") == 0) ||
+          (nl > 7 && strcmp(e->d_name + nl - 7, ".record") == 0)))
+      continue;
+    char in[1024], out[1024];
+    snprintf(in, sizeof(in), "%s/%s", dir, e->d_name);
+    snprintf(out, sizeof(out), "%s/%s", tmpdir, e->d_name);
+    /* Damaged: Ferry's reader stops inside it. */
+    ferry_tfr_options_t o;
+    ferry__tfr_options_init(&o);
+    ferry_tfr_reader_t *rd = NULL;
+    cr_assert_eq(ferry__tfr_reader_open(in, &o, &rd, NULL), 0, "%s", in);
+    ferry_record_t rec;
+    int rc;
+    while ((rc = ferry__tfr_reader_next(rd, &rec, NULL)) == 0)
+      ;
+    ferry__tfr_reader_free(rd);
+    run_t r = run_ctl("records", "optimize", in, tmpdir, NULL);
+    if (rc != FERRY_EOF) {
+      cr_assert_eq(r.status, 1, "%s: exit %d: %s", in, r.status, r.err);
+      cr_assert(strstr(r.err, in) != NULL &&
+                    strstr(r.err, "byte offset") != NULL,
+                "%s: %s", in, r.err);
+      cr_assert_neq(access(out, F_OK), 0, "%s written for a damaged file",
+                    out);
+      damaged++;
+    } else {
+      cr_assert_eq(r.status, 0, "%s: exit %d: %s", in, r.status, r.err);
+      opt_seen_t seen = compare_optimized(in, out);
+      rewritten += seen.rewritten;
+      copied += seen.copied;
+      files++;
+    }
+    printf("ctl: optimize_testdata: %s", r.out[0] ? r.out : r.err);
+    run_free(&r);
+  }
+  closedir(d);
+  cr_assert_geq(files, 8, "only %zu files optimized", files);
+  cr_assert_geq(damaged, 1);
+  cr_assert_gt(rewritten, 100, "only %zu JPEGs rewritten", rewritten);
+  printf("ctl: optimize_testdata: %zu files (%zu damaged), %zu JPEGs "
+         "rewritten, %zu copied\n", files + damaged, damaged, rewritten,
+         copied);
 }
 
 /* ---- the cluster commands' address and reachability errors ------------- */

@@ -1654,3 +1654,566 @@ Test(example, conformance_testdata, .timeout = 240) {
   printf("example: conformance: %zu files, %zu records, %zu with facts\n",
          nnames, total, checked);
 }
+
+/* ---- Rewriting bytes values (ferry__example_rewrite_bytes) ---- */
+
+/* The tests' replacement of a bytes value: none for some lengths, else a
+ * value derived from it, longer (values under 1000 bytes) or shorter, so
+ * that lengths cross varint sizes at every level. */
+static bool replaced(size_t len) { return len % 5 != 4; }
+
+/* The replacement (from ferry__malloc), or NULL when the value is kept or
+ * memory ran out. */
+static uint8_t *replacement_of(const uint8_t *v, size_t len, size_t index,
+                               size_t *out_len) {
+  size_t n, k;
+  uint8_t *r;
+
+  if (!replaced(len))
+    return NULL;
+  n = len < 1000 ? 2 * len + 1 + index % 7 : len / 3;
+  r = ferry__malloc(n);
+  if (r == NULL)
+    return NULL;
+  for (k = 0; k < n; k++)
+    r[k] = (uint8_t)((len ? v[k % len] : 0x33) ^ 0x5a ^ k);
+  *out_len = n;
+  return r;
+}
+
+typedef struct {
+  size_t calls;
+  bool replace;
+} rw_ctx_t;
+
+static int rw_fn(void *ctx, const char *key, size_t key_len, size_t index,
+                 const uint8_t *value, size_t value_len,
+                 uint8_t **replacement, size_t *replacement_len) {
+  rw_ctx_t *c = ctx;
+
+  (void)key;
+  (void)key_len;
+  cr_assert_null(*replacement);
+  c->calls++;
+  if (!c->replace)
+    return 0;
+  *replacement = replacement_of(value, value_len, index, replacement_len);
+  return *replacement == NULL && replaced(value_len) ? FERRY_ENOMEM : 0;
+}
+
+static void rewrite_ok(const uint8_t *in, size_t len, bool replace,
+                       uint8_t **out, size_t *out_len, size_t *calls) {
+  rw_ctx_t c = {0, replace};
+  ferry_error_t err = {0};
+  int rc = ferry__example_rewrite_bytes(in, len, rw_fn, &c, out, out_len,
+                                        &err);
+
+  cr_assert_eq(rc, 0, "%s", err.msg);
+  cr_assert_not_null(*out);
+  if (calls != NULL)
+    *calls = c.calls;
+}
+
+/* Checks that `out` parses as `in` does with every value of every bytes
+ * feature replaced by replacement_of, and every other feature's list
+ * byte-identical. */
+static void check_rewritten(const uint8_t *in, size_t len, const uint8_t *out,
+                            size_t out_len) {
+  ferry_example_t a, b;
+  ferry_error_t err = {0};
+  size_t i, j;
+
+  ferry__example_init(&a);
+  ferry__example_init(&b);
+  cr_assert_eq(ferry__example_parse(&a, in, len, &err), 0, "%s", err.msg);
+  cr_assert_eq(ferry__example_parse(&b, out, out_len, &err), 0,
+               "the rewritten record does not parse: %s", err.msg);
+  cr_assert_eq(a.n, b.n);
+  for (i = 0; i < a.n; i++) {
+    const ferry_feature_t *fa = &a.features[i], *fb = &b.features[i];
+    cr_assert_eq(fa->key_len, fb->key_len);
+    cr_assert_eq(memcmp(fa->key, fb->key, fa->key_len), 0);
+    cr_assert_eq(fa->kind, fb->kind);
+    cr_assert_eq(fa->count, fb->count);
+    if (fa->kind != FERRY_FEATURE_BYTES) {
+      cr_assert_eq(fa->list_len, fb->list_len);
+      if (fa->list_len > 0)
+        cr_assert_eq(memcmp(fa->list, fb->list, fa->list_len), 0);
+      continue;
+    }
+    for (j = 0; j < fa->count; j++) {
+      const uint8_t *da, *db;
+      size_t la, lb, lr = 0;
+      uint8_t *r;
+      cr_assert_eq(ferry__feature_bytes(fa, j, &da, &la), 0);
+      cr_assert_eq(ferry__feature_bytes(fb, j, &db, &lb), 0);
+      r = replacement_of(da, la, j, &lr);
+      cr_assert(r != NULL || !replaced(la));
+      if (r == NULL) {
+        cr_assert_eq(lb, la);
+        cr_assert(la == 0 || memcmp(da, db, la) == 0);
+      } else {
+        cr_assert_eq(lb, lr, "value %zu: %zu bytes, want %zu", j, lb, lr);
+        cr_assert_eq(memcmp(db, r, lr), 0);
+      }
+      ferry__free(r);
+    }
+  }
+  ferry__example_close(&a);
+  ferry__example_close(&b);
+}
+
+/* Every value protobuf-c packed, replaced in its unpacked message: the
+ * rewritten record is exactly what protobuf-c packs for the new values
+ * (its output is minimal, so every length was re-encoded as it should). */
+static void check_vs_repacked(const uint8_t *in, size_t len,
+                              const uint8_t *out, size_t out_len) {
+  Tensorflow__Example *pe = oracle(in, len);
+  ProtobufCBinaryData saved[4096];
+  size_t ns = 0, i, j, want_len;
+  uint8_t *want;
+
+  cr_assert_not_null(pe);
+  for (i = 0; pe->features && i < pe->features->n_feature; i++) {
+    Tensorflow__Feature *v = pe->features->feature[i]->value;
+    if (v == NULL || v->kind_case != TENSORFLOW__FEATURE__KIND_BYTES_LIST)
+      continue;
+    for (j = 0; j < v->bytes_list->n_value; j++) {
+      ProtobufCBinaryData *d = &v->bytes_list->value[j];
+      size_t rl = 0;
+      uint8_t *r = replacement_of(d->data, d->len, j, &rl);
+      cr_assert(r != NULL || !replaced(d->len));
+      cr_assert_lt(ns, 4096);
+      saved[ns++] = *d;
+      if (r != NULL) {
+        d->data = r;
+        d->len = rl;
+      }
+    }
+  }
+  want_len = tensorflow__example__get_packed_size(pe);
+  want = malloc(want_len + 1);
+  cr_assert_eq(tensorflow__example__pack(pe, want), want_len);
+  cr_assert_eq(out_len, want_len, "rewritten %zu bytes, repacked %zu",
+               out_len, want_len);
+  cr_assert_eq(memcmp(out, want, want_len), 0);
+  free(want);
+  ns = 0;
+  for (i = 0; pe->features && i < pe->features->n_feature; i++) {
+    Tensorflow__Feature *v = pe->features->feature[i]->value;
+    if (v == NULL || v->kind_case != TENSORFLOW__FEATURE__KIND_BYTES_LIST)
+      continue;
+    for (j = 0; j < v->bytes_list->n_value; j++) {
+      ProtobufCBinaryData *d = &v->bytes_list->value[j];
+      if (d->data != saved[ns].data)
+        ferry__free(d->data);
+      *d = saved[ns++];
+    }
+  }
+  tensorflow__example__free_unpacked(pe, NULL);
+}
+
+/* The number of bytes values protobuf-c finds. */
+static size_t bytes_values(const uint8_t *buf, size_t len) {
+  Tensorflow__Example *pe = oracle(buf, len);
+  size_t i, n = 0;
+
+  cr_assert_not_null(pe);
+  for (i = 0; pe->features && i < pe->features->n_feature; i++) {
+    Tensorflow__Feature *v = pe->features->feature[i]->value;
+    if (v != NULL && v->kind_case == TENSORFLOW__FEATURE__KIND_BYTES_LIST)
+      n += v->bytes_list->n_value;
+  }
+  tensorflow__example__free_unpacked(pe, NULL);
+  return n;
+}
+
+Test(example, rewrite_random_vs_protobuf_c) {
+  uint64_t seed = 4242;
+  ferry_alloc_stats_t before, after;
+  int iter;
+
+  ferry__alloc_stats(&before);
+  for (iter = 0; iter < 1500; iter++) {
+    size_t len, out_len, calls;
+    uint8_t *buf = rand_example(&seed, &len);
+    uint8_t *out;
+
+    /* Nothing replaced: the input, byte for byte, every value seen. */
+    rewrite_ok(buf, len, false, &out, &out_len, &calls);
+    cr_assert_eq(out_len, len);
+    cr_assert(len == 0 || memcmp(out, buf, len) == 0, "iteration %d", iter);
+    cr_assert_eq(calls, bytes_values(buf, len));
+    ferry__free(out);
+
+    rewrite_ok(buf, len, true, &out, &out_len, NULL);
+    check_rewritten(buf, len, out, out_len);
+    check_vs_repacked(buf, len, out, out_len);
+    ferry__free(out);
+    free(buf);
+  }
+  ferry__alloc_stats(&after);
+  cr_assert_eq(after.blocks, before.blocks);
+  cr_assert_eq(after.bytes, before.bytes);
+}
+
+/* Damaged records: the rewrite fails exactly where the parser fails, with
+ * its code and message, and an accepted one rewrites right. Every prefix
+ * of a record is tried too (a truncated record is an error, never a
+ * crash), with and without replacements. */
+static void rewrite_vs_parse(const uint8_t *buf, size_t len,
+                             ferry_example_t *ex, size_t *accepted) {
+  ferry_error_t pe = {0}, re = {0};
+  int replace, prc, rrc;
+
+  prc = ferry__example_parse(ex, buf, len, &pe);
+  for (replace = 0; replace < 2; replace++) {
+    rw_ctx_t c = {0, replace != 0};
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    rrc = ferry__example_rewrite_bytes(buf, len, rw_fn, &c, &out, &out_len,
+                                       &re);
+    cr_assert_eq(rrc, prc, "rewrite %d (%s), parse %d (%s)", rrc, re.msg,
+                 prc, pe.msg);
+    if (rrc != 0) {
+      cr_assert_str_eq(re.msg, pe.msg);
+      cr_assert_null(out);
+      continue;
+    }
+    if (replace)
+      check_rewritten(buf, len, out, out_len);
+    else
+      cr_assert(out_len == len && (len == 0 || !memcmp(out, buf, len)));
+    ferry__free(out);
+  }
+  *accepted += prc == 0;
+}
+
+Test(example, rewrite_fails_where_parse_fails) {
+  uint64_t seed = 99;
+  ferry_example_t ex;
+  ferry_alloc_stats_t before, after;
+  size_t accepted = 0, tried = 0;
+  int iter, k;
+
+  ferry__alloc_stats(&before);
+  ferry__example_init(&ex);
+  for (iter = 0; iter < 600; iter++) {
+    size_t len, pos;
+    uint8_t *buf = rand_example(&seed, &len);
+    if (len > 4000) {
+      free(buf);
+      continue;
+    }
+    for (pos = 0; pos < len; pos++, tried++)
+      rewrite_vs_parse(buf, pos, &ex, &accepted);
+    for (k = 0; k < 8 && len > 0; k++, tried++) {
+      uint8_t *m = malloc(len);
+      memcpy(m, buf, len);
+      m[rng_below(&seed, len)] = (uint8_t)rng_next(&seed);
+      if (k % 2)
+        m[rng_below(&seed, len)] ^= (uint8_t)(1u << rng_below(&seed, 8));
+      rewrite_vs_parse(m, len, &ex, &accepted);
+      free(m);
+    }
+    free(buf);
+  }
+  ferry__example_close(&ex);
+  ferry__alloc_stats(&after);
+  cr_assert_eq(after.blocks, before.blocks);
+  cr_assert_eq(after.bytes, before.bytes);
+  cr_assert_gt(accepted, 1000, "accepted %zu", accepted);
+  cr_assert_gt(tried - accepted, 1000, "rejected %zu", tried - accepted);
+}
+
+/* Replaces value `index` of the feature keyed `key` with `with`. */
+typedef struct {
+  const char *key;
+  size_t index;
+  const char *with;
+  size_t with_len;
+  size_t calls;
+} one_ctx_t;
+
+static int replace_one(void *ctx, const char *key, size_t key_len,
+                       size_t index, const uint8_t *value, size_t value_len,
+                       uint8_t **replacement, size_t *replacement_len) {
+  one_ctx_t *c = ctx;
+
+  (void)value;
+  (void)value_len;
+  c->calls++;
+  if (key_len != strlen(c->key) || memcmp(key, c->key, key_len) != 0 ||
+      index != c->index)
+    return 0;
+  *replacement = ferry__malloc(c->with_len);
+  cr_assert_not_null(*replacement);
+  memcpy(*replacement, c->with, c->with_len);
+  *replacement_len = c->with_len;
+  return 0;
+}
+
+/* Example{features{a: bytes [v0, v1, v2] (key after the value), n: int64
+ * [7], c: bytes ["x"]}} with unknown fields at every level; `a1` is a's
+ * second value. */
+static void build_several(wb_t *rec, const char *a1, size_t a1_len) {
+  wb_t bl = {0}, feat = {0}, entry = {0}, fs = {0};
+  int64_t seven = 7;
+
+  wb_unknowns(rec, 5);
+  wb_unknowns(&bl, 7);
+  wb_str(&bl, 1, "v0");
+  wb_lenf(&bl, 1, a1, a1_len);
+  wb_unknowns(&bl, 2);
+  wb_str(&bl, 1, "v2");
+  wb_unknowns(&feat, 9);
+  wb_sub(&feat, 1, &bl);
+  wb_unknowns(&entry, 3);
+  wb_sub(&entry, 2, &feat);
+  wb_str(&entry, 1, "a");
+  wb_unknowns(&fs, 4);
+  wb_sub(&fs, 1, &entry);
+  feat.n = 0;
+  wb_int64_feature(&feat, &seven, 1);
+  wb_entry(&fs, "n", &feat);
+  feat.n = 0;
+  wb_bytes_feature(&feat, "x");
+  wb_entry(&fs, "c", &feat);
+  wb_sub(rec, 1, &fs);
+  wb_unknowns(rec, 11);
+  wb_free(&bl);
+  wb_free(&feat);
+  wb_free(&entry);
+  wb_free(&fs);
+}
+
+Test(example, rewrite_one_of_several_values) {
+  wb_t rec = {0}, want = {0};
+  one_ctx_t c = {"a", 1, "NEW VALUE", 9, 0};
+  ferry_example_t ex;
+  ferry_error_t err = {0};
+  const uint8_t *d;
+  size_t dl, out_len;
+  uint8_t *out;
+
+  build_several(&rec, "v1", 2);
+  build_several(&want, "NEW VALUE", 9);
+  cr_assert_eq(ferry__example_rewrite_bytes(rec.p, rec.n, replace_one, &c,
+                                            &out, &out_len, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(c.calls, 4);
+  cr_assert_eq(out_len, want.n);
+  cr_assert_eq(memcmp(out, want.p, want.n), 0);
+  ferry__example_init(&ex);
+  cr_assert_eq(ferry__example_parse(&ex, out, out_len, &err), 0, "%s",
+               err.msg);
+  cr_assert_eq(ex.n, 3);
+  cr_assert_eq(ferry__feature_bytes(ferry__example_find(&ex, "a"), 0, &d,
+                                    &dl), 0);
+  cr_assert(dl == 2 && memcmp(d, "v0", 2) == 0);
+  cr_assert_eq(ferry__feature_bytes(ferry__example_find(&ex, "a"), 1, &d,
+                                    &dl), 0);
+  cr_assert(dl == 9 && memcmp(d, "NEW VALUE", 9) == 0);
+  cr_assert_eq(ferry__feature_bytes(ferry__example_find(&ex, "a"), 2, &d,
+                                    &dl), 0);
+  cr_assert(dl == 2 && memcmp(d, "v2", 2) == 0);
+  cr_assert_eq(get_int64(ferry__example_find(&ex, "n"), 0), 7);
+  cr_assert_eq(ferry__feature_bytes(ferry__example_find(&ex, "c"), 0, &d,
+                                    &dl), 0);
+  cr_assert(dl == 1 && d[0] == 'x');
+  ferry__example_close(&ex);
+  ferry__free(out);
+  wb_free(&rec);
+  wb_free(&want);
+}
+
+/* A value grown or shrunk across every varint size boundary of its own
+ * length and its enclosing ones (127/128, 16383/16384, 2097151/2097152
+ * bytes): the output is the record built with the new value. */
+Test(example, rewrite_lengths_cross_varint_sizes) {
+  static const size_t edges[] = {127, 16383, 2097151};
+  size_t e, small;
+  int delta;
+  char *big = malloc(2097151 + 64);
+
+  cr_assert_not_null(big);
+  memset(big, 'j', 2097151 + 64);
+  for (e = 0; e < 3; e++) {
+    for (delta = -24; delta <= 24; delta++) {
+      size_t n = (size_t)((long)edges[e] + delta);
+      for (small = 0; small < 3; small++) {
+        /* From a short value up to n bytes, and from n bytes down. */
+        size_t from = small == 2 ? n : small * 5;
+        size_t to = small == 2 ? 3 : n;
+        wb_t rec = {0}, want = {0};
+        one_ctx_t c = {"a", 1, big, to, 0};
+        uint8_t *out;
+        size_t out_len;
+        ferry_error_t err = {0};
+        build_several(&rec, big, from);
+        build_several(&want, big, to);
+        cr_assert_eq(ferry__example_rewrite_bytes(rec.p, rec.n, replace_one,
+                                                  &c, &out, &out_len, &err),
+                     0, "%s", err.msg);
+        cr_assert_eq(out_len, want.n, "%zu -> %zu bytes", from, to);
+        cr_assert_eq(memcmp(out, want.p, want.n), 0, "%zu -> %zu bytes",
+                     from, to);
+        ferry__free(out);
+        wb_free(&rec);
+        wb_free(&want);
+      }
+    }
+  }
+  free(big);
+}
+
+/* A length written with more bytes than it needs stays as it is when
+ * nothing inside changed, and is written minimally when it did. */
+Test(example, rewrite_keeps_or_reencodes_long_varints) {
+  /* Example{features (length 23 in 3 bytes){feature[0] (length 9 in 2
+   * bytes){key "b", value{bytes_list{""}}}, feature[1]{key "a",
+   * value{bytes_list{""}}}}} */
+  static const uint8_t rec[] = {
+      0x0A, 0x97, 0x80, 0x00,                               /* features */
+      0x0A, 0x89, 0x00, 0x0A, 0x01, 'b', 0x12, 0x04, 0x0A, 0x02, 0x0A, 0x00,
+      0x0A, 0x09, 0x0A, 0x01, 'a', 0x12, 0x04, 0x0A, 0x02, 0x0A, 0x00};
+  /* a's value "hi": the lengths around it grow, b's entry stays. */
+  static const uint8_t want[] = {
+      0x0A, 0x19,
+      0x0A, 0x89, 0x00, 0x0A, 0x01, 'b', 0x12, 0x04, 0x0A, 0x02, 0x0A, 0x00,
+      0x0A, 0x0B, 0x0A, 0x01, 'a', 0x12, 0x06, 0x0A, 0x04, 0x0A, 0x02, 'h',
+      'i'};
+  one_ctx_t keep = {"c", 0, "", 0, 0}, hi = {"a", 0, "hi", 2, 0};
+  uint8_t *out;
+  size_t out_len;
+  ferry_error_t err = {0};
+
+  check_oracle(rec, sizeof(rec));
+  cr_assert_eq(ferry__example_rewrite_bytes(rec, sizeof(rec), replace_one,
+                                            &keep, &out, &out_len, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(keep.calls, 2);
+  cr_assert_eq(out_len, sizeof(rec));
+  cr_assert_eq(memcmp(out, rec, out_len), 0);
+  ferry__free(out);
+  cr_assert_eq(ferry__example_rewrite_bytes(rec, sizeof(rec), replace_one,
+                                            &hi, &out, &out_len, &err), 0,
+               "%s", err.msg);
+  cr_assert_eq(out_len, sizeof(want));
+  cr_assert_eq(memcmp(out, want, sizeof(want)), 0);
+  ferry__free(out);
+}
+
+static int fail_second(void *ctx, const char *key, size_t key_len,
+                       size_t index, const uint8_t *value, size_t value_len,
+                       uint8_t **replacement, size_t *replacement_len) {
+  size_t *calls = ctx;
+
+  (void)key;
+  (void)key_len;
+  (void)index;
+  *replacement = ferry__malloc(value_len + 1);
+  cr_assert_not_null(*replacement);
+  memcpy(*replacement, value, value_len);
+  *replacement_len = value_len + 1;
+  return ++*calls == 2 ? FERRY_EJPEG : 0;
+}
+
+/* The callback's error stops the rewrite: its code, the value's byte
+ * offset and path; nothing leaks (its replacements are freed). */
+Test(example, rewrite_callback_error) {
+  wb_t rec = {0};
+  size_t calls = 0, at, out_len = 7;
+  uint8_t *out = (uint8_t *)&calls;
+  ferry_error_t err = {0};
+  ferry_alloc_stats_t before, after;
+  char want[160];
+  const uint8_t *v1;
+
+  build_several(&rec, "v1", 2);
+  v1 = memmem(rec.p, rec.n, "v1", 2);
+  cr_assert_not_null(v1);
+  at = (size_t)(v1 - rec.p) - 2; /* its tag and length */
+  ferry__alloc_stats(&before);
+  cr_assert_eq(ferry__example_rewrite_bytes(rec.p, rec.n, fail_second,
+                                            &calls, &out, &out_len, &err),
+               FERRY_EJPEG);
+  ferry__alloc_stats(&after);
+  cr_assert_eq(after.blocks, before.blocks);
+  cr_assert_null(out);
+  cr_assert_eq(out_len, 0);
+  cr_assert_eq(err.code, FERRY_EJPEG);
+  snprintf(want, sizeof(want), "Example: byte %zu: features.feature[0]."
+           "value.bytes_list.value: value 1: corrupt JPEG", at);
+  cr_assert_str_eq(err.msg, want);
+  wb_free(&rec);
+}
+
+Test(example, rewrite_out_of_memory) {
+  wb_t rec = {0};
+  ferry_alloc_stats_t before, after;
+  int64_t k;
+  int rc = FERRY_ENOMEM;
+
+  build_several(&rec, "v1", 2);
+  ferry__alloc_stats(&before);
+  for (k = 0; rc == FERRY_ENOMEM; k++) {
+    rw_ctx_t c = {0, true};
+    uint8_t *out = NULL;
+    size_t out_len;
+    ferry_error_t err = {0};
+    ferry__alloc_fail_after(k);
+    rc = ferry__example_rewrite_bytes(rec.p, rec.n, rw_fn, &c, &out,
+                                      &out_len, &err);
+    ferry__alloc_fail_reset();
+    if (rc == 0) {
+      check_rewritten(rec.p, rec.n, out, out_len);
+      ferry__free(out);
+    } else {
+      cr_assert_eq(rc, FERRY_ENOMEM, "%s", err.msg);
+      cr_assert_null(out);
+    }
+  }
+  cr_assert_gt(k, 3);
+  ferry__alloc_stats(&after);
+  cr_assert_eq(after.blocks, before.blocks);
+  wb_free(&rec);
+}
+
+/* Every record of the real files: rewritten with nothing replaced it is
+ * itself; with every value replaced it parses to the new values. */
+Test(example, rewrite_testdata, .timeout = 240) {
+  char dirpath[1024];
+  DIR *dir;
+  struct dirent *de;
+  size_t records = 0;
+  ferry_example_t ex;
+
+  if (!testdata_present()) {
+    printf("example: skipping rewrite_testdata: no %s/tfrecord\n",
+           testdata_dir());
+    cr_skip_test("no testdata folder at %s", testdata_dir());
+  }
+  snprintf(dirpath, sizeof(dirpath), "%s/tfrecord", testdata_dir());
+  dir = opendir(dirpath);
+  cr_assert_not_null(dir);
+  ferry__example_init(&ex);
+  while ((de = readdir(dir)) != NULL) {
+    size_t l = strlen(de->d_name);
+    tfr_t t;
+    const uint8_t *rec;
+    size_t len;
+    if (de->d_name[0] == '.' || (l > 3 && !strcmp(de->d_name + l - 3, ".gz")) ||
+        (l > 5 && !strcmp(de->d_name + l - 5, ".json")))
+      continue;
+    cr_assert(tfr_open(&t, de->d_name));
+    while (tfr_next(&t, &rec, &len)) {
+      rewrite_vs_parse(rec, len, &ex, &records);
+    }
+    free(t.data);
+  }
+  closedir(dir);
+  ferry__example_close(&ex);
+  cr_assert_gt(records, 100, "only %zu Examples", records);
+  printf("example: rewrite_testdata: %zu Examples rewritten\n", records);
+}

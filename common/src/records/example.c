@@ -1,6 +1,7 @@
 /* The zero-copy tf.train.Example parser: a hand-written walker over the
  * protobuf wire format of Example, Features, the map entries, Feature and
- * the three list messages (see example.h for the contract).
+ * the three list messages (see example.h for the contract), and the
+ * rewrite of bytes values, which walks a record with the same steps.
  *
  * Parsing validates the whole record, nested lists included, and counts
  * the values of each list, so the ferry_feature_* accessors can walk a list
@@ -723,4 +724,322 @@ const char *ferry__feature_kind_name(ferry_feature_kind_t kind) {
     return "int64";
   }
   return "unknown";
+}
+
+/* ---- Rewriting bytes values ----
+ *
+ * The rewrite walks the record as the parser does, with the same checks
+ * in the same order, so it fails where the parser fails. It writes
+ * nothing while walking: each change is an edit of the input (a span of
+ * it replaced by a length varint and, for a value, the new bytes), kept
+ * in input order, and the output is the input with the edits applied. A
+ * nested message's length edit is reserved before its body is walked (it
+ * comes first in the output) and dropped when the body's length stays as
+ * it was. */
+
+typedef struct {
+  const uint8_t *at;  /* the replaced span of the input */
+  size_t old_len;
+  uint8_t varint[5];  /* the new length varint */
+  size_t varint_len;
+  uint8_t *data;      /* a new value (owned), or NULL */
+  size_t data_len;
+} edit_t;
+
+typedef struct {
+  walk_t w;
+  ferry_bytes_rewrite_fn fn;
+  void *ctx;
+  const char *key;    /* the current map entry's key */
+  size_t key_len;
+  edit_t *edits;
+  size_t n, cap;
+} rewrite_t;
+
+/* Walks the body of a message and sets *new_len to its rewritten length. */
+typedef int (*rewrite_body_fn)(rewrite_t *rw, const uint8_t *body,
+                               size_t len, uint64_t *new_len);
+
+static int add_edit(rewrite_t *rw, const uint8_t *at) {
+  if (!FERRY__GROW(rw->edits, rw->cap, rw->n + 1, 16))
+    return FERRY_ENOMEM;
+  rw->edits[rw->n++] = (edit_t){.at = at};
+  return 0;
+}
+
+/* The start of the length varint of length-delimited field f. */
+static const uint8_t *length_at(const field_t *f) {
+  uint64_t v;
+
+  return f->tag + ferry__varint_get(f->tag, f->body, 5, &v);
+}
+
+/* Sets edit e to replace f's length varint (and, with data, its body). */
+static void edit_field(edit_t *e, const field_t *f, uint64_t len,
+                       bool with_body) {
+  e->old_len = (size_t)(f->body - e->at) + (with_body ? f->len : 0);
+  e->varint_len = ferry__varint_put(e->varint, len);
+}
+
+static int too_long(const rewrite_t *rw, level_t level, const field_t *f,
+                    uint64_t len) {
+  return fail(&rw->w, FERRY_EOVERRUN, f->tag, level, f->num,
+              "rewritten length %llu is over the 2 GiB protobuf limit",
+              (unsigned long long)len);
+}
+
+/* Rewrites the message in length-delimited field f with `body_fn` and
+ * adds the change of the field's size to *msg_len (modulo 2^64: the sum
+ * comes out right). */
+static int rewrite_nested(rewrite_t *rw, level_t level, const field_t *f,
+                          rewrite_body_fn body_fn, uint64_t *msg_len) {
+  size_t slot = rw->n;
+  uint64_t body_len;
+  edit_t *e;
+  int rc;
+
+  rc = add_edit(rw, length_at(f));
+  if (rc != 0)
+    return fail(&rw->w, rc, f->tag, level, f->num, "out of memory");
+  rc = body_fn(rw, f->body, f->len, &body_len);
+  if (rc != 0)
+    return rc;
+  if (body_len == f->len) {
+    if (rw->n == slot + 1)
+      rw->n = slot; /* nothing inside changed */
+    return 0;
+  }
+  if (body_len > INT_MAX)
+    return too_long(rw, level, f, body_len);
+  e = &rw->edits[slot];
+  edit_field(e, f, body_len, false);
+  *msg_len += e->varint_len - e->old_len + body_len - f->len;
+  return 0;
+}
+
+/* Offers value `index` (field f of a BytesList) to the callback. */
+static int rewrite_value(rewrite_t *rw, const field_t *f, size_t index,
+                         uint64_t *list_len) {
+  uint8_t *repl = NULL;
+  size_t repl_len = 0;
+  edit_t *e;
+  int rc;
+
+  rc = rw->fn(rw->ctx, rw->key, rw->key_len, index, f->body, f->len, &repl,
+              &repl_len);
+  if (rc < 0) {
+    ferry__free(repl);
+    return fail(&rw->w, rc, f->tag, L_LIST, 1, "value %zu: %s", index,
+                ferry_strerror(rc));
+  }
+  if (repl == NULL)
+    return 0;
+  if (repl_len > INT_MAX) {
+    ferry__free(repl);
+    return too_long(rw, L_LIST, f, repl_len);
+  }
+  rc = add_edit(rw, length_at(f));
+  if (rc != 0) {
+    ferry__free(repl);
+    return fail(&rw->w, rc, f->tag, L_LIST, 1, "out of memory");
+  }
+  e = &rw->edits[rw->n - 1];
+  edit_field(e, f, repl_len, true);
+  e->data = repl;
+  e->data_len = repl_len;
+  *list_len += e->varint_len + repl_len - e->old_len;
+  return 0;
+}
+
+static int rewrite_bytes_list(rewrite_t *rw, const uint8_t *body, size_t len,
+                              uint64_t *new_len) {
+  const uint8_t *p = body;
+  const uint8_t *end = body + len;
+  size_t index = 0;
+  field_t f;
+  int rc;
+
+  *new_len = len;
+  rw->w.list = FERRY_FEATURE_BYTES;
+  while (p < end) {
+    rc = next_field(&rw->w, L_LIST, &p, end, &f);
+    if (rc != 0)
+      return rc;
+    if (f.num != 1)
+      continue;
+    if (f.wire != WT_LEN)
+      return bad_wire(&rw->w, L_LIST, &f, "2 (length-delimited)");
+    rc = rewrite_value(rw, &f, index++, new_len);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+static int rewrite_feature(rewrite_t *rw, const uint8_t *body, size_t len,
+                           uint64_t *new_len) {
+  const uint8_t *p = body;
+  const uint8_t *end = body + len;
+  size_t count;
+  field_t f;
+  int rc;
+
+  *new_len = len;
+  while (p < end) {
+    rc = next_field(&rw->w, L_FEATURE, &p, end, &f);
+    if (rc != 0)
+      return rc;
+    if (f.num < 1 || f.num > 3)
+      continue;
+    if (f.wire != WT_LEN)
+      return bad_wire(&rw->w, L_FEATURE, &f, "2 (length-delimited)");
+    if (f.num == FERRY_FEATURE_BYTES)
+      rc = rewrite_nested(rw, L_FEATURE, &f, rewrite_bytes_list, new_len);
+    else
+      rc = parse_list(&rw->w, (ferry_feature_kind_t)f.num, f.body, f.len,
+                      &count);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+static int rewrite_entry(rewrite_t *rw, const uint8_t *body, size_t len,
+                         uint64_t *new_len) {
+  const uint8_t *p = body;
+  const uint8_t *end = body + len;
+  walk_t quiet = rw->w;
+  field_t f;
+  int rc;
+
+  /* The key first (the last one wins, as in parse_entry), wherever it
+   * is; a fault found here is reported by the walk below, in order. */
+  quiet.err = NULL;
+  rw->key = (const char *)body;
+  rw->key_len = 0;
+  while (p < end && next_field(&quiet, L_ENTRY, &p, end, &f) == 0) {
+    if (f.num == 1 && f.wire == WT_LEN) {
+      rw->key = (const char *)f.body;
+      rw->key_len = f.len;
+    }
+  }
+  *new_len = len;
+  p = body;
+  while (p < end) {
+    rc = next_field(&rw->w, L_ENTRY, &p, end, &f);
+    if (rc != 0)
+      return rc;
+    if (f.num != 1 && f.num != 2)
+      continue;
+    if (f.wire != WT_LEN)
+      return bad_wire(&rw->w, L_ENTRY, &f, "2 (length-delimited)");
+    if (f.num == 2) {
+      rc = rewrite_nested(rw, L_ENTRY, &f, rewrite_feature, new_len);
+      if (rc != 0)
+        return rc;
+    }
+  }
+  return 0;
+}
+
+static int rewrite_features(rewrite_t *rw, const uint8_t *body, size_t len,
+                            uint64_t *new_len) {
+  const uint8_t *p = body;
+  const uint8_t *end = body + len;
+  field_t f;
+  int rc;
+
+  *new_len = len;
+  while (p < end) {
+    rc = next_field(&rw->w, L_FEATURES, &p, end, &f);
+    if (rc != 0)
+      return rc;
+    if (f.num != 1)
+      continue;
+    if (f.wire != WT_LEN)
+      return bad_wire(&rw->w, L_FEATURES, &f, "2 (length-delimited)");
+    rc = rewrite_nested(rw, L_FEATURES, &f, rewrite_entry, new_len);
+    if (rc != 0)
+      return rc;
+    rw->w.entry++;
+  }
+  return 0;
+}
+
+static int rewrite_example(rewrite_t *rw, const uint8_t *body, size_t len,
+                           uint64_t *new_len) {
+  const uint8_t *p = body;
+  const uint8_t *end = body + len;
+  field_t f;
+  int rc;
+
+  *new_len = len;
+  while (p < end) {
+    rc = next_field(&rw->w, L_EXAMPLE, &p, end, &f);
+    if (rc != 0)
+      return rc;
+    if (f.num != 1)
+      continue;
+    if (f.wire != WT_LEN)
+      return bad_wire(&rw->w, L_EXAMPLE, &f, "2 (length-delimited)");
+    rc = rewrite_nested(rw, L_EXAMPLE, &f, rewrite_features, new_len);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+int ferry__example_rewrite_bytes(const uint8_t *in, size_t len,
+                                 ferry_bytes_rewrite_fn fn, void *ctx,
+                                 uint8_t **out, size_t *out_len,
+                                 ferry_error_t *err) {
+  rewrite_t rw = {{in, err, 0, FERRY_FEATURE_NONE}, fn, ctx, NULL, 0,
+                  NULL, 0, 0};
+  const uint8_t *from = in;
+  uint64_t new_len;
+  uint8_t *buf = NULL;
+  uint8_t *q;
+  size_t i;
+  int rc;
+
+  *out = NULL;
+  *out_len = 0;
+  if (len == 0) {
+    *out = ferry__malloc(1);
+    return *out != NULL ? 0 : ferry__seterr(err, FERRY_ENOMEM,
+                                            "Example: out of memory");
+  }
+  rc = rewrite_example(&rw, in, len, &new_len);
+  if (rc == 0 && new_len > SIZE_MAX - 1)
+    rc = ferry__seterr(err, FERRY_ENOMEM, "Example: rewritten record of "
+                       "%llu bytes", (unsigned long long)new_len);
+  if (rc == 0) {
+    buf = ferry__malloc(new_len ? (size_t)new_len : 1);
+    if (buf == NULL)
+      rc = ferry__seterr(err, FERRY_ENOMEM, "Example: out of memory for "
+                         "the rewritten record (%llu bytes)",
+                         (unsigned long long)new_len);
+  }
+  if (rc == 0) {
+    q = buf;
+    for (i = 0; i < rw.n; i++) {
+      const edit_t *e = &rw.edits[i];
+      memcpy(q, from, (size_t)(e->at - from));
+      q += e->at - from;
+      memcpy(q, e->varint, e->varint_len);
+      q += e->varint_len;
+      if (e->data_len > 0)
+        memcpy(q, e->data, e->data_len);
+      q += e->data_len;
+      from = e->at + e->old_len;
+    }
+    memcpy(q, from, (size_t)(in + len - from));
+    q += in + len - from;
+    *out = buf;
+    *out_len = (size_t)(q - buf);
+  }
+  for (i = 0; i < rw.n; i++)
+    ferry__free(rw.edits[i].data);
+  ferry__free(rw.edits);
+  return rc;
 }

@@ -9,6 +9,9 @@
  * wins). It rejects malformed input with an error giving the byte offset
  * inside the record. The protobuf-c code generated from
  * proto/tensorflow/core/example is its test oracle.
+ *
+ * ferry__example_rewrite_bytes walks a record the same way and writes a
+ * copy with some bytes values replaced (ferryctl records optimize).
  */
 #ifndef FERRY_EXAMPLE_H
 #define FERRY_EXAMPLE_H
@@ -69,5 +72,35 @@ int ferry__feature_floats(const ferry_feature_t *f, float *out, size_t cap,
                           size_t *n);
 
 const char *ferry__feature_kind_name(ferry_feature_kind_t kind);
+
+/* Called by ferry__example_rewrite_bytes for one bytes value: `key` is
+ * the key of its map entry (not NUL-terminated; empty when the entry has
+ * none), value_index its place in its BytesList. *replacement is NULL on
+ * entry; leave it NULL to keep the value, or set it to a buffer from
+ * ferry__malloc of *replacement_len bytes, which the rewriter owns from
+ * then on (failure included). Returns 0, or a negative code that stops
+ * the rewrite. */
+typedef int (*ferry_bytes_rewrite_fn)(void *ctx, const char *key,
+                                      size_t key_len, size_t value_index,
+                                      const uint8_t *value, size_t value_len,
+                                      uint8_t **replacement,
+                                      size_t *replacement_len);
+
+/* Writes into *out (from ferry__malloc, *out_len bytes) the Example at
+ * `in` with the bytes values that `fn` replaces replaced, and every
+ * length that encloses one encoded again. fn is called for every value of
+ * every BytesList in wire order, values a later entry or list shadows
+ * included. Every other byte (unknown fields, other features, the order
+ * of fields and entries, a length's non-minimal varint where nothing
+ * inside changed) is copied as it was: with no replacement the output is
+ * the input. Accepts what ferry__example_parse accepts and fails as it
+ * does (FERRY_EVARINT, FERRY_EWIRETYPE, FERRY_EOVERRUN, the message
+ * naming the byte offset); also FERRY_EOVERRUN when a rewritten length
+ * is over 2 GiB, fn's own code (the message naming the value), or
+ * FERRY_ENOMEM. */
+int ferry__example_rewrite_bytes(const uint8_t *in, size_t len,
+                                 ferry_bytes_rewrite_fn fn, void *ctx,
+                                 uint8_t **out, size_t *out_len,
+                                 ferry_error_t *err);
 
 #endif /* FERRY_EXAMPLE_H */

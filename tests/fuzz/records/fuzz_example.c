@@ -5,13 +5,16 @@
  * protobuf-c must accept too (except for one protobuf-c merge bug, see
  * pbc_merge_bug) and agree on the distinct keys and, for each key, on the
  * last entry's kind and values. When protobuf-c accepts and ferry rejects,
- * the reason must be one where ferry is documented stricter.
+ * the reason must be one where ferry is documented stricter. The rewrite
+ * of bytes values must fail where the parser fails and otherwise write a
+ * record the parser accepts (the input itself when nothing is replaced).
  */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "example.h"
 #include "tensorflow/core/example/example.pb-c.h"
 
@@ -175,6 +178,65 @@ static void compare(const ferry_feature_t *f, const Tensorflow__Feature *v) {
   }
 }
 
+/* The rewrite's callback: keeps even-numbered values, replaces the others
+ * with one more byte (a length may cross a varint size). */
+static int grow_odd(void *ctx, const char *key, size_t key_len,
+                    size_t index, const uint8_t *value, size_t len,
+                    uint8_t **replacement, size_t *replacement_len) {
+  (void)ctx;
+  (void)key;
+  (void)key_len;
+  if (index % 2 == 0)
+    return 0;
+  *replacement = ferry__malloc(len + 1);
+  if (*replacement == NULL)
+    return FERRY_ENOMEM;
+  if (len > 0)
+    memcpy(*replacement, value, len);
+  (*replacement)[len] = 'x';
+  *replacement_len = len + 1;
+  return 0;
+}
+
+static int keep_all(void *ctx, const char *key, size_t key_len,
+                    size_t index, const uint8_t *value, size_t len,
+                    uint8_t **replacement, size_t *replacement_len) {
+  (void)ctx;
+  (void)key;
+  (void)key_len;
+  (void)index;
+  (void)value;
+  (void)len;
+  (void)replacement;
+  (void)replacement_len;
+  return 0;
+}
+
+/* ferry__example_rewrite_bytes fails exactly where the parser failed
+ * (`rc`), gives the input back when nothing is replaced, and writes a
+ * record the parser accepts when values are replaced. */
+static void check_rewrite(const uint8_t *data, size_t size, int rc) {
+  static ferry_example_t ex;
+  uint8_t *out;
+  size_t out_len;
+  int r = ferry__example_rewrite_bytes(data, size, keep_all, NULL, &out,
+                                       &out_len, NULL);
+
+  CHECK(r == rc || r == FERRY_ENOMEM || rc == FERRY_ENOMEM);
+  if (r == 0) {
+    CHECK(out_len == size && (size == 0 || memcmp(out, data, size) == 0));
+    ferry__free(out);
+  }
+  r = ferry__example_rewrite_bytes(data, size, grow_odd, NULL, &out,
+                                   &out_len, NULL);
+  CHECK(r == rc || r == FERRY_ENOMEM || rc == FERRY_ENOMEM);
+  if (r == 0) {
+    r = ferry__example_parse(&ex, out, out_len, NULL);
+    CHECK(r == 0 || r == FERRY_ENOMEM);
+    ferry__free(out);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static ferry_example_t ex; /* reused, as a worker reuses it */
   ferry_error_t err;
@@ -184,6 +246,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int rc;
 
   rc = ferry__example_parse(&ex, data, size, &err);
+  check_rewrite(data, size, rc);
   pe = tensorflow__example__unpack(NULL, size, data);
   if (rc != 0) {
     CHECK(ex.n == 0);
