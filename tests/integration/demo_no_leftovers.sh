@@ -144,6 +144,10 @@ imagenet() {
   [ "$rc" = 0 ] || bad "the --imagenet demo exited $rc"
   grep -q "JPEG quality 90: .* bytes per pixel" "$tmp/out4" ||
     bad "the --imagenet demo did not print the dataset's bytes per pixel"
+  grep -Eq "^total \(4 files\): 600 records, 600 JPEGs: 600 rewritten, 0 copied" \
+    "$tmp/out4" || bad "the --imagenet demo did not optimize its 600 JPEGs"
+  grep -q "data-optimized/train-\*.tfrecord\") | decode(jpeg)" "$tmp/out4" ||
+    bad "the --imagenet demo's job does not read the optimized dataset"
   grep -q "decode(jpeg) | random_resized_crop(224) | batch(256)" \
     "$tmp/out4" || bad "the --imagenet demo did not run its spec"
   grep -Eq "first batch: 256 images of 224x224x3, augmented on the GPU|first batch: 256 images of 224x224x3, augmented by the CPU" \
