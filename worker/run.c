@@ -1078,17 +1078,23 @@ static void cache_begin(run_t *r, const struct stat *sb) {
               err.msg);
 }
 
-/* An entry read back was damaged: the split goes on recomputed from the
- * position reached, and the entry is removed. */
-static void cache_fallback(run_t *r, const ferry_error_t *why) {
+/* The split goes on recomputed from the position reached: after an entry
+ * read back damaged (removed and counted), or after an op past the
+ * prefix failed on a sound entry's record (the shard's path judges that
+ * record under the job's error policy; the entry stays). */
+static void cache_fallback(run_t *r, const ferry_error_t *why,
+                           bool damaged) {
   wrun_t *ru = r->ru;
-  FERRY_LOG(FERRY_LOG_WARN,
-            "prefix cache: %s; recomputing the split from position %llu",
-            why->msg, (unsigned long long)r->out);
-  r->pc_corrupt++;
+  if (damaged)
+    FERRY_LOG(FERRY_LOG_WARN,
+              "prefix cache: %s; recomputing the split from position %llu",
+              why->msg, (unsigned long long)r->out);
   ferry__pcache_reader_close(ru->pc_rd);
   ru->pc_rd = NULL;
-  ferry__pcache_remove(r->th->t->cache->dir, &ru->pc_key);
+  if (damaged) {
+    r->pc_corrupt++;
+    ferry__pcache_remove(r->th->t->cache->dir, &ru->pc_key);
+  }
   /* The shard's pass counts positions from 0 again, passing over those
    * already produced without processing them (a cached split is clean:
    * every record has its position). */
@@ -1138,7 +1144,7 @@ static int run_cached(run_t *r) {
       if (ferry__pcache_reader_get_into(ru->pc_rd,
                                         ru->pc_order[ru->pc_next], slot,
                                         bytes, &e, &err) != 0) {
-        cache_fallback(r, &err);
+        cache_fallback(r, &err, true);
         return RUN_OWN;
       }
       ru->pc_next++;
@@ -1156,7 +1162,7 @@ static int run_cached(run_t *r) {
     }
     if (ferry__pcache_reader_get(ru->pc_rd, ru->pc_order[ru->pc_next], &e,
                                  &err) != 0) {
-      cache_fallback(r, &err);
+      cache_fallback(r, &err, true);
       return RUN_OWN;
     }
     int64_t t1 = sample ? ferry__thread_cpu_ns() : 0;
@@ -1170,7 +1176,7 @@ static int run_cached(run_t *r) {
                                        e.pixels, e.h, e.w, e.c, &pix, &h, &w,
                                        &perr) != 0) {
         /* The policies judge the record where it is recomputed. */
-        cache_fallback(r, &perr);
+        cache_fallback(r, &perr, false);
         return RUN_OWN;
       }
     }
