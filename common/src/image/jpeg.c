@@ -322,6 +322,18 @@ static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
   return 0;
 }
 
+/* What every decode path refuses before libjpeg sees the data: nothing,
+ * more than libjpeg's memory source takes, an image over the limits. */
+static int check_data(const ferry_jpeg_t *j, const uint8_t *src, size_t len,
+                      ferry_error_t *err) {
+  if (len == 0 || src == NULL)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
+  if (len > ULONG_MAX)
+    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
+                         len);
+  return check_limits(j, src, len, err);
+}
+
 static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                        int *h, int *w, int *cs, ferry_error_t *err) {
   int ww = 0, hh = 0, sub = 0, adobe;
@@ -330,12 +342,7 @@ static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   *h = 0;
   *w = 0;
   *cs = -1;
-  if (len == 0 || src == NULL)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
-  if (len > ULONG_MAX)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
-                         len);
-  if (check_limits(j, src, len, err) != 0)
+  if (check_data(j, src, len, err) != 0)
     return FERRY_EJPEG;
   if (tjDecompressHeader3(j->tj, src, (unsigned long)len, &ww, &hh, &sub,
                           cs) != 0) {
@@ -907,12 +914,7 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   }
   if ((rc = ensure_cinfo(j, err)) != 0)
     return rc;
-  if (len == 0 || src == NULL)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
-  if (len > ULONG_MAX)
-    return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
-                         len);
-  if (check_limits(j, src, len, err) != 0)
+  if (check_data(j, src, len, err) != 0)
     return FERRY_EJPEG;
   if (info != NULL)
     info->window = info->window_fallback = 0;

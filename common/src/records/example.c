@@ -942,8 +942,11 @@ static int rewrite_entry(rewrite_t *rw, const uint8_t *body, size_t len,
   return 0;
 }
 
-static int rewrite_features(rewrite_t *rw, const uint8_t *body, size_t len,
-                            uint64_t *new_len) {
+/* Features and Example alike: field 1 is the message one level down
+ * (the map's entries, counted; the Features), anything else is copied. */
+static int rewrite_field1(rewrite_t *rw, level_t level, const uint8_t *body,
+                          size_t len, rewrite_body_fn inner,
+                          uint64_t *new_len) {
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   field_t f;
@@ -951,42 +954,30 @@ static int rewrite_features(rewrite_t *rw, const uint8_t *body, size_t len,
 
   *new_len = len;
   while (p < end) {
-    rc = next_field(&rw->w, L_FEATURES, &p, end, &f);
+    rc = next_field(&rw->w, level, &p, end, &f);
     if (rc != 0)
       return rc;
     if (f.num != 1)
       continue;
     if (f.wire != WT_LEN)
-      return bad_wire(&rw->w, L_FEATURES, &f, "2 (length-delimited)");
-    rc = rewrite_nested(rw, L_FEATURES, &f, rewrite_entry, new_len);
+      return bad_wire(&rw->w, level, &f, "2 (length-delimited)");
+    rc = rewrite_nested(rw, level, &f, inner, new_len);
     if (rc != 0)
       return rc;
-    rw->w.entry++;
+    if (level == L_FEATURES)
+      rw->w.entry++;
   }
   return 0;
 }
 
+static int rewrite_features(rewrite_t *rw, const uint8_t *body, size_t len,
+                            uint64_t *new_len) {
+  return rewrite_field1(rw, L_FEATURES, body, len, rewrite_entry, new_len);
+}
+
 static int rewrite_example(rewrite_t *rw, const uint8_t *body, size_t len,
                            uint64_t *new_len) {
-  const uint8_t *p = body;
-  const uint8_t *end = body + len;
-  field_t f;
-  int rc;
-
-  *new_len = len;
-  while (p < end) {
-    rc = next_field(&rw->w, L_EXAMPLE, &p, end, &f);
-    if (rc != 0)
-      return rc;
-    if (f.num != 1)
-      continue;
-    if (f.wire != WT_LEN)
-      return bad_wire(&rw->w, L_EXAMPLE, &f, "2 (length-delimited)");
-    rc = rewrite_nested(rw, L_EXAMPLE, &f, rewrite_features, new_len);
-    if (rc != 0)
-      return rc;
-  }
-  return 0;
+  return rewrite_field1(rw, L_EXAMPLE, body, len, rewrite_features, new_len);
 }
 
 int ferry__example_rewrite_bytes(const uint8_t *in, size_t len,
