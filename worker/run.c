@@ -272,6 +272,7 @@ typedef struct run_s {
   /* The prefix cache: records served from entries and recomputed, entries
    * found damaged, records of this run seen by its timing sample. */
   uint64_t pc_hits, pc_misses, pc_corrupt, pc_seen, pc_read_bytes;
+  bool window_warned; /* a JPEG's tiles could not be used (logged once) */
   /* Shared production: parked waiting for the entry's producer (at the
    * entry's gen). */
   bool share_wait;
@@ -482,6 +483,16 @@ static bool do_record(run_t *r, const uint8_t *data, size_t len,
     ferry_decode_path_t dp = ferry__pipeline_ctx_last_decode(r->ctx);
     if (dp != FERRY_DECODE_NONE)
       ferry__metric_add(ferry__wmetrics()->jpeg[dp], 1);
+    if (dp == FERRY_DECODE_WINDOW_FALLBACK && !r->window_warned) {
+      r->window_warned = true;
+      FERRY_LOG(FERRY_LOG_WARN, "%s: record %llu at byte offset %llu: its "
+                "JPEG's restart-interval tiles cannot be used (%s); decoded "
+                "without them (once per split; ferry_worker_jpeg_decodes_"
+                "total{path=\"window_fallback\"} counts them all)",
+                k->file, (unsigned long long)index,
+                (unsigned long long)offset,
+                ferry__pipeline_ctx_window_why(r->ctx));
+    }
   }
   if (rc != 0) {
     if (k->policy == FERRY_ON_ERROR_SKIP) {

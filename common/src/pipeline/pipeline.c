@@ -362,6 +362,10 @@ void ferry__pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep) {
     ferry__jpeg_trim(ctx->jpeg, keep);
 }
 
+const char *ferry__pipeline_ctx_window_why(const ferry_pipeline_ctx_t *ctx) {
+  return ctx->jpeg != NULL ? ferry__jpeg_window_why(ctx->jpeg) : "";
+}
+
 void ferry__pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
                                     ferry_jpeg_crop_stats_t *out) {
   if (ctx->jpeg != NULL)

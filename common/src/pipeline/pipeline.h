@@ -78,6 +78,10 @@ void ferry__pipeline_ctx_set_jpeg_limits(ferry_pipeline_ctx_t *ctx,
  * hold more than `keep` bytes; they grow again when needed. */
 void ferry__pipeline_ctx_trim(ferry_pipeline_ctx_t *ctx, size_t keep);
 
+/* Why the ctx's last window decode fell back (FERRY_DECODE_WINDOW_
+ * FALLBACK): the byte offset in the JPEG and what was there. */
+const char *ferry__pipeline_ctx_window_why(const ferry_pipeline_ctx_t *ctx);
+
 /* The ctx's fused-decode counters (crop.h): how many JPEGs were
  * decoded partially or scaled, progressive ones, full decodes. */
 void ferry__pipeline_ctx_jpeg_stats(const ferry_pipeline_ctx_t *ctx,
