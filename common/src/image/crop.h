@@ -198,7 +198,8 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
  * window) falls back to the path above, which then decides. On by
  * default; off for comparisons. */
 void ferry__jpeg_set_window(ferry_jpeg_t *j, int on);
-/* Why the last window attempt fell back ("" when none did). */
+/* Why the last window attempt that fell back did: the byte offset in
+ * the JPEG and what was there ("" until one has). */
 const char *ferry__jpeg_window_why(const ferry_jpeg_t *j);
 
 /* The decoder's counters (zeros for a decoder that never cropped). */

@@ -70,7 +70,8 @@ typedef struct ferry_jopt_result_s {
  * for cropping. On FERRY_JOPT_REWRITTEN, *out (allocated with
  * ferry__malloc, *out_len bytes) holds the new image; otherwise *out is
  * NULL and res says why the original stays as it is. `j` decodes both
- * for the comparison (ferry__jpeg_decode, and TurboJPEG's ISLOW decode).
+ * for the comparison (ferry__jpeg_decode: the coefficients are the same,
+ * so any other DCT agrees too; unit/test_jpeg_restart checks ISLOW).
  * Returns 0 whenever res is filled in (a copied image is not an error),
  * FERRY_ENOMEM otherwise. */
 int ferry__jpeg_optimize(ferry_jpeg_t *j, const uint8_t *src, size_t len,
