@@ -293,6 +293,35 @@ Test(jpeg_restart, copied_inputs_say_why) {
   ferry__jpeg_free(j);
 }
 
+/* An image whose frame header claims more pixels than the decoders take
+ * is not read (libjpeg would hold all its coefficients). */
+Test(jpeg_restart, a_huge_frame_is_not_read) {
+  static img_t im[1];
+  ferry_jpeg_t *j;
+  ferry_error_t e;
+  ferry_jopt_result_t r;
+  uint8_t *out;
+  size_t ol, p;
+  cr_assert(ferry__jpeg_new(&j, &e) == 0);
+  cr_assert(gen_jpegs(im, 1) == 1);
+  for (p = 2; p + 9 < im[0].len; p++)
+    if (im[0].data[p] == 0xFF && im[0].data[p + 1] == 0xC0)
+      break;
+  cr_assert(p + 9 < im[0].len, "no SOF0");
+  /* 30000 x 30000: 900 M pixels. */
+  im[0].data[p + 5] = 0x75;
+  im[0].data[p + 6] = 0x30;
+  im[0].data[p + 7] = 0x75;
+  im[0].data[p + 8] = 0x30;
+  cr_assert(ferry__jpeg_optimize(j, im[0].data, im[0].len, &out, &ol, &r,
+                                 &e) == 0);
+  cr_assert(r.reason == FERRY_JOPT_UNREADABLE && out == NULL &&
+                strstr(r.detail, "30000x30000: over the limit") != NULL,
+            "%s: %s", ferry__jopt_reason_name(r.reason), r.detail);
+  free_imgs(im, 1);
+  ferry__jpeg_free(j);
+}
+
 /* One random crop op: RandomResizedCrop of random size, or Resize then
  * CenterCrop, or CenterCrop; the default scale choice or gap 2. */
 static ferry_crop_op_t random_op(uint64_t *s) {

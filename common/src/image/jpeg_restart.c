@@ -95,8 +95,8 @@ static void transcode_close(transcode_t *t) {
 }
 
 /* Reads src's coefficients and writes them with restart intervals. Sets
- * res (reason UNREADABLE, WARNINGS, TOO_SMALL or ALREADY stop early);
- * t->mem holds the new file when res->reason is REWRITTEN. */
+ * res (UNREADABLE, WARNINGS or TOO_SMALL stop early); t->mem holds the
+ * new file when res->reason is REWRITTEN. */
 static void transcode(transcode_t *t, const uint8_t *src, size_t len,
                       ferry_jopt_result_t *res) {
   jvirt_barray_ptr *coefs;
@@ -129,8 +129,14 @@ static void transcode(transcode_t *t, const uint8_t *src, size_t len,
   res->arithmetic = in->arith_code ? 1 : 0;
   if (in->num_components > 4) {
     res->reason = FERRY_JOPT_UNREADABLE;
-    set_detail(res, "%d components",
-             in->num_components);
+    set_detail(res, "%d components", in->num_components);
+    return;
+  }
+  /* libjpeg holds every coefficient of the image: the decoders' bound. */
+  if ((uint64_t)in->image_width * in->image_height > FERRY_JPEG_MAX_PIXELS) {
+    res->reason = FERRY_JOPT_UNREADABLE;
+    set_detail(res, "%ux%u: over the limit of %u pixels", in->image_width,
+               in->image_height, FERRY_JPEG_MAX_PIXELS);
     return;
   }
   coefs = jpeg_read_coefficients(in);

@@ -41,7 +41,8 @@ typedef enum {
   FERRY_JOPT_ALREADY,       /* already laid out for cropping (by this rule
                                or another interval that tiles the rows) */
   FERRY_JOPT_UNREADABLE,    /* libjpeg cannot read it (corrupt, 12-bit,
-                               lossless, hierarchical, truncated) */
+                               lossless, hierarchical, truncated), or it
+                               is over FERRY_JPEG_MAX_PIXELS */
   FERRY_JOPT_WARNINGS,      /* it decodes with warnings (damaged data):
                                what a damaged file decodes to is kept */
   FERRY_JOPT_TOO_SMALL,     /* one MCU row or column: nothing to skip */
