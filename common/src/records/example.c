@@ -277,7 +277,7 @@ static int parse_list(walk_t *w, ferry_feature_kind_t kind,
                       const uint8_t *body, size_t len, size_t *count) {
   const uint8_t *p = body;
   const uint8_t *end = body + len;
-  field_t f;
+  field_t f = {0};
   size_t n = 0;
   int rc;
 
@@ -326,7 +326,7 @@ static int parse_feature(walk_t *w, const uint8_t *body, size_t len,
                          ferry_feature_t *ft) {
   const uint8_t *p = body;
   const uint8_t *end = body + len;
-  field_t f;
+  field_t f = {0};
   size_t count;
   int rc;
 
@@ -359,7 +359,7 @@ static int parse_entry(walk_t *w, const uint8_t *body, size_t len,
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   ferry_feature_t value;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   ft->key = (const char *)body;
@@ -509,7 +509,7 @@ static int parse_features(ferry_example_t *ex, walk_t *w, const uint8_t *body,
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   ferry_feature_t ft;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   while (p < end) {
@@ -548,7 +548,7 @@ int ferry__example_parse(ferry_example_t *ex, const uint8_t *buf, size_t len,
   walk_t w = {buf, err, 0, FERRY_FEATURE_NONE};
   const uint8_t *p = buf;
   const uint8_t *end;
-  field_t f;
+  field_t f = {0};
   int rc = 0;
 
   ex->n = 0;
@@ -856,7 +856,7 @@ static int rewrite_bytes_list(rewrite_t *rw, const uint8_t *body, size_t len,
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   size_t index = 0;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   *new_len = len;
@@ -881,7 +881,7 @@ static int rewrite_feature(rewrite_t *rw, const uint8_t *body, size_t len,
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   size_t count;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   *new_len = len;
@@ -909,7 +909,7 @@ static int rewrite_entry(rewrite_t *rw, const uint8_t *body, size_t len,
   const uint8_t *p = body;
   const uint8_t *end = body + len;
   walk_t quiet = rw->w;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   /* The key first (the last one wins, as in parse_entry), wherever it
@@ -949,7 +949,7 @@ static int rewrite_field1(rewrite_t *rw, level_t level, const uint8_t *body,
                           uint64_t *new_len) {
   const uint8_t *p = body;
   const uint8_t *end = body + len;
-  field_t f;
+  field_t f = {0};
   int rc;
 
   *new_len = len;
