@@ -52,15 +52,16 @@ void ferry__wtask_unref(ferry__wtask_t *task) {
   ferry__free(task);
 }
 
-/* The pool's release callback: puts the tasks parked on that stream (or
- * on the whole pool) back at the head of the pending queue. */
-static void wake_parked(void *arg, uint64_t job_id, uint64_t client_id) {
-  ferry__wtasks_t *t = arg;
+/* Puts the parked tasks `match` picks back at the head of the pending
+ * queue and wakes the threads; returns how many moved. Tasks lock held. */
+static int requeue_parked(ferry__wtasks_t *t,
+                          bool (*match)(const ferry__wtask_t *k,
+                                        const void *arg),
+                          const void *arg) {
   int moved = 0;
-  pthread_mutex_lock(&t->lock);
   for (ferry__wtask_t **pp = &t->parked; *pp != NULL;) {
     ferry__wtask_t *k = *pp;
-    if (!k->park_pool && (k->job_id != job_id || k->client_id != client_id)) {
+    if (!match(k, arg)) {
       pp = &k->qnext;
       continue;
     }
@@ -79,6 +80,27 @@ static void wake_parked(void *arg, uint64_t job_id, uint64_t client_id) {
     pthread_mutex_unlock(&t->pool->lock);
     pthread_cond_broadcast(&t->cv);
   }
+  return moved;
+}
+
+typedef struct {
+  uint64_t job_id, client_id;
+} stream_id_t;
+
+/* Parked on the pool, or on that stream's share of it. */
+static bool parked_on_stream(const ferry__wtask_t *k, const void *arg) {
+  const stream_id_t *s = arg;
+  return k->park_pool || (k->job_id == s->job_id &&
+                          k->client_id == s->client_id);
+}
+
+/* The pool's release callback: puts the tasks parked on that stream (or
+ * on the whole pool) back at the head of the pending queue. */
+static void wake_parked(void *arg, uint64_t job_id, uint64_t client_id) {
+  ferry__wtasks_t *t = arg;
+  stream_id_t s = {job_id, client_id};
+  pthread_mutex_lock(&t->lock);
+  requeue_parked(t, parked_on_stream, &s);
   pthread_mutex_unlock(&t->lock);
 }
 
@@ -322,33 +344,16 @@ int ferry__wtasks_park_share(ferry__wtasks_t *t, ferry__wtask_t *k,
   return FERRY__WPARK_DONE;
 }
 
+static bool parked_on_entry(const ferry__wtask_t *k, const void *e) {
+  return k->share_wait == e;
+}
+
 void ferry__wtasks_wake_share(ferry__wtasks_t *t, ferry__wshare_entry_t *e) {
-  int moved = 0;
   pthread_mutex_lock(&t->lock);
-  for (ferry__wtask_t **pp = &t->parked; *pp != NULL;) {
-    ferry__wtask_t *k = *pp;
-    if (k->share_wait != e) {
-      pp = &k->qnext;
-      continue;
-    }
-    *pp = k->qnext;
-    k->state = WT_PENDING;
-    k->share_wait = NULL;
-    k->qnext = t->qhead;
-    t->qhead = k;
-    if (t->qtail == NULL)
-      t->qtail = k;
-    moved++;
-  }
+  requeue_parked(t, parked_on_entry, e);
   pthread_mutex_lock(&t->share->mu);
   e->waiting = 0;
   pthread_mutex_unlock(&t->share->mu);
-  if (moved > 0) {
-    pthread_mutex_lock(&t->pool->lock);
-    t->pool->parked -= moved;
-    pthread_mutex_unlock(&t->pool->lock);
-    pthread_cond_broadcast(&t->cv);
-  }
   pthread_mutex_unlock(&t->lock);
 }
 
