@@ -648,6 +648,25 @@ static int clampi(int v, int lo, int hi) {
   return v < lo ? lo : v > hi ? hi : v;
 }
 
+/* Scaled pixels decoded past the clip on each side: fancy upsampling at
+ * the decoded region's edge lacks its neighbour, so those pixels never
+ * reach the resampler. The window path's cut holds them too. */
+#define CONTEXT 2
+
+/* The window's clip in whole pixels at DCT scale s/8 (the image sw x sh
+ * scaled pixels), less the offset (ox, oy) of a cut, in source pixels. */
+static void scaled_clip(const ferry_window_t *win, int s, int ox, int oy,
+                        int sw, int sh, int *x0, int *x1, int *y0, int *y1) {
+  double f = s / 8.0;
+  const ferry_box_t *cl = &win->clip;
+  *x0 = clampi((int)floor(cl->left * f) - ox * s / 8, 0, sw - 1);
+  *x1 = clampi((int)ceil((cl->left + cl->width) * f) - ox * s / 8, *x0 + 1,
+               sw);
+  *y0 = clampi((int)floor(cl->top * f) - oy * s / 8, 0, sh - 1);
+  *y1 = clampi((int)ceil((cl->top + cl->height) * f) - oy * s / 8, *y0 + 1,
+               sh);
+}
+
 /* What the fused decode reads: the image itself (NULL), or a window cut
  * out of it (the window path): the cut's offset in the image and the
  * image's size, in source pixels. */
@@ -724,29 +743,23 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   sw = (int)ci->output_width;
   sh = (int)ci->output_height;
 
-  /* The clip in scaled pixels of src (whole pixels covering it), and the
-   * region to decode: 2 more on each side for the upsampler's context.
-   * A cut starts at an MCU's corner, whole scaled pixels of the image. */
+  /* The clip in scaled pixels of src, and the region to decode: CONTEXT
+   * more on each side. A cut starts at an MCU's corner, whole scaled
+   * pixels of the image. */
+  scaled_clip(&win, s, ox, oy, sw, sh, &cx0, &cx1, &cy0, &cy1);
   {
     double f = s / 8.0;
-    const ferry_box_t *cl = &win.clip;
-    cx0 = clampi((int)floor(cl->left * f) - ox * s / 8, 0, sw - 1);
-    cx1 = clampi((int)ceil((cl->left + cl->width) * f) - ox * s / 8, cx0 + 1,
-                 sw);
-    cy0 = clampi((int)floor(cl->top * f) - oy * s / 8, 0, sh - 1);
-    cy1 = clampi((int)ceil((cl->top + cl->height) * f) - oy * s / 8, cy0 + 1,
-                 sh);
     rwin.x = win.x * f - ox * s / 8;
     rwin.y = win.y * f - oy * s / 8;
     rwin.w = win.w * f;
     rwin.h = win.h * f;
   }
-  xoff = (JDIMENSION)(cx0 >= 2 ? cx0 - 2 : 0);
-  cw = (JDIMENSION)(clampi(cx1 + 2, 0, sw)) - xoff;
+  xoff = (JDIMENSION)(cx0 >= CONTEXT ? cx0 - CONTEXT : 0);
+  cw = (JDIMENSION)(clampi(cx1 + CONTEXT, 0, sw)) - xoff;
   if (xoff != 0 || cw != (JDIMENSION)sw)
     jpeg_crop_scanline(ci, &xoff, &cw); /* aligns to iMCU columns */
-  dy0 = cy0 >= 2 ? cy0 - 2 : 0;
-  dy1 = clampi(cy1 + 2, 0, sh);
+  dy0 = cy0 >= CONTEXT ? cy0 - CONTEXT : 0;
+  dy1 = clampi(cy1 + CONTEXT, 0, sh);
   if (dy0 > 0 &&
       jpeg_skip_scanlines(ci, (JDIMENSION)dy0) != (JDIMENSION)dy0) {
     jpeg_abort_decompress(ci);
@@ -826,8 +839,8 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
 }
 
 /* The window path: when src is laid out in restart-interval tiles, cut
- * the tiles that cover op's window (the clip and the 2 scaled pixels of
- * context decode_fused reads, rounded out to whole tiles) into a JPEG of
+ * the tiles that cover op's window (the clip and the CONTEXT scaled
+ * pixels decode_fused reads, rounded out to whole tiles) into a JPEG of
  * their own and decode that instead. Returns FALLBACK when the image's
  * own path must run (no tiles, nothing to gain, or damage: then counted,
  * with the reason kept in j->window_why). */
@@ -849,14 +862,12 @@ static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   s = pick_scale(&win, *oh, *ow, op->gap);
   sw = (l.width * s + 7) / 8;
   sh = (l.height * s + 7) / 8;
-  {
-    double f = s / 8.0;
-    const ferry_box_t *cl = &win.clip;
-    x0 = clampi((int)floor(cl->left * f) - 2, 0, sw);
-    x1 = clampi((int)ceil((cl->left + cl->width) * f) + 2, 0, sw);
-    y0 = clampi((int)floor(cl->top * f) - 2, 0, sh);
-    y1 = clampi((int)ceil((cl->top + cl->height) * f) + 2, 0, sh);
-  }
+  /* decode_fused's region: the clip and its context. */
+  scaled_clip(&win, s, 0, 0, sw, sh, &x0, &x1, &y0, &y1);
+  x0 = x0 >= CONTEXT ? x0 - CONTEXT : 0;
+  x1 = clampi(x1 + CONTEXT, 0, sw);
+  y0 = y0 >= CONTEXT ? y0 - CONTEXT : 0;
+  y1 = clampi(y1 + CONTEXT, 0, sh);
   /* Scaled pixels to MCUs: an MCU is mcu_w * s / 8 scaled pixels. */
   r = l.restart;
   mx0 = x0 * 8 / (l.mcu_w * s) / r * r;
