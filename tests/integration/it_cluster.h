@@ -25,6 +25,15 @@ static inline void it_cluster(hx_proc_t **d, hx_proc_t **w, int n,
   cr_assert_eq(seen, n, "%d of %d workers registered within 10 s", seen, n);
 }
 
+/* A 64-bit FNV-1a digest of one record's pixels and label: records of
+ * two runs compared by id. */
+static inline uint64_t it_digest(const uint8_t *p, size_t n, int64_t label) {
+  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)label;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 /* ferry_client_new that must succeed. */
 static inline ferry_client_t *it_new_client(const ferry_client_options_t *o) {
   ferry_client_t *c = NULL;

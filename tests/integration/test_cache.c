@@ -29,14 +29,6 @@ static void reset(void) {}
 
 HX_SUITE(cache, 600, reset, NULL);
 
-/* A 64-bit FNV-1a digest of one record's pixels and label. */
-static uint64_t digest(const uint8_t *p, size_t n, int64_t label) {
-  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)label;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 static size_t slot_of(uint64_t id) {
   size_t f = (size_t)(id >> 40), r = (size_t)(id & ((1ull << 40) - 1));
   cr_assert(f < FILES && r < PER_FILE, "unexpected id %llx",
@@ -67,7 +59,7 @@ static uint32_t epoch(ferry_client_t *c, uint64_t *dig, const char *what,
       cr_assert_eq(seen[s], 0, "%s: record %llx delivered twice", what,
                    (unsigned long long)b->ids[i]);
       seen[s] = 1;
-      dig[s] = digest(b->images + i * img, img, b->labels[i]);
+      dig[s] = it_digest(b->images + i * img, img, b->labels[i]);
     }
     ferry_batch_release(c, b);
     if (++batches == kill_at && on_batch != NULL)

@@ -27,13 +27,6 @@ static void reset(void) {}
 
 HX_SUITE(jpeg_tiles, 300, reset, NULL);
 
-static uint64_t digest(const uint8_t *p, size_t n, int64_t label) {
-  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)label;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 static void sh(const char *cmd) {
   hx_run_t r;
   char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
@@ -52,15 +45,11 @@ typedef struct {
 
 static void run(const char *dir, uint64_t *dig, counts_t *n) {
   hx_proc_t *d, *w;
-  char why[512], metrics[64], spec[900];
+  char metrics[64], spec[900];
   const char *argv[] = {"--metrics-port", "0", NULL};
   hx_daemon_opts_t wo = {.threads = 2, .extra_argv = argv};
-  cr_assert_eq(hx_start_dispatcher(&d, NULL, why, sizeof(why)), 0, "%s",
-               why);
-  cr_assert_eq(hx_start_worker(&w, d->addr, &wo, why, sizeof(why)), 0, "%s",
-               why);
+  it_cluster(&d, &w, 1, NULL, &wo);
   cr_assert_eq(hx_metrics_address(w, 5000, metrics, sizeof(metrics)), 0);
-  cr_assert_eq(hx_wait_workers(d->addr, 1, 10000), 1);
   snprintf(spec, sizeof(spec), "tfrecord(\"%s/*.tfrecord\") | decode(jpeg) "
            "| random_resized_crop(64) | batch(16)", dir);
   ferry_client_options_t o;
@@ -88,7 +77,7 @@ static void run(const char *dir, uint64_t *dig, counts_t *n) {
       size_t s = f * PER_FILE + r;
       cr_assert_eq(seen[s]++, 0, "%s: record %zu of file %zu twice", dir, r,
                    f);
-      dig[s] = digest(b->images + i * one, one, b->labels[i]);
+      dig[s] = it_digest(b->images + i * one, one, b->labels[i]);
       got++;
     }
     ferry_batch_release(c, b);

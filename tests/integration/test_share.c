@@ -29,13 +29,6 @@ static void reset(void) {}
 
 HX_SUITE(share, 600, reset, NULL);
 
-static uint64_t digest(const uint8_t *p, size_t n, int64_t label) {
-  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)label;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 typedef struct trainer_s {
   const char *dispatcher, *spec;
   int epochs;
@@ -94,7 +87,7 @@ static void *trainer_main(void *arg) {
       }
       t->seen[e][s] = 1;
       atomic_fetch_add(&t->progress, 1);
-      t->dig[e][s] = digest(b->images + i * img, img, b->labels[i]);
+      t->dig[e][s] = it_digest(b->images + i * img, img, b->labels[i]);
     }
     ferry_batch_release(c, b);
     if (t->step_us > 0)
