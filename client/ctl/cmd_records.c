@@ -719,15 +719,16 @@ static const char index_footer[] =
     "\nExit status: 0 when every index was written, 1 when a file has a bad\n"
     "record, 2 on usage errors and unreadable or compressed files.\n";
 
-/* Prints `err` as "ferryctl records index: PATH: message", leaving out the
- * path when the message already names it. */
-static void index_error(const char *path, const ferry_error_t *err, int rc) {
+/* Prints `err` as "ferryctl records CMD: PATH: message (CODE)", leaving
+ * out the path when there is none or the message already names it. */
+static void records_error(const char *cmd, const char *path,
+                          const ferry_error_t *err, int rc) {
   const char *msg = err->msg[0] ? err->msg : ferry_strerror(rc);
-  if (strstr(msg, path) != NULL)
-    fprintf(stderr, "ferryctl records index: %s (%s)\n", msg,
+  if (path == NULL || strstr(msg, path) != NULL)
+    fprintf(stderr, "ferryctl records %s: %s (%s)\n", cmd, msg,
             ferry_err_name(rc));
   else
-    fprintf(stderr, "ferryctl records index: %s: %s (%s)\n", path, msg,
+    fprintf(stderr, "ferryctl records %s: %s: %s (%s)\n", cmd, path, msg,
             ferry_err_name(rc));
 }
 
@@ -741,7 +742,7 @@ static int index_one(const char *path, const char *out_dir) {
   ferry_error_clear(&err);
   int c = ferry__tfr_sniff_file(path, &err);
   if (c < 0) {
-    index_error(path, &err, c);
+    records_error("index", path, &err, c);
     return FERRYCTL_EXIT_USAGE;
   }
   if (c != FERRY_COMPRESSION_NONE) {
@@ -756,7 +757,7 @@ static int index_one(const char *path, const char *out_dir) {
   size_t n = 0;
   int rc = ferry__tfr_index_build(path, &e, &n, &err);
   if (rc < 0) {
-    index_error(path, &err, rc);
+    records_error("index", path, &err, rc);
     ferry_free(e);
     return is_framing_error(rc) ? FERRYCTL_EXIT_BAD : FERRYCTL_EXIT_USAGE;
   }
@@ -782,7 +783,7 @@ static int index_one(const char *path, const char *out_dir) {
   }
   rc = ferry__tfr_index_write(out, e, n, &err);
   if (rc < 0) {
-    index_error(out, &err, rc);
+    records_error("index", out, &err, rc);
   } else {
     printf("%s: %zu records\n", out, n);
   }
@@ -1098,19 +1099,6 @@ static int pool_open(opt_pool_t *p, int n, ferry_error_t *err) {
   return 0;
 }
 
-/* Prints `err` as "ferryctl records optimize: PATH: message (CODE)",
- * leaving out the path when the message already names it. */
-static void optimize_error(const char *path, const ferry_error_t *err,
-                           int rc) {
-  const char *msg = err->msg[0] ? err->msg : ferry_strerror(rc);
-  if (path == NULL || strstr(msg, path) != NULL)
-    fprintf(stderr, "ferryctl records optimize: %s (%s)\n", msg,
-            ferry_err_name(rc));
-  else
-    fprintf(stderr, "ferryctl records optimize: %s: %s (%s)\n", path, msg,
-            ferry_err_name(rc));
-}
-
 static bool is_bad_data(int rc) {
   return is_framing_error(rc) || rc == FERRY_ECOMPRESS;
 }
@@ -1251,7 +1239,7 @@ static int optimize_one(opt_pool_t *p, const opt_file_t *f,
   if (rc < 0) {
     unlink(f->tmp);
     unlink(f->idx_tmp);
-    optimize_error(f->in, err, rc);
+    records_error("optimize", f->in, err, rc);
     return is_bad_data(rc) ? FERRYCTL_EXIT_BAD : FERRYCTL_EXIT_USAGE;
   }
   return FERRYCTL_EXIT_OK;
@@ -1603,7 +1591,7 @@ static int cmd_optimize(int argc, char **argv) {
   ferry_error_clear(&err);
   int prc = pool_open(&pool, threads, &err);
   if (prc < 0) {
-    optimize_error(NULL, &err, prc);
+    records_error("optimize", NULL, &err, prc);
     plan_free(&pl);
     ferry__options_free(optimize_table, OPTIMIZE_N, &o);
     return FERRYCTL_EXIT_USAGE;
