@@ -801,11 +801,10 @@ static void share_begin(run_t *r) {
 
 /* A producer stops producing (`complete`: at the split's end); the tasks
  * waiting on its entry wake to take over or finish. */
-static void share_end(run_t *r, bool complete) {
-  wrun_t *ru = r->ru;
-  ferry__wtasks_t *t = r->th->t;
+static void share_end(wrun_t *ru, bool complete) {
   if (ru == NULL || ru->share_e == NULL || !ru->share_producer)
     return;
+  ferry__wtasks_t *t = ru->share_t;
   bool wake;
   ferry__wshare_end(t->share, ru->share_e, complete, &wake);
   ru->share_producer = false;
@@ -817,16 +816,9 @@ static void share_end(run_t *r, bool complete) {
 static void share_drop(wrun_t *ru, bool complete) {
   if (ru == NULL || ru->share_e == NULL)
     return;
-  ferry__wtasks_t *t = ru->share_t;
-  if (ru->share_producer) {
-    bool wake;
-    ferry__wshare_end(t->share, ru->share_e, complete, &wake);
-    if (wake)
-      ferry__wtasks_wake_share(t, ru->share_e);
-  }
-  ferry__wshare_put(t->share, ru->share_e);
+  share_end(ru, complete);
+  ferry__wshare_put(ru->share_t->share, ru->share_e);
   ru->share_e = NULL;
-  ru->share_producer = false;
 }
 
 /* Sends the task's records from its entry, from r->out. Returns FERRY_EOF
@@ -1415,7 +1407,7 @@ bool ferry__wtask_step(ferry__wthread_t *th, ferry__wtask_t *k, bool may_park) {
          * window when it runs again), so no trainer waits for another. */
         if (ru->share_producer &&
             ferry__wshare_waiting(t->share, ru->share_e))
-          share_end(&r, false);
+          share_end(r.ru, false);
         pr = park(t, k, &r);
       }
       if (pr == PARK_DONE) {
