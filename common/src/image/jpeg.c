@@ -30,6 +30,7 @@
 #include "alloc.h"
 #include "crop.h"
 #include "imgops_internal.h"
+#include "jpeg_huff.h"
 #include "jpeg_restart.h"
 
 /* TensorFlow refuses images of 2^29 samples or more before decoding
@@ -65,11 +66,11 @@ struct ferry_jpeg_s {
   ferry_jpeg_crop_stats_t stats;
   ferry_jpeg_limits_t lim;
   /* The window path (jpeg_restart.h): on unless switched off, the tiles
-   * of the last image, the cut and why the last attempt fell back. */
+   * of the last image, its entropy decoder and why the last attempt fell
+   * back. */
   int window;
   ferry_jpeg_tiles_t tiles;
-  uint8_t *cut;
-  size_t cut_cap;
+  ferry_jpeg_huff_t huff;
   char window_why[320];
 };
 
@@ -107,11 +108,6 @@ void ferry__jpeg_trim(ferry_jpeg_t *j, size_t keep) {
     j->cmyk = NULL;
     j->cmyk_cap = 0;
   }
-  if (j->cut_cap > keep) {
-    ferry__free(j->cut);
-    j->cut = NULL;
-    j->cut_cap = 0;
-  }
   if (j->tiles.cap * sizeof(*j->tiles.start) > keep)
     ferry__jpeg_tiles_free(&j->tiles);
 }
@@ -126,7 +122,6 @@ void ferry__jpeg_free(ferry_jpeg_t *j) {
   ferry__free(j->region);
   ferry__resampler_free(j->rs);
   ferry__jpeg_tiles_free(&j->tiles);
-  ferry__free(j->cut);
   ferry__free(j);
 }
 
@@ -650,37 +645,29 @@ static int clampi(int v, int lo, int hi) {
 
 /* Scaled pixels decoded past the clip on each side: fancy upsampling at
  * the decoded region's edge lacks its neighbour, so those pixels never
- * reach the resampler. The window path's cut holds them too. */
+ * reach the resampler. The window path's box covers them too. */
 #define CONTEXT 2
 
 /* The window's clip in whole pixels at DCT scale s/8 (the image sw x sh
- * scaled pixels), less the offset (ox, oy) of a cut, in source pixels. */
-static void scaled_clip(const ferry_window_t *win, int s, int ox, int oy,
-                        int sw, int sh, int *x0, int *x1, int *y0, int *y1) {
+ * scaled pixels). */
+static void scaled_clip(const ferry_window_t *win, int s, int sw, int sh,
+                        int *x0, int *x1, int *y0, int *y1) {
   double f = s / 8.0;
   const ferry_box_t *cl = &win->clip;
-  *x0 = clampi((int)floor(cl->left * f) - ox * s / 8, 0, sw - 1);
-  *x1 = clampi((int)ceil((cl->left + cl->width) * f) - ox * s / 8, *x0 + 1,
-               sw);
-  *y0 = clampi((int)floor(cl->top * f) - oy * s / 8, 0, sh - 1);
-  *y1 = clampi((int)ceil((cl->top + cl->height) * f) - oy * s / 8, *y0 + 1,
-               sh);
+  *x0 = clampi((int)floor(cl->left * f), 0, sw - 1);
+  *x1 = clampi((int)ceil((cl->left + cl->width) * f), *x0 + 1, sw);
+  *y0 = clampi((int)floor(cl->top * f), 0, sh - 1);
+  *y1 = clampi((int)ceil((cl->top + cl->height) * f), *y0 + 1, sh);
 }
 
-/* What the fused decode reads: the image itself (NULL), or a window cut
- * out of it (the window path): the cut's offset in the image and the
- * image's size, in source pixels. */
-typedef struct {
-  int ox, oy, h, w;
-} cut_t;
+enum { FALLBACK = 1 }; /* the window path failed: take the image's path */
 
-enum { FALLBACK = 1 }; /* decode_fused on a cut: take the image's path */
-
-/* Decodes op's window of src fused with the crop. On a cut (`cut` not
- * NULL), any libjpeg warning or error returns FALLBACK: the image's own
- * path then decides (and reports) what the damage means. */
+/* Decodes op's window of src fused with the crop. On the window path
+ * (`hw` not NULL: the tiles and the box), hw decodes the entropy-coded
+ * data, and any libjpeg warning or error returns FALLBACK: the image's
+ * own path then decides (and reports) what the damage means. */
 static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
-                        const ferry_crop_op_t *op, const cut_t *cut,
+                        const ferry_crop_op_t *op, ferry_jpeg_huff_t *hw,
                         uint8_t *dst, size_t cap, int *oh, int *ow,
                         ferry_jpeg_crop_info_t *info, ferry_error_t *err) {
   struct jpeg_decompress_struct *ci = &j->cinfo;
@@ -697,7 +684,7 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (setjmp(e->jb)) {
     int code = e->eof ? FERRY_EJPEGTRUNC : FERRY_EJPEG;
     jpeg_abort_decompress(ci);
-    if (cut != NULL)
+    if (hw != NULL)
       return FALLBACK;
     if (e->warnings > 0 && strcmp(e->msg, e->first) != 0)
       return ferry__seterr(err, code, "jpeg: %s (after: %s)", e->msg,
@@ -707,13 +694,12 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   jpeg_mem_src(ci, src, (unsigned long)len);
   if (jpeg_read_header(ci, TRUE) != JPEG_HEADER_OK) {
     jpeg_abort_decompress(ci);
-    if (cut != NULL)
+    if (hw != NULL)
       return FALLBACK;
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image in the data");
   }
-  h = cut != NULL ? cut->h : (int)ci->image_height;
-  w = cut != NULL ? cut->w : (int)ci->image_width;
-  const int ox = cut != NULL ? cut->ox : 0, oy = cut != NULL ? cut->oy : 0;
+  h = (int)ci->image_height;
+  w = (int)ci->image_width;
   if (h <= 0 || w <= 0) {
     jpeg_abort_decompress(ci);
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: no image (size %dx%d)", w,
@@ -739,18 +725,21 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   /* RGBX: 4 bytes a pixel, which the resampler reads as one vector. */
   ci->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGBX;
   jpeg_start_decompress(ci);
+  if (hw != NULL && ferry__jpeg_huff_attach(hw, ci) != 0) {
+    jpeg_abort_decompress(ci);
+    return FALLBACK;
+  }
   progressive = jpeg_has_multiple_scans(ci) ? 1 : 0;
   sw = (int)ci->output_width;
   sh = (int)ci->output_height;
 
   /* The clip in scaled pixels of src, and the region to decode: CONTEXT
-   * more on each side. A cut starts at an MCU's corner, whole scaled
-   * pixels of the image. */
-  scaled_clip(&win, s, ox, oy, sw, sh, &cx0, &cx1, &cy0, &cy1);
+   * more on each side. */
+  scaled_clip(&win, s, sw, sh, &cx0, &cx1, &cy0, &cy1);
   {
     double f = s / 8.0;
-    rwin.x = win.x * f - ox * s / 8;
-    rwin.y = win.y * f - oy * s / 8;
+    rwin.x = win.x * f;
+    rwin.y = win.y * f;
     rwin.w = win.w * f;
     rwin.h = win.h * f;
   }
@@ -763,7 +752,7 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (dy0 > 0 &&
       jpeg_skip_scanlines(ci, (JDIMENSION)dy0) != (JDIMENSION)dy0) {
     jpeg_abort_decompress(ci);
-    if (cut != NULL)
+    if (hw != NULL)
       return FALLBACK;
     return ferry__seterr(err, FERRY_EJPEG,
                          "jpeg: cannot skip to row %d of %d", dy0, sh);
@@ -786,7 +775,7 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   }
   adobe = ci->saw_Adobe_marker ? 1 : 0;
   jpeg_abort_decompress(ci);
-  if (cut != NULL) {
+  if (hw != NULL) {
     if (e->warnings > 0)
       return FALLBACK;
   } else {
@@ -818,13 +807,12 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
     info->win = win;
     info->scale = s;
     info->progressive = progressive;
-    info->decoded = (ferry_box_t){dy0 + oy * s / 8, (int)xoff + ox * s / 8,
-                                  rows, (int)cw};
-    info->window = cut != NULL;
+    info->decoded = (ferry_box_t){dy0, (int)xoff, rows, (int)cw};
+    info->window = hw != NULL;
     info->window_fallback = 0;
   }
   j->stats.images++;
-  if (cut != NULL) {
+  if (hw != NULL) {
     j->stats.window++;
     j->stats.by_scale[s]++;
   } else if (s < 8 || rows < sh || (int)cw < sw) {
@@ -838,21 +826,21 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   return 0;
 }
 
-/* The window path: when src is laid out in restart-interval tiles, cut
- * the tiles that cover op's window (the clip and the CONTEXT scaled
- * pixels decode_fused reads, rounded out to whole tiles) into a JPEG of
- * their own and decode that instead. Returns FALLBACK when the image's
- * own path must run (no tiles, nothing to gain, or damage: then counted,
- * with the reason kept in j->window_why). */
+/* The window path: when src is laid out in restart-interval tiles,
+ * decode_fused runs with jpeg_huff.h's entropy decoder, which decodes only
+ * the MCUs of the box that covers op's window (the clip and the CONTEXT
+ * scaled pixels decode_fused reads), entering each row at the tile that
+ * holds the box's first column. Returns FALLBACK when the image's own
+ * path must run (no tiles, nothing to gain, or damage: then counted, with
+ * the reason kept in j->window_why). */
 static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                          const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
                          int *oh, int *ow, ferry_jpeg_crop_info_t *info,
                          ferry_error_t *err) {
+  ferry_jpeg_huff_t *hw = &j->huff;
   ferry_jpeg_layout_t l;
   ferry_window_t win;
-  cut_t cut;
-  int s, sw, sh, x0, x1, y0, y1, mx0, mx1, my0, my1, r, rc;
-  long n;
+  int s, sw, sh, x0, x1, y0, y1, mx0, mx1, my0, my1, rc;
 
   if (!j->window || ferry__jpeg_layout(src, len, &l, NULL, 0) != 1)
     return FALLBACK;
@@ -863,26 +851,22 @@ static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   sw = (l.width * s + 7) / 8;
   sh = (l.height * s + 7) / 8;
   /* decode_fused's region: the clip and its context. */
-  scaled_clip(&win, s, 0, 0, sw, sh, &x0, &x1, &y0, &y1);
+  scaled_clip(&win, s, sw, sh, &x0, &x1, &y0, &y1);
   x0 = x0 >= CONTEXT ? x0 - CONTEXT : 0;
   x1 = clampi(x1 + CONTEXT, 0, sw);
   y0 = y0 >= CONTEXT ? y0 - CONTEXT : 0;
   y1 = clampi(y1 + CONTEXT, 0, sh);
-  /* Scaled pixels to MCUs: an MCU is mcu_w * s / 8 scaled pixels. */
-  r = l.restart;
-  mx0 = x0 * 8 / (l.mcu_w * s) / r * r;
+  /* Scaled pixels to MCUs (an MCU is mcu_w * s / 8 scaled pixels wide):
+   * the region's MCUs, the first column rounded down to a tile's. The
+   * MCUs around the box that libjpeg's upsampler reads come out zero;
+   * they reach only the CONTEXT pixels. */
+  mx0 = x0 * 8 / (l.mcu_w * s) / l.restart * l.restart;
   mx1 = (x1 * 8 + l.mcu_w * s - 1) / (l.mcu_w * s);
-  mx1 = (mx1 + r - 1) / r * r;
   mx1 = mx1 < l.mcus_x ? mx1 : l.mcus_x;
   my0 = y0 * 8 / (l.mcu_h * s);
   my1 = (y1 * 8 + l.mcu_h * s - 1) / (l.mcu_h * s);
   my1 = my1 < l.mcus_y ? my1 : l.mcus_y;
   if (mx1 <= mx0 || my1 <= my0)
-    return FALLBACK;
-  /* The image's path entropy-decodes every MCU row down to my1: cut only
-   * when the window's tiles are less than 9/10 of that. */
-  if ((long long)(mx1 - mx0) * (my1 - my0) * 10 >=
-      (long long)l.mcus_x * my1 * 9)
     return FALLBACK;
   rc = ferry__jpeg_tiles_find(src, len, &l, &j->tiles, j->window_why,
                               sizeof(j->window_why));
@@ -892,22 +876,24 @@ static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
     j->stats.window_fallback++;
     return FALLBACK;
   }
-  n = ferry__jpeg_window_cut(src, len, &l, &j->tiles, mx0, my0, mx1, my1,
-                             &j->cut, &j->cut_cap);
-  if (n == -2)
-    return ferry__seterr(err, FERRY_ENOMEM, "jpeg: out of memory");
-  if (n < 0)
-    return FALLBACK;
-  cut = (cut_t){mx0 * l.mcu_w, my0 * l.mcu_h, l.height, l.width};
-  rc = decode_fused(j, j->cut, (size_t)n, op, &cut, dst, cap, oh, ow, info,
-                    err);
+  hw->src = src;
+  hw->layout = &l;
+  hw->tiles = &j->tiles;
+  hw->mx0 = mx0;
+  hw->mx1 = mx1;
+  hw->my0 = my0;
+  hw->my1 = my1;
+  hw->why[0] = '\0';
+  rc = decode_fused(j, src, len, op, hw, dst, cap, oh, ow, info, err);
   if (rc == FALLBACK) {
     snprintf(j->window_why, sizeof(j->window_why),
              "the window of MCUs [%d, %d) x [%d, %d) decodes with a "
-             "warning or an error: %.180s", mx0, mx1, my0, my1,
-             j->cerr.warnings ? j->cerr.first : j->cerr.msg);
+             "warning or an error: %.200s", mx0, mx1, my0, my1,
+             hw->why[0] != '\0' ? hw->why
+             : j->cerr.warnings ? j->cerr.first : j->cerr.msg);
     j->stats.window_fallback++;
   }
+  hw->layout = NULL;
   return rc;
 }
 

@@ -110,6 +110,12 @@ typedef struct ferry_jpeg_tiles_s {
 } ferry_jpeg_tiles_t;
 void ferry__jpeg_tiles_free(ferry_jpeg_tiles_t *t);
 
+/* One past interval i's entropy-coded data (its marker not included). */
+static inline size_t ferry__jpeg_tile_end(const ferry_jpeg_tiles_t *t,
+                                          size_t i) {
+  return i + 1 < t->n ? t->start[i + 1] - 2 : t->start[t->n];
+}
+
 /* Finds every interval of the scan: the markers must be RST0..RST7 in
  * sequence, their number ceil(MCUs / restart), and the scan must end at
  * EOI. -1 with why (the byte offset and what was there) when not, 0 when

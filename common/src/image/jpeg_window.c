@@ -214,11 +214,6 @@ int ferry__jpeg_tiles_find(const uint8_t *d, size_t n,
   }
 }
 
-/* Bytes of interval i's entropy-coded data (without its marker). */
-static size_t tile_end(const ferry_jpeg_tiles_t *t, size_t i) {
-  return i + 1 < t->n ? t->start[i + 1] - 2 : t->start[t->n];
-}
-
 long ferry__jpeg_window_cut(const uint8_t *d, size_t n,
                             const ferry_jpeg_layout_t *l,
                             const ferry_jpeg_tiles_t *t, int mx0, int my0,
@@ -239,7 +234,7 @@ long ferry__jpeg_window_cut(const uint8_t *d, size_t n,
   for (int y = my0; y < my1; y++) {
     size_t a = (size_t)y * per_row;
     need += t->start[a + c1 - 1] - t->start[a + c0] + 2 * (size_t)(c1 - c0);
-    need += tile_end(t, a + c1 - 1) - t->start[a + c1 - 1];
+    need += ferry__jpeg_tile_end(t, a + c1 - 1) - t->start[a + c1 - 1];
   }
   if (need > *cap) {
     uint8_t *p = ferry__malloc(need + need / 4);
@@ -259,7 +254,7 @@ long ferry__jpeg_window_cut(const uint8_t *d, size_t n,
   for (int y = my0; y < my1; y++) {
     size_t a = (size_t)y * per_row;
     for (int c = c0; c < c1; c++) {
-      size_t s = t->start[a + c], e = tile_end(t, a + c);
+      size_t s = t->start[a + c], e = ferry__jpeg_tile_end(t, a + c);
       if (k > 0) {
         o[at++] = 0xFF;
         o[at++] = (uint8_t)(0xD0 + (k - 1) % 8);
