@@ -110,6 +110,8 @@ void ferry__jpeg_trim(ferry_jpeg_t *j, size_t keep) {
   }
   if (j->tiles.cap * sizeof(*j->tiles.start) > keep)
     ferry__jpeg_tiles_free(&j->tiles);
+  if (j->huff.coef_cap > keep)
+    ferry__jpeg_huff_free(&j->huff);
 }
 
 void ferry__jpeg_free(ferry_jpeg_t *j) {
@@ -122,6 +124,7 @@ void ferry__jpeg_free(ferry_jpeg_t *j) {
   ferry__free(j->region);
   ferry__resampler_free(j->rs);
   ferry__jpeg_tiles_free(&j->tiles);
+  ferry__jpeg_huff_free(&j->huff);
   ferry__free(j);
 }
 

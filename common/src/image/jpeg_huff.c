@@ -16,6 +16,8 @@
 
 #include <jerror.h>
 
+#include "alloc.h"
+
 #define FB FERRY_HUFF_FAST_BITS
 
 typedef struct {
@@ -112,56 +114,107 @@ static const uint8_t natural[64] = {
     35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
 
-/* One block (F.2.2): the DC difference onto *pred, then the ACs in
- * zigzag order, stored where libjpeg stores them (quantized, natural
- * order; the caller zeroed the block). */
+/* A block's DC (F.2.2.1): the difference onto *pred, stored quantized as
+ * libjpeg stores it. */
 static inline __attribute__((always_inline)) int
-block(br_t *b, const ferry_huff_table_t *dc, const ferry_huff_table_t *ac,
-      int *pred, JCOEF *blk) {
+dc_step(br_t *b, const ferry_huff_table_t *dc, int *pred, JCOEF *blk) {
   int s;
   if (b->bits < 32)
     fill(b);
   if ((s = symbol(b, dc)) < 0)
-    return BAD_CODE;
+    return -BAD_CODE;
   if (s != 0)
     *pred += value(b, s);
   blk[0] = (JCOEF)*pred;
-  for (int k = 1; k < 64; k++) {
-    int f;
-    if (b->bits < 32)
-      fill(b);
-    f = ac->fast_ac[b->acc >> (64 - FB)];
-    if (f != 0) {
-      k += (f >> 4) & 15;
-      consume(b, f & 15);
-      if (k > 63)
-        return PAST_63;
-      blk[natural[k]] = (JCOEF)(f >> 8);
-      continue;
-    }
-    if ((s = symbol(b, ac)) < 0)
-      return BAD_CODE;
-    if ((s & 15) != 0) {
-      k += s >> 4;
-      if (k > 63)
-        return PAST_63;
-      blk[natural[k]] = (JCOEF)value(b, s & 15);
-    } else if (s >> 4 == 15) {
-      k += 15; /* sixteen zeros */
-    } else {
-      break; /* end of block */
-    }
-  }
   return 0;
 }
 
-static void fail(j_decompress_ptr ci, ferry_jpeg_huff_t *h, const char *fmt,
-                 ...) __attribute__((format(printf, 3, 4)));
-static void fail(j_decompress_ptr ci, ferry_jpeg_huff_t *h, const char *fmt,
-                 ...) {
+/* One AC symbol of a block (F.2.2.2) at zigzag position *k: 0 while the
+ * block goes on, 1 when it is done (end of block, or the 64th
+ * coefficient), -BAD_CODE or -PAST_63. Stores in natural order. */
+static inline __attribute__((always_inline)) int
+ac_step(br_t *b, const ferry_huff_table_t *ac, int *kp, JCOEF *blk) {
+  int k = *kp, f, s;
+  if (b->bits < 32)
+    fill(b);
+  f = ac->fast_ac[b->acc >> (64 - FB)];
+  if (f != 0) {
+    k += (f >> 4) & 15;
+    consume(b, f & 15);
+    if (k > 63)
+      return -PAST_63;
+    blk[natural[k]] = (JCOEF)(f >> 8);
+    *kp = k + 1;
+    return k == 63;
+  }
+  if ((s = symbol(b, ac)) < 0)
+    return -BAD_CODE;
+  if ((s & 15) != 0) {
+    k += s >> 4;
+    if (k > 63)
+      return -PAST_63;
+    blk[natural[k]] = (JCOEF)value(b, s & 15);
+    *kp = k + 1;
+    return k == 63;
+  }
+  if (s >> 4 == 15) { /* sixteen zeros */
+    *kp = k + 16;
+    return k + 16 > 63;
+  }
+  return 1; /* end of block */
+}
+
+/* One stream: an interval being decoded. */
+typedef struct {
+  br_t b;
+  int pred[MAX_COMPS_IN_SCAN];
+  size_t interval;
+  int err; /* -BAD_CODE, -PAST_63 or 0 */
+} stream_t;
+
+/* Block n of an MCU in one stream, or in two at once: the two bit
+ * streams are independent, so each one's table lookups and shifts run
+ * while the other's wait (Huffman decoding is one long chain of them). */
+/* (The readers are the callers' locals, whose addresses go nowhere else:
+ * so they live in registers.) */
+static inline __attribute__((always_inline)) int
+block1(const ferry_jpeg_huff_t *h, int n, br_t *b, stream_t *x, JCOEF *bx) {
+  int k = 1, r;
+  if ((r = dc_step(b, h->dc_of[n], &x->pred[h->comp_of[n]], bx)) < 0)
+    return x->err = r;
+  while ((r = ac_step(b, h->ac_of[n], &k, bx)) == 0)
+    ;
+  return x->err = r < 0 ? r : 0;
+}
+
+static inline __attribute__((always_inline)) int
+block2(const ferry_jpeg_huff_t *h, int n, br_t *b, stream_t *x, JCOEF *bx,
+       br_t *c, stream_t *y, JCOEF *by) {
+  const ferry_huff_table_t *ac = h->ac_of[n];
+  int kx = 1, ky = 1, rx, ry;
+  if ((x->err = dc_step(b, h->dc_of[n], &x->pred[h->comp_of[n]], bx)) < 0 ||
+      (y->err = dc_step(c, h->dc_of[n], &y->pred[h->comp_of[n]], by)) < 0)
+    return -1;
+  do {
+    rx = ac_step(b, ac, &kx, bx);
+    ry = ac_step(c, ac, &ky, by);
+  } while ((rx | ry) == 0);
+  while (rx == 0)
+    rx = ac_step(b, ac, &kx, bx);
+  while (ry == 0)
+    ry = ac_step(c, ac, &ky, by);
+  x->err = rx < 0 ? rx : 0;
+  y->err = ry < 0 ? ry : 0;
+  return x->err | y->err;
+}
+
+static void fail(j_decompress_ptr ci, ferry_jpeg_huff_t *h, size_t interval,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail(j_decompress_ptr ci, ferry_jpeg_huff_t *h, size_t interval,
+                 const char *fmt, ...) {
   va_list ap;
   int n = snprintf(h->why, sizeof(h->why), "restart interval %zu at byte %u: ",
-                   h->interval, h->tiles->start[h->interval]);
+                   interval, h->tiles->start[interval]);
   va_start(ap, fmt);
   if (n > 0 && (size_t)n < sizeof(h->why))
     vsnprintf(h->why + n, sizeof(h->why) - (size_t)n, fmt, ap);
@@ -170,64 +223,104 @@ static void fail(j_decompress_ptr ci, ferry_jpeg_huff_t *h, const char *fmt,
   (*ci->err->error_exit)((j_common_ptr)ci); /* longjmps */
 }
 
-static void begin(ferry_jpeg_huff_t *h, br_t *b, size_t i) {
-  h->interval = i;
-  h->left = h->layout->restart;
-  memset(h->pred, 0, sizeof(h->pred));
-  *b = (br_t){0, 0, 0, h->src + h->tiles->start[i],
-              h->src + ferry__jpeg_tile_end(h->tiles, i)};
+static void begin(const ferry_jpeg_huff_t *h, stream_t *x, size_t i) {
+  x->interval = i;
+  memset(x->pred, 0, sizeof(x->pred));
+  x->b = (br_t){0, 0, 0, h->src + h->tiles->start[i],
+                h->src + ferry__jpeg_tile_end(h->tiles, i)};
+}
+
+/* After a stream's MCUs: its data must not have run out; after an
+ * interval's last MCU, nothing but the padding of its last byte may
+ * follow. */
+static void check(j_decompress_ptr ci, ferry_jpeg_huff_t *h,
+                  const stream_t *x, int whole) {
+  if (x->err == -BAD_CODE)
+    fail(ci, h, x->interval, "no Huffman code matches the bits");
+  if (x->err == -PAST_63)
+    fail(ci, h, x->interval, "a run goes past the 64th coefficient");
+  if (x->b.bits < x->b.pad)
+    fail(ci, h, x->interval, "the data ends before its MCUs do");
+  if (whole) {
+    size_t extra =
+        (size_t)(x->b.bits - x->b.pad) / 8 + (size_t)(x->b.end - x->b.p);
+    if (extra != 0)
+      fail(ci, h, x->interval, "%zu bytes after its last MCU", extra);
+  }
+}
+
+/* Decodes MCU row `row` of the box into h->coef: its tiles two at a time
+ * (the first half's with the second half's), a lone one alone. */
+static void decode_row(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
+  const int r = h->layout->restart, nb = h->blocks;
+  const int t0 = h->mx0 / r, nt = (h->mx1 - h->mx0 + r - 1) / r;
+  const int half = nt / 2;
+  const size_t first = (size_t)row * (size_t)(h->layout->mcus_x / r);
+  const size_t mcu = (size_t)nb * DCTSIZE2;
+  stream_t x, y;
+  memset(h->coef, 0, (size_t)(h->mx1 - h->mx0) * mcu * sizeof(JCOEF));
+  for (int i = 0; i < nt - half; i++) {
+    int tx = t0 + i, ty = t0 + i + (nt - half);
+    int mx = (tx + 1) * r < h->mx1 ? r : h->mx1 - tx * r;
+    int my = i < half ? ((ty + 1) * r < h->mx1 ? r : h->mx1 - ty * r) : 0;
+    JCOEF *cx = h->coef + (size_t)(tx * r - h->mx0) * mcu;
+    JCOEF *cy = h->coef + (size_t)(ty * r - h->mx0) * mcu;
+    int j = 0, rc = 0;
+    x.err = y.err = 0;
+    begin(h, &x, first + (size_t)tx);
+    if (my > 0)
+      begin(h, &y, first + (size_t)ty);
+    br_t bx = x.b, by = y.b;
+    for (; j < my && j < mx && rc == 0; j++)
+      for (int n = 0; n < nb && rc == 0; n++)
+        rc = block2(h, n, &bx, &x, cx + (size_t)j * mcu + (size_t)n * DCTSIZE2,
+                    &by, &y, cy + (size_t)j * mcu + (size_t)n * DCTSIZE2);
+    for (int k = j; k < mx && rc == 0; k++)
+      for (int n = 0; n < nb && rc == 0; n++)
+        rc = block1(h, n, &bx, &x,
+                    cx + (size_t)k * mcu + (size_t)n * DCTSIZE2);
+    for (int k = j; k < my && rc == 0; k++)
+      for (int n = 0; n < nb && rc == 0; n++)
+        rc = block1(h, n, &by, &y,
+                    cy + (size_t)k * mcu + (size_t)n * DCTSIZE2);
+    x.b = bx;
+    y.b = by;
+    check(ci, h, &x, mx == r && rc == 0);
+    if (my > 0)
+      check(ci, h, &y, my == r && rc == 0);
+  }
+  h->mcus += (uint64_t)(h->mx1 - h->mx0);
 }
 
 /* libjpeg's decode_mcu: called for every MCU in raster order (data NULL
- * when libjpeg skips rows and wants the bits passed over). */
+ * when libjpeg skips rows). The box's rows are decoded whole at their
+ * first MCU, then handed out. */
 static boolean decode_mcu(j_decompress_ptr ci, JBLOCKROW *data) {
   ferry_jpeg_huff_t *h = ci->client_data;
-  const ferry_jpeg_layout_t *l = h->layout;
-  int row, col, rc = 0;
-  br_t b;
+  int row, col;
   /* A single component's iMCU row is v_samp_factor rows of MCUs. */
   if ((int)ci->input_iMCU_row != h->irow) {
     h->irow = (int)ci->input_iMCU_row;
     h->row = h->irow * h->rows_per_irow;
     h->col = 0;
-    h->left = 0;
-  } else if (h->col == l->mcus_x) {
+  } else if (h->col == h->layout->mcus_x) {
     h->row++;
     h->col = 0;
-    h->left = 0;
   }
   row = h->row;
   col = h->col++;
   if (row < h->my0 || row >= h->my1 || col < h->mx0 || col >= h->mx1)
     return TRUE; /* outside the box: left zero, not read */
-  b = (br_t){h->acc, h->bits, h->pad, h->p, h->end};
-  if (col % l->restart == 0)
-    begin(h, &b, (size_t)row * (size_t)(l->mcus_x / l->restart) +
-                     (size_t)(col / l->restart));
-  else if (h->left == 0)
-    fail(ci, h, "MCU %d of row %d asked for outside a begun interval", col,
-         row);
-  for (int n = 0; n < h->blocks && rc == 0; n++)
-    rc = block(&b, h->dc_of[n], h->ac_of[n], &h->pred[h->comp_of[n]],
-               data != NULL ? data[n][0] : h->scratch[n]);
-  h->acc = b.acc;
-  h->bits = b.bits;
-  h->pad = b.pad;
-  h->p = b.p;
-  h->end = b.end;
-  if (rc == BAD_CODE)
-    fail(ci, h, "no Huffman code matches the bits in MCU %d of row %d", col,
-         row);
-  if (rc == PAST_63)
-    fail(ci, h, "a run goes past the 64th coefficient in MCU %d of row %d",
-         col, row);
-  if (b.bits < b.pad)
-    fail(ci, h, "the data ends inside MCU %d of row %d", col, row);
-  h->mcus++;
-  if (--h->left == 0) {
-    size_t extra = (size_t)(b.bits - b.pad) / 8 + (size_t)(b.end - b.p);
-    if (extra != 0)
-      fail(ci, h, "%zu bytes after its last MCU", extra);
+  if (row != h->coef_row) {
+    h->coef_row = -1;
+    decode_row(ci, h, row);
+    h->coef_row = row;
+  }
+  if (data != NULL) {
+    const JCOEF *c = h->coef + (size_t)(col - h->mx0) *
+                                   (size_t)h->blocks * DCTSIZE2;
+    for (int n = 0; n < h->blocks; n++)
+      memcpy(data[n][0], c + (size_t)n * DCTSIZE2, sizeof(JBLOCK));
   }
   return TRUE;
 }
@@ -287,6 +380,7 @@ static int refuse(ferry_jpeg_huff_t *h, const char *what) {
 int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci) {
   const ferry_jpeg_layout_t *l = h->layout;
   unsigned built = 0;
+  size_t need;
   h->why[0] = '\0';
   if (ci->entropy == NULL || ci->entropy->decode_mcu == NULL ||
       ci->progressive_mode || ci->arith_code || ci->buffered_image ||
@@ -333,11 +427,26 @@ int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci) {
   if ((JDIMENSION)h->rows_per_irow * (ci->total_iMCU_rows - 1) >=
       ci->MCU_rows_in_scan)
     return refuse(h, "its MCU rows");
+  need = (size_t)(h->mx1 - h->mx0) * (size_t)h->blocks * sizeof(JBLOCK);
+  if (need > h->coef_cap) {
+    JCOEF *c = ferry__malloc(need);
+    if (c == NULL)
+      return refuse(h, "out of memory");
+    ferry__free(h->coef);
+    h->coef = c;
+    h->coef_cap = need;
+  }
   h->irow = -1;
-  h->row = h->col = h->left = 0;
+  h->row = h->col = 0;
+  h->coef_row = -1;
   h->mcus = 0;
-  h->interval = 0;
   ci->client_data = h;
   ci->entropy->decode_mcu = decode_mcu;
   return 0;
+}
+
+void ferry__jpeg_huff_free(ferry_jpeg_huff_t *h) {
+  ferry__free(h->coef);
+  h->coef = NULL;
+  h->coef_cap = 0;
 }

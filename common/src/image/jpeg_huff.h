@@ -69,17 +69,13 @@ typedef struct ferry_jpeg_huff_s {
   const ferry_huff_table_t *dc_of[D_MAX_BLOCKS_IN_MCU];
   const ferry_huff_table_t *ac_of[D_MAX_BLOCKS_IN_MCU];
   int comp_of[D_MAX_BLOCKS_IN_MCU];
-  int blocks;
-  uint64_t acc;            /* the next bits, first bit at bit 63 */
-  int bits, pad;           /* bits in acc; of them zeros past the data */
-  const uint8_t *p, *end;  /* the interval's data not yet in acc */
-  size_t interval;         /* the interval being decoded */
-  int left;                /* its MCUs still to decode (0: none begun) */
-  int pred[MAX_COMPS_IN_SCAN];
+  int blocks;              /* blocks in an MCU */
   int irow, row, col;      /* the iMCU row, the MCU libjpeg asks for next */
   int rows_per_irow;       /* MCU rows in an iMCU row */
+  JCOEF *coef;             /* the box's MCUs of row coef_row, decoded */
+  size_t coef_cap;         /* bytes at coef */
+  int coef_row;
   uint64_t mcus;           /* MCUs decoded (the rest were left zero) */
-  JBLOCK scratch[D_MAX_BLOCKS_IN_MCU]; /* for libjpeg's skip (no buffer) */
   char why[200];
 } ferry_jpeg_huff_t;
 
@@ -89,5 +85,8 @@ typedef struct ferry_jpeg_huff_s {
  * (its geometry, interval, precision or coding differ): then nothing is
  * changed. h and the data must outlive the decompression. */
 int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci);
+
+/* Frees what h holds (h itself is the caller's); h stays usable. */
+void ferry__jpeg_huff_free(ferry_jpeg_huff_t *h);
 
 #endif /* FERRY_JPEG_HUFF_H */
