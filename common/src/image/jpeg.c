@@ -286,14 +286,11 @@ static uint64_t decode_bytes(const survey_t *s) {
 
 /* Refuses an image over the decoder's limits before anything is
  * allocated for it. The errors name the limit and the option. */
-static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
-                        size_t len, ferry_error_t *err) {
+static int limits_of(const ferry_jpeg_t *j, const survey_t *sv,
+                     ferry_error_t *err) {
   const ferry_jpeg_limits_t *l = &j->lim;
-  survey_t s;
+  const survey_t s = *sv;
   uint64_t need;
-  if (l->max_pixels == 0 && l->max_scans == 0 && l->max_bytes == 0)
-    return 0;
-  survey(src, len, l->max_scans, &s);
   if (l->max_scans > 0 && s.scans > l->max_scans)
     return ferry__seterr(err, FERRY_EJPEG,
                          "jpeg: more than %" PRIu32 " scans, over the limit "
@@ -318,6 +315,16 @@ static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
                                        : "baseline",
                          (need + (1u << 20) - 1) >> 20, l->max_bytes >> 20);
   return 0;
+}
+
+static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
+                        size_t len, ferry_error_t *err) {
+  const ferry_jpeg_limits_t *l = &j->lim;
+  survey_t s;
+  if (l->max_pixels == 0 && l->max_scans == 0 && l->max_bytes == 0)
+    return 0;
+  survey(src, len, l->max_scans, &s);
+  return limits_of(j, &s, err);
 }
 
 /* What every decode path refuses before libjpeg sees the data: nothing,
@@ -879,6 +886,15 @@ static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
     j->stats.window_fallback++;
     return FALLBACK;
   }
+  /* The tiles are the one scan, up to EOI: what check_data's survey of
+   * the whole file would find. Over a limit, the image's path says so. */
+  {
+    survey_t sv = {.have_sof = 1, .ncomp = l.ncomp, .h = (unsigned)l.height,
+                   .w = (unsigned)l.width, .scans = 1};
+    ferry_error_t scratch;
+    if (limits_of(j, &sv, &scratch) != 0)
+      return FALLBACK;
+  }
   hw->src = src;
   hw->layout = &l;
   hw->tiles = &j->tiles;
@@ -914,14 +930,17 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   }
   if ((rc = ensure_cinfo(j, err)) != 0)
     return rc;
-  if (check_data(j, src, len, err) != 0)
-    return FERRY_EJPEG;
+  if (len == 0 || src == NULL || len > ULONG_MAX)
+    return check_data(j, src, len, err);
   if (info != NULL)
     info->window = info->window_fallback = 0;
   uint64_t fallbacks = j->stats.window_fallback;
   rc = decode_window(j, src, len, op, dst, cap, oh, ow, info, err);
   if (rc != FALLBACK)
     return rc;
+  *oh = *ow = 0;
+  if (check_data(j, src, len, err) != 0)
+    return FERRY_EJPEG;
   rc = decode_fused(j, src, len, op, NULL, dst, cap, oh, ow, info, err);
   if (info != NULL)
     info->window_fallback = j->stats.window_fallback != fallbacks;

@@ -58,10 +58,22 @@ static inline __attribute__((always_inline)) void fill(br_t *b) {
     uint64_t w;
     memcpy(&w, b->p, 8);
     w = __builtin_bswap64(w);
-    /* No byte of w is FF (no zero byte in ~w). */
-    if ((((~w) - 0x0101010101010101ULL) & w & 0x8080808080808080ULL) == 0) {
-      int n = (63 - b->bits) >> 3;
+    /* The FF bytes of w (the zero bytes of ~w; a FE just before an FF
+     * may be flagged too, which only takes fewer bytes). */
+    uint64_t ff = ((~w) - 0x0101010101010101ULL) & w & 0x8080808080808080ULL;
+    int n = (63 - b->bits) >> 3;
+    if (ff == 0) {
       b->acc |= w >> b->bits;
+      b->p += n;
+      b->bits += 8 * n;
+      return;
+    }
+    /* The bytes before the first FF, if they are enough: only those go
+     * in (the FF may be followed by a stuffed 00). */
+    int before = __builtin_clzll(ff) >> 3;
+    n = n < before ? n : before;
+    if (b->bits + 8 * n >= 32) {
+      b->acc |= (w & ~(~0ULL >> (8 * n))) >> b->bits;
       b->p += n;
       b->bits += 8 * n;
       return;
@@ -139,8 +151,14 @@ ac_step(br_t *b, const ferry_huff_table_t *ac, int *kp, JCOEF *blk) {
     fill(b);
   f = ac->fast_ac[b->acc >> (64 - FB)];
   if (f != 0) {
-    k += (f >> 4) & 15;
     consume(b, f & 15);
+    if (f >> 8 == 0) { /* no value: sixteen zeros, or the end of block */
+      if (f >> 4 != 15)
+        return 1;
+      *kp = k + 16;
+      return k + 16 > 63;
+    }
+    k += (f >> 4) & 15;
     if (k > 63)
       return -PAST_63;
     blk[natural[k]] = (JCOEF)(f >> 8);
@@ -251,7 +269,8 @@ static void check(j_decompress_ptr ci, ferry_jpeg_huff_t *h,
 
 /* Decodes MCU row `row` of the box into h->coef: its tiles two at a time
  * (the first half's with the second half's), a lone one alone. */
-static void decode_row(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
+static inline __attribute__((always_inline)) void
+decode_row_with(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
   const int r = h->layout->restart, nb = h->blocks;
   const int t0 = h->mx0 / r, nt = (h->mx1 - h->mx0 + r - 1) / r;
   const int half = nt / 2;
@@ -290,6 +309,31 @@ static void decode_row(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
       check(ci, h, &y, my == r && rc == 0);
   }
   h->mcus += (uint64_t)(h->mx1 - h->mx0);
+}
+
+/* The same code twice: for any x86-64, and with BMI2's shifts by a
+ * register count (shlx, shrx: one instruction each, any register), which
+ * the bit reader does at every symbol. */
+static void decode_row_base(j_decompress_ptr ci, ferry_jpeg_huff_t *h,
+                            int row) {
+  decode_row_with(ci, h, row);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("bmi2"))) static void
+decode_row_bmi2(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
+  decode_row_with(ci, h, row);
+}
+#endif
+
+static void decode_row(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (h->bmi2) {
+    decode_row_bmi2(ci, h, row);
+    return;
+  }
+#endif
+  decode_row_base(ci, h, row);
 }
 
 /* libjpeg's decode_mcu: called for every MCU in raster order (data NULL
@@ -360,8 +404,12 @@ static int table_build(ferry_huff_table_t *t, const JHUFF_TBL *ht, int dc) {
   for (int i = 0; i < (1 << FB); i++) {
     int len = t->fast[i] >> 8, run = (t->fast[i] >> 4) & 15,
         s = t->fast[i] & 15, v;
-    if (t->fast[i] == 0 || s == 0 || len + s > FB)
+    if (t->fast[i] == 0 || len + s > FB)
       continue;
+    if (s == 0) { /* ZRL (run 15) or the end of block (any other run) */
+      t->fast_ac[i] = (int16_t)(run * 16 + len);
+      continue;
+    }
     v = (i >> (FB - len - s)) & ((1 << s) - 1);
     if (v < (1 << (s - 1)))
       v -= (1 << s) - 1;
@@ -436,6 +484,9 @@ int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci) {
     h->coef = c;
     h->coef_cap = need;
   }
+#if defined(__x86_64__) && defined(__GNUC__)
+  h->bmi2 = __builtin_cpu_supports("bmi2");
+#endif
   h->irow = -1;
   h->row = h->col = 0;
   h->coef_row = -1;

@@ -47,7 +47,8 @@ typedef struct {
   uint16_t fast[1 << FERRY_HUFF_FAST_BITS]; /* length << 8 | symbol; 0:
                                                a longer code */
   int16_t fast_ac[1 << FERRY_HUFF_FAST_BITS]; /* value << 8 | run << 4 |
-                                                 length of code and value;
+                                                 length of code and value
+                                                 (value 0: ZRL or EOB);
                                                  0: not decoded whole */
   uint32_t maxcode[18]; /* codes of length l, left-aligned in 16 bits, are
                            below maxcode[l]; maxcode[17] ends the search */
@@ -70,6 +71,7 @@ typedef struct ferry_jpeg_huff_s {
   const ferry_huff_table_t *ac_of[D_MAX_BLOCKS_IN_MCU];
   int comp_of[D_MAX_BLOCKS_IN_MCU];
   int blocks;              /* blocks in an MCU */
+  int bmi2;                /* the CPU has BMI2 (jpeg_huff.c) */
   int irow, row, col;      /* the iMCU row, the MCU libjpeg asks for next */
   int rows_per_irow;       /* MCU rows in an iMCU row */
   JCOEF *coef;             /* the box's MCUs of row coef_row, decoded */

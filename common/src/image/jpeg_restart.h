@@ -84,6 +84,7 @@ int ferry__jpeg_optimize(ferry_jpeg_t *j, const uint8_t *src, size_t len,
 /* Where an image's parts are, for cutting windows out of it. */
 typedef struct ferry_jpeg_layout_s {
   int width, height;  /* the image */
+  int ncomp;          /* components (all in the one scan) */
   int mcu_w, mcu_h;   /* pixels of one MCU */
   int mcus_x, mcus_y; /* MCUs in a row, MCU rows */
   int restart;        /* MCUs per interval; divides mcus_x */
