@@ -524,24 +524,96 @@ Test(jpeg_restart, layout_and_tiles_name_what_is_wrong) {
     if (ferry__jpeg_layout(opt, cut, &l, why, sizeof(why)) == 1)
       cr_assert(ferry__jpeg_tiles_find(opt, cut, &l, &t, why, sizeof(why)) ==
                 -1 && strstr(why, "byte") != NULL, "%s", why);
-  /* A box off the grid is refused. */
+  /* The tiles of the whole file: one a restart interval, each after its
+   * marker, RST0..RST7 in turn, the last ending at EOI. */
   cr_assert(ferry__jpeg_layout(opt, ol, &l, why, sizeof(why)) == 1 &&
             ferry__jpeg_tiles_find(opt, ol, &l, &t, why, sizeof(why)) == 0);
-  uint8_t *buf = NULL;
-  size_t cap = 0;
-  if (l.restart > 1)
-    cr_assert(ferry__jpeg_window_cut(opt, ol, &l, &t, 1, 0, l.mcus_x, 1, &buf,
-                                     &cap) == -1);
-  cr_assert(ferry__jpeg_window_cut(opt, ol, &l, &t, 0, 0, l.mcus_x,
-                                   l.mcus_y + 1, &buf, &cap) == -1);
-  long whole = ferry__jpeg_window_cut(opt, ol, &l, &t, 0, 0, l.mcus_x,
-                                      l.mcus_y, &buf, &cap);
-  cr_assert(whole == (long)ol, "the whole image cut is %ld bytes, not %zu",
-            whole, ol);
-  cr_assert(memcmp(buf, opt, ol) == 0, "the whole image cut is the image");
-  ferry__free(buf);
+  cr_assert(t.n == (size_t)(l.mcus_x / l.restart) * (size_t)l.mcus_y,
+            "%zu tiles", t.n);
+  cr_assert(t.start[0] == l.scan && t.start[t.n] == ol - 2 &&
+            opt[ol - 2] == 0xFF && opt[ol - 1] == 0xD9);
+  for (size_t i = 1; i < t.n; i++)
+    cr_assert(t.start[i] > t.start[i - 1] && opt[t.start[i] - 2] == 0xFF &&
+                  opt[t.start[i] - 1] == 0xD0 + (i - 1) % 8 &&
+                  ferry__jpeg_tile_end(&t, i - 1) == t.start[i] - 2,
+              "tile %zu at byte %u", i, t.start[i]);
   ferry__jpeg_tiles_free(&t);
   ferry__free(opt);
   free_imgs(im, 2);
   ferry__jpeg_free(j);
+}
+
+/* src without its DHT segments (motion JPEG's way: a decoder that has
+ * read no tables takes the standard ones, which TurboJPEG wrote). */
+static uint8_t *strip_dht(const uint8_t *d, size_t n, size_t *out_len) {
+  uint8_t *o = malloc(n);
+  size_t pos = 2, at = 2;
+  memcpy(o, d, 2);
+  while (pos + 4 <= n && d[pos] == 0xFF && d[pos + 1] != 0xDA) {
+    size_t len = (size_t)d[pos + 2] << 8 | d[pos + 3];
+    cr_assert(len >= 2 && pos + 2 + len <= n);
+    if (d[pos + 1] != 0xC4) {
+      memcpy(o + at, d + pos, 2 + len);
+      at += 2 + len;
+    }
+    pos += 2 + len;
+  }
+  cr_assert(pos < n && d[pos + 1] == 0xDA);
+  memcpy(o + at, d + pos, n - pos);
+  *out_len = at + n - pos;
+  return o;
+}
+
+/* libjpeg keeps one image's tables for the next, so an image that uses
+ * tables it does not define decodes with whatever its decoder read
+ * before, unless the decoder is fresh. Every path decodes it as a fresh
+ * decoder does, whatever came before it. */
+Test(jpeg_restart, an_image_without_its_tables_decodes_as_on_a_fresh_one) {
+  static img_t im[8];
+  static uint8_t want[375 * 500 * 3], got[375 * 500 * 3];
+  ferry_jpeg_t *used, *fresh;
+  ferry_error_t e;
+  uint8_t *opt = NULL, *bare;
+  size_t ol, bl;
+  int h1, w1, h2, w2;
+  cr_assert(ferry__jpeg_new(&used, &e) == 0);
+  cr_assert(gen_jpegs(im, 8) == 8);
+  /* Optimal tables, other than the standard ones, left in `used`. */
+  cr_assert(check_rewrite(used, &im[4], &opt, &ol) == FERRY_JOPT_REWRITTEN);
+  bare = strip_dht(im[0].data, im[0].len, &bl);
+  cr_assert(bl < im[0].len);
+  for (int path = 0; path < 3; path++) {
+    ferry_crop_op_t op = {.kind = FERRY_CROP_RANDOM_RESIZED,
+                          .out_h = 224,
+                          .out_w = 224,
+                          .rrc = {0.08, 1.0, 3.0 / 4, 4.0 / 3},
+                          .key = 7,
+                          .exact = path == 2};
+    cr_assert(ferry__jpeg_new(&fresh, &e) == 0);
+    int r1 = path == 0 ? ferry__jpeg_decode(fresh, im[0].data, im[0].len,
+                                            want, sizeof(want), &h1, &w1, &e)
+                       : ferry__jpeg_decode_crop(fresh, im[0].data, im[0].len,
+                                                 &op, want, sizeof(want), &h1,
+                                                 &w1, NULL, &e);
+    cr_assert(r1 == 0, "path %d: %s", path, e.msg);
+    int r2 = path == 0 ? ferry__jpeg_decode(used, opt, ol, got, sizeof(got),
+                                            &h2, &w2, &e)
+                       : ferry__jpeg_decode_crop(used, opt, ol, &op, got,
+                                                 sizeof(got), &h2, &w2, NULL,
+                                                 &e);
+    cr_assert(r2 == 0, "path %d: %s", path, e.msg);
+    r2 = path == 0 ? ferry__jpeg_decode(used, bare, bl, got, sizeof(got), &h2,
+                                        &w2, &e)
+                   : ferry__jpeg_decode_crop(used, bare, bl, &op, got,
+                                             sizeof(got), &h2, &w2, NULL, &e);
+    cr_assert(r2 == 0 && h1 == h2 && w1 == w2 &&
+                  memcmp(want, got, (size_t)h1 * (size_t)w1 * 3) == 0,
+              "path %d: without its tables, after another image, the image "
+              "decodes to other pixels (%s)", path, r2 ? e.msg : "");
+    ferry__jpeg_free(fresh);
+  }
+  free(bare);
+  ferry__free(opt);
+  free_imgs(im, 8);
+  ferry__jpeg_free(used);
 }

@@ -232,11 +232,13 @@ typedef struct {
   uint8_t hs[4], vs[4]; /* sampling factors of the first 4 components */
   uint32_t scans;       /* SOS markers seen (counting stops at limit + 1) */
   uint32_t max_scans;
+  ferry_jpeg_tables_t tables;
 } survey_t;
 
 static int survey_segment(void *ctx, unsigned m, const uint8_t *f,
                           size_t size) {
   survey_t *s = ctx;
+  ferry__jpeg_tables_see(&s->tables, m, f, size);
   /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC). */
   if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC &&
       !s->have_sof && size >= 6) {
@@ -317,38 +319,48 @@ static int limits_of(const ferry_jpeg_t *j, const survey_t *sv,
   return 0;
 }
 
-static int check_limits(const ferry_jpeg_t *j, const uint8_t *src,
-                        size_t len, ferry_error_t *err) {
-  const ferry_jpeg_limits_t *l = &j->lim;
-  survey_t s;
-  if (l->max_pixels == 0 && l->max_scans == 0 && l->max_bytes == 0)
-    return 0;
-  survey(src, len, l->max_scans, &s);
-  return limits_of(j, &s, err);
+/* A fresh TurboJPEG handle and libjpeg decompressor: what an image that
+ * uses tables it does not define must be decoded with (jpeg_restart.h). */
+static int renew(ferry_jpeg_t *j, ferry_error_t *err) {
+  if (j->have_cinfo) {
+    jpeg_destroy_decompress(&j->cinfo);
+    j->have_cinfo = 0;
+  }
+  if (reset_handle(j) != 0)
+    return ferry__seterr(err, FERRY_ENOMEM, "jpeg: out of memory");
+  return 0;
 }
 
 /* What every decode path refuses before libjpeg sees the data: nothing,
- * more than libjpeg's memory source takes, an image over the limits. */
-static int check_data(const ferry_jpeg_t *j, const uint8_t *src, size_t len,
+ * more than libjpeg's memory source takes, an image over the limits. An
+ * image that uses tables it does not define gets fresh decoders. */
+static int check_data(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                       ferry_error_t *err) {
+  const ferry_jpeg_limits_t *l = &j->lim;
+  survey_t s;
   if (len == 0 || src == NULL)
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: empty data");
   if (len > ULONG_MAX)
     return ferry__seterr(err, FERRY_EJPEG, "jpeg: %zu bytes is too large",
                          len);
-  return check_limits(j, src, len, err);
+  survey(src, len, l->max_scans, &s);
+  if (s.tables.missing && renew(j, err) != 0)
+    return FERRY_ENOMEM;
+  if (l->max_pixels == 0 && l->max_scans == 0 && l->max_bytes == 0)
+    return 0;
+  return limits_of(j, &s, err);
 }
 
 static int read_header(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                        int *h, int *w, int *cs, ferry_error_t *err) {
-  int ww = 0, hh = 0, sub = 0, adobe;
+  int ww = 0, hh = 0, sub = 0, adobe, rc;
   /* The sizes are defined on every path (0 on failure): callers' error
    * paths then never read an unset size, and GCC 12 can prove it. */
   *h = 0;
   *w = 0;
   *cs = -1;
-  if (check_data(j, src, len, err) != 0)
-    return FERRY_EJPEG;
+  if ((rc = check_data(j, src, len, err)) != 0)
+    return rc;
   if (tjDecompressHeader3(j->tj, src, (unsigned long)len, &ww, &hh, &sub,
                           cs) != 0) {
     /* The sizes are only set when the header was read: then the failure
@@ -939,8 +951,9 @@ int ferry__jpeg_decode_crop(ferry_jpeg_t *j, const uint8_t *src, size_t len,
   if (rc != FALLBACK)
     return rc;
   *oh = *ow = 0;
-  if (check_data(j, src, len, err) != 0)
-    return FERRY_EJPEG;
+  if ((rc = check_data(j, src, len, err)) != 0 ||
+      (rc = ensure_cinfo(j, err)) != 0)
+    return rc;
   rc = decode_fused(j, src, len, op, NULL, dst, cap, oh, ow, info, err);
   if (info != NULL)
     info->window_fallback = j->stats.window_fallback != fallbacks;

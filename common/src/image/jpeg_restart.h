@@ -1,16 +1,14 @@
 /* JPEG restart intervals laid out for cropping: the lossless rewrite that
- * adds them (ferryctl records optimize) and the window extraction that
- * uses them (the fused decode's window path). The layout rule lives here
- * and nowhere else.
+ * adds them (ferryctl records optimize) and where the tiles are for the
+ * window path that uses them (the fused decode's entropy decoder,
+ * jpeg_huff.h). The layout rule lives here and nowhere else.
  *
  * A baseline JPEG's entropy-coded data is one bit stream; a restart marker
  * (RSTn, FF D0..D7) every R MCUs ends one and resets the DC predictors, so
  * the decoder can be started at any interval. When R divides the number of
- * MCUs in a row, every MCU row is R-MCU tiles in a fixed grid: the tiles
- * that cover a crop window, copied out with their markers renumbered and
- * put behind the original tables with the window's size in the frame
- * header, are a valid JPEG of just that window whose blocks are the
- * original's blocks. Nothing is decoded or re-encoded to cut it.
+ * MCUs in a row, every MCU row is R-MCU tiles in a fixed grid: a crop
+ * window's MCUs are decoded by entering each of its rows at the tile that
+ * holds its first column, and nothing else of the image is read.
  *
  * The rewrite (ferry__jpeg_optimize) is jpegtran's: libjpeg reads the
  * DCT coefficients and writes them back unchanged, as one interleaved
@@ -79,22 +77,38 @@ int ferry__jpeg_optimize(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                          uint8_t **out, size_t *out_len,
                          ferry_jopt_result_t *res, ferry_error_t *err);
 
+/* ---- the tables an image uses ---------------------------------------- */
+
+/* libjpeg keeps the quantization and Huffman tables of one image for the
+ * next (abbreviated streams rely on it), and a decoder that has seen no
+ * tables takes the standard Huffman ones (motion JPEG) or fails. So an
+ * image that uses a table it does not define decodes with whatever the
+ * decoder read before it, unless the decoder is fresh: the decoders are
+ * renewed for such images (jpeg.c), and the window path leaves them to
+ * the image's path. ferry__jpeg_tables_see takes each marker segment
+ * (payload after the length) in file order. */
+typedef struct {
+  unsigned q, dc, ac; /* tables defined so far, a bit each */
+  unsigned frame_q;   /* the quantization tables the frame's components
+                         use */
+  int missing;        /* a scan (or the frame) uses an undefined table */
+} ferry_jpeg_tables_t;
+void ferry__jpeg_tables_see(ferry_jpeg_tables_t *t, unsigned marker,
+                            const uint8_t *p, size_t size);
+
 /* ---- the window ----------------------------------------------------- */
 
-/* Where an image's parts are, for cutting windows out of it. */
+/* Where an image's parts are, for decoding windows of it. */
 typedef struct ferry_jpeg_layout_s {
   int width, height;  /* the image */
   int ncomp;          /* components (all in the one scan) */
   int mcu_w, mcu_h;   /* pixels of one MCU */
   int mcus_x, mcus_y; /* MCUs in a row, MCU rows */
   int restart;        /* MCUs per interval; divides mcus_x */
-  size_t sof;         /* offset of the frame header's payload (after the
-                         length bytes): height at +1, width at +3 */
-  size_t sos;         /* offset of the SOS marker (FF DA) */
   size_t scan;        /* first byte of the entropy-coded data */
 } ferry_jpeg_layout_t;
 
-/* Reads the markers of src: 1 when the image can be cut into windows (a
+/* Reads the markers of src: 1 when the image has windows to decode (a
  * single baseline or extended-sequential Huffman scan holding every
  * component, a restart interval that divides the MCUs of a row), with
  * *l filled in; 0 when not, with the reason in why (naming the byte
@@ -124,16 +138,5 @@ static inline size_t ferry__jpeg_tile_end(const ferry_jpeg_tiles_t *t,
 int ferry__jpeg_tiles_find(const uint8_t *src, size_t len,
                            const ferry_jpeg_layout_t *l,
                            ferry_jpeg_tiles_t *t, char *why, size_t whylen);
-
-/* Writes into *buf (grown with ferry__malloc as needed; *cap its size)
- * the JPEG of MCU columns [mx0, mx1) and MCU rows [my0, my1) of the
- * image: mx0 and mx1 multiples of l->restart (mx1 may be mcus_x), 0 <=
- * my0 < my1 <= mcus_y. Its size is that of the window (the image's own
- * right and bottom edges where the window reaches them). Returns the
- * number of bytes, or -1 for an invalid box, -2 for FERRY_ENOMEM. */
-long ferry__jpeg_window_cut(const uint8_t *src, size_t len,
-                            const ferry_jpeg_layout_t *l,
-                            const ferry_jpeg_tiles_t *t, int mx0, int my0,
-                            int mx1, int my1, uint8_t **buf, size_t *cap);
 
 #endif /* FERRY_JPEG_RESTART_H */

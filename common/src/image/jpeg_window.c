@@ -1,8 +1,8 @@
-/* Cutting a window out of a JPEG laid out in restart-interval tiles
- * (jpeg_restart.h): the layout from the markers, the tiles from one pass
- * over the entropy-coded data, and the window as a JPEG of its own.
- * Everything reads only inside the data it is given: these functions see
- * the bytes of records from any file (fuzz_jpeg_window covers them). */
+/* Where the tiles of a JPEG laid out in restart-interval tiles
+ * (jpeg_restart.h) are: the layout from the markers, the tiles from one
+ * pass over the entropy-coded data. Everything reads only inside the data
+ * it is given: these functions see the bytes of records from any file
+ * (fuzz_jpeg_window covers them). */
 #include "jpeg_restart.h"
 
 #include <stdarg.h>
@@ -24,6 +24,40 @@ static int why_set(char *why, size_t whylen, const char *fmt, ...) {
     va_end(ap);
   }
   return 0;
+}
+
+void ferry__jpeg_tables_see(ferry_jpeg_tables_t *t, unsigned m,
+                            const uint8_t *p, size_t size) {
+  size_t at = 0;
+  if (m == 0xDB) { /* DQT: (precision, table) and 64 or 128 bytes, again */
+    while (at < size) {
+      t->q |= 1u << (p[at] & 3);
+      at += 1 + ((p[at] >> 4) ? 128 : 64);
+    }
+  } else if (m == 0xC4) { /* DHT: (class, table), 16 counts, symbols */
+    while (at < size && size - at >= 17) {
+      size_t n = 0;
+      for (int i = 1; i <= 16; i++)
+        n += p[at + (size_t)i];
+      if (p[at] >> 4)
+        t->ac |= 1u << (p[at] & 3);
+      else
+        t->dc |= 1u << (p[at] & 3);
+      at += 17 + n;
+    }
+  } else if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 &&
+             m != 0xCC) { /* a frame: each component's quantization table */
+    for (size_t c = 0; size >= 6 && c < p[5] && 8 + 3 * c < size; c++)
+      t->frame_q |= 1u << (p[8 + 3 * c] & 3);
+  } else if (m == 0xDA && size >= 1) { /* a scan: its Huffman tables */
+    for (size_t c = 0; c < p[0] && 2 + 2 * c < size; c++) {
+      unsigned sel = p[2 + 2 * c];
+      if (!(t->dc >> (sel >> 4 & 3) & 1) || !(t->ac >> (sel & 3) & 1))
+        t->missing = 1;
+    }
+    if ((t->frame_q & ~t->q) != 0)
+      t->missing = 1;
+  }
 }
 
 int ferry__jpeg_restart_choose(int mcus_x, int mcu_w) {
@@ -76,6 +110,7 @@ int ferry__jpeg_layout(const uint8_t *d, size_t n, ferry_jpeg_layout_t *l,
                        char *why, size_t whylen) {
   size_t pos = 2;
   int ncomp = 0;
+  ferry_jpeg_tables_t tab = {0};
   memset(l, 0, sizeof(*l));
   if (why != NULL && whylen > 0)
     why[0] = '\0';
@@ -98,11 +133,11 @@ int ferry__jpeg_layout(const uint8_t *d, size_t n, ferry_jpeg_layout_t *l,
       return why_set(why, whylen,
                      "marker FF %02X at byte %zu: length %zu past the data",
                      m, pos - 2, len);
+    ferry__jpeg_tables_see(&tab, m, d + pos + 2, len - 2);
     if (m == 0xC0 || m == 0xC1) {
       if (ncomp != 0)
         return why_set(why, whylen, "a second frame header at byte %zu",
                        pos - 2);
-      l->sof = pos + 2;
       if ((ncomp = read_frame(d + pos + 2, len - 2, pos - 2, l, why,
                               whylen)) == 0)
         return 0;
@@ -127,12 +162,14 @@ int ferry__jpeg_layout(const uint8_t *d, size_t n, ferry_jpeg_layout_t *l,
         return why_set(why, whylen, "the scan at byte %zu holds %d of %d "
                        "components", pos - 2, len < 3 ? 0 : d[pos + 2],
                        ncomp);
+      if (tab.missing)
+        return why_set(why, whylen, "the scan at byte %zu uses a table "
+                       "the file does not define", pos - 2);
       if (l->restart == 0)
         return why_set(why, whylen, "no restart interval");
       if (l->mcus_x % l->restart != 0)
         return why_set(why, whylen, "restart interval %d does not divide "
                        "the %d MCUs of a row", l->restart, l->mcus_x);
-      l->sos = pos - 2;
       l->scan = pos + len;
       return 1;
     } else if (m == 0xD9 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7) ||
@@ -232,59 +269,4 @@ int ferry__jpeg_tiles_find(const uint8_t *d, size_t n,
     t->n = want;
     return 0;
   }
-}
-
-long ferry__jpeg_window_cut(const uint8_t *d, size_t n,
-                            const ferry_jpeg_layout_t *l,
-                            const ferry_jpeg_tiles_t *t, int mx0, int my0,
-                            int mx1, int my1, uint8_t **buf, size_t *cap) {
-  int r = l->restart, per_row = l->mcus_x / r;
-  int c0 = mx0 / r, c1 = (mx1 + r - 1) / r;
-  size_t need, at, k = 0;
-  uint8_t *o;
-  int ww, wh;
-  if (t->n == 0 || mx0 < 0 || mx0 % r != 0 || mx1 <= mx0 ||
-      mx1 > l->mcus_x || (mx1 % r != 0 && mx1 != l->mcus_x) || my0 < 0 ||
-      my1 <= my0 || my1 > l->mcus_y || l->scan > n || t->start[t->n] > n)
-    return -1;
-  ww = mx1 == l->mcus_x ? l->width - mx0 * l->mcu_w : (mx1 - mx0) * l->mcu_w;
-  wh = my1 == l->mcus_y ? l->height - my0 * l->mcu_h
-                        : (my1 - my0) * l->mcu_h;
-  need = l->scan + 2;
-  for (int y = my0; y < my1; y++) {
-    size_t a = (size_t)y * per_row;
-    need += t->start[a + c1 - 1] - t->start[a + c0] + 2 * (size_t)(c1 - c0);
-    need += ferry__jpeg_tile_end(t, a + c1 - 1) - t->start[a + c1 - 1];
-  }
-  if (need > *cap) {
-    uint8_t *p = ferry__malloc(need + need / 4);
-    if (p == NULL)
-      return -2;
-    ferry__free(*buf);
-    *buf = p;
-    *cap = need + need / 4;
-  }
-  o = *buf;
-  memcpy(o, d, l->scan); /* the tables, the frame and the scan header */
-  o[l->sof + 1] = (uint8_t)(wh >> 8);
-  o[l->sof + 2] = (uint8_t)wh;
-  o[l->sof + 3] = (uint8_t)(ww >> 8);
-  o[l->sof + 4] = (uint8_t)ww;
-  at = l->scan;
-  for (int y = my0; y < my1; y++) {
-    size_t a = (size_t)y * per_row;
-    for (int c = c0; c < c1; c++) {
-      size_t s = t->start[a + c], e = ferry__jpeg_tile_end(t, a + c);
-      if (k > 0) {
-        o[at++] = 0xFF;
-        o[at++] = (uint8_t)(0xD0 + (k - 1) % 8);
-      }
-      memcpy(o + at, d + s, e - s);
-      at += e - s;
-      k++;
-    }
-  }
-  o[at++] = 0xFF;
-  o[at++] = 0xD9;
-  return (long)at;
 }
