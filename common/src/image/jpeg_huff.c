@@ -383,13 +383,29 @@ static int table_build(ferry_huff_table_t *t, const JHUFF_TBL *ht, int dc) {
       return -1;
     t->delta[len] = k - (int)code;
     for (int i = 0; i < n; i++, k++, code++) {
-      int sym = ht->huffval[k];
-      if (dc && sym > 15)
+      int sym = ht->huffval[k], run = sym >> 4, s = sym & 15;
+      if (code >= (1u << len) || (dc && sym > 15))
         return -1;
-      if (len <= FB) {
-        uint32_t first = code << (FB - len);
+      if (len > FB)
+        continue;
+      uint32_t first = code << (FB - len);
+      for (uint32_t j = 0; j < (1u << (FB - len)); j++)
+        t->fast[first + j] = (uint16_t)(len << 8 | sym);
+      if (dc || len + s > FB)
+        continue;
+      if (s == 0) { /* ZRL (run 15) or the end of block (any other run) */
         for (uint32_t j = 0; j < (1u << (FB - len)); j++)
-          t->fast[first + j] = (uint16_t)(len << 8 | sym);
+          t->fast_ac[first + j] = (int16_t)(run * 16 + len);
+        continue;
+      }
+      /* Every value the code's next s bits can hold, sign-extended. */
+      for (int x = 0; x < (1 << s); x++) {
+        int v = x < (1 << (s - 1)) ? x - (1 << s) + 1 : x;
+        uint32_t at = first | (uint32_t)x << (FB - len - s);
+        if (v < -128 || v > 127)
+          continue;
+        for (uint32_t j = 0; j < (1u << (FB - len - s)); j++)
+          t->fast_ac[at + j] = (int16_t)(v * 256 + run * 16 + len + s);
       }
     }
     if (code >= (1u << len))
@@ -399,23 +415,6 @@ static int table_build(ferry_huff_table_t *t, const JHUFF_TBL *ht, int dc) {
   }
   t->maxcode[17] = UINT32_MAX;
   memcpy(t->val, ht->huffval, sizeof(t->val));
-  if (dc)
-    return 0;
-  for (int i = 0; i < (1 << FB); i++) {
-    int len = t->fast[i] >> 8, run = (t->fast[i] >> 4) & 15,
-        s = t->fast[i] & 15, v;
-    if (t->fast[i] == 0 || len + s > FB)
-      continue;
-    if (s == 0) { /* ZRL (run 15) or the end of block (any other run) */
-      t->fast_ac[i] = (int16_t)(run * 16 + len);
-      continue;
-    }
-    v = (i >> (FB - len - s)) & ((1 << s) - 1);
-    if (v < (1 << (s - 1)))
-      v -= (1 << s) - 1;
-    if (v >= -128 && v <= 127)
-      t->fast_ac[i] = (int16_t)(v * 256 + run * 16 + len + s);
-  }
   return 0;
 }
 
