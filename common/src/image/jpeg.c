@@ -853,8 +853,8 @@ static int decode_fused(ferry_jpeg_t *j, const uint8_t *src, size_t len,
  * the MCUs of the box that covers op's window (the clip and the CONTEXT
  * scaled pixels decode_fused reads), entering each row at the tile that
  * holds the box's first column. Returns FALLBACK when the image's own
- * path must run (no tiles, nothing to gain, or damage: then counted, with
- * the reason kept in j->window_why). */
+ * path must run (no tiles, a limit, or damage: then counted, with the
+ * reason kept in j->window_why). */
 static int decode_window(ferry_jpeg_t *j, const uint8_t *src, size_t len,
                          const ferry_crop_op_t *op, uint8_t *dst, size_t cap,
                          int *oh, int *ow, ferry_jpeg_crop_info_t *info,

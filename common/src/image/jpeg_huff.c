@@ -192,9 +192,9 @@ typedef struct {
 
 /* Block n of an MCU in one stream, or in two at once: the two bit
  * streams are independent, so each one's table lookups and shifts run
- * while the other's wait (Huffman decoding is one long chain of them). */
-/* (The readers are the callers' locals, whose addresses go nowhere else:
- * so they live in registers.) */
+ * while the other's wait (Huffman decoding is one long chain of them).
+ * The readers are the caller's locals, whose addresses go nowhere else:
+ * they live in registers. */
 static inline __attribute__((always_inline)) int
 block1(const ferry_jpeg_huff_t *h, int n, br_t *b, stream_t *x, JCOEF *bx) {
   int k = 1, r;
@@ -308,7 +308,6 @@ decode_row_with(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
     if (my > 0)
       check(ci, h, &y, my == r && rc == 0);
   }
-  h->mcus += (uint64_t)(h->mx1 - h->mx0);
 }
 
 /* The same code twice: for any x86-64, and with BMI2's shifts by a
@@ -489,7 +488,6 @@ int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci) {
   h->irow = -1;
   h->row = h->col = 0;
   h->coef_row = -1;
-  h->mcus = 0;
   ci->client_data = h;
   ci->entropy->decode_mcu = decode_mcu;
   return 0;

@@ -77,7 +77,6 @@ typedef struct ferry_jpeg_huff_s {
   JCOEF *coef;             /* the box's MCUs of row coef_row, decoded */
   size_t coef_cap;         /* bytes at coef */
   int coef_row;
-  uint64_t mcus;           /* MCUs decoded (the rest were left zero) */
   char why[200];
 } ferry_jpeg_huff_t;
 
