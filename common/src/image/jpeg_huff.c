@@ -118,8 +118,9 @@ symbol(br_t *b, const ferry_huff_table_t *t) {
 
 enum { BAD_CODE = 1, PAST_63 = 2 };
 
-/* Zigzag order to natural order (jpeg_natural_order's first 64: a run
- * past the 64th coefficient is PAST_63 here, never stored). */
+/* Zigzag order to natural order: jpeg_natural_order's first 64 (a run
+ * past the 64th coefficient is PAST_63 here, never stored), copied
+ * because libjpeg's table is reached through the GOT at every store. */
 static const uint8_t natural[64] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,
     12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28,

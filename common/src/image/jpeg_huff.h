@@ -6,10 +6,11 @@
  * of the image in raster order (decode_mcu, jpegint.h), then runs the
  * inverse DCT, upsampling and colour conversion on the MCUs inside the
  * crop set by jpeg_crop_scanline. Attached after jpeg_start_decompress,
- * this decoder answers MCUs inside the box with their coefficients,
- * decoded straight from the tiles that hold them (each restart interval
- * entered at its first byte with the DC predictors reset), and leaves
- * every other MCU zero without reading a bit of it. So the decompressor's
+ * this decoder answers MCUs inside the box with their coefficients: at a
+ * box row's first MCU it decodes the row's tiles (each restart interval
+ * entered at its first byte with the DC predictors reset) into `coef`,
+ * and hands the MCUs out from there. Every other MCU stays zero, and no
+ * bit of it is read. So the decompressor's
  * pixels are libjpeg's own wherever the blocks they come from lie inside
  * the box, and the box is chosen (jpeg.c) so that every pixel the resampler
  * reads does.
@@ -17,7 +18,7 @@
  * Why not libjpeg's decoder on a JPEG cut to the box: libjpeg-turbo 2.1
  * turns its fast Huffman path off for any scan with restart markers, and a
  * cut is whole tiles wide; this decoder runs one path, stops at the box's
- * last MCU column and copies nothing.
+ * last MCU column and copies none of the file.
  *
  * Anything a well-formed interval cannot hold (a code no table has, a run
  * past the 64th coefficient, an interval whose data ends before its MCUs
