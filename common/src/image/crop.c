@@ -254,6 +254,8 @@ struct ferry_resampler_s {
   size_t row_cap;
   ferry__v4f *row4; /* the same, 4 lanes a pixel (16-byte aligned) */
   size_t row4_cap;
+  float *wx8; /* ferry__rs_job_t's wx8 */
+  size_t wx8_cap;
 };
 
 int ferry__resampler_new(ferry_resampler_t **out, ferry_error_t *err) {
@@ -276,6 +278,7 @@ void ferry__resampler_free(ferry_resampler_t *r) {
   axis_free(&r->ax[1]);
   ferry__aligned_free(r->row);
   ferry__aligned_free(r->row4);
+  ferry__aligned_free(r->wx8);
   ferry__free(r);
 }
 
@@ -430,6 +433,28 @@ int ferry__resample_x(ferry_resampler_t *r, const uint8_t *src, int sh,
     r->row4_cap = n;
   }
 
+  /* The horizontal weights of pixel pairs (ferry__rs_job_t.wx8). */
+  if (out_c == 3) {
+    size_t n = (size_t)(dw / 2) * (size_t)axx->ntaps * 8;
+    if (n > r->wx8_cap) {
+      float *q = ferry__aligned_alloc(64, n * sizeof(float));
+      if (q == NULL)
+        return ferry__seterr(err, FERRY_ENOMEM, "resample: out of memory");
+      ferry__aligned_free(r->wx8);
+      r->wx8 = q;
+      r->wx8_cap = n;
+    }
+    float *q = r->wx8;
+    for (int p = 0; p < dw / 2; p++) {
+      const float *wa = axx->w + (size_t)(2 * p) * (size_t)axx->stride;
+      const float *wb = wa + axx->stride;
+      for (int k = 0; k < axx->ntaps; k++, q += 8) {
+        q[0] = q[1] = q[2] = q[3] = wa[k];
+        q[4] = q[5] = q[6] = q[7] = wb[k];
+      }
+    }
+  }
+
   {
     ferry__rs_job_t job = {
         .src = src + (size_t)xlo * (size_t)c, .stride = stride, .in_c = c,
@@ -437,7 +462,8 @@ int ferry__resample_x(ferry_resampler_t *r, const uint8_t *src, int sh,
         .ncols = ncols,
         .xlo = xlo, .ystart = ay->start, .ycount = ay->count, .wy = ay->w,
         .ystride = ay->stride, .xstart = axx->start, .xcount = axx->count,
-        .wx = axx->w, .xstride = axx->stride, .xtaps = axx->ntaps};
+        .wx = axx->w, .xstride = axx->stride, .xtaps = axx->ntaps,
+        .wx8 = r->wx8};
     if (ferry__imgops_level() >= FERRY__ISA_AVX2)
       ferry__resample_rows_avx2(&job);
     else

@@ -100,6 +100,10 @@ typedef struct ferry__rs_job_s {
   const float *wx;
   int xstride;
   int xtaps; /* every xcount[ox] is this */
+  /* With out_c 3 and in_c >= 3: columns 2p and 2p + 1's weights side by
+   * side, 8 floats a tap (4 copies of 2p's, then of 2p + 1's), xtaps of
+   * them a pair, for p < dw / 2 (32-byte aligned). */
+  const float *wx8;
 } ferry__rs_job_t;
 
 void ferry__resample_rows_scalar(const ferry__rs_job_t *job);

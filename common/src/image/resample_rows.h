@@ -15,6 +15,8 @@
 
 typedef ferry__v4f rs_v4;
 typedef int32_t rs_v4i __attribute__((vector_size(16)));
+typedef float rs_v8 __attribute__((vector_size(32)));
+typedef int32_t rs_v8i __attribute__((vector_size(32)));
 
 /* row[i] = sum_k w[k] * s[k * stride + i] over i < ncols, the sum in k
  * order. With n a constant (the switch below) the k loop unrolls and the
@@ -66,36 +68,76 @@ static inline uint8_t rs_u8(float v) {
 
 /* The horizontal pass of one row into 3-channel output, n taps a pixel
  * (inlined with n constant by the switch of the caller). */
+/* Output pixel ox of a row: its n taps' sum on 4 lanes, then rs_u8 on
+ * each (+0.5, clamp to [0, 255], NaN to 0, trunc). */
+static inline __attribute__((always_inline)) rs_v4i
+rs_h4_pixel(const float *wx, const rs_v4 *p4, int n) {
+  rs_v4 a = wx[0] * p4[0];
+  for (int k = 1; k < n; k++)
+    a += wx[k] * p4[k];
+  a += 0.5f;
+  rs_v4i lo = a > 0.0f, hi = a >= 255.0f;
+  rs_v4i t = __builtin_convertvector(a, rs_v4i);
+  return (t & lo & ~hi) | (hi & 255);
+}
+
+#ifdef __SSE2__
+/* Output pixels 2p and 2p + 1 of a row at once, 8 lanes (each lane the
+ * same operations as rs_h4_pixel's), as 6 bytes in the low ones of the
+ * result: their pixels' 4 lanes are at a and b, their weights at w8
+ * (ferry__rs_job_t.wx8). */
+static inline __attribute__((always_inline)) uint64_t
+rs_h8_pair(const float *w8, const rs_v4 *a4, const rs_v4 *b4, int n) {
+  const rs_v8 *w = (const rs_v8 *)(const void *)w8;
+  rs_v8 a = w[0] * __builtin_shufflevector(a4[0], b4[0], 0, 1, 2, 3, 4, 5,
+                                           6, 7);
+#pragma GCC unroll 8
+  for (int k = 1; k < n; k++)
+    a += w[k] * __builtin_shufflevector(a4[k], b4[k], 0, 1, 2, 3, 4, 5, 6, 7);
+  a += 0.5f;
+  rs_v8i lo = a > 0.0f, hi = a >= 255.0f;
+  rs_v8i t = __builtin_convertvector(a, rs_v8i);
+  t = (t & lo & ~hi) | (hi & 255);
+  __m128i p = _mm_packs_epi32((__m128i)__builtin_shufflevector(t, t, 0, 1, 2, 3),
+                              (__m128i)__builtin_shufflevector(t, t, 4, 5, 6, 7));
+  uint64_t u = (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(p, p));
+  /* Bytes R G B x R G B x: drop the first x. */
+  return (u & 0xFFFFFFu) | ((u >> 8) & 0xFFFFFF000000u);
+}
+#endif
+
 static inline __attribute__((always_inline)) void
 rs_h4(const ferry__rs_job_t *j, const rs_v4 *r4, uint8_t *o, int n) {
   const float *wx = j->wx;
   const int *xs = j->xstart;
-  int xlo = j->xlo;
-  size_t st = (size_t)j->xstride;
-  for (int ox = 0; ox < j->dw; ox++, wx += st, o += 3) {
-    const rs_v4 *p4 = r4 + (xs[ox] - xlo);
-    rs_v4 a = wx[0] * p4[0];
-    for (int k = 1; k < n; k++)
-      a += wx[k] * p4[k];
-    /* rs_u8 on 4 lanes: +0.5, clamp to [0, 255] (NaN to 0), trunc. */
-    a += 0.5f;
-    rs_v4i lo = a > 0.0f, hi = a >= 255.0f;
-    rs_v4i t = __builtin_convertvector(a, rs_v4i);
-    t = (t & lo & ~hi) | (hi & 255);
+  const int xlo = j->xlo, dw = j->dw;
+  const size_t st = (size_t)j->xstride;
+  int ox = 0;
 #ifdef __SSE2__
-    /* The 4 lanes as bytes in one store (the 4th is the next pixel's,
-     * which its own store overwrites); the row's last pixel 3 bytes. */
+  /* Two pixels at a time, 8 bytes a store: the last 2 are the next
+   * pixel's, which its own store overwrites (so a pair needs a pixel
+   * after it). */
+  const float *w8 = j->wx8;
+  for (; ox + 2 < dw; ox += 2, w8 += 8 * n, o += 6) {
+    uint64_t u = rs_h8_pair(w8, r4 + (xs[ox] - xlo), r4 + (xs[ox + 1] - xlo),
+                            n);
+    memcpy(o, &u, 8);
+  }
+  wx += (size_t)ox * st;
+  /* The 4 lanes as bytes in one store: the 4th is the next pixel's,
+   * which its own store overwrites; the row's last pixel below. */
+  for (; ox + 1 < dw; ox++, wx += st, o += 3) {
+    rs_v4i t = rs_h4_pixel(wx, r4 + (xs[ox] - xlo), n);
     __m128i p = _mm_packs_epi32((__m128i)t, (__m128i)t);
     uint32_t u = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(p, p));
-    if (ox + 1 < j->dw)
-      memcpy(o, &u, 4);
-    else
-      memcpy(o, &u, 3);
-#else
+    memcpy(o, &u, 4);
+  }
+#endif
+  for (; ox < dw; ox++, wx += st, o += 3) {
+    rs_v4i t = rs_h4_pixel(wx, r4 + (xs[ox] - xlo), n);
     o[0] = (uint8_t)t[0];
     o[1] = (uint8_t)t[1];
     o[2] = (uint8_t)t[2];
-#endif
   }
 }
 
