@@ -19,6 +19,7 @@
 #include "alloc.h"
 
 #define FB FERRY_HUFF_FAST_BITS
+#define FA FERRY_HUFF_AC_BITS
 
 typedef struct {
   uint64_t acc;
@@ -90,9 +91,12 @@ static inline __attribute__((always_inline)) void consume(br_t *b, int n) {
 /* The n-bit value that follows a magnitude category n (1..15), sign
  * extended (F.2.2.1). */
 static inline __attribute__((always_inline)) int value(br_t *b, int n) {
+  /* Without a branch (a DC difference's sign is a coin toss): the top
+   * bit set (a positive value) makes `pos` all ones. */
+  int pos = (int)((int64_t)b->acc >> 63);
   int v = (int)(b->acc >> (64 - n));
   consume(b, n);
-  return v < (1 << (n - 1)) ? v - (1 << n) + 1 : v;
+  return v + (~pos & (1 - (1 << n)));
 }
 
 static int symbol_slow(br_t *b, const ferry_huff_table_t *t) {
@@ -110,22 +114,26 @@ static inline __attribute__((always_inline)) int
 symbol(br_t *b, const ferry_huff_table_t *t) {
   unsigned f = t->fast[b->acc >> (64 - FB)];
   if (f != 0) {
-    consume(b, (int)(f >> 8));
-    return (int)(f & 255);
+    b->acc <<= f & 63; /* as in ac_step */
+    b->bits -= (int)(f & 255);
+    return (int)(f >> 8);
   }
   return symbol_slow(b, t);
 }
 
 enum { BAD_CODE = 1, PAST_63 = 2 };
 
-/* Zigzag order to natural order: jpeg_natural_order's first 64 (a run
- * past the 64th coefficient is PAST_63 here, never stored), copied
- * because libjpeg's table is reached through the GOT at every store. */
-static const uint8_t natural[64] = {
+/* Zigzag order to natural order: jpeg_natural_order's first 64, copied
+ * because libjpeg's table is reached through the GOT at every store. A
+ * block's position is a pointer into it; runs can take that pointer up
+ * to 16 past the 64th entry (a run past the 64th coefficient: PAST_63,
+ * never read), so the table goes on that far. */
+static const uint8_t natural[64 + 16] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,
     12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28,
     35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
+#define LAST (natural + 63)
 
 /* A block's DC (F.2.2.1): the difference onto *pred, stored quantized as
  * libjpeg stores it. */
@@ -142,43 +150,58 @@ dc_step(br_t *b, const ferry_huff_table_t *dc, int *pred, JCOEF *blk) {
   return 0;
 }
 
-/* One AC symbol of a block (F.2.2.2) at zigzag position *k: 0 while the
- * block goes on, 1 when it is done (end of block, or the 64th
- * coefficient), -BAD_CODE or -PAST_63. Stores in natural order. */
+/* One AC symbol of a block (F.2.2.2) at zigzag position *zp (a pointer
+ * into natural): 0 while the block goes on, 1 when it is done (end of
+ * block, or the 64th coefficient), -BAD_CODE or -PAST_63. Stores in
+ * natural order. A coefficient before the 64th, the common case, stores
+ * and returns 0 after one test of the position. */
 static inline __attribute__((always_inline)) int
-ac_step(br_t *b, const ferry_huff_table_t *ac, int *kp, JCOEF *blk) {
-  int k = *kp, f, s;
+ac_store(const uint8_t **zp, const uint8_t *z, JCOEF *blk, int v) {
+  if (__builtin_expect(z >= LAST, 0)) {
+    if (z > LAST)
+      return -PAST_63;
+    blk[63] = (JCOEF)v;
+    return 1;
+  }
+  blk[*z] = (JCOEF)v;
+  *zp = z + 1;
+  return 0;
+}
+
+static inline __attribute__((always_inline)) int
+ac_step(br_t *b, const ferry_huff_table_t *ac, const uint8_t **zp,
+        JCOEF *blk) {
+  int f, s;
+  /* The lookup needs FA bits; the slow path below 31. Filling only when
+   * fewer than FA are left, not 32, halves the fills and so the
+   * mispredictions of this branch (when a fill falls due depends on the
+   * data). */
+  if (b->bits < FA)
+    fill(b);
+  f = ac->fast_ac[b->acc >> (64 - FA)];
+  if (f != 0) {
+    /* x86's shifts count modulo 64: the mask costs nothing, and the
+     * lookup feeds the shift directly (the chain from one symbol to the
+     * next is the decoder's speed). */
+    b->acc <<= f & 63;
+    b->bits -= f & 255;
+    if (f >> 16 == 0) { /* no value: sixteen zeros, or the end of block */
+      if (f >> 8 != 15)
+        return 1;
+      *zp += 16;
+      return *zp > LAST;
+    }
+    return ac_store(zp, *zp + ((f >> 8) & 255), blk, f >> 16);
+  }
   if (b->bits < 32)
     fill(b);
-  f = ac->fast_ac[b->acc >> (64 - FB)];
-  if (f != 0) {
-    consume(b, f & 15);
-    if (f >> 8 == 0) { /* no value: sixteen zeros, or the end of block */
-      if (f >> 4 != 15)
-        return 1;
-      *kp = k + 16;
-      return k + 16 > 63;
-    }
-    k += (f >> 4) & 15;
-    if (k > 63)
-      return -PAST_63;
-    blk[natural[k]] = (JCOEF)(f >> 8);
-    *kp = k + 1;
-    return k == 63;
-  }
   if ((s = symbol(b, ac)) < 0)
     return -BAD_CODE;
-  if ((s & 15) != 0) {
-    k += s >> 4;
-    if (k > 63)
-      return -PAST_63;
-    blk[natural[k]] = (JCOEF)value(b, s & 15);
-    *kp = k + 1;
-    return k == 63;
-  }
+  if ((s & 15) != 0)
+    return ac_store(zp, *zp + (s >> 4), blk, value(b, s & 15));
   if (s >> 4 == 15) { /* sixteen zeros */
-    *kp = k + 16;
-    return k + 16 > 63;
+    *zp += 16;
+    return *zp > LAST;
   }
   return 1; /* end of block */
 }
@@ -198,7 +221,8 @@ typedef struct {
  * they live in registers. */
 static inline __attribute__((always_inline)) int
 block1(const ferry_jpeg_huff_t *h, int n, br_t *b, stream_t *x, JCOEF *bx) {
-  int k = 1, r;
+  const uint8_t *k = natural + 1;
+  int r;
   if ((r = dc_step(b, h->dc_of[n], &x->pred[h->comp_of[n]], bx)) < 0)
     return x->err = r;
   while ((r = ac_step(b, h->ac_of[n], &k, bx)) == 0)
@@ -210,7 +234,8 @@ static inline __attribute__((always_inline)) int
 block2(const ferry_jpeg_huff_t *h, int n, br_t *b, stream_t *x, JCOEF *bx,
        br_t *c, stream_t *y, JCOEF *by) {
   const ferry_huff_table_t *ac = h->ac_of[n];
-  int kx = 1, ky = 1, rx, ry;
+  const uint8_t *kx = natural + 1, *ky = natural + 1;
+  int rx, ry;
   if ((x->err = dc_step(b, h->dc_of[n], &x->pred[h->comp_of[n]], bx)) < 0 ||
       (y->err = dc_step(c, h->dc_of[n], &y->pred[h->comp_of[n]], by)) < 0)
     return -1;
@@ -336,9 +361,26 @@ static void decode_row(j_decompress_ptr ci, ferry_jpeg_huff_t *h, int row) {
   decode_row_base(ci, h, row);
 }
 
+/* Gives libjpeg's MCU block pointers back their own blocks. */
+static void unlend(ferry_jpeg_huff_t *h) {
+  if (h->lent != NULL)
+    memcpy(h->lent, h->own, (size_t)h->blocks * sizeof(JBLOCKROW));
+  h->lent = NULL;
+}
+
 /* libjpeg's decode_mcu: called for every MCU in raster order (data NULL
  * when libjpeg skips rows). The box's rows are decoded whole at their
- * first MCU, then handed out. */
+ * first MCU, then handed out: not copied, but lent, by pointing libjpeg's
+ * MCU block pointers at them. libjpeg's single-pass coefficient
+ * controller (jdcoefct.c, decompress_onepass: the only caller here, the
+ * attach refuses a buffered image) zeroes the blocks those pointers
+ * name before each call, runs the IDCT on them right after, and reads
+ * them nowhere else: a lent MCU is zeroed at the next call, when it is
+ * spent; an MCU outside the box gets libjpeg's own blocks back, which
+ * nothing writes since that zeroing (the first call of the image had
+ * them). The pointer array dies with the image's pool (jpeg_abort,
+ * jpeg_finish_decompress): nothing needs giving back after the last
+ * MCU or an error. */
 static boolean decode_mcu(j_decompress_ptr ci, JBLOCKROW *data) {
   ferry_jpeg_huff_t *h = ci->client_data;
   int row, col;
@@ -353,18 +395,26 @@ static boolean decode_mcu(j_decompress_ptr ci, JBLOCKROW *data) {
   }
   row = h->row;
   col = h->col++;
-  if (row < h->my0 || row >= h->my1 || col < h->mx0 || col >= h->mx1)
+  if (row < h->my0 || row >= h->my1 || col < h->mx0 || col >= h->mx1) {
+    if (data != NULL && data == h->lent)
+      unlend(h);
     return TRUE; /* outside the box: left zero, not read */
+  }
   if (row != h->coef_row) {
     h->coef_row = -1;
     decode_row(ci, h, row);
     h->coef_row = row;
   }
   if (data != NULL) {
-    const JCOEF *c = h->coef + (size_t)(col - h->mx0) *
-                                   (size_t)h->blocks * DCTSIZE2;
+    JCOEF *c = h->coef + (size_t)(col - h->mx0) * (size_t)h->blocks *
+                             DCTSIZE2;
+    if (data != h->lent) {
+      unlend(h);
+      memcpy(h->own, data, (size_t)h->blocks * sizeof(JBLOCKROW));
+      h->lent = data;
+    }
     for (int n = 0; n < h->blocks; n++)
-      memcpy(data[n][0], c + (size_t)n * DCTSIZE2, sizeof(JBLOCK));
+      data[n] = (JBLOCKROW)(void *)(c + (size_t)n * DCTSIZE2);
   }
   return TRUE;
 }
@@ -386,26 +436,26 @@ static int table_build(ferry_huff_table_t *t, const JHUFF_TBL *ht, int dc) {
       int sym = ht->huffval[k], run = sym >> 4, s = sym & 15;
       if (code >= (1u << len) || (dc && sym > 15))
         return -1;
-      if (len > FB)
-        continue;
-      uint32_t first = code << (FB - len);
-      for (uint32_t j = 0; j < (1u << (FB - len)); j++)
-        t->fast[first + j] = (uint16_t)(len << 8 | sym);
-      if (dc || len + s > FB)
-        continue;
-      if (s == 0) { /* ZRL (run 15) or the end of block (any other run) */
+      if (len <= FB) {
+        uint32_t first = code << (FB - len);
         for (uint32_t j = 0; j < (1u << (FB - len)); j++)
-          t->fast_ac[first + j] = (int16_t)(run * 16 + len);
+          t->fast[first + j] = (uint16_t)(sym << 8 | len);
+      }
+      if (dc || len + s > FA)
+        continue;
+      uint32_t first = code << (FA - len);
+      if (s == 0) { /* ZRL (run 15) or the end of block (any other run) */
+        for (uint32_t j = 0; j < (1u << (FA - len)); j++)
+          t->fast_ac[first + j] = run << 8 | len;
         continue;
       }
       /* Every value the code's next s bits can hold, sign-extended. */
       for (int x = 0; x < (1 << s); x++) {
         int v = x < (1 << (s - 1)) ? x - (1 << s) + 1 : x;
-        uint32_t at = first | (uint32_t)x << (FB - len - s);
-        if (v < -128 || v > 127)
-          continue;
-        for (uint32_t j = 0; j < (1u << (FB - len - s)); j++)
-          t->fast_ac[at + j] = (int16_t)(v * 256 + run * 16 + len + s);
+        uint32_t at = first | (uint32_t)x << (FA - len - s);
+        for (uint32_t j = 0; j < (1u << (FA - len - s)); j++)
+          t->fast_ac[at + j] = (int32_t)((uint32_t)v << 16) | run << 8 |
+                               (len + s);
       }
     }
     if (code >= (1u << len))
@@ -489,6 +539,7 @@ int ferry__jpeg_huff_attach(ferry_jpeg_huff_t *h, j_decompress_ptr ci) {
   h->irow = -1;
   h->row = h->col = 0;
   h->coef_row = -1;
+  h->lent = NULL;
   ci->client_data = h;
   ci->entropy->decode_mcu = decode_mcu;
   return 0;

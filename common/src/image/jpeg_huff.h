@@ -43,14 +43,20 @@
  * of a photo's) decode with one lookup, and an AC coefficient whose code
  * and value fit decodes whole with it. */
 #define FERRY_HUFF_FAST_BITS 10
+#ifndef FERRY_HUFF_AC_BITS
+#define FERRY_HUFF_AC_BITS 12
+#endif
 
 typedef struct {
-  uint16_t fast[1 << FERRY_HUFF_FAST_BITS]; /* length << 8 | symbol; 0:
+  uint16_t fast[1 << FERRY_HUFF_FAST_BITS]; /* symbol << 8 | length; 0:
                                                a longer code */
-  int16_t fast_ac[1 << FERRY_HUFF_FAST_BITS]; /* value << 8 | run << 4 |
+  int32_t fast_ac[1 << FERRY_HUFF_AC_BITS]; /* value << 16 | run << 8 |
                                                  length of code and value
                                                  (value 0: ZRL or EOB);
-                                                 0: not decoded whole */
+                                                 0: not decoded whole. The
+                                                 length's byte is below 64:
+                                                 the shift that consumes it
+                                                 takes the entry as is */
   uint32_t maxcode[18]; /* codes of length l, left-aligned in 16 bits, are
                            below maxcode[l]; maxcode[17] ends the search */
   int32_t delta[17];    /* symbol index of a code of length l: its value
@@ -78,6 +84,11 @@ typedef struct ferry_jpeg_huff_s {
   JCOEF *coef;             /* the box's MCUs of row coef_row, decoded */
   size_t coef_cap;         /* bytes at coef */
   int coef_row;
+  /* libjpeg's MCU block pointers (jdcoefct.c's MCU_buffer, passed to
+   * decode_mcu) point into coef while a box MCU is handed out: `lent` is
+   * that array (NULL: none), `own` its pointers as libjpeg set them. */
+  JBLOCKROW *lent;
+  JBLOCKROW own[D_MAX_BLOCKS_IN_MCU];
   char why[200];
 } ferry_jpeg_huff_t;
 
