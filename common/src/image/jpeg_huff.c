@@ -172,10 +172,10 @@ static inline __attribute__((always_inline)) int
 ac_step(br_t *b, const ferry_huff_table_t *ac, const uint8_t **zp,
         JCOEF *blk) {
   int f, s;
-  /* The lookup needs FA bits; the slow path below 31. Filling only when
-   * fewer than FA are left, not 32, halves the fills and so the
-   * mispredictions of this branch (when a fill falls due depends on the
-   * data). */
+  /* The lookup needs FA bits (the slow path, up to 31, fills again for
+   * itself). Filling only when fewer than FA are left, not 32, halves
+   * the fills and so the mispredictions of this branch (when a fill
+   * falls due depends on the data). */
   if (b->bits < FA)
     fill(b);
   f = ac->fast_ac[b->acc >> (64 - FA)];

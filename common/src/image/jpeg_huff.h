@@ -39,13 +39,13 @@
 
 #include "jpeg_restart.h"
 
-/* The lookahead of the fast tables, in bits: codes this short (nearly all
- * of a photo's) decode with one lookup, and an AC coefficient whose code
- * and value fit decodes whole with it. */
+/* The lookaheads of the fast tables, in bits: a code this short (nearly
+ * all of a photo's) decodes with one lookup of `fast`, and an AC
+ * coefficient whose code and value fit in FERRY_HUFF_AC_BITS decodes
+ * whole with one lookup of `fast_ac` (12 bits: 16 KB a table; 10 and 11
+ * send more coefficients down the slow path, a mispredicted branch). */
 #define FERRY_HUFF_FAST_BITS 10
-#ifndef FERRY_HUFF_AC_BITS
 #define FERRY_HUFF_AC_BITS 12
-#endif
 
 typedef struct {
   uint16_t fast[1 << FERRY_HUFF_FAST_BITS]; /* symbol << 8 | length; 0:
