@@ -10,7 +10,7 @@
  *
  * FERRY_IT_IDLE_JOBS sets N (default 60; 500 by hand). Every wait is
  * bounded; every record id of the real job's epochs is counted. The
- * rates are of 5 epochs after a first one, the better of two clients,
+ * rates are of 5 epochs after a first one, the best of three clients,
  * alone and then next to the idle jobs. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
@@ -99,16 +99,20 @@ static long rss_max(long *peak) {
   return peak[0] > peak[1] ? peak[0] : peak[1];
 }
 
-/* The two cores are shared (ctest runs two tests at once): the better of
- * two clients' runs of measure(), sampling the workers' VmRSS into
- * `peak` between them when it is not NULL. */
-static double best_of_two(const char *spec, const hx_dataset_t *ds,
-                          const char *what, long *peak) {
-  double a = measure(spec, ds, what);
-  if (peak != NULL)
-    rss_max(peak);
-  double b = measure(spec, ds, what);
-  return a > b ? a : b;
+/* The two cores are shared (ctest runs two tests at once, and a
+ * measured run lasts under a second): the best of three clients' runs of
+ * measure(), alone and next to the other jobs alike, sampling the
+ * workers' VmRSS into `peak` between them when it is not NULL. */
+static double best_of_three(const char *spec, const hx_dataset_t *ds,
+                            const char *what, long *peak) {
+  double best = 0;
+  for (int i = 0; i < 3; i++) {
+    double r = measure(spec, ds, what);
+    best = r > best ? r : best;
+    if (peak != NULL)
+      rss_max(peak);
+  }
+  return best;
 }
 
 Test(idle_jobs, idle_clients_hold_no_worker) {
@@ -126,8 +130,8 @@ Test(idle_jobs, idle_clients_hold_no_worker) {
   hx_spec(&real, NULL, 32, spec_real, sizeof(spec_real));
   hx_spec(&idle, NULL, 32, spec_idle, sizeof(spec_idle));
 
-  /* Several epochs each time, the better of two clients' runs. */
-  double alone = best_of_two(spec_real, &real, "alone", NULL);
+  /* Several epochs each time, the best of three clients' runs. */
+  double alone = best_of_three(spec_real, &real, "alone", NULL);
   long rest[2], peak[2] = {0, 0};
   for (int i = 0; i < 2; i++)
     rest[i] = hx_status_kib(W[i]->pid, "VmRSS");
@@ -152,12 +156,12 @@ Test(idle_jobs, idle_clients_hold_no_worker) {
     usleep(100 * 1000);
     rss_max(peak);
   }
-  double busy = best_of_two(spec_real, &real, "next to idle jobs", peak);
+  double busy = best_of_three(spec_real, &real, "next to idle jobs", peak);
   long top = rss_max(peak);
   fprintf(stderr,
           "real job: %.0f records/s alone, %.0f records/s next to %d idle "
-          "jobs (ratio %.2f; %d epochs of %d records each, the better of "
-          "two clients)\n",
+          "jobs (ratio %.2f; %d epochs of %d records each, the best of "
+          "three clients)\n",
           alone, busy, n_idle, busy / alone, MEASURED_EPOCHS,
           real.nfiles * real.per_file);
   fprintf(stderr,
@@ -411,7 +415,7 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
   char spec[1024], spec_real[1024];
   hx_spec(&hds, NULL, 32, spec, sizeof(spec));
   hx_spec(&real, NULL, 32, spec_real, sizeof(spec_real));
-  double alone = best_of_two(spec_real, &real, "alone", NULL);
+  double alone = best_of_three(spec_real, &real, "alone", NULL);
   long rest[2], peak[2] = {0, 0};
   for (int i = 0; i < 2; i++)
     rest[i] = hx_status_kib(W[i]->pid, "VmRSS");
@@ -431,7 +435,7 @@ Test(idle_jobs, many_jobs_that_ask_and_never_read_are_bounded) {
     usleep(100 * 1000);
     rss_max(peak);
   }
-  double busy = best_of_two(spec_real, &real,
+  double busy = best_of_three(spec_real, &real,
                             "next to jobs that never read", peak);
   long top = rss_max(peak);
   uint32_t most = 0, beats = 0, errors = 0;
