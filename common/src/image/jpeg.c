@@ -239,9 +239,7 @@ static int survey_segment(void *ctx, unsigned m, const uint8_t *f,
                           size_t size) {
   survey_t *s = ctx;
   ferry__jpeg_tables_see(&s->tables, m, f, size);
-  /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC). */
-  if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC &&
-      !s->have_sof && size >= 6) {
+  if (ferry__jpeg_is_sof(m) && !s->have_sof && size >= 6) {
     s->have_sof = 1;
     s->progressive = (m & 3) == 2; /* SOF2, SOF6, SOF10, SOF14 */
     s->h = (unsigned)f[1] << 8 | f[2];

@@ -79,6 +79,12 @@ int ferry__jpeg_optimize(ferry_jpeg_t *j, const uint8_t *src, size_t len,
 
 /* ---- the tables an image uses ---------------------------------------- */
 
+/* True for a frame header's marker: SOF0..SOF15 (FF C0..CF) but DHT
+ * (C4), JPG (C8) and DAC (CC). */
+static inline int ferry__jpeg_is_sof(unsigned m) {
+  return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+}
+
 /* libjpeg keeps the quantization and Huffman tables of one image for the
  * next (abbreviated streams rely on it), and a decoder that has seen no
  * tables takes the standard Huffman ones (motion JPEG) or fails. So an

@@ -45,8 +45,8 @@ void ferry__jpeg_tables_see(ferry_jpeg_tables_t *t, unsigned m,
         t->dc |= 1u << (p[at] & 3);
       at += 17 + n;
     }
-  } else if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 &&
-             m != 0xCC) { /* a frame: each component's quantization table */
+  } else if (ferry__jpeg_is_sof(m)) { /* each component's quantization
+                                        table */
     for (size_t c = 0; size >= 6 && c < p[5] && 8 + 3 * c < size; c++)
       t->frame_q |= 1u << (p[8 + 3 * c] & 3);
   } else if (m == 0xDA && size >= 1) { /* a scan: its Huffman tables */
@@ -141,9 +141,7 @@ int ferry__jpeg_layout(const uint8_t *d, size_t n, ferry_jpeg_layout_t *l,
       if ((ncomp = read_frame(d + pos + 2, len - 2, pos - 2, l, why,
                               whylen)) == 0)
         return 0;
-    } else if ((m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 &&
-                m != 0xCC) ||
-               m == 0xDC) {
+    } else if ((ferry__jpeg_is_sof(m) && m >= 0xC2) || m == 0xDC) {
       return why_set(why, whylen, "%s (marker FF %02X at byte %zu)",
                      (m & 3) == 2 ? "progressive"
                      : m >= 0xC9 && m != 0xDC ? "arithmetic-coded"
